@@ -1,0 +1,86 @@
+//! Reading the API server's audit log, to assert what clients and controllers
+//! actually sent and who the API server (and so admission) saw sending it.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    pub verb: String,
+    pub stage: String,
+    pub user: User,
+    #[serde(default)]
+    pub impersonated_user: Option<User>,
+    #[serde(default)]
+    pub object_ref: Option<ObjectRef>,
+    /// For deletes: the DeleteOptions as sent.
+    #[serde(default)]
+    pub request_object: Option<Value>,
+    #[serde(default)]
+    pub response_status: Option<Value>,
+    #[serde(default)]
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct User {
+    #[serde(default)]
+    pub username: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    #[serde(default)]
+    pub resource: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub api_group: String,
+}
+
+impl Event {
+    /// The user the request acted as: the impersonated one if any. This is the
+    /// user that authorization and admission see.
+    pub fn effective_username(&self) -> &str {
+        self.impersonated_user
+            .as_ref()
+            .map(|u| u.username.as_str())
+            .unwrap_or(&self.user.username)
+    }
+
+    /// The `propagationPolicy` the client sent, if any.
+    pub fn propagation_policy(&self) -> Option<&str> {
+        self.request_object
+            .as_ref()?
+            .get("propagationPolicy")?
+            .as_str()
+    }
+
+    pub fn response_code(&self) -> Option<i64> {
+        self.response_status.as_ref()?.get("code")?.as_i64()
+    }
+
+    pub fn is_about(&self, resource: &str, namespace: &str, name: &str) -> bool {
+        self.object_ref.as_ref().is_some_and(|r| {
+            r.resource == resource && r.namespace == namespace && r.name == name
+        })
+    }
+}
+
+/// Every complete (`ResponseComplete`) event in the log; lines that are not
+/// events (a partly written last line) are skipped.
+pub fn read(path: &Path) -> Vec<Event> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Event>(line).ok())
+        .filter(|e| e.stage == "ResponseComplete")
+        .collect()
+}

@@ -1,0 +1,677 @@
+//! A local control plane: etcd, kube-apiserver and kube-controller-manager
+//! (garbage-collector and namespace controllers only), on loopback.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, ObjectMeta, PostParams, PropagationPolicy};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+use crate::binaries::Binaries;
+use crate::pki::{Pair, Pki};
+use crate::process::{self, Lifetime, Process};
+
+/// How to start a control plane.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Passed to kube-controller-manager. With `true` (kubeadm's default) each
+    /// controller acts as its own service account, so the garbage collector is
+    /// `system:serviceaccount:kube-system:generic-garbage-collector`; with `false`
+    /// every controller is `system:kube-controller-manager`.
+    pub use_service_account_credentials: bool,
+    /// CRDs installed before the controller manager starts, so that the garbage
+    /// collector watches them from the start instead of finding them on its next
+    /// 30-second discovery pass.
+    pub crds: Vec<CustomResourceDefinition>,
+    /// Where state, certificates, logs and etcd's data go. Default: a new
+    /// directory under /dev/shm (or the temp dir), removed on stop.
+    pub dir: Option<PathBuf>,
+    pub lifetime: Lifetime,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            use_service_account_credentials: true,
+            crds: Vec::new(),
+            dir: None,
+            lifetime: Lifetime::Owned,
+        }
+    }
+}
+
+/// What `local-cluster up` records so that `status` and `down` can find the
+/// processes again.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct State {
+    pub server: String,
+    pub kubeconfig: PathBuf,
+    pub use_service_account_credentials: bool,
+    pub processes: Vec<ProcessState>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ProcessState {
+    pub name: String,
+    pub pid: u32,
+    pub binary: PathBuf,
+    pub log: PathBuf,
+}
+
+pub const GC_SERVICE_ACCOUNT_USER: &str =
+    "system:serviceaccount:kube-system:generic-garbage-collector";
+pub const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
+pub const NAMESPACE_CONTROLLER_SERVICE_ACCOUNT_USER: &str =
+    "system:serviceaccount:kube-system:namespace-controller";
+
+pub struct ControlPlane {
+    dir: PathBuf,
+    remove_dir_on_stop: bool,
+    server: String,
+    use_service_account_credentials: bool,
+    /// In start order; stopped in reverse.
+    processes: Vec<Process>,
+}
+
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl ControlPlane {
+    pub async fn start(options: Options) -> Result<Self, Error> {
+        let binaries = Binaries::locate()?;
+        let (dir, remove_dir_on_stop) = match &options.dir {
+            Some(dir) => (dir.clone(), false),
+            None => (new_scratch_dir()?, true),
+        };
+        for sub in ["pki", "logs", "etcd"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(io_error(&dir))?;
+        }
+        let mut cp = Self {
+            dir,
+            remove_dir_on_stop,
+            server: String::new(),
+            use_service_account_credentials: options.use_service_account_credentials,
+            processes: Vec::new(),
+        };
+        if let Err(e) = cp.boot(&binaries, &options).await {
+            let logs = cp.log_tails(40);
+            // Detached processes are not stopped by drop: stop them here.
+            cp.stop();
+            return Err(Error::Boot {
+                cause: e.to_string(),
+                logs,
+            });
+        }
+        Ok(cp)
+    }
+
+    async fn boot(&mut self, binaries: &Binaries, options: &Options) -> Result<(), Error> {
+        let dir = self.dir.clone();
+        let pki = Pki::generate()?;
+        let files = write_pki(&dir.join("pki"), &pki)?;
+        let [etcd_client, etcd_peer, apiserver_port] = free_ports()?;
+        self.server = format!("https://127.0.0.1:{apiserver_port}");
+
+        write_kubeconfig(
+            &self.kubeconfig_path(),
+            &self.server,
+            &files.ca,
+            &files.admin_cert,
+            &files.admin_key,
+            "admin",
+        )?;
+        write_kubeconfig(
+            &dir.join("controller-manager.kubeconfig"),
+            &self.server,
+            &files.ca,
+            &files.kcm_cert,
+            &files.kcm_key,
+            "controller-manager",
+        )?;
+        let audit_policy = dir.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, AUDIT_POLICY).map_err(io_error(&audit_policy))?;
+
+        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        let etcd_args = vec![
+            "--name=local".to_string(),
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=local={peer_url}"),
+            // Test data: durability across power loss is not worth the fsyncs.
+            "--unsafe-no-fsync".to_string(),
+            "--log-level=warn".to_string(),
+        ];
+        self.spawn("etcd", &binaries.etcd, &etcd_args, options.lifetime)?;
+        wait_for_tcp(etcd_client, "etcd", &mut self.processes).await?;
+
+        let apiserver_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".to_string(),
+            "--advertise-address=127.0.0.1".to_string(),
+            format!("--secure-port={apiserver_port}"),
+            format!("--cert-dir={}", dir.join("pki").display()),
+            format!("--tls-cert-file={}", files.serving_cert.display()),
+            format!("--tls-private-key-file={}", files.serving_key.display()),
+            format!("--client-ca-file={}", files.ca.display()),
+            "--authorization-mode=RBAC".to_string(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_string(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_string(),
+            format!("--service-account-key-file={}", files.sa_public_key.display()),
+            format!("--service-account-signing-key-file={}", files.sa_key.display()),
+            "--allow-privileged=true".to_string(),
+            // No kubelet, no pods: the ServiceAccount plugin would only get in the way.
+            "--disable-admission-plugins=ServiceAccount".to_string(),
+            // The `kubernetes` Service's endpoints cannot be loopback addresses.
+            "--endpoint-reconciler-type=none".to_string(),
+            format!("--audit-policy-file={}", audit_policy.display()),
+            format!("--audit-log-path={}", self.audit_log_path().display()),
+            "--audit-log-format=json".to_string(),
+            "--audit-log-maxsize=0".to_string(),
+        ];
+        self.spawn(
+            "kube-apiserver",
+            &binaries.kube_apiserver,
+            &apiserver_args,
+            options.lifetime,
+        )?;
+        let client = self.wait_for_apiserver().await?;
+
+        install_crds(&client, &options.crds).await?;
+
+        let kcm_kubeconfig = dir.join("controller-manager.kubeconfig");
+        let kcm_args = vec![
+            format!("--kubeconfig={}", kcm_kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", kcm_kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", kcm_kubeconfig.display()),
+            "--controllers=garbage-collector-controller,namespace-controller".to_string(),
+            "--leader-elect=false".to_string(),
+            format!(
+                "--use-service-account-credentials={}",
+                options.use_service_account_credentials
+            ),
+            "--bind-address=127.0.0.1".to_string(),
+            // Its health endpoint is not used: readiness is proven by a real cascade.
+            "--secure-port=0".to_string(),
+        ];
+        self.spawn(
+            "kube-controller-manager",
+            &binaries.kube_controller_manager,
+            &kcm_args,
+            options.lifetime,
+        )?;
+        self.wait_for_garbage_collector(&client).await?;
+        Ok(())
+    }
+
+    /// Reattaches to a control plane started by `local-cluster up`.
+    pub fn adopt(dir: &Path, state: State) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            remove_dir_on_stop: false,
+            server: state.server,
+            use_service_account_credentials: state.use_service_account_credentials,
+            processes: state
+                .processes
+                .into_iter()
+                .map(|p| Process::adopt(p.name, p.pid, p.binary, p.log))
+                .collect(),
+        }
+    }
+
+    pub fn state(&self) -> State {
+        State {
+            server: self.server.clone(),
+            kubeconfig: self.kubeconfig_path(),
+            use_service_account_credentials: self.use_service_account_credentials,
+            processes: self
+                .processes
+                .iter()
+                .map(|p| ProcessState {
+                    name: p.name.clone(),
+                    pid: p.pid,
+                    binary: p.binary.clone(),
+                    log: p.log.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    fn spawn(
+        &mut self,
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        lifetime: Lifetime,
+    ) -> Result<(), Error> {
+        let log = self.dir.join("logs").join(format!("{name}.log"));
+        let process = process::spawn(name, binary, args, &log, lifetime)?;
+        self.processes.push(process);
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The admin's kubeconfig (client certificate, `system:masters`).
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// The API server's audit log: one JSON event per line, for every DELETE
+    /// and DELETECOLLECTION, with the DeleteOptions sent.
+    pub fn audit_log_path(&self) -> PathBuf {
+        self.dir.join("logs").join("audit.log")
+    }
+
+    pub fn use_service_account_credentials(&self) -> bool {
+        self.use_service_account_credentials
+    }
+
+    /// The username the garbage collector's requests carry.
+    pub fn garbage_collector_username(&self) -> &'static str {
+        if self.use_service_account_credentials {
+            GC_SERVICE_ACCOUNT_USER
+        } else {
+            CONTROLLER_MANAGER_USER
+        }
+    }
+
+    /// The username the namespace controller's requests carry.
+    pub fn namespace_controller_username(&self) -> &'static str {
+        if self.use_service_account_credentials {
+            NAMESPACE_CONTROLLER_SERVICE_ACCOUNT_USER
+        } else {
+            CONTROLLER_MANAGER_USER
+        }
+    }
+
+    /// A new client configuration for the admin. Clients are bound to the tokio
+    /// runtime they are made in, so each test makes its own.
+    pub async fn admin_config(&self) -> Result<Config, Error> {
+        let path = self.kubeconfig_path();
+        let kubeconfig = Kubeconfig::read_from(&path).map_err(|source| Error::Kubeconfig {
+            path: path.clone(),
+            source,
+        })?;
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|source| Error::Kubeconfig { path, source })
+    }
+
+    pub async fn admin(&self) -> Result<Client, Error> {
+        Client::try_from(self.admin_config().await?).map_err(Error::Client)
+    }
+
+    /// A client that acts as `user` in `groups`, by impersonation from the admin.
+    /// Admission sees exactly `user` and `groups` (plus `system:authenticated`).
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> Result<Client, Error> {
+        let mut config = self.admin_config().await?;
+        config.auth_info.impersonate = Some(user.to_string());
+        if !groups.is_empty() {
+            config.auth_info.impersonate_groups =
+                Some(groups.iter().map(|g| g.to_string()).collect());
+        }
+        Client::try_from(config).map_err(Error::Client)
+    }
+
+    /// The last `lines` lines of each component's log, for a failing test.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for p in &self.processes {
+            out.push_str(&format!(
+                "----- {} (pid {}) log: {} -----\n{}\n",
+                p.name,
+                p.pid,
+                p.log.display(),
+                p.log_tail(lines)
+            ));
+        }
+        out
+    }
+
+    /// Whether every component is still running.
+    pub fn is_running(&mut self) -> bool {
+        !self.processes.is_empty() && self.processes.iter_mut().all(|p| p.is_running())
+    }
+
+    /// Stops every component (controller manager first, etcd last).
+    pub fn stop(&mut self) {
+        while let Some(mut p) = self.processes.pop() {
+            p.stop(Duration::from_secs(10));
+        }
+        if self.remove_dir_on_stop {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    async fn wait_for_apiserver(&mut self) -> Result<Client, Error> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut last = String::from("not reachable yet");
+        loop {
+            if let Ok(client) = self.admin().await {
+                let request = http::Request::get("/readyz").body(Vec::new());
+                if let Ok(request) = request {
+                    match client.request_text(request).await {
+                        Ok(body) if body.trim() == "ok" => return Ok(client),
+                        Ok(body) => last = body,
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+            }
+            self.ensure_running()?;
+            if Instant::now() > deadline {
+                return Err(Error::NotReady {
+                    component: "kube-apiserver".into(),
+                    last,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Proves the garbage collector runs: a foreground delete of an owner only
+    /// completes once the collector has deleted its dependent and released it.
+    async fn wait_for_garbage_collector(&mut self, client: &Client) -> Result<(), Error> {
+        let ns = "local-cluster-probe";
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let probe_ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(ns.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match namespaces.create(&PostParams::default(), &probe_ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(Error::Probe(e.to_string())),
+        }
+        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let owner_name = format!("owner-{attempt}");
+            let owner = maps
+                .create(&PostParams::default(), &config_map(&owner_name, None))
+                .await
+                .map_err(|e| Error::Probe(e.to_string()))?;
+            let reference = OwnerReference {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: owner_name.clone(),
+                uid: owner.metadata.uid.clone().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            };
+            maps.create(
+                &PostParams::default(),
+                &config_map(&format!("dependent-{attempt}"), Some(reference)),
+            )
+            .await
+            .map_err(|e| Error::Probe(e.to_string()))?;
+            let foreground = DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Foreground),
+                ..Default::default()
+            };
+            maps.delete(&owner_name, &foreground)
+                .await
+                .map_err(|e| Error::Probe(e.to_string()))?;
+            let round = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < round {
+                match maps.get_opt(&owner_name).await {
+                    Ok(None) => return Ok(()),
+                    Ok(Some(_)) => {}
+                    Err(e) => return Err(Error::Probe(e.to_string())),
+                }
+                self.ensure_running()?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::NotReady {
+                    component: "kube-controller-manager".into(),
+                    last: format!("the garbage collector did not finish probe cascade {owner_name}"),
+                });
+            }
+        }
+    }
+
+    fn ensure_running(&mut self) -> Result<(), Error> {
+        for p in &mut self.processes {
+            if !p.is_running() {
+                return Err(Error::Exited {
+                    component: p.name.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Owned processes stop when dropped; adopted (detached) ones are left to
+        // `local-cluster down`.
+        self.processes.clear();
+        if self.remove_dir_on_stop {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn config_map(name: &str, owner: Option<OwnerReference>) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+async fn install_crds(client: &Client, crds: &[CustomResourceDefinition]) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.create(&PostParams::default(), crd)
+            .await
+            .map_err(|source| Error::Crd {
+                name: name.clone(),
+                source,
+            })?;
+    }
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crate::wait::crd_established(client, &name, Duration::from_secs(30))
+            .await
+            .map_err(|source| Error::Crd { name, source })?;
+    }
+    Ok(())
+}
+
+async fn wait_for_tcp(port: u16, component: &str, processes: &mut [Process]) -> Result<(), Error> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            return Ok(());
+        }
+        for p in processes.iter_mut() {
+            if !p.is_running() {
+                return Err(Error::Exited {
+                    component: p.name.clone(),
+                });
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(Error::NotReady {
+                component: component.into(),
+                last: format!("nothing listens on 127.0.0.1:{port}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Three distinct free loopback ports. The OS could hand one out again before the
+/// component binds it; the components then fail loudly at start.
+fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+    let mut listeners = Vec::with_capacity(N);
+    let mut ports = [0u16; N];
+    for port in ports.iter_mut() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(Error::Ports)?;
+        *port = listener.local_addr().map_err(Error::Ports)?.port();
+        listeners.push(listener);
+    }
+    Ok(ports)
+}
+
+fn new_scratch_dir() -> Result<PathBuf, Error> {
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    remove_stale_scratch_dirs(&base);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let dir = base.join(format!(
+        "local-cluster-{}-{nanos:x}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
+    Ok(dir)
+}
+
+/// A test binary's control plane lives in a static and is never dropped, so its
+/// scratch directory is removed by the next start, once its process is gone.
+fn remove_stale_scratch_dirs(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("local-cluster-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+struct PkiFiles {
+    ca: PathBuf,
+    serving_cert: PathBuf,
+    serving_key: PathBuf,
+    admin_cert: PathBuf,
+    admin_key: PathBuf,
+    kcm_cert: PathBuf,
+    kcm_key: PathBuf,
+    sa_key: PathBuf,
+    sa_public_key: PathBuf,
+}
+
+fn write_pki(dir: &Path, pki: &Pki) -> Result<PkiFiles, Error> {
+    let write = |name: &str, pem: &str| -> Result<PathBuf, Error> {
+        let path = dir.join(name);
+        std::fs::write(&path, pem).map_err(io_error(&path))?;
+        Ok(path)
+    };
+    let pair = |name: &str, pair: &Pair| -> Result<(PathBuf, PathBuf), Error> {
+        Ok((
+            write(&format!("{name}.crt"), &pair.cert_pem)?,
+            write(&format!("{name}.key"), &pair.key_pem)?,
+        ))
+    };
+    let ca = write("ca.crt", &pki.ca.cert_pem)?;
+    let (serving_cert, serving_key) = pair("apiserver", &pki.serving)?;
+    let (admin_cert, admin_key) = pair("admin", &pki.admin)?;
+    let (kcm_cert, kcm_key) = pair("controller-manager", &pki.controller_manager)?;
+    let sa_key = write("service-account.key", &pki.service_account_key_pem)?;
+    let sa_public_key = write("service-account.pub", &pki.service_account_public_key_pem)?;
+    Ok(PkiFiles {
+        ca,
+        serving_cert,
+        serving_key,
+        admin_cert,
+        admin_key,
+        kcm_cert,
+        kcm_key,
+        sa_key,
+        sa_public_key,
+    })
+}
+
+fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    user: &str,
+) -> Result<(), Error> {
+    let text = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: local-cluster
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: {user}
+  user:
+    client-certificate: {cert}
+    client-key: {key}
+contexts:
+- name: local-cluster
+  context:
+    cluster: local-cluster
+    user: {user}
+current-context: local-cluster
+",
+        ca = ca.display(),
+        cert = cert.display(),
+        key = key.display(),
+    );
+    std::fs::write(path, text).map_err(io_error(path))
+}
+
+fn io_error(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Deletes are recorded with the DeleteOptions the client sent (the request
+/// body); nothing else is recorded.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Request
+  verbs: [delete, deletecollection]
+- level: None
+";

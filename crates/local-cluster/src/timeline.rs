@@ -1,0 +1,160 @@
+//! A timeline of what the API server did to a set of objects, recorded from
+//! watches, to assert order (an owner outlived its dependents) rather than
+//! sample state at a few instants.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject, PartialObjectMeta};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::task::JoinHandle;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Listed, added or modified.
+    Seen {
+        terminating: bool,
+        finalizers: Vec<String>,
+    },
+    /// Removed from the API.
+    Gone,
+}
+
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// Order of arrival across every watched resource.
+    pub seq: u64,
+    pub at: Instant,
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+    pub uid: String,
+    pub change: Change,
+}
+
+#[derive(Default)]
+struct Log {
+    next: u64,
+    entries: Vec<Entry>,
+}
+
+pub struct Timeline {
+    log: Arc<Mutex<Log>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Timeline {
+    /// Starts watching each resource (in `namespace`, or cluster-wide for
+    /// `None`) and returns once every watch has listed what exists.
+    pub async fn start(client: &Client, resources: &[(ApiResource, Option<String>)]) -> Self {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let mut tasks = Vec::new();
+        let mut ready = Vec::new();
+        for (resource, namespace) in resources {
+            // Metadata-only watches: the timeline needs nothing else.
+            let api: Api<PartialObjectMeta<DynamicObject>> = match namespace {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+                None => Api::all_with(client.clone(), resource),
+            };
+            let kind = resource.kind.clone();
+            let log = log.clone();
+            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+            ready.push(ready_rx);
+            tasks.push(tokio::spawn(async move {
+                let mut ready_tx = Some(ready_tx);
+                let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+                while let Some(event) = stream.next().await {
+                    let (object, gone) = match event {
+                        Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => (o, false),
+                        Ok(Event::Delete(o)) => (o, true),
+                        Ok(Event::InitDone) => {
+                            if let Some(tx) = ready_tx.take() {
+                                let _ = tx.send(());
+                            }
+                            continue;
+                        }
+                        Ok(Event::Init) | Err(_) => continue,
+                    };
+                    let meta = object.metadata;
+                    let change = if gone {
+                        Change::Gone
+                    } else {
+                        Change::Seen {
+                            terminating: meta.deletion_timestamp.is_some(),
+                            finalizers: meta.finalizers.unwrap_or_default(),
+                        }
+                    };
+                    if let Ok(mut log) = log.lock() {
+                        let seq = log.next;
+                        log.next += 1;
+                        log.entries.push(Entry {
+                            seq,
+                            at: Instant::now(),
+                            kind: kind.clone(),
+                            namespace: meta.namespace,
+                            name: meta.name.unwrap_or_default(),
+                            uid: meta.uid.unwrap_or_default(),
+                            change,
+                        });
+                    }
+                }
+            }));
+        }
+        for rx in ready {
+            let _ = tokio::time::timeout(Duration::from_secs(30), rx).await;
+        }
+        Self { log, tasks }
+    }
+
+    pub fn entries(&self) -> Vec<Entry> {
+        self.log.lock().map(|l| l.entries.clone()).unwrap_or_default()
+    }
+
+    /// When `kind`/`name` left the API, if it has.
+    pub fn gone(&self, kind: &str, name: &str) -> Option<Entry> {
+        self.entries()
+            .into_iter()
+            .find(|e| e.kind == kind && e.name == name && e.change == Change::Gone)
+    }
+
+    pub async fn wait_gone(&self, kind: &str, name: &str, timeout: Duration) -> Option<Entry> {
+        crate::wait::until(timeout, || async { self.gone(kind, name) }).await
+    }
+
+    /// Whether `kind`/`name` was ever seen terminating with `finalizer`.
+    pub fn seen_with_finalizer(&self, kind: &str, name: &str, finalizer: &str) -> bool {
+        self.entries().iter().any(|e| {
+            e.kind == kind
+                && e.name == name
+                && matches!(&e.change, Change::Seen { finalizers, .. } if finalizers.iter().any(|f| f == finalizer))
+        })
+    }
+
+    /// The first time `kind`/`name` was seen terminating.
+    pub fn terminating(&self, kind: &str, name: &str) -> Option<Entry> {
+        self.entries().into_iter().find(|e| {
+            e.kind == kind
+                && e.name == name
+                && matches!(e.change, Change::Seen { terminating: true, .. })
+        })
+    }
+
+    /// Every entry as one line each, for a failing assertion's message.
+    pub fn describe(&self) -> String {
+        self.entries()
+            .iter()
+            .map(|e| format!("{:>4} {}/{} {:?}", e.seq, e.kind, e.name, e.change))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Timeline {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
