@@ -69,9 +69,9 @@ impl Event {
     }
 
     pub fn is_about(&self, resource: &str, namespace: &str, name: &str) -> bool {
-        self.object_ref.as_ref().is_some_and(|r| {
-            r.resource == resource && r.namespace == namespace && r.name == name
-        })
+        self.object_ref
+            .as_ref()
+            .is_some_and(|r| r.resource == resource && r.namespace == namespace && r.name == name)
     }
 }
 

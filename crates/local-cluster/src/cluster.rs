@@ -165,8 +165,14 @@ impl ControlPlane {
             "--authorization-mode=RBAC".to_string(),
             "--service-cluster-ip-range=10.0.0.0/24".to_string(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_string(),
-            format!("--service-account-key-file={}", files.sa_public_key.display()),
-            format!("--service-account-signing-key-file={}", files.sa_key.display()),
+            format!(
+                "--service-account-key-file={}",
+                files.sa_public_key.display()
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                files.sa_key.display()
+            ),
             "--allow-privileged=true".to_string(),
             // No kubelet, no pods: the ServiceAccount plugin would only get in the way.
             "--disable-admission-plugins=ServiceAccount".to_string(),
@@ -328,19 +334,31 @@ impl ControlPlane {
         Client::try_from(config).map_err(Error::Client)
     }
 
-    /// The last `lines` lines of each component's log, for a failing test.
+    /// The last `lines` lines of each log in the logs directory (the
+    /// components', and any a test added there, such as a controller's), for a
+    /// failing test. The audit log is left out: it is data, not a story.
     pub fn log_tails(&self, lines: usize) -> String {
+        let dir = self.dir.join("logs");
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|entries| entries.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        logs.retain(|p| p.file_name().is_some_and(|n| n != "audit.log"));
+        logs.sort();
         let mut out = String::new();
-        for p in &self.processes {
+        for log in logs {
             out.push_str(&format!(
-                "----- {} (pid {}) log: {} -----\n{}\n",
-                p.name,
-                p.pid,
-                p.log.display(),
-                p.log_tail(lines)
+                "----- {} -----\n{}\n",
+                log.display(),
+                process::log_tail(&log, lines)
             ));
         }
         out
+    }
+
+    /// Where a test should write the log of a process it starts, so that
+    /// failures print it with the components' logs.
+    pub fn log_path(&self, name: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{name}.log"))
     }
 
     /// Whether every component is still running.
@@ -444,7 +462,9 @@ impl ControlPlane {
             if Instant::now() > deadline {
                 return Err(Error::NotReady {
                     component: "kube-controller-manager".into(),
-                    last: format!("the garbage collector did not finish probe cascade {owner_name}"),
+                    last: format!(
+                        "the garbage collector did not finish probe cascade {owner_name}"
+                    ),
                 });
             }
         }
@@ -507,7 +527,10 @@ async fn install_crds(client: &Client, crds: &[CustomResourceDefinition]) -> Res
 async fn wait_for_tcp(port: u16, component: &str, processes: &mut [Process]) -> Result<(), Error> {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
             return Ok(());
         }
         for p in processes.iter_mut() {
@@ -551,10 +574,7 @@ fn new_scratch_dir() -> Result<PathBuf, Error> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or_default();
-    let dir = base.join(format!(
-        "local-cluster-{}-{nanos:x}",
-        std::process::id()
-    ));
+    let dir = base.join(format!("local-cluster-{}-{nanos:x}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
     Ok(dir)
 }

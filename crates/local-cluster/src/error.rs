@@ -4,14 +4,19 @@ use std::path::PathBuf;
 pub enum Error {
     #[error("cannot build the control plane's binaries with {script}: {detail}")]
     Build { script: PathBuf, detail: String },
-    #[error("missing control-plane binary {0} (run controlplane/build.sh, or set LOCAL_CLUSTER_BIN_DIR)")]
+    #[error(
+        "missing control-plane binary {0} (run controlplane/build.sh, or set LOCAL_CLUSTER_BIN_DIR)"
+    )]
     MissingBinary(PathBuf),
     #[error("cannot make certificate {what}: {source}")]
     Certificate { what: String, source: rcgen::Error },
     #[error("cannot reserve free loopback ports: {0}")]
     Ports(std::io::Error),
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot start {component} ({binary}): {source}")]
     Spawn {
         component: String,
@@ -37,6 +42,8 @@ pub enum Error {
     Probe(String),
     #[error("state file {path}: {detail}")]
     State { path: PathBuf, detail: String },
-    #[error("the control plane did not start: {cause}\n\nthe ends of the components' logs:\n{logs}")]
+    #[error(
+        "the control plane did not start: {cause}\n\nthe ends of the components' logs:\n{logs}"
+    )]
     Boot { cause: String, logs: String },
 }

@@ -12,6 +12,7 @@
 pub mod audit;
 mod binaries;
 mod cluster;
+pub mod crossplane;
 mod error;
 mod pki;
 pub mod process;

@@ -34,7 +34,8 @@ pub struct Pki {
 impl Pki {
     pub fn generate() -> Result<Self, Error> {
         let ca_key = KeyPair::generate().map_err(pki_error("CA key"))?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(pki_error("CA"))?;
+        let mut ca_params =
+            CertificateParams::new(Vec::<String>::new()).map_err(pki_error("CA"))?;
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca_params
             .distinguished_name
@@ -94,9 +95,13 @@ fn leaf(
     let key = KeyPair::generate().map_err(pki_error(common_name))?;
     let names: Vec<String> = dns_names.iter().map(|n| n.to_string()).collect();
     let mut params = CertificateParams::new(names).map_err(pki_error(common_name))?;
-    params.distinguished_name.push(DnType::CommonName, common_name);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
     if let Some(org) = organization {
-        params.distinguished_name.push(DnType::OrganizationName, org);
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, org);
     }
     if usage == ExtendedKeyUsagePurpose::ServerAuth {
         params

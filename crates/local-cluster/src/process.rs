@@ -114,7 +114,10 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 fn is_running_binary(pid: u32, binary: &Path) -> bool {
     // A zombie still has /proc/<pid>, but no exe link.
     match std::fs::read_link(format!("/proc/{pid}/exe")) {
-        Ok(exe) => exe == binary || exe.to_string_lossy().trim_end_matches(" (deleted)") == binary.to_string_lossy(),
+        Ok(exe) => {
+            exe == binary
+                || exe.to_string_lossy().trim_end_matches(" (deleted)") == binary.to_string_lossy()
+        }
         Err(_) => false,
     }
 }

@@ -42,7 +42,13 @@ impl<'a> Scope<'a> {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let mut base: String = test
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
             .collect();
         base.truncate(50);
         let namespace = format!("{}-{n}", base.trim_matches('-'));

@@ -109,7 +109,10 @@ impl Timeline {
     }
 
     pub fn entries(&self) -> Vec<Entry> {
-        self.log.lock().map(|l| l.entries.clone()).unwrap_or_default()
+        self.log
+            .lock()
+            .map(|l| l.entries.clone())
+            .unwrap_or_default()
     }
 
     /// When `kind`/`name` left the API, if it has.
@@ -137,7 +140,13 @@ impl Timeline {
         self.entries().into_iter().find(|e| {
             e.kind == kind
                 && e.name == name
-                && matches!(e.change, Change::Seen { terminating: true, .. })
+                && matches!(
+                    e.change,
+                    Change::Seen {
+                        terminating: true,
+                        ..
+                    }
+                )
         })
     }
 

@@ -166,7 +166,11 @@ impl Tree {
     }
 
     async fn wait_gone(&self, kind: &str, name: &str) -> u64 {
-        match self.timeline.wait_gone(kind, name, Duration::from_secs(30)).await {
+        match self
+            .timeline
+            .wait_gone(kind, name, Duration::from_secs(30))
+            .await
+        {
             Some(e) => e.seq,
             None => panic!(
                 "{kind}/{name} never left the API; timeline:\n{}",
@@ -216,7 +220,9 @@ async fn validating_admission_policy_refuses_deletes_that_are_not_foreground() {
             Err(kube::Error::Api(status)) => {
                 assert_eq!(status.code, 403, "{label}: {status:?}");
                 assert!(
-                    status.message.contains(&format!("delete {obj} with --cascade=foreground")),
+                    status
+                        .message
+                        .contains(&format!("delete {obj} with --cascade=foreground")),
                     "{label}: message {:?}",
                     status.message
                 );
@@ -256,7 +262,11 @@ async fn foreground_deletion_keeps_the_owner_until_every_blocking_dependent_is_g
     tree.wait_terminating("Dependent", "leaf-b").await;
     // ...and the owner waits for them, marked foregroundDeletion.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(tree.finalizers("tree").await.contains(&FOREGROUND.to_string()));
+    assert!(
+        tree.finalizers("tree")
+            .await
+            .contains(&FOREGROUND.to_string())
+    );
 
     tree.release(&tree.dependents, "leaf-a").await;
     let a = tree.wait_gone("Dependent", "leaf-a").await;
@@ -337,7 +347,11 @@ async fn a_foreground_delete_of_a_terminating_custom_resource_starts_the_cascade
         .delete("tree", &delete_with(Some(PropagationPolicy::Foreground)))
         .await
         .expect("second delete, foreground");
-    assert!(tree.finalizers("tree").await.contains(&FOREGROUND.to_string()));
+    assert!(
+        tree.finalizers("tree")
+            .await
+            .contains(&FOREGROUND.to_string())
+    );
     tree.wait_terminating("Dependent", "leaf").await;
 
     // An explicit Background delete strips foregroundDeletion again.
@@ -458,7 +472,10 @@ async fn garbage_collector_and_namespace_controller_usernames(cp: &ControlPlane,
     assert!(gone.is_some(), "namespace {} did not finish", s.namespace);
 }
 
-async fn wait_for_audit(cp: &ControlPlane, matches: impl Fn(&audit::Event) -> bool) -> audit::Event {
+async fn wait_for_audit(
+    cp: &ControlPlane,
+    matches: impl Fn(&audit::Event) -> bool,
+) -> audit::Event {
     let path = cp.audit_log_path();
     let found = wait::until(Duration::from_secs(30), || async {
         audit::read(&path).into_iter().find(|e| matches(e))

@@ -11,7 +11,10 @@ use local_cluster::process::{Lifetime, Process};
 use local_cluster::{ControlPlane, Options, State};
 
 #[derive(Parser)]
-#[command(name = "local-cluster", about = "A real local Kubernetes control plane")]
+#[command(
+    name = "local-cluster",
+    about = "A real local Kubernetes control plane"
+)]
 struct Cli {
     /// Where the control plane keeps its state, certificates, logs, data and kubeconfig.
     #[arg(long, env = "LOCAL_CLUSTER_DIR", global = true)]
@@ -41,8 +44,9 @@ enum Command {
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,kube_client::client::builder=off")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,kube_client::client::builder=off")
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -99,7 +103,10 @@ async fn up(dir: &Path, use_service_account_credentials: bool) -> Result<()> {
             println!("{}", state.kubeconfig.display());
             return Ok(());
         }
-        eprintln!("local-cluster: replacing the control plane recorded in {}", dir.display());
+        eprintln!(
+            "local-cluster: replacing the control plane recorded in {}",
+            dir.display()
+        );
         stop(processes);
     }
     if dir.exists() {
