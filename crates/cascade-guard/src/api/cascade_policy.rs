@@ -1,0 +1,99 @@
+//! `CascadePolicy`: guards deletes of any CRD-backed kind, for kinds whose
+//! definition cascade-guard cannot annotate (not an XRD, or an XRD from a
+//! package someone else owns).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::mode::Mode;
+
+/// Guards deletes of one custom resource kind.
+// Each printcolumn(...) repeats `type_ = "string"`, which clippy takes for a
+// duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[kube(
+    group = "cascade-guard.dev",
+    version = "v1alpha1",
+    kind = "CascadePolicy",
+    shortname = "cpol",
+    status = "CascadePolicyStatus",
+    derive = "PartialEq",
+    doc = "Makes deletes of one custom resource kind cascade in the foreground.",
+    printcolumn(name = "Kind", type_ = "string", json_path = ".spec.kind"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CascadePolicySpec {
+    /// API group of the protected kind. Only CRD-backed kinds can be guarded,
+    /// so the core group ("") is not accepted.
+    #[schemars(length(min = 1))]
+    pub group: String,
+    /// Kind to protect, exactly as its CRD spells it (case-sensitive).
+    #[schemars(length(min = 1))]
+    pub kind: String,
+    /// What to do with a delete that would not cascade in the foreground.
+    #[serde(default)]
+    pub mode: Mode,
+    /// Narrows the policy to objects whose labels match. Absent: every object
+    /// of the kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+/// What cascade-guard made of a CascadePolicy.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CascadePolicyStatus {
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Names of the admission objects generated for this policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compiled_to: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn crd_serialises_to_yaml() {
+        let crd = CascadePolicy::crd();
+        let yaml = serde_yaml::to_string(&crd).unwrap();
+        assert!(yaml.contains("name: cascadepolicies.cascade-guard.dev"));
+        let json = serde_json::to_value(&crd).unwrap();
+        let version = &json["spec"]["versions"][0];
+        assert_eq!(json["spec"]["scope"], "Cluster");
+        assert_eq!(
+            json["spec"]["names"]["shortNames"],
+            serde_json::json!(["cpol"])
+        );
+        assert_eq!(version["name"], "v1alpha1");
+        let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        assert_eq!(
+            spec["properties"]["mode"]["enum"],
+            serde_json::json!(["Refuse", "Convert", "Warn", "Off"])
+        );
+        assert_eq!(spec["properties"]["mode"]["default"], "Refuse");
+        assert_eq!(spec["required"], serde_json::json!(["group", "kind"]));
+        let columns: Vec<&str> = version["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(columns, ["Kind", "Mode", "Ready"]);
+        assert!(version["subresources"]["status"].is_object());
+    }
+}

@@ -1,0 +1,5 @@
+//! cascade-guard's own Kubernetes API.
+
+pub mod cascade_policy;
+
+pub use cascade_policy::{CascadePolicy, CascadePolicySpec, CascadePolicyStatus};

@@ -1,0 +1,368 @@
+//! One ValidatingAdmissionPolicy and one binding per policy.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    AuditAnnotation, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, Validation, Variable,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::cel::{DECISION_AUDIT_KEY, compile_cel};
+use super::mode::Mode;
+use super::names::{
+    CASCADE_POLICY_OBJECT_PREFIX, DEFAULT_GC_CONTROLLER_MANAGER_USER,
+    DEFAULT_GC_SERVICE_ACCOUNT_USER, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODE_ANNOTATION,
+    PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION, XRD_OBJECT_PREFIX,
+};
+use super::resolve::{Policy, Source};
+use super::selector::is_dns_subdomain;
+
+/// Who counts as the garbage collector. An empty string disables that
+/// identity (it never matches, rather than matching everyone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompileSettings {
+    /// Trusted on its own.
+    pub gc_service_account_user: String,
+    /// Trusted only with a UID precondition (the namespace controller shares
+    /// this identity and never sends one).
+    pub gc_controller_manager_user: String,
+}
+
+impl Default for CompileSettings {
+    fn default() -> Self {
+        CompileSettings {
+            gc_service_account_user: DEFAULT_GC_SERVICE_ACCOUNT_USER.to_string(),
+            gc_controller_manager_user: DEFAULT_GC_CONTROLLER_MANAGER_USER.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compiled {
+    pub policy: ValidatingAdmissionPolicy,
+    pub binding: ValidatingAdmissionPolicyBinding,
+}
+
+/// The binding's `validationActions` for a mode; None for Off, which
+/// generates nothing.
+pub fn validation_actions(mode: Mode) -> Option<Vec<String>> {
+    let actions: &[&str] = match mode {
+        Mode::Refuse | Mode::Convert => &["Deny"],
+        Mode::Warn => &["Warn", "Audit"],
+        Mode::Off => return None,
+    };
+    Some(actions.iter().map(|a| a.to_string()).collect())
+}
+
+/// None for mode Off.
+pub fn compile(policy: &Policy, settings: &CompileSettings) -> Option<Compiled> {
+    let actions = validation_actions(policy.mode)?;
+    let name = object_name(&policy.source);
+    let cel = compile_cel(policy.mode, policy.kind.shape, settings);
+    let rule = NamedRuleWithOperations {
+        api_groups: Some(vec![policy.kind.group.clone()]),
+        api_versions: Some(vec!["*".to_string()]),
+        operations: Some(vec!["DELETE".to_string()]),
+        resources: Some(vec![policy.kind.plural.clone()]),
+        scope: Some(policy.kind.scope.admission_scope().to_string()),
+        resource_names: None,
+    };
+    let vap = ValidatingAdmissionPolicy {
+        metadata: metadata(&name, policy),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".to_string()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![rule.clone()]),
+                ..MatchResources::default()
+            }),
+            variables: Some(
+                cel.variables
+                    .into_iter()
+                    .map(|v| Variable {
+                        name: v.name.to_string(),
+                        expression: v.expression,
+                    })
+                    .collect(),
+            ),
+            validations: Some(vec![Validation {
+                expression: cel.validation,
+                message: Some(cel.message),
+                message_expression: Some(cel.message_expression),
+                reason: Some(cel.reason.to_string()),
+            }]),
+            audit_annotations: Some(vec![AuditAnnotation {
+                key: DECISION_AUDIT_KEY.to_string(),
+                value_expression: cel.decision_expression,
+            }]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: metadata(&name, policy),
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            policy_name: name.clone(),
+            validation_actions: actions,
+            // objectSelector is matched against the stored object's labels
+            // on DELETE.
+            match_resources: Some(MatchResources {
+                resource_rules: Some(vec![rule]),
+                object_selector: policy.selector.clone(),
+                ..MatchResources::default()
+            }),
+            param_ref: None,
+        },
+    };
+    Some(Compiled {
+        policy: vap,
+        binding,
+    })
+}
+
+fn metadata(name: &str, policy: &Policy) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        labels: Some(BTreeMap::from([(
+            MANAGED_BY_LABEL.to_string(),
+            MANAGED_BY_VALUE.to_string(),
+        )])),
+        annotations: Some(BTreeMap::from([
+            (SOURCE_ANNOTATION.to_string(), policy.source.to_string()),
+            (
+                PROTECTED_KIND_ANNOTATION.to_string(),
+                policy.kind.to_string(),
+            ),
+            (MODE_ANNOTATION.to_string(), policy.mode.to_string()),
+        ])),
+        ..ObjectMeta::default()
+    }
+}
+
+const MAX_NAME: usize = 253;
+const HASH_HEX: usize = 10;
+
+/// `cascade-guard-xrd-<name>` or `cascade-guard-policy-<name>`, shared by the
+/// policy and its binding. A name that would be too long, or is not a valid
+/// object name (possible only with hand-written files), is cleaned and
+/// truncated, with a hash of the source name appended so distinct sources
+/// keep distinct names.
+pub fn object_name(source: &Source) -> String {
+    let (prefix, raw) = match source {
+        Source::Xrd { name, .. } => (XRD_OBJECT_PREFIX, name),
+        Source::CascadePolicy { name } => (CASCADE_POLICY_OBJECT_PREFIX, name),
+    };
+    let plain = format!("{prefix}{raw}");
+    if is_dns_subdomain(&plain) {
+        return plain;
+    }
+    let cleaned: String = plain
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-' | '.') => c,
+            _ => '-',
+        })
+        .collect();
+    // Each dot-separated label must start and end with a letter or digit.
+    let labels: Vec<&str> = cleaned
+        .split('.')
+        .map(|l| l.trim_matches('-'))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut body = labels.join(".");
+    body.truncate(MAX_NAME - 1 - HASH_HEX);
+    let body = body.trim_end_matches(['-', '.']);
+    let hash = fnv1a_64(raw.as_bytes());
+    format!(
+        "{body}-{:0width$x}",
+        hash >> (64 - 4 * HASH_HEX),
+        width = HASH_HEX
+    )
+}
+
+/// FNV-1a: tiny, stable across releases and platforms, good enough to keep
+/// truncated names apart (not a security boundary).
+fn fnv1a_64(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes
+        .iter()
+        .fold(OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::kind::{ProtectedKind, Scope, Shape};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    fn policy(source: Source, mode: Mode, scope: Scope, selector: Option<LabelSelector>) -> Policy {
+        Policy {
+            kind: ProtectedKind {
+                group: "modelplane.ai".into(),
+                kind: "InferenceCluster".into(),
+                plural: "inferenceclusters".into(),
+                scope,
+                shape: Shape::CompositeResource,
+            },
+            mode,
+            selector,
+            source,
+        }
+    }
+
+    fn xrd_source(name: &str) -> Source {
+        Source::Xrd {
+            name: name.into(),
+            annotated: true,
+        }
+    }
+
+    #[test]
+    fn fnv_known_values() {
+        // Published FNV-1a 64 test vectors.
+        assert_eq!(fnv1a_64(b""), 0xcbf29ce484222325);
+        assert_eq!(fnv1a_64(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(fnv1a_64(b"foobar"), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn names() {
+        let cases = [
+            (
+                xrd_source("inferenceclusters.modelplane.ai"),
+                "cascade-guard-xrd-inferenceclusters.modelplane.ai",
+            ),
+            (
+                Source::CascadePolicy {
+                    name: "databases".into(),
+                },
+                "cascade-guard-policy-databases",
+            ),
+        ];
+        for (source, want) in cases {
+            assert_eq!(object_name(&source), want);
+        }
+    }
+
+    #[test]
+    fn long_and_odd_names_are_valid_distinct_and_stable() {
+        let long_a = format!("{}.example.org", "a".repeat(250));
+        let long_b = format!("{}.example.org", "a".repeat(251));
+        let inputs = [
+            long_a.clone(),
+            long_b.clone(),
+            format!("{}.", "b".repeat(260)),
+            "Upper.Case".to_string(),
+            "under_score".to_string(),
+            "a..b".to_string(),
+            "-.-".to_string(),
+            "日本".to_string(),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for raw in &inputs {
+            let name = object_name(&xrd_source(raw));
+            assert!(is_dns_subdomain(&name), "{raw:?} -> {name:?}");
+            assert!(name.len() <= 253, "{raw:?}");
+            assert!(name.starts_with("cascade-guard-xrd-"), "{name}");
+            assert_eq!(name, object_name(&xrd_source(raw)), "stable");
+            assert!(seen.insert(name), "{raw:?} collides");
+        }
+        let a = object_name(&xrd_source(&long_a));
+        assert_eq!(a.len(), 253);
+        assert!(a.starts_with(&format!("cascade-guard-xrd-{}", "a".repeat(200))));
+    }
+
+    #[test]
+    fn actions_by_mode() {
+        let cases = [
+            (Mode::Refuse, Some(vec!["Deny"])),
+            (Mode::Convert, Some(vec!["Deny"])),
+            (Mode::Warn, Some(vec!["Warn", "Audit"])),
+            (Mode::Off, None),
+        ];
+        for (mode, want) in cases {
+            let p = policy(xrd_source("x.example.org"), mode, Scope::Cluster, None);
+            let compiled = compile(&p, &CompileSettings::default());
+            let got = compiled
+                .as_ref()
+                .map(|c| c.binding.spec.validation_actions.clone());
+            let want = want.map(|w| w.into_iter().map(String::from).collect::<Vec<_>>());
+            assert_eq!(got, want, "{mode}");
+            assert_eq!(validation_actions(mode).is_some(), compiled.is_some());
+        }
+    }
+
+    #[test]
+    fn objects_are_complete() {
+        let selector = LabelSelector {
+            match_labels: Some([("tier".to_string(), "prod".to_string())].into()),
+            match_expressions: None,
+        };
+        for (scope, sel) in [
+            (Scope::Namespaced, Some(selector.clone())),
+            (Scope::Cluster, None),
+            (Scope::Unknown, None),
+        ] {
+            let p = policy(
+                Source::CascadePolicy { name: "ic".into() },
+                Mode::Refuse,
+                scope,
+                sel.clone(),
+            );
+            let c = compile(&p, &CompileSettings::default()).unwrap();
+            let vap = serde_json::to_value(&c.policy).unwrap();
+            let binding = serde_json::to_value(&c.binding).unwrap();
+            for obj in [&vap, &binding] {
+                assert_eq!(obj["apiVersion"], "admissionregistration.k8s.io/v1");
+                assert_eq!(obj["metadata"]["name"], "cascade-guard-policy-ic");
+                assert_eq!(
+                    obj["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+                    "cascade-guard"
+                );
+                let ann = &obj["metadata"]["annotations"];
+                assert_eq!(ann["cascade-guard.dev/source"], "CascadePolicy/ic");
+                assert_eq!(
+                    ann["cascade-guard.dev/protected-kind"],
+                    "InferenceCluster.modelplane.ai"
+                );
+                assert_eq!(ann["cascade-guard.dev/mode"], "Refuse");
+            }
+            assert_eq!(vap["kind"], "ValidatingAdmissionPolicy");
+            assert_eq!(binding["kind"], "ValidatingAdmissionPolicyBinding");
+
+            let spec = &vap["spec"];
+            assert_eq!(spec["failurePolicy"], "Fail");
+            let rule = serde_json::json!({
+                "apiGroups": ["modelplane.ai"],
+                "apiVersions": ["*"],
+                "operations": ["DELETE"],
+                "resources": ["inferenceclusters"],
+                "scope": scope.admission_scope(),
+            });
+            assert_eq!(
+                spec["matchConstraints"],
+                serde_json::json!({"resourceRules": [rule.clone()]})
+            );
+            assert_eq!(spec["validations"][0]["reason"], "Forbidden");
+            assert!(spec["validations"][0]["messageExpression"].is_string());
+            assert!(spec["validations"][0]["message"].is_string());
+            assert_eq!(spec["auditAnnotations"][0]["key"], "decision");
+            assert!(spec["variables"].as_array().unwrap().len() > 5);
+
+            let bspec = &binding["spec"];
+            assert_eq!(bspec["policyName"], "cascade-guard-policy-ic");
+            assert_eq!(bspec["matchResources"]["resourceRules"][0], rule);
+            // The selector goes on the binding only.
+            match &sel {
+                Some(s) => assert_eq!(
+                    bspec["matchResources"]["objectSelector"],
+                    serde_json::to_value(s).unwrap()
+                ),
+                None => assert!(bspec["matchResources"].get("objectSelector").is_none()),
+            }
+            assert!(spec["matchConstraints"].get("objectSelector").is_none());
+        }
+    }
+}

@@ -1,0 +1,577 @@
+//! The decision table ([`super::decision`]) compiled to CEL for a
+//! ValidatingAdmissionPolicy.
+//!
+//! What DELETE admission gives the expressions: `request.options` is the
+//! DeleteOptions as sent, with unsent fields absent (so every access is
+//! guarded with `has()`); `oldObject` is the stored object and `object` is
+//! null; `request.name` is "" for the items of a DeleteCollection, so names
+//! come from `oldObject.metadata`.
+//!
+//! Nothing from a policy's source (kind, group, names) is embedded: messages
+//! read them from the request at run time. The only configured strings in the
+//! CEL are the garbage collector's usernames, embedded with
+//! [`cel_string_literal`].
+
+use std::fmt::Write as _;
+
+use super::admission::CompileSettings;
+use super::decision::AllowReason;
+use super::kind::Shape;
+use super::mode::Mode;
+use super::names::{
+    BREAK_GLASS_ANNOTATION, FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER,
+};
+
+/// The audit annotation key saying which rule allowed a delete, or that it
+/// was refused (useful in Warn mode, whose binding audits).
+pub const DECISION_AUDIT_KEY: &str = "decision";
+
+/// The `reason` of a refusal (HTTP 403).
+pub const REFUSAL_REASON: &str = "Forbidden";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CelVariable {
+    pub name: &'static str,
+    pub expression: String,
+}
+
+/// Everything CEL in one admission policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CelPolicy {
+    /// In order: a variable may use those before it.
+    pub variables: Vec<CelVariable>,
+    /// True when the delete is allowed.
+    pub validation: String,
+    pub message_expression: String,
+    /// Used when `message_expression` fails.
+    pub message: String,
+    pub reason: &'static str,
+    /// Value expression of the [`DECISION_AUDIT_KEY`] audit annotation.
+    pub decision_expression: String,
+}
+
+/// Compiles the rules for one mode and shape. Refuse and Warn share their CEL
+/// (only the binding's actions and the wording differ); Convert adds the
+/// finalizer rule; only composite resources get the nothing-to-cascade rule.
+pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelPolicy {
+    let rules = rules(mode, shape);
+    let mut variables = vec![
+        var(
+            "policy",
+            "has(request.options) && has(request.options.propagationPolicy) ? string(request.options.propagationPolicy) : ''",
+        ),
+        var(
+            "orphanSent",
+            "has(request.options) && has(request.options.orphanDependents)",
+        ),
+        var(
+            "foregroundAsked",
+            "variables.policy == 'Foreground' && !variables.orphanSent",
+        ),
+        var(
+            "noPolicy",
+            "variables.policy == '' && !variables.orphanSent",
+        ),
+        var(
+            "inForeground",
+            &finalizer_present(FOREGROUND_DELETION_FINALIZER),
+        ),
+    ];
+    if shape == Shape::CompositeResource {
+        // Modern XRs list composed resources in spec.crossplane.resourceRefs,
+        // legacy ones in spec.resourceRefs.
+        variables.push(var(
+            "nothingToCascade",
+            "!(has(oldObject.spec) && has(oldObject.spec.crossplane) && has(oldObject.spec.crossplane.resourceRefs) && size(oldObject.spec.crossplane.resourceRefs) > 0) && !(has(oldObject.spec) && has(oldObject.spec.resourceRefs) && size(oldObject.spec.resourceRefs) > 0)",
+        ));
+    }
+    variables.extend([
+        var(
+            "username",
+            "has(request.userInfo.username) ? request.userInfo.username : ''",
+        ),
+        var(
+            "uidPrecondition",
+            "has(request.options) && has(request.options.preconditions) && has(request.options.preconditions.uid) && string(request.options.preconditions.uid) != ''",
+        ),
+        var("isGarbageCollector", &garbage_collector_expression(settings)),
+        var(
+            "breakGlass",
+            &format!(
+                "has(oldObject.metadata.annotations) && '{a}' in oldObject.metadata.annotations && oldObject.metadata.annotations['{a}'] != ''",
+                a = BREAK_GLASS_ANNOTATION
+            ),
+        ),
+    ]);
+    if mode == Mode::Convert {
+        variables.push(var(
+            "convertHeld",
+            &finalizer_present(FOREGROUND_CASCADE_FINALIZER),
+        ));
+    }
+    variables.extend([
+        var(
+            "sent",
+            "variables.orphanSent ? 'orphanDependents=' + string(request.options.orphanDependents) : variables.policy == '' ? 'no propagationPolicy' : 'propagationPolicy ' + variables.policy",
+        ),
+        var(
+            "objectNamespace",
+            "has(oldObject.metadata.namespace) ? oldObject.metadata.namespace : ''",
+        ),
+        // What to pass kubectl: resource.group name [-n namespace].
+        var(
+            "target",
+            "request.resource.resource + (request.resource.group == '' ? '' : '.' + request.resource.group) + ' ' + oldObject.metadata.name + (variables.objectNamespace == '' ? '' : ' -n ' + variables.objectNamespace)",
+        ),
+    ]);
+
+    let validation = rules
+        .iter()
+        .map(|(_, cond)| wrap(cond))
+        .collect::<Vec<_>>()
+        .join(" || ");
+
+    // Nested conditionals in rule order, so the annotation names the same
+    // rule the decision table reports.
+    let mut decision_expression = String::new();
+    for (reason, cond) in &rules {
+        let _ = write!(
+            decision_expression,
+            "{} ? 'allowed: {}' : ",
+            wrap(cond),
+            reason.as_str()
+        );
+    }
+    decision_expression.push_str("'refused: ' + variables.sent");
+
+    let what_it_leaves = match shape {
+        Shape::CompositeResource => "its composed resources",
+        Shape::Other => "the objects it owns",
+    };
+    let (message_expression, message) = match mode {
+        Mode::Warn => (
+            format!(
+                "'cascade-guard warning: deleting ' + request.kind.kind + ' ' + oldObject.metadata.name + ' with ' + variables.sent + ' removes it before {what_it_leaves} are gone and can leave them to wedge. Delete it with foreground cascading instead: kubectl delete ' + variables.target + ' --cascade=foreground'"
+            ),
+            format!(
+                "cascade-guard warning: this delete does not cascade in the foreground and can leave {what_it_leaves} to wedge; use kubectl delete --cascade=foreground"
+            ),
+        ),
+        _ => (
+            format!(
+                "'cascade-guard refused to delete ' + request.kind.kind + ' ' + oldObject.metadata.name + ' with ' + variables.sent + ': it would remove it before {what_it_leaves} are gone and leave them to wedge. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground (to abandon it on purpose, first: kubectl annotate ' + variables.target + ' {BREAK_GLASS_ANNOTATION}=<reason>)'"
+            ),
+            format!(
+                "cascade-guard refused this delete: it would not cascade in the foreground and could leave {what_it_leaves} to wedge. Use kubectl delete --cascade=foreground, or set the annotation {BREAK_GLASS_ANNOTATION} to a reason to abandon the object on purpose"
+            ),
+        ),
+    };
+
+    CelPolicy {
+        variables,
+        validation,
+        message_expression,
+        message,
+        reason: REFUSAL_REASON,
+        decision_expression,
+    }
+}
+
+/// The allow rules of a variant, in [`AllowReason::ORDER`], as CEL over the
+/// variables.
+fn rules(mode: Mode, shape: Shape) -> Vec<(AllowReason, &'static str)> {
+    AllowReason::ORDER
+        .into_iter()
+        .filter_map(|r| {
+            let cond = match r {
+                AllowReason::ForegroundAsked => "variables.foregroundAsked",
+                AllowReason::AlreadyInForeground => "variables.noPolicy && variables.inForeground",
+                AllowReason::NothingToCascade if shape == Shape::CompositeResource => {
+                    "variables.nothingToCascade"
+                }
+                AllowReason::GarbageCollector => "variables.isGarbageCollector",
+                AllowReason::BreakGlass => "variables.breakGlass",
+                AllowReason::ConvertHeld if mode == Mode::Convert => "variables.convertHeld",
+                _ => return None,
+            };
+            Some((r, cond))
+        })
+        .collect()
+}
+
+fn var(name: &'static str, expression: &str) -> CelVariable {
+    CelVariable {
+        name,
+        expression: expression.to_string(),
+    }
+}
+
+fn wrap(cond: &str) -> String {
+    if cond.contains(' ') {
+        format!("({cond})")
+    } else {
+        cond.to_string()
+    }
+}
+
+/// Our own finalizer names only; they contain no quote or backslash.
+fn finalizer_present(finalizer: &str) -> String {
+    format!("has(oldObject.metadata.finalizers) && '{finalizer}' in oldObject.metadata.finalizers")
+}
+
+/// The GC's own identity always counts; the controller-manager identity only
+/// with a UID precondition, because the namespace controller shares it and
+/// never sends one. An empty identity is left out rather than matching "".
+fn garbage_collector_expression(settings: &CompileSettings) -> String {
+    let mut alternatives = Vec::new();
+    if !settings.gc_service_account_user.is_empty() {
+        alternatives.push(format!(
+            "variables.username == {}",
+            cel_string_literal(&settings.gc_service_account_user)
+        ));
+    }
+    if !settings.gc_controller_manager_user.is_empty() {
+        alternatives.push(format!(
+            "(variables.username == {} && variables.uidPrecondition)",
+            cel_string_literal(&settings.gc_controller_manager_user)
+        ));
+    }
+    if alternatives.is_empty() {
+        "false".to_string()
+    } else {
+        alternatives.join(" || ")
+    }
+}
+
+/// A double-quoted CEL string literal denoting exactly `s`.
+///
+/// The output is plain printable ASCII: backslash and both quotes are
+/// escaped, control characters and everything beyond ASCII become `\u`/`\U`
+/// escapes, so nothing in `s` can end the literal or start an expression.
+pub fn cel_string_literal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\'' => out.push_str("\\'"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            ' '..='~' => out.push(c),
+            c if (c as u32) <= 0xFFFF => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => {
+                let _ = write!(out, "\\U{:08x}", c as u32);
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decodes one CEL double-quoted literal at the start of `text`, returning
+    /// the value and the rest. Written from the CEL spec's escape list, and
+    /// strict: it rejects anything a CEL lexer would not accept in a literal.
+    fn lex_literal(text: &str) -> Result<(String, &str), String> {
+        let mut chars = text.char_indices();
+        if chars.next().map(|(_, c)| c) != Some('"') {
+            return Err("does not start with a quote".into());
+        }
+        let mut value = String::new();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '"' => return Ok((value, &text[i + 1..])),
+                '\n' | '\r' => return Err("raw line break".into()),
+                '\\' => {
+                    let (_, e) = chars.next().ok_or("dangling backslash")?;
+                    let hex = |n: usize,
+                               chars: &mut std::str::CharIndices|
+                     -> Result<char, String> {
+                        let digits: String = (0..n)
+                            .filter_map(|_| chars.next().map(|(_, c)| c))
+                            .collect();
+                        let code = u32::from_str_radix(&digits, 16).map_err(|e| e.to_string())?;
+                        char::from_u32(code).ok_or_else(|| "not a scalar value".to_string())
+                    };
+                    value.push(match e {
+                        '\\' => '\\',
+                        '"' => '"',
+                        '\'' => '\'',
+                        'n' => '\n',
+                        'r' => '\r',
+                        't' => '\t',
+                        'u' => hex(4, &mut chars)?,
+                        'U' => hex(8, &mut chars)?,
+                        other => return Err(format!("unknown escape \\{other}")),
+                    });
+                }
+                c => value.push(c),
+            }
+        }
+        Err("unterminated".into())
+    }
+
+    #[test]
+    fn literals_round_trip_and_cannot_break_out() {
+        let hostile = [
+            "system:serviceaccount:kube-system:generic-garbage-collector",
+            "",
+            "a' || true || '",
+            "a\" || true || \"",
+            "\"",
+            "'",
+            "\\",
+            "\\\"",
+            "ends with backslash\\",
+            "line\nbreak",
+            "carriage\rreturn",
+            "nul\u{0}byte",
+            "bell\u{7}del\u{7f}",
+            "tab\there",
+            "é ü 日本 🦀",
+            "\u{2028}\u{2029}",
+            "${x} `backtick` {{ }}",
+            "\") || true || (\"",
+        ];
+        for input in hostile {
+            let lit = cel_string_literal(input);
+            assert!(lit.chars().all(|c| (' '..='~').contains(&c)), "{lit}");
+            let (value, rest) = lex_literal(&lit).unwrap_or_else(|e| panic!("{input:?}: {e}"));
+            assert_eq!(value, input);
+            assert_eq!(rest, "", "{input:?} leaked out of its literal");
+            // Inside an expression, the literal is still one token.
+            let expr = format!("variables.username == {lit} && false");
+            let after = expr.strip_prefix("variables.username == ").unwrap();
+            let (_, tail) = lex_literal(after).unwrap();
+            assert_eq!(tail, " && false");
+        }
+        assert_eq!(cel_string_literal("a'b\"c\\d\n"), r#""a\'b\"c\\d\n""#);
+        assert_eq!(
+            cel_string_literal("\u{0}é🦀"),
+            r#""\u0000\u00e9\U0001f980""#
+        );
+    }
+
+    fn all_text(p: &CelPolicy) -> String {
+        let mut s = String::new();
+        for v in &p.variables {
+            s.push_str(&v.expression);
+            s.push('\n');
+        }
+        for e in [
+            &p.validation,
+            &p.message_expression,
+            &p.message,
+            &p.decision_expression,
+        ] {
+            s.push_str(e);
+            s.push('\n');
+        }
+        s
+    }
+
+    fn used_variables(expression: &str) -> Vec<String> {
+        expression
+            .split("variables.")
+            .skip(1)
+            .map(|rest| {
+                rest.chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn var_names(p: &CelPolicy) -> Vec<&str> {
+        p.variables.iter().map(|v| v.name).collect()
+    }
+
+    #[test]
+    fn variants_differ_as_expected() {
+        let s = CompileSettings::default();
+        // (mode, shape, has nothingToCascade, has convertHeld)
+        let cases = [
+            (Mode::Refuse, Shape::CompositeResource, true, false),
+            (Mode::Refuse, Shape::Other, false, false),
+            (Mode::Warn, Shape::CompositeResource, true, false),
+            (Mode::Convert, Shape::CompositeResource, true, true),
+            (Mode::Convert, Shape::Other, false, true),
+        ];
+        for (mode, shape, nothing, convert) in cases {
+            let p = compile_cel(mode, shape, &s);
+            let names = var_names(&p);
+            assert_eq!(
+                names.contains(&"nothingToCascade"),
+                nothing,
+                "{mode} {shape:?}"
+            );
+            assert_eq!(names.contains(&"convertHeld"), convert, "{mode} {shape:?}");
+            assert_eq!(p.validation.contains("variables.nothingToCascade"), nothing);
+            assert_eq!(p.validation.contains("variables.convertHeld"), convert);
+            assert_eq!(p.decision_expression.contains("NothingToCascade"), nothing);
+            assert_eq!(p.decision_expression.contains("ConvertHeld"), convert);
+            assert_eq!(all_text(&p).contains("resourceRefs"), nothing);
+            for always in [
+                "foregroundAsked",
+                "noPolicy",
+                "inForeground",
+                "isGarbageCollector",
+                "breakGlass",
+            ] {
+                assert!(names.contains(&always), "{always}");
+                assert!(
+                    p.validation.contains(&format!("variables.{always}")),
+                    "{always}"
+                );
+            }
+            // Every variable an expression uses is declared before it.
+            for (i, v) in p.variables.iter().enumerate() {
+                for used in used_variables(&v.expression) {
+                    assert!(
+                        names[..i].contains(&used.as_str()),
+                        "{} uses {used} before it is declared",
+                        v.name
+                    );
+                }
+            }
+            for e in [&p.validation, &p.message_expression, &p.decision_expression] {
+                for used in used_variables(e) {
+                    assert!(names.contains(&used.as_str()), "{used} is not declared");
+                }
+            }
+            // The API server requires variable names to be CEL identifiers,
+            // and CEL reserves some ordinary words (`namespace` among them).
+            const RESERVED: [&str; 21] = [
+                "as",
+                "break",
+                "const",
+                "continue",
+                "else",
+                "false",
+                "for",
+                "function",
+                "if",
+                "import",
+                "in",
+                "let",
+                "loop",
+                "package",
+                "namespace",
+                "null",
+                "return",
+                "true",
+                "var",
+                "void",
+                "while",
+            ];
+            for name in &names {
+                assert!(!RESERVED.contains(name), "{name} is reserved in CEL");
+                assert!(
+                    name.chars()
+                        .next()
+                        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                );
+                assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+            }
+            assert_eq!(p.reason, "Forbidden");
+            assert!(!p.message.contains('\n') && !p.message_expression.contains('\n'));
+        }
+        let refuse = compile_cel(Mode::Refuse, Shape::CompositeResource, &s);
+        let warn = compile_cel(Mode::Warn, Shape::CompositeResource, &s);
+        assert_eq!(refuse.variables, warn.variables);
+        assert_eq!(refuse.validation, warn.validation);
+        assert!(refuse.message_expression.contains("refused"));
+        assert!(warn.message_expression.contains("warning"));
+        assert!(refuse.message_expression.contains(BREAK_GLASS_ANNOTATION));
+        assert!(
+            compile_cel(Mode::Refuse, Shape::Other, &s)
+                .message_expression
+                .contains("the objects it owns")
+        );
+    }
+
+    #[test]
+    fn rules_follow_the_decision_order() {
+        let p = compile_cel(
+            Mode::Convert,
+            Shape::CompositeResource,
+            &CompileSettings::default(),
+        );
+        let positions: Vec<usize> = AllowReason::ORDER
+            .iter()
+            .map(|r| {
+                p.decision_expression
+                    .find(&format!("'allowed: {}'", r.as_str()))
+                    .unwrap()
+            })
+            .collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+        assert!(
+            p.decision_expression
+                .ends_with("'refused: ' + variables.sent")
+        );
+    }
+
+    #[test]
+    fn only_the_gc_usernames_are_embedded() {
+        let settings = CompileSettings {
+            gc_service_account_user: "gc' || true || '\"\\\n\u{0}".into(),
+            gc_controller_manager_user: "kcm-🦀".into(),
+        };
+        let p = compile_cel(Mode::Refuse, Shape::CompositeResource, &settings);
+        let text = all_text(&p);
+        assert!(text.contains(&cel_string_literal(&settings.gc_service_account_user)));
+        assert!(text.contains(&cel_string_literal(&settings.gc_controller_manager_user)));
+        assert!(!text.contains("gc' || true"));
+
+        // Remove the two literals; what is left is fixed text that does not
+        // depend on any setting, so nothing else can have been embedded.
+        let strip = |p: &CelPolicy, s: &CompileSettings| {
+            all_text(p)
+                .replace(&cel_string_literal(&s.gc_service_account_user), "SA")
+                .replace(&cel_string_literal(&s.gc_controller_manager_user), "KCM")
+        };
+        let defaults = CompileSettings::default();
+        assert_eq!(
+            strip(&p, &settings),
+            strip(
+                &compile_cel(Mode::Refuse, Shape::CompositeResource, &defaults),
+                &defaults
+            )
+        );
+        // No kind, group or resource name appears: they come from the request.
+        for word in ["modelplane", "InferenceCluster", "inferenceclusters"] {
+            assert!(!text.contains(word));
+        }
+    }
+
+    #[test]
+    fn empty_gc_identities_are_left_out() {
+        let cases = [
+            (
+                ("sa", "kcm"),
+                "variables.username == \"sa\" || (variables.username == \"kcm\" && variables.uidPrecondition)",
+            ),
+            (("sa", ""), "variables.username == \"sa\""),
+            (
+                ("", "kcm"),
+                "(variables.username == \"kcm\" && variables.uidPrecondition)",
+            ),
+            (("", ""), "false"),
+        ];
+        for ((sa, kcm), want) in cases {
+            let settings = CompileSettings {
+                gc_service_account_user: sa.into(),
+                gc_controller_manager_user: kcm.into(),
+            };
+            assert_eq!(garbage_collector_expression(&settings), want);
+        }
+    }
+}

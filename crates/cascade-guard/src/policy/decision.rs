@@ -1,0 +1,616 @@
+//! The decision table: which deletes of a guarded object are allowed.
+//!
+//! This is the specification the generated CEL ([`super::cel`]) must match,
+//! cell by cell. Rules are checked in [`AllowReason::ORDER`], and the CEL's
+//! audit annotation names the first that matched, in the same order.
+
+use std::fmt;
+
+use serde_json::Value;
+
+use super::admission::CompileSettings;
+use super::kind::Shape;
+use super::mode::Mode;
+use super::names::{
+    BREAK_GLASS_ANNOTATION, FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER,
+};
+
+/// `DeleteOptions.propagationPolicy` as sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Propagation {
+    Foreground,
+    Background,
+    Orphan,
+}
+
+impl Propagation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Propagation::Foreground => "Foreground",
+            Propagation::Background => "Background",
+            Propagation::Orphan => "Orphan",
+        }
+    }
+}
+
+/// The stored object, as far as the decision needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ObjectState {
+    pub finalizers: Vec<String>,
+    /// Entries in `spec.crossplane.resourceRefs` plus legacy
+    /// `spec.resourceRefs`; None for [`Shape::Other`].
+    pub composed_count: Option<usize>,
+    /// The break-glass annotation is present with a non-empty value.
+    pub break_glass: bool,
+}
+
+impl ObjectState {
+    /// Reads the state from a stored object (as admission's `oldObject` sees it).
+    pub fn from_object(object: &Value, shape: Shape) -> ObjectState {
+        let finalizers = object
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .map(|fs| {
+                fs.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let list_len = |p: &str| {
+            object
+                .pointer(p)
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len)
+        };
+        let composed_count = match shape {
+            Shape::CompositeResource => {
+                Some(list_len("/spec/crossplane/resourceRefs") + list_len("/spec/resourceRefs"))
+            }
+            Shape::Other => None,
+        };
+        let break_glass = object
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(BREAK_GLASS_ANNOTATION))
+            .and_then(Value::as_str)
+            .is_some_and(|v| !v.is_empty());
+        ObjectState {
+            finalizers,
+            composed_count,
+            break_glass,
+        }
+    }
+
+    fn has_finalizer(&self, name: &str) -> bool {
+        self.finalizers.iter().any(|f| f == name)
+    }
+}
+
+/// One DELETE, as admission sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteRequest {
+    pub propagation: Option<Propagation>,
+    /// The legacy `orphanDependents` field, if sent.
+    pub orphan_dependents: Option<bool>,
+    pub username: String,
+    /// The request carries a non-empty `preconditions.uid`.
+    pub uid_precondition: bool,
+    pub object: ObjectState,
+}
+
+/// Why a delete was allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AllowReason {
+    /// `propagationPolicy: Foreground` and no `orphanDependents`.
+    ForegroundAsked,
+    /// No policy sent at all, and the object is already in a foreground
+    /// cascade: the API server keeps `foregroundDeletion` in that case only.
+    AlreadyInForeground,
+    /// A composite resource that lists no composed resources.
+    NothingToCascade,
+    /// The Kubernetes garbage collector, which must be free to finish cascades.
+    GarbageCollector,
+    /// An operator set the break-glass annotation.
+    BreakGlass,
+    /// Convert mode, and cascade-guard's finalizer is on the object.
+    ConvertHeld,
+    /// Mode Off.
+    ModeOff,
+}
+
+impl AllowReason {
+    /// The order rules are checked in, here and in the CEL.
+    pub const ORDER: [AllowReason; 6] = [
+        AllowReason::ForegroundAsked,
+        AllowReason::AlreadyInForeground,
+        AllowReason::NothingToCascade,
+        AllowReason::GarbageCollector,
+        AllowReason::BreakGlass,
+        AllowReason::ConvertHeld,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllowReason::ForegroundAsked => "ForegroundAsked",
+            AllowReason::AlreadyInForeground => "AlreadyInForeground",
+            AllowReason::NothingToCascade => "NothingToCascade",
+            AllowReason::GarbageCollector => "GarbageCollector",
+            AllowReason::BreakGlass => "BreakGlass",
+            AllowReason::ConvertHeld => "ConvertHeld",
+            AllowReason::ModeOff => "ModeOff",
+        }
+    }
+}
+
+/// Why a delete was (or, in Warn mode, would have been) refused: what the
+/// client sent instead of a foreground cascade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RefuseReason {
+    /// Neither `propagationPolicy` nor `orphanDependents`, on an object not
+    /// already in a foreground cascade (custom resources default to Background).
+    NoPropagationPolicy,
+    Background,
+    Orphan,
+    /// The legacy field, whatever its value (and whatever else was sent).
+    OrphanDependents(bool),
+}
+
+impl fmt::Display for RefuseReason {
+    /// The same words the CEL message uses for what was sent.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RefuseReason::NoPropagationPolicy => f.write_str("no propagationPolicy"),
+            RefuseReason::Background => f.write_str("propagationPolicy Background"),
+            RefuseReason::Orphan => f.write_str("propagationPolicy Orphan"),
+            RefuseReason::OrphanDependents(v) => write!(f, "orphanDependents={v}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    Allowed(AllowReason),
+    Refused(RefuseReason),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub allowed: bool,
+    /// In Warn mode a refusal lets the delete through but keeps its reason.
+    pub reason: Reason,
+    /// Warn mode only: what the client is told.
+    pub warning: Option<String>,
+}
+
+/// Decides one DELETE of an object guarded with `mode`.
+pub fn decide(
+    mode: Mode,
+    shape: Shape,
+    settings: &CompileSettings,
+    req: &DeleteRequest,
+) -> Verdict {
+    if mode == Mode::Off {
+        return Verdict {
+            allowed: true,
+            reason: Reason::Allowed(AllowReason::ModeOff),
+            warning: None,
+        };
+    }
+    let reason = match AllowReason::ORDER
+        .into_iter()
+        .find(|r| rule_holds(*r, mode, shape, settings, req))
+    {
+        Some(r) => Reason::Allowed(r),
+        None => Reason::Refused(what_was_sent(req)),
+    };
+    match (reason, mode) {
+        (Reason::Allowed(_), _) => Verdict {
+            allowed: true,
+            reason,
+            warning: None,
+        },
+        (Reason::Refused(r), Mode::Warn) => Verdict {
+            allowed: true,
+            reason,
+            warning: Some(format!(
+                "cascade-guard would refuse this delete in Refuse mode: it was sent with {r}, not as a foreground cascade"
+            )),
+        },
+        (Reason::Refused(_), _) => Verdict {
+            allowed: false,
+            reason,
+            warning: None,
+        },
+    }
+}
+
+fn rule_holds(
+    rule: AllowReason,
+    mode: Mode,
+    shape: Shape,
+    settings: &CompileSettings,
+    req: &DeleteRequest,
+) -> bool {
+    let no_policy = req.propagation.is_none() && req.orphan_dependents.is_none();
+    match rule {
+        AllowReason::ForegroundAsked => {
+            req.propagation == Some(Propagation::Foreground) && req.orphan_dependents.is_none()
+        }
+        AllowReason::AlreadyInForeground => {
+            no_policy && req.object.has_finalizer(FOREGROUND_DELETION_FINALIZER)
+        }
+        AllowReason::NothingToCascade => {
+            shape == Shape::CompositeResource && req.object.composed_count == Some(0)
+        }
+        AllowReason::GarbageCollector => is_garbage_collector(settings, req),
+        AllowReason::BreakGlass => req.object.break_glass,
+        AllowReason::ConvertHeld => {
+            mode == Mode::Convert && req.object.has_finalizer(FOREGROUND_CASCADE_FINALIZER)
+        }
+        AllowReason::ModeOff => false,
+    }
+}
+
+/// An empty configured identity means "not trusted", never "matches everyone".
+fn is_garbage_collector(settings: &CompileSettings, req: &DeleteRequest) -> bool {
+    let sa = &settings.gc_service_account_user;
+    let kcm = &settings.gc_controller_manager_user;
+    (!sa.is_empty() && req.username == *sa)
+        // The namespace controller shares the controller-manager identity but
+        // never sends a UID precondition; the GC always does.
+        || (!kcm.is_empty() && req.username == *kcm && req.uid_precondition)
+}
+
+fn what_was_sent(req: &DeleteRequest) -> RefuseReason {
+    match (req.orphan_dependents, req.propagation) {
+        (Some(v), _) => RefuseReason::OrphanDependents(v),
+        (None, Some(Propagation::Background)) => RefuseReason::Background,
+        (None, Some(Propagation::Orphan)) => RefuseReason::Orphan,
+        // Foreground without orphanDependents is always allowed, so only
+        // "nothing sent" is left.
+        (None, Some(Propagation::Foreground) | None) => RefuseReason::NoPropagationPolicy,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use serde_json::json;
+
+    // The axes of the table. Each is written out as the situation it stands
+    // for, and the expectation below is derived from those situations in
+    // plain words, not from the code above.
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Sent {
+        Nothing,
+        Background,
+        Foreground,
+        Orphan,
+        OrphanDependentsTrue,
+        OrphanDependentsFalse,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Requester {
+        Person,
+        GcServiceAccount,
+        ControllerManagerWithPrecondition,
+        NamespaceController,
+        Crossplane,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum State {
+        LiveWithComposed,
+        LiveWithNone,
+        TerminatingForeground,
+        TerminatingBackground,
+    }
+
+    pub(crate) const SENT: [Sent; 6] = [
+        Sent::Nothing,
+        Sent::Background,
+        Sent::Foreground,
+        Sent::Orphan,
+        Sent::OrphanDependentsTrue,
+        Sent::OrphanDependentsFalse,
+    ];
+    pub(crate) const REQUESTERS: [Requester; 5] = [
+        Requester::Person,
+        Requester::GcServiceAccount,
+        Requester::ControllerManagerWithPrecondition,
+        Requester::NamespaceController,
+        Requester::Crossplane,
+    ];
+    pub(crate) const STATES: [State; 4] = [
+        State::LiveWithComposed,
+        State::LiveWithNone,
+        State::TerminatingForeground,
+        State::TerminatingBackground,
+    ];
+
+    pub(crate) fn request(sent: Sent, who: Requester, state: State, shape: Shape) -> DeleteRequest {
+        let (propagation, orphan_dependents) = match sent {
+            Sent::Nothing => (None, None),
+            Sent::Background => (Some(Propagation::Background), None),
+            Sent::Foreground => (Some(Propagation::Foreground), None),
+            Sent::Orphan => (Some(Propagation::Orphan), None),
+            Sent::OrphanDependentsTrue => (None, Some(true)),
+            Sent::OrphanDependentsFalse => (None, Some(false)),
+        };
+        let (username, uid_precondition) = match who {
+            Requester::Person => ("alice@example.com", false),
+            Requester::GcServiceAccount => (
+                "system:serviceaccount:kube-system:generic-garbage-collector",
+                true,
+            ),
+            Requester::ControllerManagerWithPrecondition => {
+                ("system:kube-controller-manager", true)
+            }
+            Requester::NamespaceController => ("system:kube-controller-manager", false),
+            Requester::Crossplane => ("system:serviceaccount:crossplane-system:crossplane", false),
+        };
+        let composed = match state {
+            State::LiveWithNone => 0,
+            _ => 2,
+        };
+        let finalizers = match state {
+            State::TerminatingForeground => vec!["foregroundDeletion".to_string()],
+            State::TerminatingBackground => vec!["example.org/cleanup".to_string()],
+            _ => vec![],
+        };
+        DeleteRequest {
+            propagation,
+            orphan_dependents,
+            username: username.to_string(),
+            uid_precondition,
+            object: ObjectState {
+                finalizers,
+                composed_count: (shape == Shape::CompositeResource).then_some(composed),
+                break_glass: false,
+            },
+        }
+    }
+
+    /// The table in words: a delete of a guarded object goes through when
+    /// the client asked for foreground, or sent nothing while a foreground
+    /// cascade is already running; when a composite resource composed
+    /// nothing; or when the garbage collector itself deletes. Everything
+    /// else would not cascade in the foreground and is refused.
+    pub(crate) fn expected_allowed(sent: Sent, who: Requester, state: State, shape: Shape) -> bool {
+        let asked_foreground = sent == Sent::Foreground;
+        let keeps_running_foreground =
+            sent == Sent::Nothing && state == State::TerminatingForeground;
+        let composed_nothing = shape == Shape::CompositeResource && state == State::LiveWithNone;
+        let garbage_collector = matches!(
+            who,
+            Requester::GcServiceAccount | Requester::ControllerManagerWithPrecondition
+        );
+        asked_foreground || keeps_running_foreground || composed_nothing || garbage_collector
+    }
+
+    #[test]
+    fn full_table() {
+        let settings = CompileSettings::default();
+        let mut cells = 0;
+        for shape in [Shape::CompositeResource, Shape::Other] {
+            for mode in [Mode::Refuse, Mode::Warn, Mode::Off] {
+                for sent in SENT {
+                    for who in REQUESTERS {
+                        for state in STATES {
+                            let req = request(sent, who, state, shape);
+                            let v = decide(mode, shape, &settings, &req);
+                            let would_allow = expected_allowed(sent, who, state, shape);
+                            let at = format!("{mode} {shape:?} {sent:?} {who:?} {state:?}: {v:?}");
+                            match mode {
+                                Mode::Refuse => {
+                                    assert_eq!(v.allowed, would_allow, "{at}");
+                                    assert_eq!(v.warning, None, "{at}");
+                                }
+                                Mode::Warn => {
+                                    assert!(v.allowed, "{at}");
+                                    assert_eq!(v.warning.is_some(), !would_allow, "{at}");
+                                }
+                                Mode::Off => {
+                                    assert!(v.allowed, "{at}");
+                                    assert_eq!(v.reason, Reason::Allowed(AllowReason::ModeOff));
+                                }
+                                Mode::Convert => unreachable!(),
+                            }
+                            if mode != Mode::Off {
+                                assert_eq!(
+                                    matches!(v.reason, Reason::Allowed(_)),
+                                    would_allow,
+                                    "{at}"
+                                );
+                            }
+                            cells += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(cells, 2 * 3 * 6 * 5 * 4);
+    }
+
+    #[test]
+    fn refusal_describes_what_was_sent() {
+        let settings = CompileSettings::default();
+        let cases = [
+            (Sent::Nothing, "no propagationPolicy"),
+            (Sent::Background, "propagationPolicy Background"),
+            (Sent::Orphan, "propagationPolicy Orphan"),
+            (Sent::OrphanDependentsTrue, "orphanDependents=true"),
+            (Sent::OrphanDependentsFalse, "orphanDependents=false"),
+        ];
+        for (sent, words) in cases {
+            let req = request(
+                sent,
+                Requester::Person,
+                State::LiveWithComposed,
+                Shape::CompositeResource,
+            );
+            let v = decide(Mode::Refuse, Shape::CompositeResource, &settings, &req);
+            match v.reason {
+                Reason::Refused(r) => assert_eq!(r.to_string(), words),
+                other => panic!("{sent:?}: {other:?}"),
+            }
+            let warned = decide(Mode::Warn, Shape::CompositeResource, &settings, &req);
+            assert!(warned.warning.unwrap().contains(words));
+        }
+    }
+
+    #[test]
+    fn foreground_with_orphan_dependents_is_refused() {
+        let settings = CompileSettings::default();
+        for orphan in [true, false] {
+            let mut req = request(
+                Sent::Foreground,
+                Requester::Person,
+                State::LiveWithComposed,
+                Shape::Other,
+            );
+            req.orphan_dependents = Some(orphan);
+            let v = decide(Mode::Refuse, Shape::Other, &settings, &req);
+            assert_eq!(
+                v.reason,
+                Reason::Refused(RefuseReason::OrphanDependents(orphan))
+            );
+        }
+        // A policy sent to an object already in foreground is not "no policy":
+        // Background would strip foregroundDeletion.
+        let req = request(
+            Sent::Background,
+            Requester::Person,
+            State::TerminatingForeground,
+            Shape::Other,
+        );
+        assert!(!decide(Mode::Refuse, Shape::Other, &settings, &req).allowed);
+    }
+
+    #[test]
+    fn break_glass_and_convert() {
+        let settings = CompileSettings::default();
+        let base = request(
+            Sent::Background,
+            Requester::Person,
+            State::LiveWithComposed,
+            Shape::CompositeResource,
+        );
+        // (mode, break_glass, finalizer present, allowed, reason)
+        let cases = [
+            (Mode::Refuse, false, false, false, None),
+            (
+                Mode::Refuse,
+                true,
+                false,
+                true,
+                Some(AllowReason::BreakGlass),
+            ),
+            (Mode::Refuse, false, true, false, None),
+            (Mode::Convert, false, false, false, None),
+            (
+                Mode::Convert,
+                false,
+                true,
+                true,
+                Some(AllowReason::ConvertHeld),
+            ),
+            (
+                Mode::Convert,
+                true,
+                true,
+                true,
+                Some(AllowReason::BreakGlass),
+            ),
+            (Mode::Warn, false, true, true, None),
+        ];
+        for (mode, glass, held, allowed, reason) in cases {
+            let mut req = base.clone();
+            req.object.break_glass = glass;
+            if held {
+                req.object
+                    .finalizers
+                    .push(FOREGROUND_CASCADE_FINALIZER.into());
+            }
+            let v = decide(mode, Shape::CompositeResource, &settings, &req);
+            assert_eq!(v.allowed, allowed, "{mode} {glass} {held}");
+            if let Some(r) = reason {
+                assert_eq!(v.reason, Reason::Allowed(r), "{mode} {glass} {held}");
+            } else {
+                assert!(
+                    matches!(v.reason, Reason::Refused(_)),
+                    "{mode} {glass} {held}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gc_identities_are_configurable_and_empty_means_none() {
+        let custom = CompileSettings {
+            gc_service_account_user: "gc".into(),
+            gc_controller_manager_user: String::new(),
+        };
+        let mut req = request(
+            Sent::Background,
+            Requester::Person,
+            State::LiveWithComposed,
+            Shape::Other,
+        );
+        // (username, precondition, allowed)
+        let cases = [
+            ("gc", false, true),
+            (
+                "system:serviceaccount:kube-system:generic-garbage-collector",
+                true,
+                false,
+            ),
+            ("", true, false),
+            ("", false, false),
+        ];
+        for (user, pre, allowed) in cases {
+            req.username = user.into();
+            req.uid_precondition = pre;
+            assert_eq!(
+                decide(Mode::Refuse, Shape::Other, &custom, &req).allowed,
+                allowed,
+                "{user:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn object_state_from_object() {
+        let obj = json!({
+            "metadata": {
+                "finalizers": ["foregroundDeletion", 7],
+                "annotations": {"cascade-guard.dev/break-glass": "wedged, abandoning (INC-42)"},
+            },
+            "spec": {"crossplane": {"resourceRefs": [{"kind": "A"}, {"kind": "B"}]},
+                     "resourceRefs": [{"kind": "C"}]},
+        });
+        let s = ObjectState::from_object(&obj, Shape::CompositeResource);
+        assert_eq!(s.finalizers, vec!["foregroundDeletion".to_string()]);
+        assert_eq!(s.composed_count, Some(3));
+        assert!(s.break_glass);
+        assert_eq!(
+            ObjectState::from_object(&obj, Shape::Other).composed_count,
+            None
+        );
+
+        let bare = ObjectState::from_object(
+            &json!({"metadata": {"annotations": {"cascade-guard.dev/break-glass": ""}}}),
+            Shape::CompositeResource,
+        );
+        assert_eq!(
+            bare,
+            ObjectState {
+                finalizers: vec![],
+                composed_count: Some(0),
+                break_glass: false
+            }
+        );
+    }
+}

@@ -1,0 +1,116 @@
+//! The kind a policy protects.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Where objects of a kind live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Scope {
+    Namespaced,
+    Cluster,
+    /// The definition's scope could not be read (a broken XRD that is still
+    /// protected). Admission then matches both scopes rather than guess.
+    Unknown,
+}
+
+impl Scope {
+    /// The `scope` of an admission rule.
+    pub fn admission_scope(self) -> &'static str {
+        match self {
+            Scope::Namespaced => "Namespaced",
+            Scope::Cluster => "Cluster",
+            Scope::Unknown => "*",
+        }
+    }
+}
+
+/// What deleting one object of the kind may cascade to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Shape {
+    /// A Crossplane composite resource: it lists what it composed in
+    /// `spec.crossplane.resourceRefs` (or legacy `spec.resourceRefs`), so an
+    /// empty list means there is nothing to cascade.
+    CompositeResource,
+    /// Any other custom resource: what it owns is not visible on the object.
+    Other,
+}
+
+/// A kind whose deletes cascade-guard guards.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ProtectedKind {
+    pub group: String,
+    pub kind: String,
+    pub plural: String,
+    pub scope: Scope,
+    pub shape: Shape,
+}
+
+impl ProtectedKind {
+    /// `plural.group`, the name kubectl and CRDs use (`inferenceclusters.modelplane.ai`).
+    pub fn resource(&self) -> String {
+        join_group(&self.plural, &self.group)
+    }
+
+    pub fn same_kind(&self, group: &str, kind: &str) -> bool {
+        self.group == group && self.kind == kind
+    }
+}
+
+impl fmt::Display for ProtectedKind {
+    /// `Kind.group` (`InferenceCluster.modelplane.ai`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&join_group(&self.kind, &self.group))
+    }
+}
+
+fn join_group(name: &str, group: &str) -> String {
+    if group.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}.{group}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(group: &str, kind: &str, plural: &str) -> ProtectedKind {
+        ProtectedKind {
+            group: group.into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            scope: Scope::Cluster,
+            shape: Shape::CompositeResource,
+        }
+    }
+
+    #[test]
+    fn display_and_resource() {
+        let cases = [
+            (
+                kind("modelplane.ai", "InferenceCluster", "inferenceclusters"),
+                "InferenceCluster.modelplane.ai",
+                "inferenceclusters.modelplane.ai",
+            ),
+            (
+                kind("infrastructure.modelplane.ai", "EKSCluster", "eksclusters"),
+                "EKSCluster.infrastructure.modelplane.ai",
+                "eksclusters.infrastructure.modelplane.ai",
+            ),
+            (kind("", "Thing", "things"), "Thing", "things"),
+        ];
+        for (k, display, resource) in cases {
+            assert_eq!(k.to_string(), display);
+            assert_eq!(k.resource(), resource);
+        }
+    }
+
+    #[test]
+    fn admission_scope() {
+        assert_eq!(Scope::Namespaced.admission_scope(), "Namespaced");
+        assert_eq!(Scope::Cluster.admission_scope(), "Cluster");
+        assert_eq!(Scope::Unknown.admission_scope(), "*");
+    }
+}

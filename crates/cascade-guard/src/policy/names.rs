@@ -1,0 +1,54 @@
+//! Every name cascade-guard puts on, or reads from, Kubernetes objects.
+//!
+//! They live in one place because the CEL, the admission objects, the
+//! controller and the docs must all agree on them byte for byte.
+
+/// cascade-guard's API group (CascadePolicy, annotations, finalizer).
+pub const GROUP: &str = "cascade-guard.dev";
+
+/// XRD annotation choosing how deletes of the XRD's composite resources are
+/// treated. Values: see [`crate::policy::mode::Mode`].
+pub const DELETION_POLICY_ANNOTATION: &str = "cascade-guard.dev/deletion-policy";
+
+/// Annotation on a protected object: any non-empty value (the operator's
+/// reason) lets any delete of that object through, so a wedged object can be
+/// abandoned on purpose.
+pub const BREAK_GLASS_ANNOTATION: &str = "cascade-guard.dev/break-glass";
+
+/// Finalizer cascade-guard holds on objects of Convert-mode kinds while it
+/// turns a refused delete into a foreground one; while it is present, any
+/// delete is allowed.
+pub const FOREGROUND_CASCADE_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
+
+/// The Kubernetes garbage collector's finalizer for a foreground cascade.
+pub const FOREGROUND_DELETION_FINALIZER: &str = "foregroundDeletion";
+
+/// Label key and value on every object cascade-guard generates, so it can
+/// find (and prune) exactly its own objects.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY_VALUE: &str = "cascade-guard";
+
+/// Annotations on generated objects, to trace them back to what asked for them.
+pub const SOURCE_ANNOTATION: &str = "cascade-guard.dev/source";
+pub const PROTECTED_KIND_ANNOTATION: &str = "cascade-guard.dev/protected-kind";
+pub const MODE_ANNOTATION: &str = "cascade-guard.dev/mode";
+
+/// The garbage collector's user when kube-controller-manager runs with
+/// `--use-service-account-credentials=true` (kubeadm's default).
+pub const DEFAULT_GC_SERVICE_ACCOUNT_USER: &str =
+    "system:serviceaccount:kube-system:generic-garbage-collector";
+
+/// kube-controller-manager's own user, which the garbage collector uses when
+/// service-account credentials are off. The namespace controller shares it, so
+/// it is trusted only together with a UID precondition (see the decision table).
+pub const DEFAULT_GC_CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
+
+/// Crossplane's API group for XRDs.
+pub const CROSSPLANE_APIEXTENSIONS_GROUP: &str = "apiextensions.crossplane.io";
+
+/// Kind of a Crossplane CompositeResourceDefinition.
+pub const XRD_KIND: &str = "CompositeResourceDefinition";
+
+/// Prefixes of generated object names, one per kind of source.
+pub const XRD_OBJECT_PREFIX: &str = "cascade-guard-xrd-";
+pub const CASCADE_POLICY_OBJECT_PREFIX: &str = "cascade-guard-policy-";

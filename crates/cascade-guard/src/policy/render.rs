@@ -1,0 +1,631 @@
+//! Rendering admission objects from documents (files, or `kubectl get -o
+//! yaml` output) without a cluster.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::admission::{CompileSettings, compile};
+use super::mode::Mode;
+use super::names::GROUP;
+use super::resolve::{
+    CascadePolicyInput, CrdInfo, Inputs, Policy, Problem, Severity, Subject, XrdInput,
+    read_crd_info, reasons, resolve,
+};
+use super::xrd::looks_like_xrd;
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Rendered {
+    /// All ValidatingAdmissionPolicies, then all their bindings, each with
+    /// apiVersion and kind set, in policy order.
+    pub objects: Vec<Value>,
+    pub problems: Vec<Problem>,
+    /// What was resolved, Off policies included.
+    pub policies: Vec<Policy>,
+}
+
+/// Reason for a CascadePolicy document that cannot be read at all.
+pub const INVALID_CASCADE_POLICY: &str = "InvalidCascadePolicy";
+/// Reason for a CRD document that cannot be read.
+pub const INVALID_CRD: &str = "InvalidCrd";
+
+/// Documents may hold XRDs, CascadePolicies, CRDs (which make kinds known to
+/// CascadePolicies), `*List` objects of those, and anything else, which is
+/// ignored.
+pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettings) -> Rendered {
+    let mut xrds = Vec::new();
+    let mut cascade_policies = Vec::new();
+    let mut crds = Vec::new();
+    let mut problems = Vec::new();
+    for (index, doc) in docs.iter().enumerate() {
+        for item in list_items(doc) {
+            classify(
+                item,
+                index,
+                &mut xrds,
+                &mut cascade_policies,
+                &mut crds,
+                &mut problems,
+            );
+        }
+    }
+    let resolution = resolve(&Inputs {
+        xrds,
+        cascade_policies,
+        crds,
+        xrd_default_mode,
+    });
+    problems.extend(resolution.problems);
+
+    let mut policies = Vec::new();
+    let mut bindings = Vec::new();
+    for p in &resolution.policies {
+        let Some(compiled) = compile(p, settings) else {
+            continue;
+        };
+        // Serialising these generated types cannot fail; if it ever did,
+        // say so rather than drop a guard silently.
+        match (
+            serde_json::to_value(&compiled.policy),
+            serde_json::to_value(&compiled.binding),
+        ) {
+            (Ok(vap), Ok(binding)) => {
+                policies.push(vap);
+                bindings.push(binding);
+            }
+            (Err(e), _) | (_, Err(e)) => problems.push(Problem {
+                subject: p.source.subject(),
+                reason: "InternalError",
+                message: format!("could not serialise the admission objects: {e}"),
+                severity: Severity::Error,
+            }),
+        }
+    }
+    policies.extend(bindings);
+    Rendered {
+        objects: policies,
+        problems,
+        policies: resolution.policies,
+    }
+}
+
+/// A `*List` (as `kubectl get -o yaml` prints) stands for its items.
+fn list_items(doc: &Value) -> Vec<&Value> {
+    let is_list = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|k| k.ends_with("List"));
+    match doc.get("items").and_then(Value::as_array) {
+        Some(items) if is_list => items.iter().collect(),
+        _ => vec![doc],
+    }
+}
+
+fn classify(
+    doc: &Value,
+    index: usize,
+    xrds: &mut Vec<XrdInput>,
+    cascade_policies: &mut Vec<CascadePolicyInput>,
+    crds: &mut Vec<CrdInfo>,
+    problems: &mut Vec<Problem>,
+) {
+    let api_version = doc
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let group = api_version.split_once('/').map_or("", |(g, _)| g);
+    let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
+    if looks_like_xrd(doc) {
+        xrds.push(XrdInput::from_value(doc));
+    } else if group == GROUP && kind == "CascadePolicy" {
+        if let Some(cp) = read_cascade_policy(doc, index, problems) {
+            cascade_policies.push(cp);
+        }
+    } else if group == "apiextensions.k8s.io" && kind == "CustomResourceDefinition" {
+        match read_crd_info(doc) {
+            Ok(info) => crds.push(info),
+            Err(e) => problems.push(Problem {
+                subject: doc_subject(doc, index, |name| Subject::Crd { name }),
+                reason: INVALID_CRD,
+                message: format!("{e}; CascadePolicies cannot use the kind it defines"),
+                severity: Severity::Warning,
+            }),
+        }
+    }
+}
+
+fn doc_subject(doc: &Value, index: usize, named: impl Fn(String) -> Subject) -> Subject {
+    match doc.pointer("/metadata/name").and_then(Value::as_str) {
+        Some(n) if !n.is_empty() => named(n.to_string()),
+        _ => Subject::Document { index },
+    }
+}
+
+/// Reads a CascadePolicy from a file leniently, like the XRD annotation:
+/// whatever can be guarded is guarded. The API server's schema would refuse
+/// such a file; here a bad mode reads as Refuse and a bad selector as none.
+fn read_cascade_policy(
+    doc: &Value,
+    index: usize,
+    problems: &mut Vec<Problem>,
+) -> Option<CascadePolicyInput> {
+    let subject = doc_subject(doc, index, |name| Subject::CascadePolicy { name });
+    let mut fail = |message: String| {
+        problems.push(Problem {
+            subject: subject.clone(),
+            reason: INVALID_CASCADE_POLICY,
+            message,
+            severity: Severity::Error,
+        });
+        None
+    };
+    let Subject::CascadePolicy { name } = &subject else {
+        return fail("the CascadePolicy has no metadata.name; it guards nothing".into());
+    };
+    let (Some(group), Some(kind)) = (
+        doc.pointer("/spec/group").and_then(Value::as_str),
+        doc.pointer("/spec/kind").and_then(Value::as_str),
+    ) else {
+        return fail(
+            "spec.group and spec.kind must both be strings; the policy guards nothing".into(),
+        );
+    };
+    let mode = match doc.pointer("/spec/mode") {
+        None | Some(Value::Null) => Mode::default(),
+        Some(value) => match value.as_str().map(str::parse::<Mode>) {
+            Some(Ok(mode)) => mode,
+            _ => {
+                problems.push(Problem {
+                    subject: subject.clone(),
+                    reason: reasons::UNKNOWN_MODE,
+                    message: format!(
+                        "spec.mode {value} is not one of Refuse, Convert, Warn or Off (exact spelling); the policy is rendered in Refuse mode"
+                    ),
+                    severity: Severity::Warning,
+                });
+                Mode::Refuse
+            }
+        },
+    };
+    let selector = match doc.pointer("/spec/selector") {
+        None | Some(Value::Null) => None,
+        Some(value) => match serde_json::from_value(value.clone()) {
+            Ok(sel) => Some(sel),
+            Err(e) => {
+                problems.push(Problem {
+                    subject: subject.clone(),
+                    reason: reasons::INVALID_SELECTOR,
+                    message: format!(
+                        "spec.selector cannot be read ({e}); the policy guards every object of its kind instead, which is wider and so safer"
+                    ),
+                    severity: Severity::Warning,
+                });
+                None
+            }
+        },
+    };
+    Some(CascadePolicyInput {
+        name: name.clone(),
+        group: group.to_string(),
+        kind: kind.to_string(),
+        mode,
+        selector,
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum YamlError {
+    #[error("YAML document {index} (counting from 0) cannot be parsed: {source}")]
+    Parse {
+        index: usize,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error(
+        "YAML document {index} (counting from 0) is a {found}, not a mapping; every document must be one Kubernetes object"
+    )]
+    NotAMapping { index: usize, found: &'static str },
+}
+
+/// Splits a multi-document YAML stream into objects. Empty documents are
+/// skipped; a document that is not a mapping is an error naming its index,
+/// since silently skipping it could skip a policy.
+pub fn split_yaml_documents(text: &str) -> Result<Vec<Value>, YamlError> {
+    let mut docs = Vec::new();
+    for (index, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = serde_yaml::Value::deserialize(de)
+            .map_err(|source| YamlError::Parse { index, source })?;
+        let found = match &value {
+            serde_yaml::Value::Null => continue,
+            serde_yaml::Value::Mapping(_) => None,
+            serde_yaml::Value::Bool(_) => Some("boolean"),
+            serde_yaml::Value::Number(_) => Some("number"),
+            serde_yaml::Value::String(_) => Some("string"),
+            serde_yaml::Value::Sequence(_) => Some("list"),
+            serde_yaml::Value::Tagged(_) => Some("tagged value"),
+        };
+        if let Some(found) = found {
+            return Err(YamlError::NotAMapping { index, found });
+        }
+        let json = serde_json::to_value(value).map_err(|e| YamlError::Parse {
+            index,
+            source: serde::de::Error::custom(e),
+        })?;
+        docs.push(json);
+    }
+    Ok(docs)
+}
+
+/// Writes objects as a YAML stream that every YAML reader reads back the
+/// same. Needed because serde_yaml writes YAML 1.2, where `Off` is a plain
+/// string, but kubectl's reader is YAML 1.1 and takes an unquoted `Off` (the
+/// mode, and the CRD's enum) for the boolean false. Every string value is
+/// therefore double-quoted, and keys are quoted unless plainly safe.
+pub fn to_yaml_stream(docs: &[Value]) -> String {
+    let mut out = String::new();
+    for doc in docs {
+        out.push_str("---\n");
+        match doc {
+            Value::Object(map) if !map.is_empty() => write_mapping(map, 0, &mut out),
+            Value::Array(items) if !items.is_empty() => write_sequence(items, 0, &mut out),
+            scalar => {
+                out.push_str(&yaml_scalar(scalar));
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+fn write_mapping(map: &serde_json::Map<String, Value>, indent: usize, out: &mut String) {
+    for (key, value) in map {
+        out.push_str(&" ".repeat(indent));
+        out.push_str(&yaml_key(key));
+        out.push(':');
+        match value {
+            Value::Object(m) if !m.is_empty() => {
+                out.push('\n');
+                write_mapping(m, indent + 2, out);
+            }
+            Value::Array(items) if !items.is_empty() => {
+                out.push('\n');
+                write_sequence(items, indent, out);
+            }
+            scalar => {
+                out.push(' ');
+                out.push_str(&yaml_scalar(scalar));
+                out.push('\n');
+            }
+        }
+    }
+}
+
+fn write_sequence(items: &[Value], indent: usize, out: &mut String) {
+    let pad = " ".repeat(indent);
+    for item in items {
+        match item {
+            Value::Object(m) if !m.is_empty() => {
+                // Write the mapping two deeper, then put the dash in the
+                // first line's indentation.
+                let mut nested = String::new();
+                write_mapping(m, indent + 2, &mut nested);
+                out.push_str(&pad);
+                out.push_str("- ");
+                out.push_str(&nested[indent + 2..]);
+            }
+            Value::Array(inner) if !inner.is_empty() => {
+                out.push_str(&pad);
+                out.push_str("-\n");
+                write_sequence(inner, indent + 2, out);
+            }
+            scalar => {
+                out.push_str(&pad);
+                out.push_str("- ");
+                out.push_str(&yaml_scalar(scalar));
+                out.push('\n');
+            }
+        }
+    }
+}
+
+fn yaml_scalar(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => yaml_quoted(s),
+        Value::Array(_) => "[]".to_string(),
+        Value::Object(_) => "{}".to_string(),
+    }
+}
+
+/// Plain only when no YAML version could read the key as anything but this
+/// string.
+fn yaml_key(key: &str) -> String {
+    const SPECIAL: [&str; 11] = [
+        "y", "n", "yes", "no", "on", "off", "true", "false", "null", "~", "<<",
+    ];
+    let plain = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+        && !SPECIAL.iter().any(|w| w.eq_ignore_ascii_case(key));
+    if plain {
+        key.to_string()
+    } else {
+        yaml_quoted(key)
+    }
+}
+
+/// A YAML double-quoted scalar. Besides the usual escapes, the characters
+/// YAML 1.1 treats as line breaks (NEL, U+2028, U+2029) and the byte-order
+/// mark are escaped, so no reader folds or drops them.
+fn yaml_quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20
+                || c == '\u{7f}'
+                || c == '\u{85}'
+                || c == '\u{2028}'
+                || c == '\u{2029}'
+                || c == '\u{feff}' =>
+            {
+                out.push_str(&format!("\\u{:04x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::names::DELETION_POLICY_ANNOTATION;
+    use crate::policy::xrd::tests::modelplane_xrds;
+    use serde_json::json;
+    use std::collections::BTreeMap;
+
+    fn annotate(doc: &mut Value, value: &str) {
+        doc["metadata"]["annotations"] = json!({ DELETION_POLICY_ANNOTATION: value });
+    }
+
+    /// Protected resources by binding: resource -> (mode annotation, actions).
+    fn bindings(r: &Rendered) -> BTreeMap<String, (String, Vec<String>)> {
+        r.objects
+            .iter()
+            .filter(|o| o["kind"] == "ValidatingAdmissionPolicyBinding")
+            .map(|b| {
+                let rule = &b["spec"]["matchResources"]["resourceRules"][0];
+                let resource = format!(
+                    "{}.{}",
+                    rule["resources"][0].as_str().unwrap(),
+                    rule["apiGroups"][0].as_str().unwrap()
+                );
+                let mode = b["metadata"]["annotations"]["cascade-guard.dev/mode"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                let actions =
+                    serde_json::from_value(b["spec"]["validationActions"].clone()).unwrap();
+                (resource, (mode, actions))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn modelplane_with_annotations() {
+        let mut docs: Vec<Value> = modelplane_xrds().into_iter().map(|(_, v)| v).collect();
+        let mut annotated = BTreeMap::new();
+        for doc in &mut docs {
+            let name = doc["metadata"]["name"].as_str().unwrap().to_string();
+            let mode = match name.as_str() {
+                "inferenceclusters.modelplane.ai" => "Refuse",
+                "modeldeployments.modelplane.ai" => "warn",
+                "servingstacks.infrastructure.modelplane.ai" => "Off",
+                "inferencegateways.modelplane.ai" => "Convert",
+                _ => continue,
+            };
+            annotate(doc, mode);
+            annotated.insert(name, mode);
+        }
+        // Non-policy documents are ignored.
+        docs.push(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}));
+        let docs_len = docs.len();
+
+        for default_mode in [Mode::Off, Mode::Refuse] {
+            let r = render(docs.clone(), default_mode, &CompileSettings::default());
+            assert_eq!(r.problems, vec![], "{default_mode}");
+            assert_eq!(r.policies.len(), docs_len - 1);
+            let got = bindings(&r);
+            let mut want = BTreeMap::new();
+            for p in &r.policies {
+                let name = p.kind.resource();
+                let mode = match annotated.get(&name) {
+                    Some(m) => crate::policy::mode::read_mode_annotation(m).0,
+                    None => default_mode,
+                };
+                let actions = match mode {
+                    Mode::Off => continue,
+                    Mode::Warn => vec!["Warn".to_string(), "Audit".to_string()],
+                    _ => vec!["Deny".to_string()],
+                };
+                want.insert(name, (mode.to_string(), actions));
+            }
+            assert_eq!(got, want, "{default_mode}");
+            // Exactly the annotated (non-Off) kinds, plus the rest when the default guards.
+            let expected_count = match default_mode {
+                Mode::Off => 3,
+                _ => docs_len - 1 - 1,
+            };
+            assert_eq!(got.len(), expected_count, "{default_mode}");
+            assert!(got.contains_key("inferenceclusters.modelplane.ai"));
+            assert!(!got.contains_key("servingstacks.infrastructure.modelplane.ai"));
+            // VAPs first, then bindings, pairwise by name.
+            let half = r.objects.len() / 2;
+            for i in 0..half {
+                assert_eq!(r.objects[i]["kind"], "ValidatingAdmissionPolicy");
+                assert_eq!(
+                    r.objects[half + i]["kind"],
+                    "ValidatingAdmissionPolicyBinding"
+                );
+                assert_eq!(
+                    r.objects[i]["metadata"]["name"],
+                    r.objects[half + i]["metadata"]["name"]
+                );
+                assert_eq!(
+                    r.objects[i]["apiVersion"],
+                    "admissionregistration.k8s.io/v1"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn cascade_policies_from_documents() {
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "databases.db.example.org"},
+            "spec": {"group": "db.example.org", "scope": "Namespaced",
+                     "names": {"kind": "Database", "plural": "databases"}},
+        });
+        let cp = |name: &str, spec: Value| {
+            json!({
+                "apiVersion": "cascade-guard.dev/v1alpha1", "kind": "CascadePolicy",
+                "metadata": {"name": name}, "spec": spec,
+            })
+        };
+        let xrd = modelplane_xrds()
+            .into_iter()
+            .find(|(d, _)| d == "modelcaches")
+            .unwrap()
+            .1;
+        let docs = vec![
+            cp("db", json!({"group": "db.example.org", "kind": "Database"})),
+            cp(
+                "db-lower-off",
+                json!({"group": "db.example.org", "kind": "Database", "mode": "off",
+                                      "selector": {"matchLabels": "nope"}}),
+            ),
+            cp(
+                "cache",
+                json!({"group": "modelplane.ai", "kind": "ModelCache", "mode": "Warn"}),
+            ),
+            cp(
+                "unknown",
+                json!({"group": "db.example.org", "kind": "Table"}),
+            ),
+            json!({"apiVersion": "cascade-guard.dev/v1alpha1", "kind": "CascadePolicy", "spec": {}}),
+            json!({"apiVersion": "v1", "kind": "List", "items": [crd, xrd]}),
+        ];
+        let r = render(docs, Mode::Off, &CompileSettings::default());
+        let summary: Vec<(String, Mode)> = r
+            .policies
+            .iter()
+            .map(|p| (p.source.to_string(), p.mode))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (
+                    "CompositeResourceDefinition/modelcaches.modelplane.ai".to_string(),
+                    Mode::Off
+                ),
+                ("CascadePolicy/cache".to_string(), Mode::Warn),
+                ("CascadePolicy/db".to_string(), Mode::Refuse),
+                ("CascadePolicy/db-lower-off".to_string(), Mode::Refuse),
+            ]
+        );
+        let problems: Vec<(String, &str)> = r
+            .problems
+            .iter()
+            .map(|p| (p.subject.to_string(), p.reason))
+            .collect();
+        assert_eq!(
+            problems,
+            vec![
+                ("CascadePolicy/db-lower-off".to_string(), "UnknownMode"),
+                ("CascadePolicy/db-lower-off".to_string(), "InvalidSelector"),
+                ("document 4".to_string(), "InvalidCascadePolicy"),
+                ("CascadePolicy/unknown".to_string(), "UnknownKind"),
+                ("CascadePolicy/cache".to_string(), "Overlap"),
+                ("CascadePolicy/db-lower-off".to_string(), "Overlap"),
+            ]
+        );
+        // The XRD's Off does not stop the CascadePolicy guarding ModelCache.
+        assert_eq!(r.objects.len(), 6);
+    }
+
+    #[test]
+    fn yaml_splitting() {
+        let ok = "---\napiVersion: v1\nkind: A\n---\n\n---\n# just a comment\n---\napiVersion: v1\nkind: B\n";
+        let docs = split_yaml_documents(ok).unwrap();
+        assert_eq!(
+            docs.iter()
+                .map(|d| d["kind"].as_str().unwrap())
+                .collect::<Vec<_>>(),
+            ["A", "B"]
+        );
+
+        // Off stays a string (YAML 1.2), as annotations need.
+        let off = split_yaml_documents("metadata:\n  annotations:\n    x: Off\n").unwrap();
+        assert_eq!(off[0]["metadata"]["annotations"]["x"], "Off");
+
+        let cases: &[(&str, &str)] = &[
+            (
+                "kind: A\n---\n- a\n- b\n",
+                "document 1 (counting from 0) is a list",
+            ),
+            (
+                "just a string\n",
+                "document 0 (counting from 0) is a string",
+            ),
+            (
+                "kind: A\n---\nkind: [unclosed\n",
+                "document 1 (counting from 0) cannot be parsed",
+            ),
+            (
+                "? [a, b]\n: list as key\n",
+                "document 0 (counting from 0) cannot be parsed",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = split_yaml_documents(text).unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+    }
+    #[test]
+    fn yaml_stream_round_trips_and_quotes_every_string() {
+        let crd =
+            serde_json::to_value(<crate::api::CascadePolicy as kube::CustomResourceExt>::crd())
+                .unwrap();
+        let mut docs: Vec<Value> = modelplane_xrds().into_iter().map(|(_, v)| v).collect();
+        let rendered = render(docs.clone(), Mode::Warn, &CompileSettings::default());
+        docs.extend(rendered.objects);
+        docs.push(crd);
+        docs.push(json!({
+            "odd keys": {"on": "Off", "1": "yes", "y": "~", "<<": "*ref", "": ""},
+            "strings": ["Off", "1:20", "0777", "null", "", " lead", "trail ", "a: b", "- x", "# c",
+                        "quote\" back\\ nl\n tab\t nul\u{0} nel\u{85} ls\u{2028} bom\u{feff} é🦀"],
+            "scalars": [null, true, false, 0, -1, 1.5, 1e300],
+            "empty": {"map": {}, "list": []},
+            "nested": [[1, [2]], [{"a": [{"b": {}}]}]],
+        }));
+        let text = to_yaml_stream(&docs);
+        let back: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+            .map(|d| Value::deserialize(d).unwrap())
+            .collect();
+        assert_eq!(back, docs);
+        // The CRD's mode enum, and every other string, is quoted.
+        assert!(text.contains("- \"Off\"\n"));
+        assert!(!text.contains(": Off\n") && !text.contains("- Off\n"));
+        assert!(text.contains("\"on\": \"Off\""));
+    }
+}
