@@ -2,7 +2,14 @@
 //! foreground cascade.
 //!
 //! The domain (what a policy means, what a delete is allowed to do) lives in
-//! [`policy`] and has no I/O. [`api`] holds cascade-guard's own Kubernetes types.
+//! [`policy`] and has no I/O. [`api`] holds cascade-guard's own Kubernetes
+//! types, [`controller`] the thin runtime wiring, and [`render`] the offline
+//! form of the same compilation.
 
 pub mod api;
+pub mod controller;
+mod error;
 pub mod policy;
+pub mod render;
+
+pub use error::Error;

@@ -1,7 +1,17 @@
 //! The `cascade-guard` command. Errors end here, as anyhow, with context.
 
-use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use cascade_guard::api::CascadePolicy;
+use cascade_guard::controller::{self, Settings};
+use cascade_guard::policy::names::{
+    DEFAULT_GC_CONTROLLER_MANAGER_USER, DEFAULT_GC_SERVICE_ACCOUNT_USER,
+};
+use cascade_guard::policy::{CompileSettings, Mode, Severity};
+use clap::{Args, Parser, Subcommand};
+use kube::CustomResourceExt;
 
 #[derive(Parser)]
 #[command(
@@ -10,12 +20,24 @@ use clap::{Parser, Subcommand};
     about = "Makes every delete of a protected Kubernetes object a safe, foreground cascade"
 )]
 struct Cli {
+    /// The kubeconfig to use; without it, KUBECONFIG, ~/.kube/config or the
+    /// in-cluster service account.
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the controller: compile XRD annotations and CascadePolicies into
+    /// ValidatingAdmissionPolicies and keep them in sync.
+    Run(RunArgs),
+    /// Print the admission objects for XRD, CascadePolicy and CRD files (or
+    /// directories of them, such as a Crossplane package's apis/), without a cluster.
+    Render(RenderArgs),
+    /// Print the CascadePolicy CustomResourceDefinition.
+    Crd,
     /// Print cascade-guard's version, and the API server's when one is reachable.
     Version {
         /// Only the client's version; do not contact the API server.
@@ -24,22 +46,144 @@ enum Command {
     },
 }
 
+#[derive(Args)]
+struct PolicyArgs {
+    /// The mode of XRDs that carry no cascade-guard.dev/deletion-policy annotation.
+    #[arg(long, env = "CASCADE_GUARD_XRD_DEFAULT_MODE", default_value = "Refuse")]
+    xrd_default_mode: Mode,
+    /// The garbage collector's username when kube-controller-manager runs with
+    /// --use-service-account-credentials=true.
+    #[arg(long, env = "CASCADE_GUARD_GC_SERVICE_ACCOUNT_USER", default_value = DEFAULT_GC_SERVICE_ACCOUNT_USER)]
+    gc_service_account_user: String,
+    /// kube-controller-manager's own username, which the garbage collector
+    /// uses without --use-service-account-credentials.
+    #[arg(long, env = "CASCADE_GUARD_GC_CONTROLLER_MANAGER_USER", default_value = DEFAULT_GC_CONTROLLER_MANAGER_USER)]
+    gc_controller_manager_user: String,
+}
+
+impl PolicyArgs {
+    fn compile_settings(&self) -> CompileSettings {
+        CompileSettings {
+            gc_service_account_user: self.gc_service_account_user.clone(),
+            gc_controller_manager_user: self.gc_controller_manager_user.clone(),
+        }
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    policy: PolicyArgs,
+    /// Seconds between full passes when nothing changes.
+    #[arg(long, env = "CASCADE_GUARD_RESYNC_SECONDS", default_value_t = 300)]
+    resync_seconds: u64,
+    /// Log as JSON lines.
+    #[arg(long, env = "CASCADE_GUARD_LOG_JSON")]
+    log_json: bool,
+}
+
+#[derive(Args)]
+struct RenderArgs {
+    /// Files or directories (walked recursively for .yaml, .yml and .json).
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    #[command(flatten)]
+    policy: PolicyArgs,
+    /// Exit non-zero when any input has a problem, warnings included.
+    #[arg(long)]
+    strict: bool,
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Version { client } => version(client).await,
+        Command::Run(args) => run(cli.kubeconfig, args).await,
+        Command::Render(args) => render(args),
+        Command::Crd => {
+            let crd = serde_json::to_value(CascadePolicy::crd())?;
+            print!("{}", cascade_guard::policy::render::to_yaml_stream(&[crd]));
+            Ok(())
+        }
+        Command::Version { client } => version(cli.kubeconfig, client).await,
     }
 }
 
-async fn version(client_only: bool) -> Result<()> {
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client> {
+    let config = match &kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .with_context(|| format!("cannot use kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "cannot configure a Kubernetes client (KUBECONFIG, ~/.kube/config or in-cluster)",
+        )?,
+    };
+    kube::Client::try_from(config).context("cannot make a Kubernetes client")
+}
+
+async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
+    init_logging(args.log_json);
+    let client = client(kubeconfig).await?;
+    let settings = Settings {
+        xrd_default_mode: args.policy.xrd_default_mode,
+        compile: args.policy.compile_settings(),
+        resync: Duration::from_secs(args.resync_seconds.max(1)),
+        ..Settings::default()
+    };
+    tokio::select! {
+        () = controller::run(client, settings) => Ok(()),
+        signal = tokio::signal::ctrl_c() => {
+            signal.context("cannot listen for signals")?;
+            tracing::info!("interrupted; stopping");
+            Ok(())
+        }
+    }
+}
+
+fn render(args: RenderArgs) -> Result<()> {
+    let rendered = cascade_guard::render::render_paths(
+        &args.paths,
+        args.policy.xrd_default_mode,
+        &args.policy.compile_settings(),
+    )?;
+    for problem in &rendered.problems {
+        eprintln!("cascade-guard render: {problem}");
+    }
+    print!("{}", cascade_guard::render::to_yaml(&rendered));
+    let errors = rendered
+        .problems
+        .iter()
+        .filter(|p| p.severity == Severity::Error)
+        .count();
+    if errors > 0 || (args.strict && !rendered.problems.is_empty()) {
+        bail!("{} problem(s) in the input", rendered.problems.len());
+    }
+    Ok(())
+}
+
+async fn version(kubeconfig: Option<PathBuf>, client_only: bool) -> Result<()> {
     println!("cascade-guard {}", env!("CARGO_PKG_VERSION"));
     if client_only {
         return Ok(());
     }
-    let client = kube::Client::try_default()
-        .await
-        .context("cannot configure a Kubernetes client (KUBECONFIG or in-cluster)")?;
+    let client = client(kubeconfig).await?;
     let info = client
         .apiserver_version()
         .await

@@ -1,0 +1,257 @@
+//! Reading the inputs of a pass from the cluster: XRDs, CascadePolicies, and
+//! the kinds CascadePolicies name (from discovery).
+//!
+//! Each input is either known (read completely) or not. Only what is known may
+//! remove protection: an input that cannot be read (no RBAC, API down) leaves
+//! the admission objects it produced in place.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject};
+use kube::discovery::{self, Scope as DiscoveryScope};
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::{Mutex, Notify};
+
+use crate::api::CascadePolicy;
+use crate::policy::Mode;
+use crate::policy::kind::Scope;
+use crate::policy::names::CROSSPLANE_APIEXTENSIONS_GROUP;
+use crate::policy::resolve::{CascadePolicyInput, CrdInfo, Inputs, XrdInput};
+
+const XRD_PLURAL: &str = "compositeresourcedefinitions";
+
+/// What a pass could read completely.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Known {
+    pub xrds: bool,
+    pub cascade_policies: bool,
+}
+
+pub struct Gathered {
+    pub inputs: Inputs,
+    pub known: Known,
+    /// CascadePolicies as read, for their status.
+    pub cascade_policies: Vec<Arc<CascadePolicy>>,
+    /// XRDs by name, to attach Events to.
+    pub xrd_refs: BTreeMap<String, ObjectReference>,
+}
+
+/// A watched collection and whether its first list has completed.
+struct Watched<K: kube::Resource + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store: Store<K>,
+    ready: Arc<AtomicBool>,
+}
+
+impl<K> Watched<K>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    fn start(api: Api<K>, writer: Writer<K>, notify: Arc<Notify>, what: &'static str) -> Self {
+        let store = writer.as_reader();
+        let ready = Arc::new(AtomicBool::new(false));
+        let flag = ready.clone();
+        tokio::spawn(async move {
+            let mut stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+                .default_backoff()
+                .boxed();
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        flag.store(true, Ordering::Release);
+                        notify.notify_one();
+                    }
+                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                    Ok(_) => notify.notify_one(),
+                    Err(e) => tracing::warn!(error = %e, "cannot watch {what}; retrying"),
+                }
+            }
+        });
+        Self { store, ready }
+    }
+
+    fn snapshot(&self) -> Option<Vec<Arc<K>>> {
+        self.ready
+            .load(Ordering::Acquire)
+            .then(|| self.store.state())
+    }
+}
+
+enum XrdSource {
+    /// Crossplane's XRD API is not served: there are no XRDs.
+    NotInstalled,
+    Watching(Watched<DynamicObject>, ApiResource),
+}
+
+pub struct Sources {
+    notify: Arc<Notify>,
+    xrds: Mutex<XrdSource>,
+    cascade_policies: Watched<CascadePolicy>,
+}
+
+impl Sources {
+    pub async fn start(client: Client, notify: Arc<Notify>) -> Self {
+        let cascade_policies = Watched::start(
+            Api::<CascadePolicy>::all(client.clone()),
+            Writer::default(),
+            notify.clone(),
+            "CascadePolicies",
+        );
+        let sources = Self {
+            notify,
+            xrds: Mutex::new(XrdSource::NotInstalled),
+            cascade_policies,
+        };
+        sources.ensure_xrd_watch(&client).await;
+        sources
+    }
+
+    /// Starts watching XRDs once Crossplane's API is served (it may be
+    /// installed after cascade-guard).
+    async fn ensure_xrd_watch(&self, client: &Client) -> bool {
+        let mut source = self.xrds.lock().await;
+        if let XrdSource::Watching(..) = *source {
+            return true;
+        }
+        match xrd_resource(client).await {
+            Ok(Some(resource)) => {
+                tracing::info!(version = %resource.version, "watching Crossplane XRDs");
+                let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+                *source = XrdSource::Watching(
+                    Watched::start(
+                        api,
+                        Writer::new(resource.clone()),
+                        self.notify.clone(),
+                        "CompositeResourceDefinitions",
+                    ),
+                    resource,
+                );
+                true
+            }
+            Ok(None) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot discover Crossplane's XRD API");
+                false
+            }
+        }
+    }
+
+    pub async fn gather(&self, client: &Client, xrd_default_mode: Mode) -> Gathered {
+        let discovered = self.ensure_xrd_watch(client).await;
+        let mut xrd_refs = BTreeMap::new();
+        let xrds = match &*self.xrds.lock().await {
+            XrdSource::NotInstalled => discovered.then(Vec::new),
+            XrdSource::Watching(w, resource) => w.snapshot().map(|xrds| {
+                let mut inputs: Vec<XrdInput> = Vec::with_capacity(xrds.len());
+                for xrd in &xrds {
+                    xrd_refs.insert(xrd.name_any(), xrd.object_ref(resource));
+                    if let Ok(value) = serde_json::to_value(xrd.as_ref()) {
+                        inputs.push(XrdInput::from_value(&value));
+                    }
+                }
+                inputs.sort_by(|a, b| a.name().cmp(b.name()));
+                inputs
+            }),
+        };
+        let policies = self.cascade_policies.snapshot();
+        let (crds, kinds_known) = match &policies {
+            Some(policies) => discover_kinds(client, policies).await,
+            None => (Vec::new(), false),
+        };
+        let known = Known {
+            xrds: xrds.is_some(),
+            cascade_policies: policies.is_some() && kinds_known,
+        };
+        let cascade_policies = policies.unwrap_or_default();
+        let mut policy_inputs: Vec<CascadePolicyInput> = cascade_policies
+            .iter()
+            .filter_map(|p| CascadePolicyInput::from_resource(p))
+            .collect();
+        policy_inputs.sort_by(|a, b| a.name.cmp(&b.name));
+        Gathered {
+            inputs: Inputs {
+                xrds: xrds.unwrap_or_default(),
+                cascade_policies: policy_inputs,
+                crds,
+                xrd_default_mode,
+            },
+            known,
+            cascade_policies,
+            xrd_refs,
+        }
+    }
+}
+
+/// The served version of Crossplane's XRD resource, or None when Crossplane is
+/// not installed.
+async fn xrd_resource(client: &Client) -> Result<Option<ApiResource>, kube::Error> {
+    let group = match discovery::group(client, CROSSPLANE_APIEXTENSIONS_GROUP).await {
+        Ok(group) => group,
+        Err(e) if is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(group
+        .recommended_resources()
+        .into_iter()
+        .find(|(r, _)| r.plural == XRD_PLURAL)
+        .map(|(r, _)| r))
+}
+
+/// The kinds of the groups CascadePolicies name, from discovery. The bool is
+/// false when a group could not be read for any reason but its absence.
+async fn discover_kinds(client: &Client, policies: &[Arc<CascadePolicy>]) -> (Vec<CrdInfo>, bool) {
+    let groups: BTreeSet<&str> = policies.iter().map(|p| p.spec.group.as_str()).collect();
+    let mut kinds = Vec::new();
+    let mut complete = true;
+    for group in groups {
+        if group.is_empty() {
+            continue;
+        }
+        match discovery::group(client, group).await {
+            Ok(found) => {
+                for (resource, caps) in found.recommended_resources() {
+                    kinds.push(CrdInfo {
+                        group: resource.group.clone(),
+                        kind: resource.kind.clone(),
+                        plural: resource.plural.clone(),
+                        scope: match caps.scope {
+                            DiscoveryScope::Cluster => Scope::Cluster,
+                            DiscoveryScope::Namespaced => Scope::Namespaced,
+                        },
+                    });
+                }
+            }
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => {
+                tracing::warn!(%group, error = %e, "cannot discover API group");
+                complete = false;
+            }
+        }
+    }
+    (kinds, complete)
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(status) => status.code == 404,
+        // How kube's discovery reports a group that is not served.
+        kube::Error::Discovery(kube::error::DiscoveryError::MissingApiGroup(_)) => true,
+        _ => false,
+    }
+}

@@ -1,0 +1,141 @@
+//! The controller: keeps the compiled admission objects in step with what the
+//! cluster says (XRDs and their annotations, CascadePolicies), puts them back
+//! when someone edits or deletes them, and reports problems.
+//!
+//! Every change anywhere triggers one pass over everything (`sync`): with tens
+//! of protected kinds a full pass is cheap, and it keeps the logic a pure
+//! function of the inputs (policy::resolve, policy::admission) plus an apply.
+
+mod apply;
+mod inputs;
+mod report;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::PartialObjectMeta;
+use kube::runtime::events::Reporter;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+
+use crate::policy::Mode;
+use crate::policy::admission::CompileSettings;
+use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+
+pub use inputs::Sources;
+
+/// The field manager (server-side apply) and event reporter name.
+pub const MANAGER: &str = "cascade-guard";
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The mode of XRDs without the deletion-policy annotation.
+    pub xrd_default_mode: Mode,
+    pub compile: CompileSettings,
+    /// A full pass with no event, to pick up what no watch reports (a kind a
+    /// CascadePolicy names coming into discovery) and to repair anything missed.
+    pub resync: Duration,
+    /// Changes within this window are handled in one pass.
+    pub debounce: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            xrd_default_mode: Mode::Refuse,
+            compile: CompileSettings::default(),
+            resync: Duration::from_secs(300),
+            debounce: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Runs until the process is stopped.
+pub async fn run(client: Client, settings: Settings) {
+    let notify = Arc::new(Notify::new());
+    let sources = Sources::start(client.clone(), notify.clone()).await;
+    watch_for_changes(client.clone(), notify.clone());
+    let mut report = report::Reporting::new(
+        client.clone(),
+        Reporter {
+            controller: MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
+    tracing::info!(
+        xrd_default_mode = %settings.xrd_default_mode,
+        "cascade-guard controller started"
+    );
+    loop {
+        tokio::select! {
+            _ = notify.notified() => {}
+            _ = tokio::time::sleep(settings.resync) => {}
+        }
+        tokio::time::sleep(settings.debounce).await;
+        sync(&client, &settings, &sources, &mut report).await;
+    }
+}
+
+/// One pass: read the inputs, compile, apply, prune what is no longer wanted,
+/// report.
+async fn sync(
+    client: &Client,
+    settings: &Settings,
+    sources: &Sources,
+    report: &mut report::Reporting,
+) {
+    let gathered = sources.gather(client, settings.xrd_default_mode).await;
+    let resolution = crate::policy::resolve(&gathered.inputs);
+    let outcome = apply::apply(client, &settings.compile, resolution, &gathered.known).await;
+    report
+        .publish(&outcome, &gathered.cascade_policies, &gathered.xrd_refs)
+        .await;
+}
+
+/// Anything that can change what must be applied: our own admission objects
+/// (someone edited or deleted one) and CRDs (a kind or Crossplane appeared).
+/// Metadata only: the pass reads what it needs itself.
+fn watch_for_changes(client: Client, notify: Arc<Notify>) {
+    let managed =
+        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
+    trigger(
+        Api::<PartialObjectMeta<ValidatingAdmissionPolicy>>::all(client.clone()),
+        managed.clone(),
+        notify.clone(),
+        "ValidatingAdmissionPolicies",
+    );
+    trigger(
+        Api::<PartialObjectMeta<ValidatingAdmissionPolicyBinding>>::all(client.clone()),
+        managed,
+        notify.clone(),
+        "ValidatingAdmissionPolicyBindings",
+    );
+    trigger(
+        Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client),
+        watcher::Config::default(),
+        notify,
+        "CustomResourceDefinitions",
+    );
+}
+
+fn trigger<K>(api: Api<K>, config: watcher::Config, notify: Arc<Notify>, what: &'static str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    use futures::StreamExt;
+    tokio::spawn(async move {
+        let mut stream = watcher(api, config).default_backoff().boxed();
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => notify.notify_one(),
+                Err(e) => tracing::warn!(error = %e, "cannot watch {what}; retrying"),
+            }
+        }
+    });
+}

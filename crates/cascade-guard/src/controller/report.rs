@@ -1,0 +1,230 @@
+//! Telling people what a pass made of their input: CascadePolicy status
+//! conditions, Events on XRDs and CascadePolicies, and log lines. Each problem
+//! is published when it appears or changes, not on every pass.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::apply::Outcome;
+use crate::api::{CascadePolicy, CascadePolicyStatus};
+use crate::policy::{Mode, Severity, Source, Subject};
+
+pub const READY: &str = "Ready";
+
+pub struct Reporting {
+    client: Client,
+    recorder: Recorder,
+    /// What was last published for each subject.
+    published: BTreeMap<Subject, BTreeSet<(String, String)>>,
+}
+
+impl Reporting {
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            published: BTreeMap::new(),
+        }
+    }
+
+    pub async fn publish(
+        &mut self,
+        outcome: &Outcome,
+        cascade_policies: &[Arc<CascadePolicy>],
+        xrd_refs: &BTreeMap<String, ObjectReference>,
+    ) {
+        self.events(outcome, cascade_policies, xrd_refs).await;
+        if outcome.known.cascade_policies {
+            for policy in cascade_policies {
+                self.status(policy, outcome).await;
+            }
+        }
+    }
+
+    async fn events(
+        &mut self,
+        outcome: &Outcome,
+        cascade_policies: &[Arc<CascadePolicy>],
+        xrd_refs: &BTreeMap<String, ObjectReference>,
+    ) {
+        let mut now: BTreeMap<Subject, BTreeSet<(String, String)>> = BTreeMap::new();
+        for p in &outcome.resolution.problems {
+            now.entry(p.subject.clone())
+                .or_default()
+                .insert((p.reason.to_string(), p.message.clone()));
+        }
+        for (subject, problems) in &now {
+            if self.published.get(subject) == Some(problems) {
+                continue;
+            }
+            let reference = match subject {
+                Subject::Xrd { name } => xrd_refs.get(name).cloned(),
+                Subject::CascadePolicy { name } => cascade_policies
+                    .iter()
+                    .find(|p| p.name_any() == *name)
+                    .map(|p| p.object_ref(&())),
+                _ => None,
+            };
+            for problem in outcome
+                .resolution
+                .problems
+                .iter()
+                .filter(|p| &p.subject == subject)
+            {
+                match problem.severity {
+                    Severity::Error => {
+                        tracing::error!(%subject, reason = problem.reason, "{}", problem.message)
+                    }
+                    Severity::Warning => {
+                        tracing::warn!(%subject, reason = problem.reason, "{}", problem.message)
+                    }
+                }
+                let Some(reference) = &reference else {
+                    continue;
+                };
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: problem.reason.to_string(),
+                    note: Some(truncate(&problem.message, 1000)),
+                    action: "Compile".into(),
+                    secondary: None,
+                };
+                if let Err(e) = self.recorder.publish(&event, reference).await {
+                    tracing::warn!(%subject, error = %e, "cannot publish event");
+                }
+            }
+        }
+        self.published = now;
+    }
+
+    async fn status(&self, policy: &CascadePolicy, outcome: &Outcome) {
+        let name = policy.name_any();
+        let wanted = status_for(policy, outcome);
+        let current = policy.status.clone().unwrap_or_default();
+        if same_status(&current, &wanted) {
+            return;
+        }
+        let wanted = keep_transition_times(&current, wanted);
+        let api: Api<CascadePolicy> = Api::all(self.client.clone());
+        let patch = Patch::Merge(json!({ "status": wanted }));
+        if let Err(e) = api
+            .patch_status(&name, &PatchParams::default(), &patch)
+            .await
+        {
+            tracing::warn!(cascade_policy = %name, error = %e, "cannot update status");
+        }
+    }
+}
+
+/// The status a CascadePolicy should have after a pass (pure).
+pub fn status_for(policy: &CascadePolicy, outcome: &Outcome) -> CascadePolicyStatus {
+    let name = policy.name_any();
+    let source = Source::CascadePolicy { name: name.clone() };
+    let subject = source.subject();
+    let problems: Vec<_> = outcome
+        .resolution
+        .problems
+        .iter()
+        .filter(|p| p.subject == subject)
+        .collect();
+    let errors: Vec<String> = problems
+        .iter()
+        .filter(|p| p.severity == Severity::Error)
+        .map(|p| p.message.clone())
+        .collect();
+    let warnings: Vec<String> = problems
+        .iter()
+        .filter(|p| p.severity == Severity::Warning)
+        .map(|p| p.message.clone())
+        .collect();
+    let compiled = outcome.compiled.get(&source);
+    let (status, reason, mut message) = if let Some(error) = outcome.failed.get(&source) {
+        ("False", "ApplyFailed".to_string(), error.clone())
+    } else if let Some(first) = problems.iter().find(|p| p.severity == Severity::Error) {
+        ("False", first.reason.to_string(), errors.join("; "))
+    } else if let Some(objects) = compiled {
+        (
+            "True",
+            "Compiled".to_string(),
+            format!(
+                "deletes of {} are checked ({} mode) by ValidatingAdmissionPolicy and ValidatingAdmissionPolicyBinding {objects}",
+                policy.spec.kind, policy.spec.mode
+            ),
+        )
+    } else if policy.spec.mode == Mode::Off {
+        (
+            "True",
+            "Off".to_string(),
+            format!("mode Off: deletes of {} are not checked", policy.spec.kind),
+        )
+    } else {
+        (
+            "False",
+            "NotCompiled".to_string(),
+            "the policy produced no admission objects".to_string(),
+        )
+    };
+    if !warnings.is_empty() {
+        message = format!("{message}; warnings: {}", warnings.join("; "));
+    }
+    CascadePolicyStatus {
+        observed_generation: policy.meta().generation,
+        conditions: vec![Condition {
+            type_: READY.into(),
+            status: status.into(),
+            reason,
+            message: truncate(&message, 32 * 1024),
+            observed_generation: policy.meta().generation,
+            last_transition_time: Time(Timestamp::now()),
+        }],
+        compiled_to: compiled.map(|n| vec![n.clone()]).unwrap_or_default(),
+    }
+}
+
+/// Equal but for transition times.
+fn same_status(a: &CascadePolicyStatus, b: &CascadePolicyStatus) -> bool {
+    let strip = |s: &CascadePolicyStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+/// A condition's transition time changes only when its status does.
+fn keep_transition_times(
+    current: &CascadePolicyStatus,
+    mut wanted: CascadePolicyStatus,
+) -> CascadePolicyStatus {
+    for c in &mut wanted.conditions {
+        if let Some(old) = current
+            .conditions
+            .iter()
+            .find(|o| o.type_ == c.type_ && o.status == c.status)
+        {
+            c.last_transition_time = old.last_transition_time.clone();
+        }
+    }
+    wanted
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}

@@ -1,0 +1,37 @@
+//! What can go wrong at cascade-guard's edges (the Kubernetes API, files).
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot list {what}: {source}")]
+    List {
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error("cannot apply {kind} {name}: {source}")]
+    Apply {
+        kind: &'static str,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("cannot delete {kind} {name}: {source}")]
+    Delete {
+        kind: &'static str,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("cannot update the status of CascadePolicy {name}: {source}")]
+    Status { name: String, source: kube::Error },
+    #[error("cannot discover API group {group}: {source}")]
+    Discovery { group: String, source: kube::Error },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("cannot serialize {what}: {message}")]
+    Serialize { what: String, message: String },
+}
