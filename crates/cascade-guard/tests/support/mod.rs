@@ -1,0 +1,421 @@
+//! Shared by cascade-guard's integration tests: one real control plane per test
+//! binary, with Crossplane's XRD CRD, cascade-guard's CascadePolicy CRD and the
+//! test kinds installed before the garbage collector starts, and the real
+//! `cascade-guard run` process against it.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use cascade_guard::api::CascadePolicy;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::{Api, Client, CustomResourceExt};
+use local_cluster::process::{self, Lifetime, Process};
+use local_cluster::{ControlPlane, Options, crossplane, wait};
+use serde_json::{Value, json};
+use tokio::sync::OnceCell;
+
+pub const GROUP: &str = "table.cascade-guard.dev";
+/// A finalizer no controller handles: tests remove it to let an object go.
+pub const HOLD: &str = "table.cascade-guard.dev/hold";
+
+/// A test XR kind: its XRD (with the deletion-policy annotation, if any).
+pub struct TestKind {
+    pub kind: &'static str,
+    pub plural: &'static str,
+    pub annotation: Option<&'static str>,
+}
+
+pub const REFUSE: TestKind = TestKind {
+    kind: "RefuseComposite",
+    plural: "refusecomposites",
+    annotation: Some("Refuse"),
+};
+pub const WARN: TestKind = TestKind {
+    kind: "WarnComposite",
+    plural: "warncomposites",
+    annotation: Some("Warn"),
+};
+pub const OFF: TestKind = TestKind {
+    kind: "OffComposite",
+    plural: "offcomposites",
+    annotation: Some("Off"),
+};
+/// No annotation: the controller's default mode (Refuse) applies.
+pub const DEFAULTED: TestKind = TestKind {
+    kind: "DefaultComposite",
+    plural: "defaultcomposites",
+    annotation: None,
+};
+/// An annotation value that tries to break out of generated CEL.
+pub const HOSTILE: TestKind = TestKind {
+    kind: "HostileComposite",
+    plural: "hostilecomposites",
+    annotation: Some("Off' || true || '\"\\"),
+};
+/// Its annotation is changed by a test.
+pub const TOGGLED: TestKind = TestKind {
+    kind: "ToggledComposite",
+    plural: "toggledcomposites",
+    annotation: Some("Refuse"),
+};
+
+pub const XR_KINDS: [&TestKind; 6] = [&REFUSE, &WARN, &OFF, &DEFAULTED, &HOSTILE, &TOGGLED];
+
+impl TestKind {
+    pub fn resource(&self) -> ApiResource {
+        ApiResource {
+            group: GROUP.into(),
+            version: "v1".into(),
+            api_version: format!("{GROUP}/v1"),
+            kind: self.kind.into(),
+            plural: self.plural.into(),
+        }
+    }
+
+    pub fn xrd_name(&self) -> String {
+        format!("{}.{GROUP}", self.plural)
+    }
+
+    pub fn xrd(&self) -> Value {
+        xrd(self.kind, self.plural, self.annotation)
+    }
+}
+
+pub fn xrd(kind: &str, plural: &str, annotation: Option<&str>) -> Value {
+    let mut xrd = json!({
+        "apiVersion": "apiextensions.crossplane.io/v2",
+        "kind": "CompositeResourceDefinition",
+        "metadata": {"name": format!("{plural}.{GROUP}")},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": kind, "plural": plural},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "referenceable": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "string"}}}
+                }}}
+            }]
+        }
+    });
+    if let Some(a) = annotation {
+        xrd["metadata"]["annotations"] = json!({"cascade-guard.dev/deletion-policy": a});
+    }
+    xrd
+}
+
+/// A kind that is not an XR, protected through CascadePolicies.
+pub fn leaves() -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: "v1".into(),
+        api_version: format!("{GROUP}/v1"),
+        kind: "Leaf".into(),
+        plural: "leaves".into(),
+    }
+}
+
+fn leaf_crd() -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("leaves.{GROUP}")},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": "Leaf", "plural": "leaves", "singular": "leaf", "listKind": "LeafList"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    }))
+    .expect("leaf CRD")
+}
+
+pub fn cascade_policy(name: &str, kind: &str, mode: &str, selector: Option<Value>) -> Value {
+    let mut p = json!({
+        "apiVersion": "cascade-guard.dev/v1alpha1",
+        "kind": "CascadePolicy",
+        "metadata": {"name": name},
+        "spec": {"group": GROUP, "kind": kind, "mode": mode}
+    });
+    if let Some(s) = selector {
+        p["spec"]["selector"] = s;
+    }
+    p
+}
+
+/// The CascadePolicies every test binary starts with.
+fn initial_cascade_policies() -> Vec<Value> {
+    vec![
+        cascade_policy("leaves", "Leaf", "Refuse", None),
+        // Names a kind that does not exist.
+        cascade_policy("ghost", "Ghost", "Refuse", None),
+        // A second policy for Leaf.
+        cascade_policy("leaves-warn", "Leaf", "Warn", None),
+        // A label value that tries to break out of CEL (and is not a valid label value).
+        cascade_policy(
+            "hostile-selector",
+            "Leaf",
+            "Refuse",
+            Some(json!({"matchLabels": {"tier": "x' || true || '"}})),
+        ),
+    ]
+}
+
+/// An XRD with no versions: Crossplane would reject it; cascade-guard must
+/// still protect the kind it names.
+pub const NO_VERSIONS_XRD: &str = "emptycomposites.table.cascade-guard.dev";
+
+fn options() -> Options {
+    let mut crds = vec![
+        crossplane::crossplane_crd(crossplane::XRD_CRD).expect("Crossplane XRD CRD fixture"),
+        CascadePolicy::crd(),
+        leaf_crd(),
+    ];
+    for k in XR_KINDS {
+        crds.push(crossplane::xrd_to_crd(&k.xrd()).expect("XRD to CRD"));
+    }
+    Options {
+        crds,
+        ..Options::default()
+    }
+}
+
+pub struct Env {
+    pub cp: ControlPlane,
+    _controller: Process,
+}
+
+/// The test binary's control plane with cascade-guard running against it and
+/// every initial policy in effect.
+pub async fn env() -> &'static Env {
+    static ENV: OnceCell<Env> = OnceCell::const_new();
+    ENV.get_or_init(|| async {
+        local_cluster::testing::init_tracing();
+        let cp = ControlPlane::start(options())
+            .await
+            .unwrap_or_else(|e| panic!("cannot start the control plane: {e}"));
+        let client = cp.admin().await.expect("admin client");
+        let xrds = xrd_api(&client);
+        for k in XR_KINDS {
+            create(&xrds, k.xrd()).await;
+        }
+        let mut empty = xrd("EmptyComposite", "emptycomposites", Some("Refuse"));
+        empty["spec"]["versions"] = json!([]);
+        create(&xrds, empty).await;
+        let policies = cascade_policy_api(&client);
+        for p in initial_cascade_policies() {
+            create(&policies, p).await;
+        }
+        let controller = start_controller(&cp);
+        let env = Env {
+            cp,
+            _controller: controller,
+        };
+        env.wait_for_protection(&client, &REFUSE.resource()).await;
+        env.wait_for_protection(&client, &leaves()).await;
+        env
+    })
+    .await
+}
+
+fn start_controller(cp: &ControlPlane) -> Process {
+    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_cascade-guard"));
+    let args = vec![
+        "run".to_string(),
+        format!("--kubeconfig={}", cp.kubeconfig_path().display()),
+        "--xrd-default-mode=Refuse".to_string(),
+        "--resync-seconds=20".to_string(),
+    ];
+    process::spawn(
+        "cascade-guard",
+        &binary,
+        &args,
+        &cp.log_path("cascade-guard"),
+        Lifetime::Owned,
+    )
+    .unwrap_or_else(|e| panic!("cannot start cascade-guard: {e}"))
+}
+
+impl Env {
+    /// Waits until a Background delete of an object of `resource` with
+    /// something to cascade is refused (dry run, in a scratch namespace).
+    pub async fn wait_for_protection(&self, client: &Client, resource: &ApiResource) {
+        let ns = "protection-probe";
+        let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
+            )
+            .await;
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
+        let name = format!("probe-{}", resource.plural);
+        let _ = api
+            .create(&PostParams::default(), &composite(resource, &name, true))
+            .await;
+        let refused = wait::until(Duration::from_secs(60), || async {
+            let outcome = delete(
+                client,
+                resource,
+                ns,
+                &name,
+                &DeleteSpec::dry_run_background(),
+            )
+            .await;
+            (outcome.code == 403).then_some(())
+        })
+        .await;
+        assert!(
+            refused.is_some(),
+            "{} never became protected; logs:\n{}",
+            resource.plural,
+            self.cp.log_tails(40)
+        );
+    }
+}
+
+pub fn xrd_api(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &ApiResource {
+            group: "apiextensions.crossplane.io".into(),
+            version: "v2".into(),
+            api_version: "apiextensions.crossplane.io/v2".into(),
+            kind: "CompositeResourceDefinition".into(),
+            plural: "compositeresourcedefinitions".into(),
+        },
+    )
+}
+
+pub fn cascade_policy_api(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ApiResource::erase::<CascadePolicy>(&()))
+}
+
+pub async fn create(api: &Api<DynamicObject>, value: Value) -> DynamicObject {
+    let object: DynamicObject = serde_json::from_value(value).expect("object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("cannot create {:?}: {e}", object.metadata.name))
+}
+
+/// An object of `resource`; XR-shaped kinds get one composed resource in
+/// `spec.crossplane.resourceRefs` when `composed`.
+pub fn composite(resource: &ApiResource, name: &str, composed: bool) -> DynamicObject {
+    let spec = if composed {
+        json!({"crossplane": {"resourceRefs": [{"apiVersion": "v1", "kind": "ConfigMap", "name": format!("{name}-composed")}]}})
+    } else {
+        json!({})
+    };
+    DynamicObject::new(name, resource).data(json!({ "spec": spec }))
+}
+
+/// The DeleteOptions of one request, as sent on the wire.
+#[derive(Clone, Debug, Default)]
+pub struct DeleteSpec {
+    pub propagation: Option<&'static str>,
+    pub orphan_dependents: Option<bool>,
+    pub uid: Option<String>,
+    pub dry_run: bool,
+}
+
+impl DeleteSpec {
+    pub fn dry_run_background() -> Self {
+        Self {
+            propagation: Some("Background"),
+            dry_run: true,
+            ..Self::default()
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        let mut body = json!({"kind": "DeleteOptions", "apiVersion": "v1"});
+        if let Some(p) = self.propagation {
+            body["propagationPolicy"] = json!(p);
+        }
+        if let Some(o) = self.orphan_dependents {
+            body["orphanDependents"] = json!(o);
+        }
+        if let Some(uid) = &self.uid {
+            body["preconditions"] = json!({ "uid": uid });
+        }
+        if self.dry_run {
+            body["dryRun"] = json!(["All"]);
+        }
+        body
+    }
+}
+
+/// What the API server answered.
+#[derive(Clone, Debug)]
+pub struct DeleteOutcome {
+    pub code: u16,
+    pub message: String,
+    /// `Warning` response headers (what kubectl prints as "Warning: ...").
+    pub warnings: Vec<String>,
+}
+
+impl DeleteOutcome {
+    pub fn allowed(&self) -> bool {
+        (200..300).contains(&self.code)
+    }
+}
+
+/// A DELETE with exactly these options (kube's DeleteParams cannot send
+/// orphanDependents), keeping the status, message and warnings.
+pub async fn delete(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: &str,
+    name: &str,
+    spec: &DeleteSpec,
+) -> DeleteOutcome {
+    let path = format!(
+        "/apis/{}/namespaces/{namespace}/{}/{name}",
+        resource.api_version, resource.plural
+    );
+    send_delete(client, &path, spec).await
+}
+
+/// A DeleteCollection of `resource` in `namespace` with these options.
+pub async fn delete_collection(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: &str,
+    spec: &DeleteSpec,
+) -> DeleteOutcome {
+    let path = format!(
+        "/apis/{}/namespaces/{namespace}/{}",
+        resource.api_version, resource.plural
+    );
+    send_delete(client, &path, spec).await
+}
+
+async fn send_delete(client: &Client, path: &str, spec: &DeleteSpec) -> DeleteOutcome {
+    let body = serde_json::to_vec(&spec.body()).expect("body");
+    let request = http::Request::delete(path)
+        .header("Content-Type", "application/json")
+        .body(kube::client::Body::from(body))
+        .expect("request");
+    let response = client.send(request).await.expect("the API server answered");
+    let code = response.status().as_u16();
+    let warnings = response
+        .headers()
+        .get_all("warning")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect();
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let message = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    DeleteOutcome {
+        code,
+        message,
+        warnings,
+    }
+}
