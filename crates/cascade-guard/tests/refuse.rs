@@ -595,6 +595,7 @@ async fn a_namespace_deletion_shows_the_refusal_in_the_namespace_status() {
             .contains("--cascade=foreground"),
         "{condition:?}"
     );
+    assert_eq!(condition.type_, "NamespaceDeletionContentFailure");
     assert!(api.get_opt("stuck").await.expect("get").is_some());
 
     let got = delete(
