@@ -9,7 +9,9 @@
 pub mod api;
 pub mod controller;
 mod error;
+pub mod leader;
 pub mod policy;
 pub mod render;
+pub mod telemetry;
 
 pub use error::Error;
