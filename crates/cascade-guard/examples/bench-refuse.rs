@@ -1,0 +1,300 @@
+//! Benchmark of Refuse mode on the real control plane. Prints:
+//!
+//! 1. DELETE latency through the API server for a kind no policy matches and a
+//!    kind cascade-guard protects, interleaved request by request (same
+//!    requests, same moment), first with no policies installed, then with
+//!    cascade-guard's policies for 50 protected kinds: p50, p99 and ratios.
+//! 2. The time from a change of an XRD's annotation to the API server acting
+//!    on it (policy applied by the running controller and in effect).
+//!
+//! Run: scripts/bench.sh refuse   (or cargo run -p cascade-guard --example bench-refuse)
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use local_cluster::process::{self, Lifetime};
+use local_cluster::{ControlPlane, Options, crossplane};
+use serde_json::{Value, json};
+
+const GROUP: &str = "bench.cascade-guard.dev";
+const KINDS: usize = 50;
+const DELETES: usize = 1000;
+const CHANGES: usize = 10;
+const GC_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
+
+fn xrd(i: usize) -> Value {
+    json!({
+        "apiVersion": "apiextensions.crossplane.io/v2",
+        "kind": "CompositeResourceDefinition",
+        "metadata": {"name": format!("bench{i}s.{GROUP}"),
+            "annotations": {"cascade-guard.dev/deletion-policy": "Refuse"}},
+        "spec": {"group": GROUP, "names": {"kind": format!("Bench{i}"), "plural": format!("bench{i}s")},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": true, "referenceable": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {"type": "object"}}}}}]}
+    })
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: "v1".into(),
+        api_version: format!("{GROUP}/v1"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut crds =
+        vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
+    for i in 0..KINDS {
+        crds.push(crossplane::xrd_to_crd(&xrd(i)).map_err(anyhow::Error::msg)?);
+    }
+    // The unprotected kind: an XR kind with no XRD, so no policy matches it.
+    let mut plain = xrd(0);
+    plain["spec"]["names"] = json!({"kind": "Plain", "plural": "plains"});
+    crds.push(crossplane::xrd_to_crd(&plain).map_err(anyhow::Error::msg)?);
+
+    let started = Instant::now();
+    let cp = ControlPlane::start(Options {
+        crds,
+        ..Options::default()
+    })
+    .await?;
+    println!(
+        "control plane up in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    let admin = cp.admin().await?;
+    let gc = cp.client_as(GC_USER, &["system:masters"]).await?;
+    let ns = "bench";
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
+        .await?;
+    let xrds: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &ApiResource {
+            group: "apiextensions.crossplane.io".into(),
+            version: "v2".into(),
+            api_version: "apiextensions.crossplane.io/v2".into(),
+            kind: "CompositeResourceDefinition".into(),
+            plural: "compositeresourcedefinitions".into(),
+        },
+    );
+    for i in 0..KINDS {
+        xrds.create(&PostParams::default(), &serde_json::from_value(xrd(i))?)
+            .await?;
+    }
+    let plain = resource("Plain", "plains");
+    let protected = resource("Bench0", "bench0s");
+
+    println!("\n1. DELETE latency, {DELETES} deletes of each kind, interleaved");
+    println!(
+        "   request: DELETE as the garbage collector, propagationPolicy Background, UID precondition,"
+    );
+    println!(
+        "   of an XR with one composed resource (the longest path through the policy that still allows)"
+    );
+    let before = measure(&admin, &gc, ns, &plain, &protected, "before").await?;
+    report("no policies installed", &before);
+
+    let controller = start_controller(&cp)?;
+    let vaps: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
+        Api::all(admin.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = vaps
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .filter(|p| p.name_any().starts_with("cascade-guard-xrd-bench"))
+            .count();
+        if n == KINDS && refused(&admin, ns, &protected).await? {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("cascade-guard did not install {KINDS} policies in time ({n} so far)");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = measure(&admin, &gc, ns, &plain, &protected, "after").await?;
+    report(
+        &format!("cascade-guard policies for {KINDS} kinds installed"),
+        &after,
+    );
+    let p99_added = percentile(&after.1, 99.0) - percentile(&after.0, 99.0);
+    let p50_added = percentile(&after.1, 50.0) - percentile(&after.0, 50.0);
+    println!(
+        "   added by the policy (protected minus unprotected, same run): p50 {:+.3} ms, p99 {:+.3} ms",
+        p50_added, p99_added
+    );
+
+    println!(
+        "\n2. XRD annotation change to effect ({CHANGES} changes, alternating Off and Refuse)"
+    );
+    let mut times = Vec::new();
+    for n in 0..CHANGES {
+        let (value, want_refused) = if n % 2 == 0 {
+            ("Off", false)
+        } else {
+            ("Refuse", true)
+        };
+        let start = Instant::now();
+        xrds.patch(
+            &format!("bench0s.{GROUP}"),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"cascade-guard.dev/deletion-policy": value}}}),
+            ),
+        )
+        .await?;
+        loop {
+            if refused(&admin, ns, &protected).await? == want_refused {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("annotation {value} did not take effect");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        times.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "   p50 {:.0} ms, max {:.0} ms (controller debounce 100 ms; includes the API server's policy reload)",
+        percentile(&times, 50.0),
+        times.last().copied().unwrap_or_default()
+    );
+    drop(controller);
+    Ok(())
+}
+
+/// Interleaved deletes of the two kinds; returns (plain, protected) latencies in ms.
+async fn measure(
+    admin: &Client,
+    gc: &Client,
+    ns: &str,
+    plain: &ApiResource,
+    protected: &ApiResource,
+    tag: &str,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let mut objects = Vec::new();
+    for i in 0..DELETES {
+        for r in [plain, protected] {
+            let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
+            let o = DynamicObject::new(&format!("{tag}-{i}"), r).data(json!({"spec": {
+                "crossplane": {"resourceRefs": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}]}}}));
+            let o = api.create(&PostParams::default(), &o).await?;
+            objects.push((r.clone(), o.name_any(), o.uid().context("uid")?));
+        }
+    }
+    let mut plain_ms = Vec::new();
+    let mut protected_ms = Vec::new();
+    for (r, name, uid) in objects {
+        let body = serde_json::to_vec(&json!({"kind": "DeleteOptions", "apiVersion": "v1",
+            "propagationPolicy": "Background", "preconditions": {"uid": uid}}))?;
+        let request = http::Request::delete(format!(
+            "/apis/{}/namespaces/{ns}/{}/{name}",
+            r.api_version, r.plural
+        ))
+        .header("Content-Type", "application/json")
+        .body(body)?;
+        let start = Instant::now();
+        gc.request_text(request)
+            .await
+            .with_context(|| format!("delete {name}"))?;
+        let ms = start.elapsed().as_secs_f64() * 1000.0;
+        if r.kind == plain.kind {
+            plain_ms.push(ms);
+        } else {
+            protected_ms.push(ms);
+        }
+    }
+    plain_ms.sort_by(f64::total_cmp);
+    protected_ms.sort_by(f64::total_cmp);
+    Ok((plain_ms, protected_ms))
+}
+
+async fn refused(admin: &Client, ns: &str, r: &ApiResource) -> Result<bool> {
+    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
+    if api.get_opt("probe").await?.is_none() {
+        let o = DynamicObject::new("probe", r).data(json!({"spec": {
+            "crossplane": {"resourceRefs": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}]}}}));
+        api.create(&PostParams::default(), &o).await?;
+    }
+    let dp = kube::api::DeleteParams {
+        dry_run: true,
+        propagation_policy: Some(kube::api::PropagationPolicy::Background),
+        ..Default::default()
+    };
+    match api.delete("probe", &dp).await {
+        Ok(_) => Ok(false),
+        Err(kube::Error::Api(s)) if s.code == 403 => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn report(phase: &str, (plain, protected): &(Vec<f64>, Vec<f64>)) {
+    let p = |v: &[f64], q| percentile(v, q);
+    println!("   {phase}:");
+    println!(
+        "     unprotected kind  p50 {:.3} ms  p99 {:.3} ms",
+        p(plain, 50.0),
+        p(plain, 99.0)
+    );
+    println!(
+        "     protected kind    p50 {:.3} ms  p99 {:.3} ms",
+        p(protected, 50.0),
+        p(protected, 99.0)
+    );
+    println!(
+        "     ratio protected/unprotected  p50 {:.3}  p99 {:.3}",
+        p(protected, 50.0) / p(plain, 50.0),
+        p(protected, 99.0) / p(plain, 99.0)
+    );
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn start_controller(cp: &ControlPlane) -> Result<process::Process> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/examples/bench-refuse -> target/<profile>/cascade-guard
+    let binary: PathBuf = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .map(|p| p.join("cascade-guard"))
+        .context("locating the cascade-guard binary")?;
+    if !binary.exists() {
+        bail!(
+            "{} is missing: build it first (cargo build --bins)",
+            binary.display()
+        );
+    }
+    let args = vec![
+        "run".to_string(),
+        format!("--kubeconfig={}", cp.kubeconfig_path().display()),
+    ];
+    Ok(process::spawn(
+        "cascade-guard",
+        &binary,
+        &args,
+        &cp.log_path("cascade-guard"),
+        Lifetime::Owned,
+    )?)
+}
