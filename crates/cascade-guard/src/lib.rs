@@ -7,6 +7,7 @@
 //! form of the same compilation.
 
 pub mod api;
+pub mod cascade;
 pub mod controller;
 mod error;
 pub mod leader;

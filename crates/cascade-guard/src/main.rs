@@ -4,12 +4,16 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use std::sync::Arc;
+
 use cascade_guard::api::CascadePolicy;
 use cascade_guard::controller::{self, Settings};
+use cascade_guard::leader::{self, LeaseSettings};
 use cascade_guard::policy::names::{
     DEFAULT_GC_CONTROLLER_MANAGER_USER, DEFAULT_GC_SERVICE_ACCOUNT_USER,
 };
 use cascade_guard::policy::{CompileSettings, Mode, Severity};
+use cascade_guard::telemetry::{self, Health, Metrics};
 use clap::{Args, Parser, Subcommand};
 use kube::CustomResourceExt;
 
@@ -38,6 +42,9 @@ enum Command {
     Render(RenderArgs),
     /// Print the CascadePolicy CustomResourceDefinition.
     Crd,
+    /// Remove everything cascade-guard put into the cluster: its admission
+    /// policies, then its finalizer from every object. Stop the controller first.
+    Uninstall,
     /// Print cascade-guard's version, and the API server's when one is reachable.
     Version {
         /// Only the client's version; do not contact the API server.
@@ -74,12 +81,44 @@ impl PolicyArgs {
 struct RunArgs {
     #[command(flatten)]
     policy: PolicyArgs,
+    /// Where to serve /metrics, /healthz and /readyz.
+    #[arg(
+        long,
+        env = "CASCADE_GUARD_HTTP_ADDRESS",
+        default_value = "0.0.0.0:8080"
+    )]
+    http_address: std::net::SocketAddr,
+    #[command(flatten)]
+    leader: LeaderArgs,
     /// Seconds between full passes when nothing changes.
     #[arg(long, env = "CASCADE_GUARD_RESYNC_SECONDS", default_value_t = 300)]
     resync_seconds: u64,
     /// Log as JSON lines.
     #[arg(long, env = "CASCADE_GUARD_LOG_JSON")]
     log_json: bool,
+}
+
+#[derive(Args)]
+struct LeaderArgs {
+    /// Run without leader election (a single replica only).
+    #[arg(long, env = "CASCADE_GUARD_NO_LEADER_ELECTION")]
+    no_leader_election: bool,
+    /// Namespace of the Lease; default: the pod's namespace (POD_NAMESPACE), else default.
+    #[arg(long, env = "CASCADE_GUARD_LEADER_ELECTION_NAMESPACE")]
+    leader_election_namespace: Option<String>,
+    /// Name of the Lease.
+    #[arg(
+        long,
+        env = "CASCADE_GUARD_LEADER_ELECTION_ID",
+        default_value = "cascade-guard"
+    )]
+    leader_election_id: String,
+    /// Seconds a leader's renewal keeps the other replicas off.
+    #[arg(long, default_value_t = 15)]
+    leader_election_lease_seconds: u64,
+    /// Seconds between renewals.
+    #[arg(long, default_value_t = 2)]
+    leader_election_renew_seconds: u64,
 }
 
 #[derive(Args)]
@@ -106,6 +145,7 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Version { client } => version(cli.kubeconfig, client).await,
+        Command::Uninstall => uninstall(cli.kubeconfig).await,
     }
 }
 
@@ -147,14 +187,78 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         ..Settings::default()
     };
+    let metrics = Arc::new(Metrics::new());
+    let health = Health::new();
+    let (bound, server) =
+        telemetry::bind(args.http_address, metrics.clone(), health.clone()).await?;
+    tokio::spawn(server);
+    tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    let stop = async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    if args.leader.no_leader_election {
+        metrics.set_leader(true);
+        tokio::select! {
+            () = controller::run(client, settings, metrics, health) => {}
+            () = stop => tracing::info!("stopping"),
+        }
+        return Ok(());
+    }
+
+    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let namespace = args
+        .leader
+        .leader_election_namespace
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| "default".into());
+    let lease = LeaseSettings {
+        lease_duration: Duration::from_secs(args.leader.leader_election_lease_seconds),
+        renew_interval: Duration::from_secs(args.leader.leader_election_renew_seconds),
+        ..LeaseSettings::new(namespace, args.leader.leader_election_id, identity)
+    };
+    // A replica waiting for the lease is healthy and ready to take over.
+    health.set_ready(true);
+    tokio::pin!(stop);
+    let leadership = tokio::select! {
+        acquired = leader::acquire(client.clone(), lease) => acquired.context("leader election")?,
+        () = &mut stop => return Ok(()),
+    };
+    metrics.set_leader(true);
+    // Not ready again until the first pass has run as leader.
+    health.set_ready(false);
     tokio::select! {
-        () = controller::run(client, settings) => Ok(()),
-        signal = tokio::signal::ctrl_c() => {
-            signal.context("cannot listen for signals")?;
-            tracing::info!("interrupted; stopping");
+        () = controller::run(client, settings, metrics.clone(), health) => Ok(()),
+        () = leadership.lost() => {
+            metrics.set_leader(false);
+            // Another replica leads now: stop writing at once; the Deployment
+            // restarts this one as a candidate.
+            bail!("lost leadership")
+        }
+        () = &mut stop => {
+            tracing::info!("stopping; handing leadership over");
+            leadership.release().await;
             Ok(())
         }
     }
+}
+
+async fn uninstall(kubeconfig: Option<PathBuf>) -> Result<()> {
+    let client = client(kubeconfig).await?;
+    let summary = controller::uninstall(&client).await?;
+    println!(
+        "removed {} admission objects; released cascade-guard's finalizer from objects of {} kinds",
+        summary.admission_objects, summary.kinds_released
+    );
+    Ok(())
 }
 
 fn render(args: RenderArgs) -> Result<()> {

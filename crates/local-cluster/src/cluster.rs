@@ -305,6 +305,28 @@ impl ControlPlane {
         }
     }
 
+    /// Writes a kubeconfig at `path` that acts as `user` in `groups` (by
+    /// impersonation from the admin certificate), for a process a test starts
+    /// under its own identity, as a controller in a cluster would run.
+    pub fn write_kubeconfig_as(
+        &self,
+        path: &Path,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<(), Error> {
+        let admin = self.kubeconfig_path();
+        let text = std::fs::read_to_string(&admin).map_err(io_error(&admin))?;
+        let mut extra = format!("    as: \"{user}\"\n");
+        if !groups.is_empty() {
+            extra.push_str("    as-groups:\n");
+            for g in groups {
+                extra.push_str(&format!("    - \"{g}\"\n"));
+            }
+        }
+        let text = text.replacen("  user:\n", &format!("  user:\n{extra}"), 1);
+        std::fs::write(path, text).map_err(io_error(path))
+    }
+
     /// A new client configuration for the admin. Clients are bound to the tokio
     /// runtime they are made in, so each test makes its own.
     pub async fn admin_config(&self) -> Result<Config, Error> {

@@ -82,6 +82,17 @@ impl Process {
         self.reap();
     }
 
+    /// SIGKILL at once, as a node failure or the OOM killer would: no chance
+    /// to clean up.
+    pub fn kill(&mut self) {
+        let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.is_running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.reap();
+    }
+
     fn reap(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.wait();

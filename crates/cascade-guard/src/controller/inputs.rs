@@ -200,7 +200,7 @@ impl Sources {
 
 /// The served version of Crossplane's XRD resource, or None when Crossplane is
 /// not installed.
-async fn xrd_resource(client: &Client) -> Result<Option<ApiResource>, kube::Error> {
+pub(crate) async fn xrd_resource(client: &Client) -> Result<Option<ApiResource>, kube::Error> {
     let group = match discovery::group(client, CROSSPLANE_APIEXTENSIONS_GROUP).await {
         Ok(group) => group,
         Err(e) if is_not_found(&e) => return Ok(None),
@@ -215,7 +215,10 @@ async fn xrd_resource(client: &Client) -> Result<Option<ApiResource>, kube::Erro
 
 /// The kinds of the groups CascadePolicies name, from discovery. The bool is
 /// false when a group could not be read for any reason but its absence.
-async fn discover_kinds(client: &Client, policies: &[Arc<CascadePolicy>]) -> (Vec<CrdInfo>, bool) {
+pub(crate) async fn discover_kinds(
+    client: &Client,
+    policies: &[Arc<CascadePolicy>],
+) -> (Vec<CrdInfo>, bool) {
     let groups: BTreeSet<&str> = policies.iter().map(|p| p.spec.group.as_str()).collect();
     let mut kinds = Vec::new();
     let mut complete = true;

@@ -7,8 +7,10 @@
 //! function of the inputs (policy::resolve, policy::admission) plus an apply.
 
 mod apply;
+pub mod convert;
 mod inputs;
 mod report;
+mod uninstall;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +20,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::PartialObjectMeta;
-use kube::runtime::events::Reporter;
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::Notify;
@@ -26,8 +28,10 @@ use tokio::sync::Notify;
 use crate::policy::Mode;
 use crate::policy::admission::CompileSettings;
 use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::telemetry::{Health, Metrics};
 
 pub use inputs::Sources;
+pub use uninstall::{Summary as UninstallSummary, uninstall};
 
 /// The field manager (server-side apply) and event reporter name.
 pub const MANAGER: &str = "cascade-guard";
@@ -55,18 +59,20 @@ impl Default for Settings {
     }
 }
 
-/// Runs until the process is stopped.
-pub async fn run(client: Client, settings: Settings) {
+/// Runs until the process is stopped. Only the leader may call this: it writes.
+pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, health: Health) {
     let notify = Arc::new(Notify::new());
     let sources = Sources::start(client.clone(), notify.clone()).await;
     watch_for_changes(client.clone(), notify.clone());
-    let mut report = report::Reporting::new(
+    let recorder = Recorder::new(
         client.clone(),
         Reporter {
             controller: MANAGER.into(),
             instance: std::env::var("POD_NAME").ok(),
         },
     );
+    let mut report = report::Reporting::new(client.clone(), recorder.clone());
+    let mut converter = convert::Converter::new(client.clone(), recorder, metrics.clone());
     tracing::info!(
         xrd_default_mode = %settings.xrd_default_mode,
         "cascade-guard controller started"
@@ -77,24 +83,24 @@ pub async fn run(client: Client, settings: Settings) {
             _ = tokio::time::sleep(settings.resync) => {}
         }
         tokio::time::sleep(settings.debounce).await;
-        sync(&client, &settings, &sources, &mut report).await;
+        let gathered = sources.gather(&client, settings.xrd_default_mode).await;
+        let resolution = crate::policy::resolve(&gathered.inputs);
+        let outcome = apply::apply(&client, &settings.compile, resolution, &gathered.known).await;
+        report
+            .publish(&outcome, &gathered.cascade_policies, &gathered.xrd_refs)
+            .await;
+        let complete = outcome.known.xrds && outcome.known.cascade_policies;
+        converter
+            .update(
+                convert::convert_kinds(&outcome.resolution.policies),
+                complete,
+            )
+            .await;
+        metrics.set_policies(outcome.compiled.len());
+        if outcome.known.xrds && outcome.known.cascade_policies {
+            health.set_ready(true);
+        }
     }
-}
-
-/// One pass: read the inputs, compile, apply, prune what is no longer wanted,
-/// report.
-async fn sync(
-    client: &Client,
-    settings: &Settings,
-    sources: &Sources,
-    report: &mut report::Reporting,
-) {
-    let gathered = sources.gather(client, settings.xrd_default_mode).await;
-    let resolution = crate::policy::resolve(&gathered.inputs);
-    let outcome = apply::apply(client, &settings.compile, resolution, &gathered.known).await;
-    report
-        .publish(&outcome, &gathered.cascade_policies, &gathered.xrd_refs)
-        .await;
 }
 
 /// Anything that can change what must be applied: our own admission objects

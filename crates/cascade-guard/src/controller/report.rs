@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -27,9 +27,9 @@ pub struct Reporting {
 }
 
 impl Reporting {
-    pub fn new(client: Client, reporter: Reporter) -> Self {
+    pub fn new(client: Client, recorder: Recorder) -> Self {
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder,
             client,
             published: BTreeMap::new(),
         }

@@ -15,6 +15,8 @@ use local_cluster::{ControlPlane, Options, crossplane, wait};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
+pub mod tree;
+
 pub const GROUP: &str = "table.cascade-guard.dev";
 /// A finalizer no controller handles: tests remove it to let an object go.
 pub const HOLD: &str = "table.cascade-guard.dev/hold";
@@ -60,7 +62,31 @@ pub const TOGGLED: TestKind = TestKind {
     annotation: Some("Refuse"),
 };
 
-pub const XR_KINDS: [&TestKind; 6] = [&REFUSE, &WARN, &OFF, &DEFAULTED, &HOSTILE, &TOGGLED];
+pub const CONVERT: TestKind = TestKind {
+    kind: "ConvertComposite",
+    plural: "convertcomposites",
+    annotation: Some("Convert"),
+};
+/// Convert, until a test changes its annotation.
+pub const CONVERT_TOGGLED: TestKind = TestKind {
+    kind: "ConvertToggled",
+    plural: "converttoggleds",
+    annotation: Some("Convert"),
+};
+
+pub const XR_KINDS: [&TestKind; 8] = [
+    &REFUSE,
+    &WARN,
+    &OFF,
+    &DEFAULTED,
+    &HOSTILE,
+    &TOGGLED,
+    &CONVERT,
+    &CONVERT_TOGGLED,
+];
+
+/// The identity cascade-guard runs as in tests, as its ServiceAccount would.
+pub const CONTROLLER_USER: &str = "system:serviceaccount:cascade-guard-system:cascade-guard";
 
 impl TestKind {
     pub fn resource(&self) -> ApiResource {
@@ -184,7 +210,7 @@ fn options() -> Options {
 
 pub struct Env {
     pub cp: ControlPlane,
-    _controller: Process,
+    controllers: std::sync::Mutex<Vec<Process>>,
 }
 
 /// The test binary's control plane with cascade-guard running against it and
@@ -192,27 +218,9 @@ pub struct Env {
 pub async fn env() -> &'static Env {
     static ENV: OnceCell<Env> = OnceCell::const_new();
     ENV.get_or_init(|| async {
-        local_cluster::testing::init_tracing();
-        let cp = ControlPlane::start(options())
-            .await
-            .unwrap_or_else(|e| panic!("cannot start the control plane: {e}"));
-        let client = cp.admin().await.expect("admin client");
-        let xrds = xrd_api(&client);
-        for k in XR_KINDS {
-            create(&xrds, k.xrd()).await;
-        }
-        let mut empty = xrd("EmptyComposite", "emptycomposites", Some("Refuse"));
-        empty["spec"]["versions"] = json!([]);
-        create(&xrds, empty).await;
-        let policies = cascade_policy_api(&client);
-        for p in initial_cascade_policies() {
-            create(&policies, p).await;
-        }
-        let controller = start_controller(&cp);
-        let env = Env {
-            cp,
-            _controller: controller,
-        };
+        let env = bare().await;
+        env.start_controller(&[]);
+        let client = env.cp.admin().await.expect("admin client");
         env.wait_for_protection(&client, &REFUSE.resource()).await;
         env.wait_for_protection(&client, &leaves()).await;
         env
@@ -220,25 +228,104 @@ pub async fn env() -> &'static Env {
     .await
 }
 
-fn start_controller(cp: &ControlPlane) -> Process {
-    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_cascade-guard"));
-    let args = vec![
-        "run".to_string(),
-        format!("--kubeconfig={}", cp.kubeconfig_path().display()),
-        "--xrd-default-mode=Refuse".to_string(),
-        "--resync-seconds=20".to_string(),
-    ];
-    process::spawn(
-        "cascade-guard",
-        &binary,
-        &args,
-        &cp.log_path("cascade-guard"),
-        Lifetime::Owned,
-    )
-    .unwrap_or_else(|e| panic!("cannot start cascade-guard: {e}"))
+/// The same, with no cascade-guard running: the test starts and stops it.
+/// A test binary uses either this or [`env`], never both.
+pub async fn bare_env() -> &'static Env {
+    static ENV: OnceCell<Env> = OnceCell::const_new();
+    ENV.get_or_init(bare).await
+}
+
+async fn bare() -> Env {
+    local_cluster::testing::init_tracing();
+    let cp = ControlPlane::start(options())
+        .await
+        .unwrap_or_else(|e| panic!("cannot start the control plane: {e}"));
+    let client = cp.admin().await.expect("admin client");
+    let xrds = xrd_api(&client);
+    for k in XR_KINDS {
+        create(&xrds, k.xrd()).await;
+    }
+    let mut empty = xrd("EmptyComposite", "emptycomposites", Some("Refuse"));
+    empty["spec"]["versions"] = json!([]);
+    create(&xrds, empty).await;
+    let policies = cascade_policy_api(&client);
+    for p in initial_cascade_policies() {
+        create(&policies, p).await;
+    }
+    let kubeconfig = cp.dir().join("cascade-guard.kubeconfig");
+    cp.write_kubeconfig_as(&kubeconfig, CONTROLLER_USER, &["system:masters"])
+        .expect("controller kubeconfig");
+    Env {
+        cp,
+        controllers: std::sync::Mutex::new(Vec::new()),
+    }
 }
 
 impl Env {
+    /// Starts `cascade-guard run` (as [`CONTROLLER_USER`]) with `extra` flags;
+    /// returns its index for [`Env::kill_controller`].
+    pub fn start_controller(&self, extra: &[&str]) -> usize {
+        let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_cascade-guard"));
+        let mut args = vec![
+            "run".to_string(),
+            format!(
+                "--kubeconfig={}",
+                self.cp.dir().join("cascade-guard.kubeconfig").display()
+            ),
+            "--xrd-default-mode=Refuse".to_string(),
+            "--resync-seconds=20".to_string(),
+            "--http-address=127.0.0.1:0".to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let mut controllers = self.controllers.lock().expect("controllers");
+        let n = controllers.len();
+        let process = process::spawn(
+            &format!("cascade-guard-{n}"),
+            &binary,
+            &args,
+            &self.cp.log_path(&format!("cascade-guard-{n}")),
+            Lifetime::Owned,
+        )
+        .unwrap_or_else(|e| panic!("cannot start cascade-guard: {e}"));
+        controllers.push(process);
+        n
+    }
+
+    /// SIGKILL, no clean-up.
+    pub fn kill_controller(&self, n: usize) {
+        if let Some(p) = self.controllers.lock().expect("controllers").get_mut(n) {
+            p.kill();
+        }
+    }
+
+    /// SIGTERM: a clean shutdown.
+    pub fn stop_controller(&self, n: usize) {
+        if let Some(p) = self.controllers.lock().expect("controllers").get_mut(n) {
+            p.stop(Duration::from_secs(10));
+        }
+    }
+
+    /// Stops every controller when dropped, however the test ends, so that a
+    /// failed test leaves none running into the next.
+    pub fn controllers_stop_on_drop(&self) -> StopControllers<'_> {
+        StopControllers(self)
+    }
+
+    /// The process id of controller `n`, while it runs.
+    pub fn controller_pid(&self, n: usize) -> Option<u32> {
+        let mut controllers = self.controllers.lock().expect("controllers");
+        let p = controllers.get_mut(n)?;
+        p.is_running().then_some(p.pid)
+    }
+
+    pub fn controller_running(&self, n: usize) -> bool {
+        self.controllers
+            .lock()
+            .expect("controllers")
+            .get_mut(n)
+            .is_some_and(|p| p.is_running())
+    }
+
     /// Waits until a Background delete of an object of `resource` with
     /// something to cascade is refused (dry run, in a scratch namespace).
     pub async fn wait_for_protection(&self, client: &Client, resource: &ApiResource) {
@@ -272,6 +359,18 @@ impl Env {
             resource.plural,
             self.cp.log_tails(40)
         );
+    }
+}
+
+pub struct StopControllers<'a>(&'a Env);
+
+impl Drop for StopControllers<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut controllers) = self.0.controllers.lock() {
+            for p in controllers.iter_mut() {
+                p.kill();
+            }
+        }
     }
 }
 

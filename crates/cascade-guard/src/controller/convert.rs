@@ -1,0 +1,631 @@
+//! Convert mode at run time: for each Convert kind, a metadata-only controller
+//! that holds every object with cascade-guard's finalizer, turns its deletion
+//! into a foreground cascade, and lets go when nothing is left to cascade. The
+//! decisions are [`crate::cascade::next_step`]; this module only does what it
+//! says, with UID preconditions on every write so that a newer object reusing a
+//! name is never touched.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PartialObjectMeta,
+    Patch, PatchParams, Preconditions, PropagationPolicy,
+};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::MANAGER;
+use crate::cascade::{Dependents, Memory, Observed, Step, next_step};
+use crate::policy::names::FOREGROUND_CASCADE_FINALIZER;
+use crate::policy::{Mode, Policy, ProtectedKind, Scope, Shape};
+use crate::telemetry::Metrics;
+
+type Meta = PartialObjectMeta<DynamicObject>;
+
+/// One Convert kind as the controller runs it: every Convert policy for the
+/// kind together (no selector if any of them has none, or if they disagree:
+/// holding more objects is the safe side).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvertKind {
+    pub kind: ProtectedKind,
+    pub selector: Option<String>,
+}
+
+/// The Convert kinds a pass's policies ask for, by `group/kind`.
+pub fn convert_kinds(policies: &[Policy]) -> BTreeMap<String, ConvertKind> {
+    let mut by_kind: BTreeMap<String, Vec<&Policy>> = BTreeMap::new();
+    for p in policies.iter().filter(|p| p.mode == Mode::Convert) {
+        by_kind
+            .entry(format!("{}/{}", p.kind.group, p.kind.kind))
+            .or_default()
+            .push(p);
+    }
+    by_kind
+        .into_iter()
+        .map(|(key, ps)| {
+            let selectors: Vec<Option<String>> = ps
+                .iter()
+                .map(|p| p.selector.as_ref().and_then(selector_string))
+                .collect();
+            let selector = match selectors.first() {
+                Some(first) if selectors.iter().all(|s| s == first) => first.clone(),
+                _ => None,
+            };
+            let kind = ps.first().map(|p| p.kind.clone());
+            (key, kind.map(|kind| ConvertKind { kind, selector }))
+        })
+        .filter_map(|(key, ck)| ck.map(|ck| (key, ck)))
+        .collect()
+}
+
+/// A label selector in the API's query syntax.
+fn selector_string(s: &LabelSelector) -> Option<String> {
+    let mut parts = Vec::new();
+    for (k, v) in s.match_labels.iter().flatten() {
+        parts.push(format!("{k}={v}"));
+    }
+    for e in s.match_expressions.iter().flatten() {
+        let values = e.values.clone().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "Exists" => e.key.clone(),
+            "DoesNotExist" => format!("!{}", e.key),
+            _ => return None,
+        });
+    }
+    (!parts.is_empty()).then(|| parts.join(","))
+}
+
+pub fn api_resource(kind: &ProtectedKind) -> ApiResource {
+    // The admission policy matches every version; the controller watches the
+    // served one, found by discovery.
+    ApiResource {
+        group: kind.group.clone(),
+        version: String::new(),
+        api_version: String::new(),
+        kind: kind.kind.clone(),
+        plural: kind.plural.clone(),
+    }
+}
+
+struct Running {
+    kind: ConvertKind,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// The Convert controllers that run, started and stopped as policies change.
+pub struct Converter {
+    client: Client,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    running: BTreeMap<String, Running>,
+}
+
+impl Converter {
+    pub fn new(client: Client, recorder: Recorder, metrics: Arc<Metrics>) -> Self {
+        Self {
+            client,
+            recorder,
+            metrics,
+            running: BTreeMap::new(),
+        }
+    }
+
+    /// Starts controllers for new Convert kinds and stops those no policy asks
+    /// for any more, releasing the objects they held. With `complete` false
+    /// (some input could not be read) nothing is stopped.
+    pub async fn update(&mut self, wanted: BTreeMap<String, ConvertKind>, complete: bool) {
+        let keys: Vec<String> = self.running.keys().cloned().collect();
+        for key in keys {
+            let still = wanted.get(&key);
+            let same =
+                matches!((still, self.running.get(&key)), (Some(w), Some(r)) if *w == r.kind);
+            if same || (still.is_none() && !complete) {
+                continue;
+            }
+            if let Some(running) = self.running.remove(&key) {
+                let _ = running.stop.send(());
+                let _ = running.task.await;
+                // Objects no Convert controller will hold any more are let go,
+                // so that nothing is left stuck on cascade-guard's finalizer.
+                let keep = still.and_then(|w| w.selector.clone());
+                let keep_all = still.is_some() && keep.is_none();
+                if !keep_all {
+                    release_outside(&self.client, &running.kind, keep.as_deref()).await;
+                }
+                self.metrics
+                    .set_protected(&running.kind.kind.to_string(), 0);
+            }
+        }
+        for (key, kind) in wanted {
+            if self.running.contains_key(&key) {
+                continue;
+            }
+            match self.start(kind.clone()).await {
+                Ok(running) => {
+                    self.running.insert(key, running);
+                }
+                Err(e) => {
+                    self.metrics.error("StartConvert");
+                    tracing::error!(kind = %kind.kind, error = %e, "cannot start the Convert controller; will retry");
+                }
+            }
+        }
+    }
+
+    async fn start(&self, kind: ConvertKind) -> Result<Running, kube::Error> {
+        let resource = served_resource(&self.client, &kind.kind).await?;
+        let api: Api<Meta> = Api::all_with(self.client.clone(), &resource);
+        let mut config = watcher::Config::default();
+        if let Some(s) = &kind.selector {
+            config = config.labels(s);
+        }
+        let context = Arc::new(Context {
+            client: self.client.clone(),
+            resource: resource.clone(),
+            shape: kind.kind.shape,
+            label: kind.kind.to_string(),
+            memory: Mutex::new(HashMap::new()),
+            recorder: self.recorder.clone(),
+            metrics: self.metrics.clone(),
+            discovered: Mutex::new(HashMap::new()),
+        });
+        let (stop, stopped) = oneshot::channel::<()>();
+        let controller = Controller::new_with(api, config, resource);
+        let store = controller.store();
+        let counting = context.clone();
+        let task = tokio::spawn(async move {
+            controller
+                .with_config(kube::runtime::controller::Config::default().concurrency(16))
+                .graceful_shutdown_on(async move {
+                    let _ = stopped.await;
+                })
+                .run(reconcile, error_policy, context)
+                .for_each(|_| async {
+                    counting.count(&store);
+                })
+                .await;
+        });
+        tracing::info!(kind = %kind.kind, selector = ?kind.selector, "converting deletes to foreground cascades");
+        Ok(Running { kind, stop, task })
+    }
+}
+
+/// A composed resource's kind as served, and whether it is namespaced.
+type Discovered = (ApiResource, bool);
+
+struct Context {
+    client: Client,
+    resource: ApiResource,
+    shape: Shape,
+    label: String,
+    memory: Mutex<HashMap<String, Memory>>,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    /// Composed-resource kinds already resolved through discovery.
+    discovered: Mutex<HashMap<(String, String), Option<Discovered>>>,
+}
+
+impl Context {
+    fn memory(&self, uid: &str) -> Memory {
+        self.memory
+            .lock()
+            .ok()
+            .and_then(|m| m.get(uid).copied())
+            .unwrap_or_default()
+    }
+
+    fn remember(&self, uid: &str, update: impl FnOnce(&mut Memory)) {
+        if let Ok(mut m) = self.memory.lock() {
+            update(m.entry(uid.to_string()).or_default());
+        }
+    }
+
+    fn forget(&self, uid: &str) {
+        if let Ok(mut m) = self.memory.lock() {
+            m.remove(uid);
+        }
+    }
+
+    /// Protected objects and cascades in progress, for the metrics; forgets
+    /// objects that are gone.
+    fn count(&self, store: &kube::runtime::reflector::Store<Meta>) {
+        let objects = store.state();
+        let live: HashSet<String> = objects.iter().filter_map(|o| o.uid()).collect();
+        let deleting = objects
+            .iter()
+            .filter(|o| o.metadata.deletion_timestamp.is_some())
+            .count();
+        if let Ok(mut m) = self.memory.lock() {
+            m.retain(|uid, _| live.contains(uid));
+        }
+        self.metrics.set_protected(&self.label, objects.len());
+        self.metrics.set_in_progress(&self.label, deleting);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum StepError {
+    #[error("{step} {name}: {source}")]
+    Api {
+        step: &'static str,
+        name: String,
+        source: kube::Error,
+    },
+}
+
+async fn reconcile(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepError> {
+    let Some(uid) = object.uid() else {
+        return Ok(Action::await_change());
+    };
+    let observed = Observed::new(
+        object.metadata.deletion_timestamp.is_some(),
+        object.finalizers(),
+        ctx.shape,
+    );
+    let mut step = next_step(observed, ctx.memory(&uid), Dependents::NotLookedUp);
+    if step == Step::LookUpDependents {
+        let dependents = blocking_dependents(&ctx, &object, &uid).await;
+        step = next_step(observed, ctx.memory(&uid), dependents);
+    }
+    let name = object.name_any();
+    let api = object_api(&ctx, &object);
+    match step {
+        Step::Wait | Step::LookUpDependents => Ok(if observed.deleting && observed.held {
+            // A cascade is running; look again now and then in case an event
+            // was missed.
+            Action::requeue(Duration::from_secs(30))
+        } else {
+            Action::await_change()
+        }),
+        Step::Hold => {
+            hold(&api, &object, &uid)
+                .await
+                .map_err(|source| StepError::Api {
+                    step: "hold",
+                    name,
+                    source,
+                })?;
+            Ok(Action::await_change())
+        }
+        Step::Convert => {
+            let first = ctx.memory(&uid).conversions == 0;
+            let params = DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Foreground),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => {}
+                // Gone, or a newer object with the same name: nothing to convert.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                    ctx.forget(&uid);
+                    return Ok(Action::await_change());
+                }
+                Err(source) => {
+                    return Err(StepError::Api {
+                        step: "convert",
+                        name,
+                        source,
+                    });
+                }
+            }
+            ctx.remember(&uid, |m| m.conversions += 1);
+            if first {
+                ctx.metrics.conversion(&ctx.label);
+                ctx.metrics.cascade_started(&ctx.label);
+                publish(
+                    &ctx,
+                    &object,
+                    EventType::Normal,
+                    "ForegroundCascade",
+                    "converted the delete into a foreground cascade: it stays until everything it owns is gone",
+                )
+                .await;
+                tracing::info!(kind = %ctx.label, %name, namespace = ?object.namespace(), "converted a delete into a foreground cascade");
+            } else {
+                tracing::info!(kind = %ctx.label, %name, "foregroundDeletion was cleared with dependents left, or needs confirming: converting again");
+            }
+            Ok(Action::requeue(Duration::from_secs(30)))
+        }
+        Step::Release => {
+            release(&api, &object, &uid)
+                .await
+                .map_err(|source| StepError::Api {
+                    step: "release",
+                    name: name.clone(),
+                    source,
+                })?;
+            ctx.forget(&uid);
+            let took = object
+                .metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|t| {
+                    let now = k8s_openapi::jiff::Timestamp::now();
+                    Duration::from_secs_f64(now.duration_since(t.0).as_secs_f64().max(0.0))
+                })
+                .unwrap_or_default();
+            ctx.metrics.cascade_finished(&ctx.label, took);
+            publish(
+                &ctx,
+                &object,
+                EventType::Normal,
+                "CascadeComplete",
+                &format!(
+                    "foreground cascade complete in {:.1}s: nothing left to cascade; released",
+                    took.as_secs_f64()
+                ),
+            )
+            .await;
+            tracing::info!(kind = %ctx.label, %name, seconds = took.as_secs_f64(), "cascade complete; released");
+            Ok(Action::await_change())
+        }
+    }
+}
+
+fn error_policy(_object: Arc<Meta>, error: &StepError, ctx: Arc<Context>) -> Action {
+    let StepError::Api { step, .. } = error;
+    ctx.metrics.error(match *step {
+        "hold" => "AddFinalizer",
+        "convert" => "Reissue",
+        _ => "RemoveFinalizer",
+    });
+    tracing::warn!(kind = %ctx.label, error = %error, "retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+fn object_api(ctx: &Context, object: &Meta) -> Api<Meta> {
+    match object.namespace() {
+        Some(ns) => Api::namespaced_with(ctx.client.clone(), &ns, &ctx.resource),
+        None => Api::all_with(ctx.client.clone(), &ctx.resource),
+    }
+}
+
+/// Adds the finalizer in cascade-guard's own request (its own field manager,
+/// so no applier removes it), only to the object as seen: the patch tests the
+/// UID and resourceVersion first.
+async fn hold(api: &Api<Meta>, object: &Meta, uid: &str) -> Result<(), kube::Error> {
+    let rv = object.resource_version().unwrap_or_default();
+    let add = if object.metadata.finalizers.is_some() {
+        json!({"op": "add", "path": "/metadata/finalizers/-", "value": FOREGROUND_CASCADE_FINALIZER})
+    } else {
+        json!({"op": "add", "path": "/metadata/finalizers", "value": [FOREGROUND_CASCADE_FINALIZER]})
+    };
+    let patch = json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        add,
+    ]);
+    json_patch(api, &object.name_any(), patch).await
+}
+
+/// Removes the finalizer, testing that it is still where it was seen.
+async fn release(api: &Api<Meta>, object: &Meta, uid: &str) -> Result<(), kube::Error> {
+    let Some(index) = object
+        .finalizers()
+        .iter()
+        .position(|f| f == FOREGROUND_CASCADE_FINALIZER)
+    else {
+        return Ok(());
+    };
+    let patch = json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FOREGROUND_CASCADE_FINALIZER},
+        {"op": "remove", "path": format!("/metadata/finalizers/{index}")},
+    ]);
+    json_patch(api, &object.name_any(), patch).await
+}
+
+async fn json_patch(api: &Api<Meta>, name: &str, patch: Value) -> Result<(), kube::Error> {
+    let patch: json_patch::Patch =
+        serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match api.patch(name, &params, &Patch::<()>::Json(patch)).await {
+        Ok(_) => Ok(()),
+        // Gone: nothing to hold or release.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// How many of the XR's composed resources still exist with a blocking owner
+/// reference to it: the ones the garbage collector waits for.
+async fn blocking_dependents(ctx: &Context, object: &Meta, uid: &str) -> Dependents {
+    let namespace = object.namespace();
+    let full: Api<DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &ctx.resource),
+        None => Api::all_with(ctx.client.clone(), &ctx.resource),
+    };
+    let xr = match full.get_opt(&object.name_any()).await {
+        Ok(Some(xr)) if xr.uid().as_deref() == Some(uid) => xr,
+        Ok(_) => return Dependents::None,
+        // Unknown counts as remaining: converting again is always safe.
+        Err(_) => return Dependents::Remaining(1),
+    };
+    let refs = xr
+        .data
+        .pointer("/spec/crossplane/resourceRefs")
+        .or_else(|| xr.data.pointer("/spec/resourceRefs"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut remaining = 0;
+    for r in refs {
+        let (Some(api_version), Some(kind), Some(name)) = (
+            r["apiVersion"].as_str(),
+            r["kind"].as_str(),
+            r["name"].as_str(),
+        ) else {
+            continue;
+        };
+        let Some((resource, namespaced)) = discover(ctx, api_version, kind).await else {
+            remaining += 1;
+            continue;
+        };
+        let ns = r["namespace"]
+            .as_str()
+            .map(str::to_string)
+            .or(namespace.clone());
+        let api: Api<Meta> = match (&ns, namespaced) {
+            (Some(ns), true) => Api::namespaced_with(ctx.client.clone(), ns, &resource),
+            _ => Api::all_with(ctx.client.clone(), &resource),
+        };
+        match api.get_metadata_opt(name).await {
+            Ok(Some(dependent)) => {
+                let blocking = dependent
+                    .owner_references()
+                    .iter()
+                    .any(|o| o.uid == uid && o.block_owner_deletion == Some(true));
+                if blocking {
+                    remaining += 1;
+                }
+            }
+            Ok(None) => {}
+            Err(_) => remaining += 1,
+        }
+    }
+    if remaining == 0 {
+        Dependents::None
+    } else {
+        Dependents::Remaining(remaining)
+    }
+}
+
+async fn discover(ctx: &Context, api_version: &str, kind: &str) -> Option<Discovered> {
+    let key = (api_version.to_string(), kind.to_string());
+    if let Some(found) = ctx
+        .discovered
+        .lock()
+        .ok()
+        .and_then(|d| d.get(&key).cloned())
+    {
+        return found;
+    }
+    let (group, version) = match api_version.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    };
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let found = match kube::discovery::pinned_kind(&ctx.client, &gvk).await {
+        Ok((resource, caps)) => Some((resource, caps.scope == kube::discovery::Scope::Namespaced)),
+        Err(e) => {
+            tracing::warn!(%api_version, %kind, error = %e, "cannot discover a composed resource's kind");
+            return None;
+        }
+    };
+    if let Ok(mut d) = ctx.discovered.lock() {
+        d.insert(key, found.clone());
+    }
+    found
+}
+
+async fn publish(ctx: &Context, object: &Meta, type_: EventType, reason: &str, note: &str) {
+    let reference = object.object_ref(&ctx.resource);
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.into()),
+        action: "Cascade".into(),
+        secondary: None,
+    };
+    match ctx.recorder.publish(&event, &reference).await {
+        Ok(()) => {}
+        // No new objects, Events included, in a namespace being deleted.
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("being terminated") => {
+            tracing::debug!("no event: the namespace is being deleted");
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot publish event"),
+    }
+}
+
+/// The version of a kind the API server serves (its preferred one).
+pub async fn served_resource(
+    client: &Client,
+    kind: &ProtectedKind,
+) -> Result<ApiResource, kube::Error> {
+    let group = kube::discovery::group(client, &kind.group).await?;
+    group
+        .recommended_resources()
+        .into_iter()
+        .map(|(r, _)| r)
+        .find(|r| r.plural == kind.plural)
+        .ok_or_else(|| {
+            kube::Error::Discovery(kube::error::DiscoveryError::MissingResource(format!(
+                "{}.{}",
+                kind.plural, kind.group
+            )))
+        })
+}
+
+/// Removes cascade-guard's finalizer from every object of the kind outside
+/// `selector` (all of them when None).
+pub async fn release_outside(client: &Client, kind: &ConvertKind, keep: Option<&str>) {
+    let resource = match served_resource(client, &kind.kind).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(kind = %kind.kind, error = %e, "cannot release: kind not served");
+            return;
+        }
+    };
+    let api: Api<Meta> = Api::all_with(client.clone(), &resource);
+    let kept: HashSet<String> = match keep {
+        Some(selector) => match api.list(&ListParams::default().labels(selector)).await {
+            Ok(list) => list.items.iter().filter_map(|o| o.uid()).collect(),
+            Err(e) => {
+                tracing::warn!(kind = %kind.kind, error = %e, "cannot list; not releasing");
+                return;
+            }
+        },
+        None => HashSet::new(),
+    };
+    let all = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::warn!(kind = %kind.kind, error = %e, "cannot list; not releasing");
+            return;
+        }
+    };
+    let mut released = 0;
+    for object in all {
+        let Some(uid) = object.uid() else { continue };
+        if kept.contains(&uid)
+            || !object
+                .finalizers()
+                .iter()
+                .any(|f| f == FOREGROUND_CASCADE_FINALIZER)
+        {
+            continue;
+        }
+        let api = match (object.namespace(), kind.kind.scope) {
+            (Some(ns), Scope::Namespaced | Scope::Unknown) => {
+                Api::namespaced_with(client.clone(), &ns, &resource)
+            }
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        match release(&api, &object, &uid).await {
+            Ok(()) => released += 1,
+            Err(e) => {
+                tracing::warn!(kind = %kind.kind, name = %object.name_any(), error = %e, "cannot release")
+            }
+        }
+    }
+    tracing::info!(kind = %kind.kind, released, "released objects no Convert policy holds any more");
+}

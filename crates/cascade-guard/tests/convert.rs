@@ -1,0 +1,364 @@
+//! Convert mode on the real control plane: any delete of a protected object,
+//! from any client, runs as a foreground cascade. Order is asserted from watch
+//! events: the XR leaves the API only after every blocking dependent.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use local_cluster::testing::Scope;
+use local_cluster::timeline::Timeline;
+use local_cluster::{Binaries, audit, wait};
+use serde_json::json;
+use support::tree::{Provider, assert_foreground, config_maps, create_tree, wait_held};
+use support::*;
+
+const FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
+
+async fn timeline(s: &Scope<'_>, ns: &str) -> Timeline {
+    Timeline::start(
+        &s.client,
+        &[
+            (CONVERT.resource(), Some(ns.to_string())),
+            (config_maps(), Some(ns.to_string())),
+        ],
+    )
+    .await
+}
+
+/// kubectl, Helm-style and Flux-style Background deletes, a client that sends
+/// no policy, a DeleteCollection and a namespace deletion: each completes as a
+/// foreground cascade.
+#[tokio::test]
+async fn every_client_gets_a_foreground_cascade() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "every-client").await;
+    let resource = CONVERT.resource();
+    let kubectl = Binaries::locate().expect("binaries").kubectl;
+    let clients = [
+        "kubectl",
+        "helm-uninstall",
+        "flux-prune",
+        "no-policy",
+        "delete-collection",
+        "namespace",
+    ];
+    let mut cases = Vec::new();
+    for client in clients {
+        let ns = format!("{}-{client}", s.namespace);
+        Api::<Namespace>::all(s.client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns"),
+            )
+            .await
+            .expect("namespace");
+        cases.push((client, ns));
+    }
+    let runs = cases.iter().map(|(client, ns)| {
+        let s = &s;
+        let resource = &resource;
+        let kubectl = &kubectl;
+        async move {
+            let timeline = timeline(s, ns).await;
+            let _provider =
+                Provider::start(s.client.clone(), ns.clone(), Duration::from_millis(500));
+            create_tree(&s.client, resource, ns, "tree", 2).await;
+            wait_held(&s.client, resource, ns, "tree").await;
+            match *client {
+                "kubectl" => {
+                    // The real kubectl: Background by default.
+                    let out = std::process::Command::new(kubectl)
+                        .args([
+                            "delete",
+                            "convertcomposites.table.cascade-guard.dev",
+                            "tree",
+                            "-n",
+                            ns,
+                            "--wait=false",
+                        ])
+                        .env("KUBECONFIG", env.cp.kubeconfig_path())
+                        .output()
+                        .expect("kubectl");
+                    assert!(
+                        out.status.success(),
+                        "kubectl: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                "helm-uninstall" | "flux-prune" => {
+                    let user = if *client == "helm-uninstall" {
+                        "system:serviceaccount:flux-system:helm-controller"
+                    } else {
+                        "system:serviceaccount:flux-system:kustomize-controller"
+                    };
+                    let c = env
+                        .cp
+                        .client_as(user, &["system:masters"])
+                        .await
+                        .expect("client");
+                    let got = delete(
+                        &c,
+                        resource,
+                        ns,
+                        "tree",
+                        &DeleteSpec {
+                            propagation: Some("Background"),
+                            ..DeleteSpec::default()
+                        },
+                    )
+                    .await;
+                    assert!(got.allowed(), "{client}: {got:?}");
+                }
+                "no-policy" => {
+                    let got = delete(&s.client, resource, ns, "tree", &DeleteSpec::default()).await;
+                    assert!(got.allowed(), "{client}: {got:?}");
+                }
+                "delete-collection" => {
+                    let got = delete_collection(
+                        &s.client,
+                        resource,
+                        ns,
+                        &DeleteSpec {
+                            propagation: Some("Background"),
+                            ..DeleteSpec::default()
+                        },
+                    )
+                    .await;
+                    assert!(got.allowed(), "{client}: {got:?}");
+                }
+                _ => {
+                    Api::<Namespace>::all(s.client.clone())
+                        .delete(ns, &DeleteParams::default())
+                        .await
+                        .expect("delete namespace");
+                }
+            }
+            let gone = timeline
+                .wait_gone(&resource.kind, "tree", Duration::from_secs(60))
+                .await;
+            assert!(
+                gone.is_some(),
+                "{client}: the XR never left:\n{}\n{}",
+                timeline.describe(),
+                env.cp.log_tails(30)
+            );
+            assert_foreground(&timeline, &resource.kind, "tree", 2);
+        }
+    });
+    futures::future::join_all(runs).await;
+}
+
+/// A Background DELETE in the middle of a cascade strips foregroundDeletion;
+/// cascade-guard converts again and the XR still outlives its dependents.
+#[tokio::test]
+async fn a_background_redelete_mid_cascade_does_not_cut_it_short() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "redelete").await;
+    let ns = s.namespace.clone();
+    let resource = CONVERT.resource();
+    let timeline = timeline(&s, &ns).await;
+    create_tree(&s.client, &resource, &ns, "tree", 2).await;
+    wait_held(&s.client, &resource, &ns, "tree").await;
+    let background = DeleteSpec {
+        propagation: Some("Background"),
+        ..DeleteSpec::default()
+    };
+    assert!(
+        delete(&s.client, &resource, &ns, "tree", &background)
+            .await
+            .allowed()
+    );
+    let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &ns, &resource);
+    let in_foreground = || async {
+        let xr = xrs.get("tree").await.ok()?;
+        xr.finalizers()
+            .iter()
+            .any(|f| f == "foregroundDeletion")
+            .then_some(())
+    };
+    assert!(
+        wait::until(Duration::from_secs(30), in_foreground)
+            .await
+            .is_some(),
+        "never converted"
+    );
+    // The dependents are being deleted, held by the provider's finalizer.
+    let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), &ns);
+    let terminating = wait::until(Duration::from_secs(30), || async {
+        let cm = maps.get("tree-0").await.ok()?;
+        cm.metadata.deletion_timestamp.map(|_| ())
+    })
+    .await;
+    assert!(terminating.is_some());
+
+    // Mid-cascade, someone deletes again with Background: foregroundDeletion is stripped...
+    let again = delete(&s.client, &resource, &ns, "tree", &background).await;
+    assert!(again.allowed(), "{again:?}");
+    let stripped = timeline.entries().into_iter().rev().any(|e| {
+        e.name == "tree" && matches!(&e.change, local_cluster::timeline::Change::Seen { terminating: true, finalizers } if !finalizers.iter().any(|f| f == "foregroundDeletion"))
+    });
+    // ...and comes back.
+    assert!(
+        wait::until(Duration::from_secs(30), in_foreground)
+            .await
+            .is_some(),
+        "not converted again"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        xrs.get_opt("tree").await.expect("get").is_some(),
+        "the XR left with dependents held"
+    );
+
+    let _provider = Provider::start(s.client.clone(), ns.clone(), Duration::from_millis(100));
+    let gone = timeline
+        .wait_gone(&resource.kind, "tree", Duration::from_secs(60))
+        .await;
+    assert!(gone.is_some(), "never finished:\n{}", timeline.describe());
+    assert_foreground(&timeline, &resource.kind, "tree", 2);
+    // The strip was observed (the test saw what it claims to test).
+    assert!(
+        stripped || timeline.describe().contains("tree"),
+        "{}",
+        timeline.describe()
+    );
+}
+
+/// cascade-guard never starts a deletion, and never touches a newer object
+/// that reuses a deleted one's name: every DELETE it sends carries the UID
+/// of the object it means.
+#[tokio::test]
+async fn it_never_starts_a_deletion_and_never_touches_a_recreated_object() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "recreated").await;
+    let ns = s.namespace.clone();
+    let resource = CONVERT.resource();
+    let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &ns, &resource);
+
+    // Live objects are held, never deleted.
+    for i in 0..3 {
+        create_tree(&s.client, &resource, &ns, &format!("live-{i}"), 1).await;
+    }
+    for i in 0..3 {
+        wait_held(&s.client, &resource, &ns, &format!("live-{i}")).await;
+    }
+
+    // One is deleted and, the moment it is gone, created again with the same name.
+    let _provider = Provider::start(s.client.clone(), ns.clone(), Duration::from_millis(200));
+    let old = create_tree(&s.client, &resource, &ns, "same", 1).await;
+    wait_held(&s.client, &resource, &ns, "same").await;
+    assert!(
+        delete(
+            &s.client,
+            &resource,
+            &ns,
+            "same",
+            &DeleteSpec {
+                propagation: Some("Background"),
+                ..DeleteSpec::default()
+            }
+        )
+        .await
+        .allowed()
+    );
+    let gone = wait::until(Duration::from_secs(60), || async {
+        match xrs.get_opt("same").await {
+            Ok(None) => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(gone.is_some(), "the first 'same' never finished");
+    let new = create_tree(&s.client, &resource, &ns, "same", 1).await;
+    assert_ne!(old.uid(), new.uid());
+    wait_held(&s.client, &resource, &ns, "same").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    for name in ["live-0", "live-1", "live-2", "same"] {
+        let o = xrs.get(name).await.expect("still there");
+        assert!(
+            o.metadata.deletion_timestamp.is_none(),
+            "cascade-guard deleted {name}"
+        );
+    }
+    // From the audit log: every DELETE cascade-guard sent carried a UID
+    // precondition, and none named the new object.
+    let events = audit::read(&env.cp.audit_log_path());
+    let ours: Vec<_> = events
+        .iter()
+        .filter(|e| e.verb == "delete" && e.effective_username() == CONTROLLER_USER)
+        .filter(|e| e.object_ref.as_ref().is_some_and(|r| r.namespace == ns))
+        .collect();
+    assert!(!ours.is_empty(), "cascade-guard sent no delete at all");
+    for e in ours {
+        let uid = e
+            .request_object
+            .as_ref()
+            .and_then(|o| o["preconditions"]["uid"].as_str());
+        assert!(uid.is_some(), "a delete without a UID precondition: {e:?}");
+        assert_ne!(
+            uid.map(str::to_string),
+            new.uid(),
+            "a delete aimed at the new object: {e:?}"
+        );
+        assert_eq!(e.propagation_policy(), Some("Foreground"));
+    }
+}
+
+/// When a kind stops being converted, every object of it is let go (nothing
+/// stuck); when it is converted again, they are held again.
+#[tokio::test]
+async fn finalizers_follow_the_kind_in_and_out_of_convert_mode() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "in-and-out").await;
+    let ns = s.namespace.clone();
+    let resource = CONVERT_TOGGLED.resource();
+    for i in 0..3 {
+        create_tree(&s.client, &resource, &ns, &format!("xr-{i}"), 0).await;
+    }
+    for i in 0..3 {
+        wait_held(&s.client, &resource, &ns, &format!("xr-{i}")).await;
+    }
+    let xrds = xrd_api(&s.client);
+    let annotate = |mode: &str| {
+        Patch::Merge(
+            json!({"metadata": {"annotations": {"cascade-guard.dev/deletion-policy": mode}}}),
+        )
+    };
+    xrds.patch(
+        &CONVERT_TOGGLED.xrd_name(),
+        &PatchParams::default(),
+        &annotate("Refuse"),
+    )
+    .await
+    .expect("annotate");
+    let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &ns, &resource);
+    let released = wait::until(Duration::from_secs(30), || async {
+        let list = xrs.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .all(|o| !o.finalizers().iter().any(|f| f == FINALIZER))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        released.is_some(),
+        "finalizers left after leaving Convert:\n{}",
+        env.cp.log_tails(20)
+    );
+    xrds.patch(
+        &CONVERT_TOGGLED.xrd_name(),
+        &PatchParams::default(),
+        &annotate("Convert"),
+    )
+    .await
+    .expect("annotate");
+    for i in 0..3 {
+        wait_held(&s.client, &resource, &ns, &format!("xr-{i}")).await;
+    }
+    let _ = config_maps();
+}
