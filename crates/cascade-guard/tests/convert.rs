@@ -362,3 +362,88 @@ async fn finalizers_follow_the_kind_in_and_out_of_convert_mode() {
     }
     let _ = config_maps();
 }
+
+/// The API server's verdicts on a held, live object of a Convert kind agree
+/// with the decision table, for every client policy and requester: everything
+/// goes through (and is converted) but an explicit Orphan.
+#[tokio::test]
+async fn the_api_server_agrees_with_the_decision_table_for_held_objects() {
+    use cascade_guard::policy::{
+        CompileSettings, DeleteRequest, Mode, ObjectState, Propagation, Shape, decide,
+    };
+    let env = env().await;
+    let s = Scope::new(&env.cp, "convert-table").await;
+    let resource = CONVERT.resource();
+    create_tree(&s.client, &resource, &s.namespace, "held", 1).await;
+    wait_held(&s.client, &resource, &s.namespace, "held").await;
+    let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &s.namespace, &resource);
+    let stored = xrs.get("held").await.expect("held");
+    let object = serde_json::to_value(&stored).expect("json");
+    let users = [
+        ("alice@example.com", false),
+        (
+            "system:serviceaccount:kube-system:generic-garbage-collector",
+            true,
+        ),
+        (
+            "system:serviceaccount:kube-system:namespace-controller",
+            false,
+        ),
+        ("system:serviceaccount:crossplane-system:crossplane", false),
+    ];
+    let policies: [(Option<&str>, Option<bool>); 6] = [
+        (None, None),
+        (Some("Background"), None),
+        (Some("Foreground"), None),
+        (Some("Orphan"), None),
+        (None, Some(true)),
+        (None, Some(false)),
+    ];
+    let mut mismatches = Vec::new();
+    for (user, uid) in users {
+        let client = env
+            .cp
+            .client_as(user, &["system:masters"])
+            .await
+            .expect("client");
+        for (propagation, orphan) in policies {
+            let spec = DeleteSpec {
+                propagation,
+                orphan_dependents: orphan,
+                uid: uid.then(|| stored.uid().expect("uid")),
+                dry_run: true,
+            };
+            let got = delete(&client, &resource, &s.namespace, "held", &spec).await;
+            let expected = decide(
+                Mode::Convert,
+                Shape::CompositeResource,
+                &CompileSettings::default(),
+                &DeleteRequest {
+                    propagation: propagation.map(|p| match p {
+                        "Foreground" => Propagation::Foreground,
+                        "Background" => Propagation::Background,
+                        _ => Propagation::Orphan,
+                    }),
+                    orphan_dependents: orphan,
+                    username: user.into(),
+                    uid_precondition: uid,
+                    object: ObjectState::from_object(&object, Shape::CompositeResource),
+                },
+            );
+            if got.allowed() != expected.allowed {
+                mismatches.push(format!(
+                    "{user} {propagation:?} {orphan:?}: {} {}",
+                    got.code, got.message
+                ));
+            }
+            let orphan_asked = propagation == Some("Orphan") || orphan == Some(true);
+            if got.allowed() == orphan_asked && !user.contains("garbage-collector") {
+                mismatches.push(format!(
+                    "{user} {propagation:?} {orphan:?}: unexpected {}",
+                    got.code
+                ));
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}

@@ -104,9 +104,15 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
         ),
     ]);
     if mode == Mode::Convert {
+        // An explicit Orphan is a request to leave the composed resources
+        // behind: not converted (it would race the garbage collector's
+        // orphaning), so it falls to the Refuse rules and break-glass.
         variables.push(var(
             "convertHeld",
-            &finalizer_present(FOREGROUND_CASCADE_FINALIZER),
+            &format!(
+                "{} && !(variables.policy == 'Orphan' || (variables.orphanSent && request.options.orphanDependents == true))",
+                finalizer_present(FOREGROUND_CASCADE_FINALIZER)
+            ),
         ));
     }
     variables.extend([

@@ -245,7 +245,11 @@ fn rule_holds(
         AllowReason::GarbageCollector => is_garbage_collector(settings, req),
         AllowReason::BreakGlass => req.object.break_glass,
         AllowReason::ConvertHeld => {
-            mode == Mode::Convert && req.object.has_finalizer(FOREGROUND_CASCADE_FINALIZER)
+            let orphan_asked =
+                req.propagation == Some(Propagation::Orphan) || req.orphan_dependents == Some(true);
+            mode == Mode::Convert
+                && req.object.has_finalizer(FOREGROUND_CASCADE_FINALIZER)
+                && !orphan_asked
         }
         AllowReason::ModeOff => false,
     }
@@ -544,6 +548,37 @@ pub(crate) mod tests {
                     "{mode} {glass} {held}"
                 );
             }
+        }
+    }
+
+    /// In Convert mode a held object lets every propagation through except an
+    /// explicit Orphan, which would leave its composed resources behind.
+    #[test]
+    fn convert_does_not_convert_an_explicit_orphan() {
+        let settings = CompileSettings::default();
+        // (sent, orphanDependents, allowed)
+        let cases = [
+            (None, None, true),
+            (Some(Propagation::Background), None, true),
+            (Some(Propagation::Foreground), None, true),
+            (Some(Propagation::Orphan), None, false),
+            (None, Some(true), false),
+            (None, Some(false), true),
+        ];
+        for (propagation, orphan_dependents, allowed) in cases {
+            let req = DeleteRequest {
+                propagation,
+                orphan_dependents,
+                username: "alice".into(),
+                uid_precondition: false,
+                object: ObjectState {
+                    finalizers: vec![FOREGROUND_CASCADE_FINALIZER.into()],
+                    composed_count: Some(2),
+                    break_glass: false,
+                },
+            };
+            let v = decide(Mode::Convert, Shape::CompositeResource, &settings, &req);
+            assert_eq!(v.allowed, allowed, "{propagation:?} {orphan_dependents:?}");
         }
     }
 
