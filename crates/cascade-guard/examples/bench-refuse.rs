@@ -289,6 +289,8 @@ fn start_controller(cp: &ControlPlane) -> Result<process::Process> {
     let args = vec![
         "run".to_string(),
         format!("--kubeconfig={}", cp.kubeconfig_path().display()),
+        "--no-leader-election".to_string(),
+        "--http-address=127.0.0.1:0".to_string(),
     ];
     Ok(process::spawn(
         "cascade-guard",

@@ -1,0 +1,526 @@
+//! Benchmark of Convert mode on the real control plane. Prints:
+//!
+//! 1. From a Background DELETE to `foregroundDeletion` being set on the
+//!    object, with 100 deletes sent at once: p50 and p99.
+//! 2. Total teardown time of the same tree (an XR whose composed resources
+//!    take a provider's while to finish) deleted with Background under Convert
+//!    versus a native `--cascade=foreground` delete of an unprotected kind,
+//!    side by side, in pairs started together: medians and their ratio.
+//! 3. cascade-guard's start-up time to take over 10,000 existing objects
+//!    across 20 Convert kinds, then its memory (RSS) and CPU at rest.
+//!
+//! Run: scripts/bench.sh convert
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject, PartialObjectMeta, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
+use local_cluster::process::{self, Lifetime, Process};
+use local_cluster::{ControlPlane, Options, crossplane};
+use serde_json::{Value, json};
+
+const GROUP: &str = "bench.cascade-guard.dev";
+const KINDS: usize = 20;
+const PER_KIND: usize = 500;
+const AT_ONCE: usize = 100;
+const PAIRS: usize = 10;
+const PROVIDER_DELAY: Duration = Duration::from_millis(1000);
+const HOLD: &str = "bench.cascade-guard.dev/provider";
+const FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
+
+fn xrd(kind: &str, plural: &str, mode: Option<&str>) -> Value {
+    let mut x = json!({
+        "apiVersion": "apiextensions.crossplane.io/v2",
+        "kind": "CompositeResourceDefinition",
+        "metadata": {"name": format!("{plural}.{GROUP}")},
+        "spec": {"group": GROUP, "names": {"kind": kind, "plural": plural}, "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": true, "referenceable": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {"type": "object"}}}}}]}
+    });
+    if let Some(m) = mode {
+        x["metadata"]["annotations"] = json!({"cascade-guard.dev/deletion-policy": m});
+    }
+    x
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: "v1".into(),
+        api_version: format!("{GROUP}/v1"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+fn config_maps() -> ApiResource {
+    ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        plural: "configmaps".into(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut xrds = vec![
+        xrd("Tree", "trees", Some("Convert")),
+        // No XRD object is created for this one: nothing protects it.
+        xrd("Native", "natives", None),
+    ];
+    for i in 0..KINDS {
+        xrds.push(xrd(
+            &format!("Scale{i}"),
+            &format!("scale{i}s"),
+            Some("Convert"),
+        ));
+    }
+    let mut crds =
+        vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
+    for x in &xrds {
+        crds.push(crossplane::xrd_to_crd(x).map_err(anyhow::Error::msg)?);
+    }
+    let cp = ControlPlane::start(Options {
+        crds,
+        ..Options::default()
+    })
+    .await?;
+    let admin = cp.admin().await?;
+    let xrd_api: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &ApiResource {
+            group: "apiextensions.crossplane.io".into(),
+            version: "v2".into(),
+            api_version: "apiextensions.crossplane.io/v2".into(),
+            kind: "CompositeResourceDefinition".into(),
+            plural: "compositeresourcedefinitions".into(),
+        },
+    );
+    for x in &xrds {
+        if x["spec"]["names"]["kind"] != "Native" {
+            xrd_api
+                .create(&PostParams::default(), &serde_json::from_value(x.clone())?)
+                .await?;
+        }
+    }
+    for ns in ["latency", "teardown", "scale"] {
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+            )
+            .await?;
+    }
+
+    // 3 first: the objects exist before cascade-guard starts.
+    println!(
+        "creating {} objects across {KINDS} Convert kinds...",
+        KINDS * PER_KIND
+    );
+    let scale_kinds: Vec<ApiResource> = (0..KINDS)
+        .map(|i| resource(&format!("Scale{i}"), &format!("scale{i}s")))
+        .collect();
+    create_many(&admin, &scale_kinds, "scale", PER_KIND).await?;
+    let held = HeldCounter::start(&admin, &scale_kinds, "scale").await;
+
+    let started = Instant::now();
+    let mut controller = start_controller(&cp)?;
+    let took_over = loop {
+        if held.count() >= KINDS * PER_KIND {
+            break started.elapsed();
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!(
+                "cascade-guard held only {} objects after 10 minutes",
+                held.count()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    println!("\n1. Background DELETE to foregroundDeletion set, {AT_ONCE} deletes at once");
+    let tree = resource("Tree", "trees");
+    let latency = delete_to_foreground(&admin, &tree).await?;
+    println!(
+        "   p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        percentile(&latency, 50.0),
+        percentile(&latency, 99.0),
+        latency.last().copied().unwrap_or_default()
+    );
+
+    println!(
+        "\n2. Teardown of an XR with 3 composed resources (provider delay {} ms each), {PAIRS} pairs side by side",
+        PROVIDER_DELAY.as_millis()
+    );
+    let (convert, native) = teardown_pairs(&admin, &tree, &resource("Native", "natives")).await?;
+    let (c, n) = (percentile(&convert, 50.0), percentile(&native, 50.0));
+    println!(
+        "   Convert, Background delete:            median {c:.0} ms, max {:.0} ms",
+        convert.last().copied().unwrap_or_default()
+    );
+    println!(
+        "   native, --cascade=foreground delete:   median {n:.0} ms, max {:.0} ms",
+        native.last().copied().unwrap_or_default()
+    );
+    println!("   ratio Convert/native (medians): {:.3}", c / n);
+
+    println!(
+        "\n3. Scale: {} objects across {KINDS} Convert kinds",
+        KINDS * PER_KIND
+    );
+    println!(
+        "   start-up to hold every existing object: {:.1} s",
+        took_over.as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (rss, cpu) = rest_usage(controller.pid, Duration::from_secs(30))?;
+    println!(
+        "   at rest: RSS {:.1} MiB, CPU {:.2}% of one core over 30 s",
+        rss as f64 / 1024.0,
+        cpu
+    );
+    controller.stop(Duration::from_secs(10));
+    Ok(())
+}
+
+async fn create_many(
+    client: &Client,
+    kinds: &[ApiResource],
+    ns: &str,
+    per_kind: usize,
+) -> Result<()> {
+    let mut jobs = Vec::new();
+    for r in kinds {
+        for i in 0..per_kind {
+            jobs.push((r.clone(), format!("o-{i}")));
+        }
+    }
+    let results: Vec<Result<()>> = futures::stream::iter(jobs)
+        .map(|(r, name)| {
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &r);
+            async move {
+                let o = DynamicObject::new(&name, &r).data(json!({"spec": {}}));
+                api.create(&PostParams::default(), &o).await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// Counts objects carrying cascade-guard's finalizer, from watches.
+struct HeldCounter {
+    held: Arc<Mutex<HashMap<String, bool>>>,
+}
+
+impl HeldCounter {
+    async fn start(client: &Client, kinds: &[ApiResource], ns: &str) -> Self {
+        let held = Arc::new(Mutex::new(HashMap::new()));
+        for r in kinds {
+            let api: Api<PartialObjectMeta<DynamicObject>> =
+                Api::namespaced_with(client.clone(), ns, r);
+            let held = held.clone();
+            let kind = r.kind.clone();
+            tokio::spawn(async move {
+                let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+                while let Some(Ok(event)) = stream.next().await {
+                    if let Event::Apply(o) | Event::InitApply(o) = event {
+                        let is_held = o.finalizers().iter().any(|f| f == FINALIZER);
+                        if let Ok(mut h) = held.lock() {
+                            h.insert(format!("{kind}/{}", o.name_any()), is_held);
+                        }
+                    }
+                }
+            });
+        }
+        Self { held }
+    }
+
+    fn count(&self) -> usize {
+        self.held
+            .lock()
+            .map(|h| h.values().filter(|v| **v).count())
+            .unwrap_or(0)
+    }
+}
+
+async fn delete_to_foreground(admin: &Client, tree: &ApiResource) -> Result<Vec<f64>> {
+    let ns = "latency";
+    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, tree);
+    for i in 0..AT_ONCE {
+        make_tree(admin, tree, ns, &format!("t-{i}"), 1).await?;
+    }
+    wait_all_held(&api, AT_ONCE).await?;
+    // When foregroundDeletion first appears on each, from a watch.
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watch_api: Api<PartialObjectMeta<DynamicObject>> =
+        Api::namespaced_with(admin.clone(), ns, tree);
+    let recorder = seen.clone();
+    let watch = tokio::spawn(async move {
+        let mut stream = watcher::watcher(watch_api, watcher::Config::default()).boxed();
+        while let Some(Ok(event)) = stream.next().await {
+            if let Event::Apply(o) = event
+                && o.finalizers().iter().any(|f| f == "foregroundDeletion")
+                && let Ok(mut s) = recorder.lock()
+            {
+                s.entry(o.name_any()).or_insert_with(Instant::now);
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent: Vec<(String, Instant)> = futures::future::join_all((0..AT_ONCE).map(|i| {
+        let api = api.clone();
+        async move {
+            let name = format!("t-{i}");
+            let at = Instant::now();
+            let _ = api
+                .delete(&name, &kube::api::DeleteParams::background())
+                .await;
+            (name, at)
+        }
+    }))
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while seen.lock().map(|s| s.len()).unwrap_or(0) < AT_ONCE {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {AT_ONCE} reached foregroundDeletion",
+                seen.lock().map(|s| s.len()).unwrap_or(0)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    watch.abort();
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    let mut ms: Vec<f64> = sent
+        .iter()
+        .filter_map(|(name, at)| {
+            seen.get(name)
+                .map(|t| t.duration_since(*at).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    // Let the provider finish these trees before the next measurement.
+    release_all(admin, ns).await?;
+    Ok(ms)
+}
+
+async fn teardown_pairs(
+    admin: &Client,
+    tree: &ApiResource,
+    native: &ApiResource,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let ns = "teardown";
+    let trees: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, tree);
+    for i in 0..PAIRS {
+        make_tree(admin, tree, ns, &format!("c-{i}"), 3).await?;
+        make_tree(admin, native, ns, &format!("n-{i}"), 3).await?;
+    }
+    wait_all_held(&trees, PAIRS).await?;
+    let provider = tokio::spawn(provider(admin.clone(), ns.to_string()));
+    let mut convert = Vec::new();
+    let mut nat = Vec::new();
+    for i in 0..PAIRS {
+        let c_api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, tree);
+        let n_api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, native);
+        let (c_name, n_name) = (format!("c-{i}"), format!("n-{i}"));
+        let (c, n) = tokio::join!(
+            teardown(&c_api, &c_name, kube::api::DeleteParams::background()),
+            teardown(&n_api, &n_name, kube::api::DeleteParams::foreground()),
+        );
+        convert.push(c?);
+        nat.push(n?);
+    }
+    provider.abort();
+    convert.sort_by(f64::total_cmp);
+    nat.sort_by(f64::total_cmp);
+    Ok((convert, nat))
+}
+
+async fn teardown(
+    api: &Api<DynamicObject>,
+    name: &str,
+    params: kube::api::DeleteParams,
+) -> Result<f64> {
+    let start = Instant::now();
+    api.delete(name, &params).await?;
+    loop {
+        if api.get_opt(name).await?.is_none() {
+            return Ok(start.elapsed().as_secs_f64() * 1000.0);
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!("{name} did not go");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn make_tree(
+    client: &Client,
+    r: &ApiResource,
+    ns: &str,
+    name: &str,
+    dependents: usize,
+) -> Result<()> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, r);
+    let refs: Vec<Value> = (0..dependents)
+        .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": format!("{name}-{i}")}))
+        .collect();
+    let xr = api
+        .create(
+            &PostParams::default(),
+            &DynamicObject::new(name, r)
+                .data(json!({"spec": {"crossplane": {"resourceRefs": refs}}})),
+        )
+        .await?;
+    let maps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &config_maps());
+    for i in 0..dependents {
+        let cm: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("{name}-{i}"), "finalizers": [HOLD],
+                "ownerReferences": [{"apiVersion": r.api_version, "kind": r.kind, "name": name,
+                    "uid": xr.uid().context("uid")?, "controller": true, "blockOwnerDeletion": true}]}
+        }))?;
+        maps.create(&PostParams::default(), &cm).await?;
+    }
+    Ok(())
+}
+
+async fn wait_all_held(api: &Api<DynamicObject>, n: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let held = api
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .filter(|o| o.finalizers().iter().any(|f| f == FINALIZER))
+            .count();
+        if held >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("only {held} of {n} held");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A provider: each deleted ConfigMap finishes PROVIDER_DELAY after its delete.
+async fn provider(client: Client, ns: String) {
+    let maps: Api<DynamicObject> = Api::namespaced_with(client, &ns, &config_maps());
+    let mut first_seen: HashMap<String, Instant> = HashMap::new();
+    loop {
+        if let Ok(list) = maps.list(&Default::default()).await {
+            for cm in list.items {
+                if cm.metadata.deletion_timestamp.is_none()
+                    || !cm.finalizers().iter().any(|f| f == HOLD)
+                {
+                    continue;
+                }
+                let at = *first_seen
+                    .entry(cm.uid().unwrap_or_default())
+                    .or_insert_with(Instant::now);
+                if at.elapsed() >= PROVIDER_DELAY {
+                    let patch = json!({"metadata": {"finalizers": cm.finalizers().iter().filter(|f| *f != HOLD).collect::<Vec<_>>()}});
+                    let _ = maps
+                        .patch(
+                            &cm.name_any(),
+                            &Default::default(),
+                            &kube::api::Patch::Merge(patch),
+                        )
+                        .await;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn release_all(client: &Client, ns: &str) -> Result<()> {
+    let maps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &config_maps());
+    for cm in maps.list(&Default::default()).await?.items {
+        if cm.finalizers().iter().any(|f| f == HOLD) {
+            let _ = maps
+                .patch(
+                    &cm.name_any(),
+                    &Default::default(),
+                    &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await;
+        }
+    }
+    Ok(())
+}
+
+/// RSS (KiB) now, and CPU (% of one core) over `window`, from /proc.
+fn rest_usage(pid: u32, window: Duration) -> Result<(u64, f64)> {
+    let ticks = |pid: u32| -> Result<u64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command name (which may contain spaces).
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let utime: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let stime: u64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+        Ok(utime + stime)
+    };
+    let before = ticks(pid)?;
+    std::thread::sleep(window);
+    let after = ticks(pid)?;
+    let hz = 100.0; // USER_HZ on Linux
+    let cpu = (after - before) as f64 / hz / window.as_secs_f64() * 100.0;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Ok((rss, cpu))
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn start_controller(cp: &ControlPlane) -> Result<Process> {
+    let exe = std::env::current_exe()?;
+    let binary: PathBuf = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .map(|p| p.join("cascade-guard"))
+        .context("locating the cascade-guard binary")?;
+    if !binary.exists() {
+        bail!(
+            "{} is missing: build it first (cargo build --bins)",
+            binary.display()
+        );
+    }
+    let args = vec![
+        "run".to_string(),
+        format!("--kubeconfig={}", cp.kubeconfig_path().display()),
+        "--no-leader-election".to_string(),
+        "--http-address=127.0.0.1:0".to_string(),
+    ];
+    Ok(process::spawn(
+        "cascade-guard",
+        &binary,
+        &args,
+        &cp.log_path("cascade-guard"),
+        Lifetime::Owned,
+    )?)
+}
