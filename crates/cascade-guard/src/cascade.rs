@@ -51,6 +51,9 @@ pub enum Dependents {
     NotLookedUp,
     Remaining(usize),
     None,
+    /// The lookup cannot tell (no RBAC to read a composed kind, say): decide
+    /// as for kinds that are not XRs.
+    Unknowable,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,14 +100,19 @@ pub fn next_step(observed: Observed, memory: Memory, dependents: Dependents) -> 
             Dependents::NotLookedUp => Step::LookUpDependents,
             Dependents::Remaining(_) => Step::Convert,
             Dependents::None => Step::Release,
+            Dependents::Unknowable => confirmed(memory),
         },
-        Shape::Other => {
-            if memory.conversions >= 2 {
-                Step::Release
-            } else {
-                Step::Convert
-            }
-        }
+        Shape::Other => confirmed(memory),
+    }
+}
+
+/// Without sight of the dependents: let go once the garbage collector has
+/// cleared `foregroundDeletion` after a second conversion.
+fn confirmed(memory: Memory) -> Step {
+    if memory.conversions >= 2 {
+        Step::Release
+    } else {
+        Step::Convert
     }
 }
 
@@ -182,6 +190,9 @@ mod tests {
                 Convert,
             ),
             (true, true, false, CompositeResource, 1, None, Release),
+            // XR whose composed resources cannot be read: the confirming round.
+            (true, true, false, CompositeResource, 1, Unknowable, Convert),
+            (true, true, false, CompositeResource, 2, Unknowable, Release),
             // Other kinds: one confirming round, then let go.
             (true, true, false, Other, 1, NotLookedUp, Convert),
             (true, true, false, Other, 2, NotLookedUp, Release),

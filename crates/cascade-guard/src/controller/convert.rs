@@ -477,8 +477,7 @@ async fn blocking_dependents(ctx: &Context, object: &Meta, uid: &str) -> Depende
             continue;
         };
         let Some((resource, namespaced)) = discover(ctx, api_version, kind).await else {
-            remaining += 1;
-            continue;
+            return Dependents::Unknowable;
         };
         let ns = r["namespace"]
             .as_str()
@@ -499,6 +498,10 @@ async fn blocking_dependents(ctx: &Context, object: &Meta, uid: &str) -> Depende
                 }
             }
             Ok(None) => {}
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                tracing::warn!(%api_version, %kind, "no permission to read composed resources; relying on the garbage collector's confirmation");
+                return Dependents::Unknowable;
+            }
             Err(_) => remaining += 1,
         }
     }
