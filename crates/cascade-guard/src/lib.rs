@@ -14,5 +14,6 @@ pub mod leader;
 pub mod policy;
 pub mod render;
 pub mod telemetry;
+pub mod trace;
 
 pub use error::Error;

@@ -45,6 +45,9 @@ enum Command {
     /// Remove everything cascade-guard put into the cluster: its admission
     /// policies, then its finalizer from every object. Stop the controller first.
     Uninstall,
+    /// Follow a deletion tree until everything in it is gone: what is left,
+    /// what state each object is in, what holds it.
+    Trace(TraceArgs),
     /// Print cascade-guard's version, and the API server's when one is reachable.
     Version {
         /// Only the client's version; do not contact the API server.
@@ -122,6 +125,26 @@ struct LeaderArgs {
 }
 
 #[derive(Args)]
+struct TraceArgs {
+    /// The root's resource: plural, singular or kind, optionally with .group
+    /// (inferenceclusters, inferencecluster.modelplane.ai).
+    resource: String,
+    name: String,
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// text: a live tree on a terminal, change lines otherwise; json: one JSON
+    /// object per change, then the summary.
+    #[arg(short, long, default_value = "text", value_parser = ["text", "json"])]
+    output: String,
+    /// Give up after this many seconds and summarize (0: never).
+    #[arg(long, default_value_t = 0)]
+    timeout: u64,
+    /// Milliseconds between looks.
+    #[arg(long, default_value_t = 500)]
+    interval_ms: u64,
+}
+
+#[derive(Args)]
 struct RenderArgs {
     /// Files or directories (walked recursively for .yaml, .yml and .json).
     #[arg(required = true)]
@@ -146,6 +169,7 @@ async fn main() -> Result<()> {
         }
         Command::Version { client } => version(cli.kubeconfig, client).await,
         Command::Uninstall => uninstall(cli.kubeconfig).await,
+        Command::Trace(args) => trace(cli.kubeconfig, args).await,
     }
 }
 
@@ -249,6 +273,31 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
+    use std::io::IsTerminal;
+    let client = client(kubeconfig).await?;
+    let output = if args.output == "json" {
+        cascade_guard::trace::Output::Json
+    } else {
+        cascade_guard::trace::Output::Text
+    };
+    let options = cascade_guard::trace::Options {
+        live: output == cascade_guard::trace::Output::Text && std::io::stdout().is_terminal(),
+        resource: args.resource,
+        name: args.name,
+        namespace: args.namespace,
+        output,
+        interval: Duration::from_millis(args.interval_ms.max(50)),
+        timeout: (args.timeout > 0).then(|| Duration::from_secs(args.timeout)),
+    };
+    let mut out = std::io::stdout().lock();
+    let summary = cascade_guard::trace::trace(&client, &options, &mut out).await?;
+    if !summary.complete {
+        bail!("the teardown did not complete");
+    }
+    Ok(())
 }
 
 async fn uninstall(kubeconfig: Option<PathBuf>) -> Result<()> {

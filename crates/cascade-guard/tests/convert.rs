@@ -447,3 +447,110 @@ async fn the_api_server_agrees_with_the_decision_table_for_held_objects() {
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }
+
+/// `cascade-guard trace` follows a real teardown to the end: every object
+/// seen going, the XR last, and a summary that says so; `-o json` is one JSON
+/// object per change.
+#[tokio::test]
+async fn trace_follows_a_teardown_to_the_end() {
+    use cascade_guard::trace::{Options, Output, trace};
+    let env = env().await;
+    let s = Scope::new(&env.cp, "trace").await;
+    let resource = CONVERT.resource();
+    create_tree(&s.client, &resource, &s.namespace, "traced", 3).await;
+    wait_held(&s.client, &resource, &s.namespace, "traced").await;
+    let _provider = Provider::start(
+        s.client.clone(),
+        s.namespace.clone(),
+        Duration::from_millis(300),
+    );
+
+    let options = Options {
+        resource: "convertcomposites.table.cascade-guard.dev".into(),
+        name: "traced".into(),
+        namespace: Some(s.namespace.clone()),
+        output: Output::Text,
+        interval: Duration::from_millis(100),
+        timeout: Some(Duration::from_secs(60)),
+        live: false,
+    };
+    let client = s.client.clone();
+    let traced = tokio::spawn(async move {
+        let mut out = Vec::new();
+        let summary = trace(&client, &options, &mut out).await;
+        (summary, String::from_utf8(out).expect("utf-8"))
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = delete(
+        &s.client,
+        &resource,
+        &s.namespace,
+        "traced",
+        &DeleteSpec {
+            propagation: Some("Background"),
+            ..DeleteSpec::default()
+        },
+    )
+    .await;
+    assert!(got.allowed(), "{got:?}");
+    let (summary, text) = traced.await.expect("trace task");
+    let summary = summary.expect("trace");
+    assert!(summary.complete, "{text}");
+    assert_eq!(summary.total, 4, "{text}");
+    assert_eq!(
+        summary.order.last().map(String::as_str),
+        Some(format!("ConvertComposite/traced -n {}", s.namespace).as_str()),
+        "{text}"
+    );
+    assert!(text.contains("foreground cascade"), "{text}");
+    assert!(text.contains("teardown complete: 4 objects gone"), "{text}");
+
+    // The binary, as a script would use it: JSON lines, exit 0 when complete.
+    create_tree(&s.client, &resource, &s.namespace, "scripted", 1).await;
+    wait_held(&s.client, &resource, &s.namespace, "scripted").await;
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+        .args([
+            "trace",
+            "convertcomposites",
+            "scripted",
+            "-n",
+            &s.namespace,
+            "-o",
+            "json",
+            "--timeout",
+            "60",
+            "--kubeconfig",
+        ])
+        .arg(env.cp.kubeconfig_path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("trace binary");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        delete(
+            &s.client,
+            &resource,
+            &s.namespace,
+            "scripted",
+            &DeleteSpec::default()
+        )
+        .await
+        .allowed()
+    );
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("trace output");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let last = lines.last().expect("output");
+    assert_eq!(last["summary"]["complete"], true, "{last}");
+    assert!(lines.iter().any(|l| l["what"] == "gone"));
+}

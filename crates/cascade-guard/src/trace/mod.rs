@@ -1,0 +1,374 @@
+//! `cascade-guard trace <resource> <name>`: follows a deletion tree in any
+//! cluster until everything in it is gone, showing what is left, what state
+//! each object is in and what holds it. The tree comes from Crossplane's own
+//! record of composed resources (`spec.crossplane.resourceRefs`, or
+//! `spec.resourceRefs` for legacy XRs); Usages that name an object are shown
+//! beside it. [`view`] is the pure part; this module reads the cluster.
+
+pub mod view;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::discovery::{Discovery, Scope};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use view::{Key, Seen, State, Summary, Trace};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("cannot discover the cluster's API: {0}")]
+    Discovery(kube::Error),
+    #[error(
+        "the cluster serves no resource called {0:?} (try its plural, e.g. inferenceclusters, or plural.group)"
+    )]
+    UnknownResource(String),
+    #[error("{resource} {name} not found{}", namespace.as_deref().map(|n| format!(" in namespace {n}")).unwrap_or_default())]
+    NotFound {
+        resource: String,
+        name: String,
+        namespace: Option<String>,
+    },
+    #[error("cannot read {what}: {source}")]
+    Read { what: String, source: kube::Error },
+    #[error("cannot write output: {0}")]
+    Output(std::io::Error),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// A live tree on a terminal, change lines otherwise.
+    Text,
+    /// One JSON object per change, then the summary.
+    Json,
+}
+
+pub struct Options {
+    pub resource: String,
+    pub name: String,
+    pub namespace: Option<String>,
+    pub output: Output,
+    pub interval: Duration,
+    /// Give up (and summarize) after this long; None: until done or interrupted.
+    pub timeout: Option<Duration>,
+    /// Redraw the tree in place (stdout is a terminal).
+    pub live: bool,
+}
+
+/// Kinds as the API serves them, from one discovery pass.
+struct Kinds {
+    by_gvk: HashMap<(String, String), (ApiResource, bool)>,
+    all: Vec<(ApiResource, bool)>,
+}
+
+impl Kinds {
+    async fn discover(client: &Client) -> Result<Self, TraceError> {
+        let discovery = Discovery::new(client.clone())
+            .run_aggregated()
+            .await
+            .map_err(TraceError::Discovery)?;
+        let mut by_gvk = HashMap::new();
+        let mut all = Vec::new();
+        for group in discovery.groups() {
+            for (resource, caps) in group.recommended_resources() {
+                let namespaced = caps.scope == Scope::Namespaced;
+                by_gvk.insert(
+                    (resource.api_version.clone(), resource.kind.clone()),
+                    (resource.clone(), namespaced),
+                );
+                all.push((resource, namespaced));
+            }
+        }
+        Ok(Self { by_gvk, all })
+    }
+
+    /// `inferenceclusters`, `inferencecluster`, `InferenceCluster` or any of
+    /// them with `.group`.
+    fn find(&self, wanted: &str) -> Option<&(ApiResource, bool)> {
+        let (name, group) = match wanted.split_once('.') {
+            Some((n, g)) => (n, Some(g)),
+            None => (wanted, None),
+        };
+        let name = name.to_lowercase();
+        self.all.iter().find(|(r, _)| {
+            group.is_none_or(|g| r.group == g)
+                && (r.plural == name || r.kind.to_lowercase() == name)
+        })
+    }
+
+    fn get(&self, api_version: &str, kind: &str) -> Option<&(ApiResource, bool)> {
+        self.by_gvk
+            .get(&(api_version.to_string(), kind.to_string()))
+    }
+}
+
+/// Follows the tree until it is done, printing to `out`; returns the summary.
+pub async fn trace(
+    client: &Client,
+    options: &Options,
+    out: &mut impl Write,
+) -> Result<Summary, TraceError> {
+    let kinds = Kinds::discover(client).await?;
+    let (resource, namespaced) = kinds
+        .find(&options.resource)
+        .cloned()
+        .ok_or_else(|| TraceError::UnknownResource(options.resource.clone()))?;
+    let namespace = namespaced.then(|| {
+        options
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into())
+    });
+    let root = Key {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+        namespace: namespace.clone(),
+        name: options.name.clone(),
+    };
+    let first = read(client, &kinds, &root, &[]).await;
+    if first.state == State::Gone {
+        return Err(TraceError::NotFound {
+            resource: options.resource.clone(),
+            name: options.name.clone(),
+            namespace,
+        });
+    }
+    let mut trace = Trace::new(root.clone());
+    let start = Instant::now();
+    let mut drawn_lines = 0;
+    emit(
+        &mut trace,
+        &root,
+        first,
+        &start,
+        options,
+        out,
+        &mut drawn_lines,
+    )?;
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    loop {
+        if trace.pending().is_empty() || options.timeout.is_some_and(|t| start.elapsed() > t) {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(options.interval) => {}
+            _ = &mut interrupted => break,
+        }
+        let usages = usages(client, &kinds).await;
+        for key in trace.pending() {
+            let seen = read(client, &kinds, &key, &usages).await;
+            emit(
+                &mut trace,
+                &key,
+                seen,
+                &start,
+                options,
+                out,
+                &mut drawn_lines,
+            )?;
+        }
+        if options.live && options.output == Output::Text {
+            redraw(&trace, &start, out, &mut drawn_lines)?;
+        }
+    }
+    let summary = trace.summary(start.elapsed());
+    match options.output {
+        Output::Json => writeln!(out, "{}", json!({ "summary": summary })),
+        Output::Text => {
+            if options.live {
+                redraw(&trace, &start, out, &mut drawn_lines)?;
+            }
+            write!(out, "\n{}", summary.render())
+        }
+    }
+    .map_err(TraceError::Output)?;
+    Ok(summary)
+}
+
+fn emit(
+    trace: &mut Trace,
+    key: &Key,
+    seen: Seen,
+    start: &Instant,
+    options: &Options,
+    out: &mut impl Write,
+    drawn_lines: &mut usize,
+) -> Result<(), TraceError> {
+    let changes = trace.observe(key, seen, start.elapsed().as_secs_f64());
+    if options.live && options.output == Output::Text {
+        if !changes.is_empty() {
+            redraw(trace, start, out, drawn_lines)?;
+        }
+        return Ok(());
+    }
+    for c in changes {
+        let line = match options.output {
+            Output::Json => json!(c).to_string(),
+            Output::Text => format!("[{:>6.1}s] {}: {}", c.at, c.object, c.what),
+        };
+        writeln!(out, "{line}").map_err(TraceError::Output)?;
+    }
+    out.flush().map_err(TraceError::Output)
+}
+
+/// Redraws the tree in place: up over the previous drawing, clear, draw.
+fn redraw(
+    trace: &Trace,
+    start: &Instant,
+    out: &mut impl Write,
+    drawn_lines: &mut usize,
+) -> Result<(), TraceError> {
+    let text = trace.render(start.elapsed());
+    if *drawn_lines > 0 {
+        write!(out, "\x1b[{}F\x1b[J", *drawn_lines).map_err(TraceError::Output)?;
+    }
+    write!(out, "{text}").map_err(TraceError::Output)?;
+    *drawn_lines = text.lines().count();
+    out.flush().map_err(TraceError::Output)
+}
+
+/// Reads one object: its state, its composed resources, the Usages on it.
+async fn read(client: &Client, kinds: &Kinds, key: &Key, usages: &[Usage]) -> Seen {
+    let unknown = |reason: String| Seen {
+        state: State::Unknown { reason },
+        children: Vec::new(),
+        used_by: Vec::new(),
+    };
+    let Some((resource, namespaced)) = kinds.get(&key.api_version, &key.kind) else {
+        return unknown(format!("{} {} is not served", key.api_version, key.kind));
+    };
+    let api: Api<DynamicObject> = match (&key.namespace, namespaced) {
+        (Some(ns), true) => Api::namespaced_with(client.clone(), ns, resource),
+        _ => Api::all_with(client.clone(), resource),
+    };
+    let object = match api.get_opt(&key.name).await {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            return Seen {
+                state: State::Gone,
+                children: Vec::new(),
+                used_by: Vec::new(),
+            };
+        }
+        Err(e) => return unknown(e.to_string()),
+    };
+    let state = if object.metadata.deletion_timestamp.is_some() {
+        State::Deleting {
+            finalizers: object.finalizers().to_vec(),
+        }
+    } else {
+        State::Live
+    };
+    let children = composed(&object, key);
+    let used_by = usages
+        .iter()
+        .filter(|u| {
+            u.of_kind == key.kind
+                && u.of_name == key.name
+                && (u.namespace.is_none() || u.namespace == key.namespace)
+        })
+        .map(|u| u.describe())
+        .collect();
+    Seen {
+        state,
+        children,
+        used_by,
+    }
+}
+
+/// The composed resources Crossplane recorded on an XR.
+fn composed(object: &DynamicObject, key: &Key) -> Vec<Key> {
+    let refs = object
+        .data
+        .pointer("/spec/crossplane/resourceRefs")
+        .or_else(|| object.data.pointer("/spec/resourceRefs"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    refs.iter()
+        .filter_map(|r| {
+            Some(Key {
+                api_version: r["apiVersion"].as_str()?.to_string(),
+                kind: r["kind"].as_str()?.to_string(),
+                // A namespaced XR's composed resources live in its namespace;
+                // a cluster-scoped XR's name theirs (or are cluster-scoped).
+                namespace: r["namespace"]
+                    .as_str()
+                    .map(str::to_string)
+                    .or_else(|| key.namespace.clone()),
+                name: r["name"].as_str()?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// A Usage or ClusterUsage, as far as trace shows it.
+struct Usage {
+    kind: &'static str,
+    name: String,
+    namespace: Option<String>,
+    of_kind: String,
+    of_name: String,
+    by: Option<String>,
+    reason: Option<String>,
+}
+
+impl Usage {
+    fn describe(&self) -> String {
+        let what = match (&self.by, &self.reason) {
+            (Some(by), _) => format!("in use by {by}"),
+            (None, Some(reason)) => format!("in use: {reason}"),
+            (None, None) => "in use".to_string(),
+        };
+        format!("{} {}: {what}", self.kind, self.name)
+    }
+}
+
+/// Crossplane's Usages and ClusterUsages, when the cluster serves them.
+async fn usages(client: &Client, kinds: &Kinds) -> Vec<Usage> {
+    let mut found = Vec::new();
+    for (kind, cluster) in [("Usage", false), ("ClusterUsage", true)] {
+        let Some((resource, _)) = kinds
+            .all
+            .iter()
+            .find(|(r, _)| r.group == "protection.crossplane.io" && r.kind == kind)
+        else {
+            continue;
+        };
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+        let Ok(list) = api.list(&ListParams::default()).await else {
+            continue;
+        };
+        for u in list.items {
+            let spec = &u.data["spec"];
+            let (Some(of_kind), Some(of_name)) = (
+                spec.pointer("/of/kind").and_then(Value::as_str),
+                spec.pointer("/of/resourceRef/name").and_then(Value::as_str),
+            ) else {
+                continue;
+            };
+            let by = match (
+                spec.pointer("/by/kind").and_then(Value::as_str),
+                spec.pointer("/by/resourceRef/name").and_then(Value::as_str),
+            ) {
+                (Some(k), Some(n)) => Some(format!("{k}/{n}")),
+                (Some(k), None) => Some(k.to_string()),
+                _ => None,
+            };
+            found.push(Usage {
+                kind,
+                name: u.name_any(),
+                namespace: if cluster { None } else { u.namespace() },
+                of_kind: of_kind.to_string(),
+                of_name: of_name.to_string(),
+                by,
+                reason: spec["reason"].as_str().map(str::to_string),
+            });
+        }
+    }
+    found
+}

@@ -1,0 +1,448 @@
+//! What `cascade-guard trace` knows of a deletion tree and how it shows it
+//! (pure): the nodes as last seen, what holds each, progress, the summary.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Finalizers that say who is doing what, in words a person can act on.
+fn describe_finalizer(f: &str) -> String {
+    match f {
+        "foregroundDeletion" => "waiting for its dependents (foreground cascade)".into(),
+        "orphan" => "orphaning its dependents".into(),
+        "cascade-guard.dev/foreground-cascade" => {
+            "held by cascade-guard until nothing is left to cascade".into()
+        }
+        "kubernetes" => "namespace content being deleted".into(),
+        f if f.starts_with("finalizer.managedresource.crossplane.io") => {
+            format!("provider finalizer {f} (the provider is deleting the external resource)")
+        }
+        f => format!("finalizer {f}"),
+    }
+}
+
+/// One object of the tree, by `apiVersion/kind/namespace/name`.
+#[derive(Clone, Debug, PartialEq, Eq, Ord, PartialOrd, Hash, Serialize)]
+pub struct Key {
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl Key {
+    pub fn label(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{}/{} -n {ns}", self.kind, self.name),
+            None => format!("{}/{}", self.kind, self.name),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum State {
+    /// Not looked at yet, or it could not be read (`reason` says why).
+    Unknown {
+        reason: String,
+    },
+    Live,
+    Deleting {
+        finalizers: Vec<String>,
+    },
+    Gone,
+}
+
+/// What a poll found of one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub state: State,
+    pub children: Vec<Key>,
+    /// Usages that name it as `of`, described ("Usage u: in use by ServingStack s").
+    pub used_by: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Node {
+    pub key: Key,
+    pub state: State,
+    pub children: Vec<Key>,
+    pub used_by: Vec<String>,
+    /// Seconds from the start of the trace when it started deleting / went.
+    pub deleting_at: Option<f64>,
+    pub gone_at: Option<f64>,
+}
+
+/// A change worth a line of output.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Change {
+    pub at: f64,
+    pub object: String,
+    pub what: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Trace {
+    pub root: Option<Key>,
+    pub nodes: BTreeMap<Key, Node>,
+}
+
+impl Trace {
+    pub fn new(root: Key) -> Self {
+        let mut t = Trace {
+            root: Some(root.clone()),
+            nodes: BTreeMap::new(),
+        };
+        t.nodes.insert(root.clone(), node(root));
+        t
+    }
+
+    /// Keys to poll: every node not yet gone.
+    pub fn pending(&self) -> Vec<Key> {
+        self.nodes
+            .values()
+            .filter(|n| n.state != State::Gone)
+            .map(|n| n.key.clone())
+            .collect()
+    }
+
+    /// Takes in what a poll found at `at` seconds; returns the changes.
+    /// Children are only ever added: once an object is gone its last known
+    /// children stay in the tree.
+    pub fn observe(&mut self, key: &Key, seen: Seen, at: f64) -> Vec<Change> {
+        let mut changes = Vec::new();
+        let Some(n) = self.nodes.get_mut(key) else {
+            return changes;
+        };
+        if n.state != seen.state {
+            let what = match &seen.state {
+                State::Live => "live".to_string(),
+                State::Deleting { finalizers } => {
+                    if n.deleting_at.is_none() {
+                        n.deleting_at = Some(at);
+                    }
+                    if finalizers.is_empty() {
+                        "deleting".to_string()
+                    } else {
+                        format!(
+                            "deleting: {}",
+                            finalizers
+                                .iter()
+                                .map(|f| describe_finalizer(f))
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        )
+                    }
+                }
+                State::Gone => {
+                    n.gone_at = Some(at);
+                    "gone".to_string()
+                }
+                State::Unknown { reason } => format!("cannot read: {reason}"),
+            };
+            changes.push(Change {
+                at,
+                object: key.label(),
+                what,
+            });
+            n.state = seen.state;
+        }
+        if n.used_by != seen.used_by && !seen.used_by.is_empty() {
+            changes.push(Change {
+                at,
+                object: key.label(),
+                what: seen.used_by.join("; "),
+            });
+        }
+        if !seen.used_by.is_empty() || n.state != State::Gone {
+            n.used_by = seen.used_by;
+        }
+        let mut new_children = Vec::new();
+        for c in seen.children {
+            if !n.children.contains(&c) {
+                n.children.push(c.clone());
+                new_children.push(c);
+            }
+        }
+        for c in new_children {
+            self.nodes.entry(c.clone()).or_insert_with(|| node(c));
+        }
+        changes
+    }
+
+    pub fn total(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn gone(&self) -> usize {
+        self.nodes
+            .values()
+            .filter(|n| n.state == State::Gone)
+            .count()
+    }
+
+    pub fn done(&self) -> bool {
+        self.root
+            .as_ref()
+            .and_then(|r| self.nodes.get(r))
+            .is_some_and(|n| n.state == State::Gone)
+    }
+
+    /// The tree as indented lines, the root first.
+    pub fn render(&self, elapsed: Duration) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{} of {} gone, {:.1}s elapsed",
+            self.gone(),
+            self.total(),
+            elapsed.as_secs_f64()
+        );
+        if let Some(root) = &self.root {
+            self.render_node(root, 0, &mut out, &mut Vec::new());
+        }
+        out
+    }
+
+    fn render_node(&self, key: &Key, depth: usize, out: &mut String, path: &mut Vec<Key>) {
+        let Some(n) = self.nodes.get(key) else { return };
+        if path.contains(key) {
+            return;
+        }
+        let indent = "  ".repeat(depth);
+        let (mark, state) = match &n.state {
+            State::Unknown { reason } => ("?", format!("unknown ({reason})")),
+            State::Live => ("·", "live".to_string()),
+            State::Deleting { finalizers } => (
+                "~",
+                if finalizers.is_empty() {
+                    "deleting".to_string()
+                } else {
+                    format!(
+                        "deleting: {}",
+                        finalizers
+                            .iter()
+                            .map(|f| describe_finalizer(f))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    )
+                },
+            ),
+            State::Gone => (
+                "✓",
+                format!("gone at {:.1}s", n.gone_at.unwrap_or_default()),
+            ),
+        };
+        let _ = writeln!(out, "{indent}{mark} {}  {state}", key.label());
+        for u in &n.used_by {
+            if n.state != State::Gone {
+                let _ = writeln!(out, "{indent}    in use: {u}");
+            }
+        }
+        path.push(key.clone());
+        for c in &n.children {
+            self.render_node(c, depth + 1, out, path);
+        }
+        path.pop();
+    }
+
+    /// The end: how long, in what order things went, and anything left.
+    pub fn summary(&self, elapsed: Duration) -> Summary {
+        let mut order: Vec<(f64, String)> = self
+            .nodes
+            .values()
+            .filter_map(|n| n.gone_at.map(|t| (t, n.key.label())))
+            .collect();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let left: Vec<String> = self
+            .nodes
+            .values()
+            .filter(|n| n.state != State::Gone)
+            .map(|n| n.key.label())
+            .collect();
+        Summary {
+            complete: self.done() && left.is_empty(),
+            seconds: elapsed.as_secs_f64(),
+            gone: self.gone(),
+            total: self.total(),
+            order: order.into_iter().map(|(_, l)| l).collect(),
+            left,
+        }
+    }
+}
+
+fn node(key: Key) -> Node {
+    Node {
+        key,
+        state: State::Unknown {
+            reason: "not read yet".into(),
+        },
+        children: Vec::new(),
+        used_by: Vec::new(),
+        deleting_at: None,
+        gone_at: None,
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub complete: bool,
+    pub seconds: f64,
+    pub gone: usize,
+    pub total: usize,
+    /// Labels in the order they left the API.
+    pub order: Vec<String>,
+    /// Labels still there.
+    pub left: Vec<String>,
+}
+
+impl Summary {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if self.complete {
+            let _ = writeln!(
+                out,
+                "teardown complete: {} objects gone in {:.1}s",
+                self.total, self.seconds
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "teardown not complete after {:.1}s: {} of {} gone; still there:",
+                self.seconds, self.gone, self.total
+            );
+            for l in &self.left {
+                let _ = writeln!(out, "  {l}");
+            }
+        }
+        if !self.order.is_empty() {
+            let _ = writeln!(out, "order they left the API:");
+            for (i, l) in self.order.iter().enumerate() {
+                let _ = writeln!(out, "  {:>2}. {l}", i + 1);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(kind: &str, name: &str) -> Key {
+        Key {
+            api_version: "example.org/v1".into(),
+            kind: kind.into(),
+            namespace: None,
+            name: name.into(),
+        }
+    }
+
+    fn seen(state: State, children: Vec<Key>) -> Seen {
+        Seen {
+            state,
+            children,
+            used_by: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_teardown_from_start_to_end() {
+        let root = key("InferenceCluster", "prod");
+        let cluster = key("EKSCluster", "prod-eks");
+        let stack = key("ServingStack", "prod-stack");
+        let mut t = Trace::new(root.clone());
+        let c = t.observe(
+            &root,
+            seen(State::Live, vec![cluster.clone(), stack.clone()]),
+            0.0,
+        );
+        assert_eq!(c.len(), 1);
+        assert_eq!(t.total(), 3);
+        assert_eq!(t.pending().len(), 3);
+        t.observe(&cluster, seen(State::Live, vec![]), 0.0);
+        let c = t.observe(
+            &stack,
+            Seen {
+                state: State::Live,
+                children: vec![],
+                used_by: vec![],
+            },
+            0.0,
+        );
+        assert_eq!(c[0].what, "live");
+        let c = t.observe(
+            &root,
+            seen(
+                State::Deleting {
+                    finalizers: vec!["foregroundDeletion".into()],
+                },
+                vec![],
+            ),
+            1.0,
+        );
+        assert!(c[0].what.contains("foreground cascade"), "{c:?}");
+        let c = t.observe(
+            &cluster,
+            Seen {
+                state: State::Live,
+                children: vec![],
+                used_by: vec!["Usage u: in use by ServingStack prod-stack".into()],
+            },
+            1.5,
+        );
+        assert_eq!(c.len(), 1);
+        assert!(t.render(Duration::from_secs(2)).contains("in use: Usage u"));
+        t.observe(&stack, seen(State::Gone, vec![]), 3.0);
+        t.observe(&cluster, seen(State::Gone, vec![]), 4.0);
+        assert!(!t.done());
+        t.observe(&root, seen(State::Gone, vec![]), 4.5);
+        assert!(t.done());
+        let s = t.summary(Duration::from_secs_f64(4.5));
+        assert!(s.complete);
+        assert_eq!(
+            s.order,
+            vec![
+                "ServingStack/prod-stack",
+                "EKSCluster/prod-eks",
+                "InferenceCluster/prod"
+            ]
+        );
+        let text = s.render();
+        assert!(text.contains("3 objects gone in 4.5s"), "{text}");
+    }
+
+    #[test]
+    fn children_stay_after_their_parent_is_gone_and_cycles_do_not_loop() {
+        let a = key("A", "a");
+        let b = key("B", "b");
+        let mut t = Trace::new(a.clone());
+        t.observe(&a, seen(State::Live, vec![b.clone()]), 0.0);
+        // a cycle (b claims a as a child) must not loop the renderer
+        t.observe(&b, seen(State::Live, vec![a.clone()]), 0.0);
+        t.observe(&a, seen(State::Gone, vec![]), 1.0);
+        assert_eq!(t.nodes[&a].children, vec![b.clone()]);
+        let text = t.render(Duration::from_secs(1));
+        assert_eq!(text.lines().count(), 3, "{text}");
+        let s = t.summary(Duration::from_secs(1));
+        assert!(!s.complete);
+        assert_eq!(s.left, vec!["B/b"]);
+        assert!(s.render().contains("still there"));
+    }
+
+    #[test]
+    fn finalizers_are_described_for_people() {
+        for (f, want) in [
+            ("foregroundDeletion", "dependents"),
+            ("cascade-guard.dev/foreground-cascade", "cascade-guard"),
+            ("finalizer.managedresource.crossplane.io", "provider"),
+            ("example.org/other", "finalizer example.org/other"),
+        ] {
+            assert!(describe_finalizer(f).contains(want), "{f}");
+        }
+    }
+}
