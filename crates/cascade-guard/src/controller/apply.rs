@@ -12,8 +12,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::MANAGER;
-use super::inputs::Known;
+use super::inputs::{Known, Watched};
+use super::{MANAGER, Managed};
 use crate::Error;
 use crate::policy::names::{
     CASCADE_POLICY_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE, XRD_OBJECT_PREFIX,
@@ -38,6 +38,7 @@ pub async fn apply(
     settings: &CompileSettings,
     resolution: Resolution,
     known: &Known,
+    managed: &Managed,
 ) -> Outcome {
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
@@ -49,9 +50,10 @@ pub async fn apply(
         };
         let name = objects.policy.name_any();
         // The policy first: a binding to a policy that does not exist yet does
-        // nothing, but the other order is the honest one.
-        let result = match server_side_apply(&policies, POLICY, &objects.policy).await {
-            Ok(()) => server_side_apply(&bindings, BINDING, &objects.binding).await,
+        // nothing, but the other order is the honest one. Only what is missing
+        // or differs from the watch cache is written.
+        let result = match ensure(&policies, POLICY, &objects.policy, &managed.policies).await {
+            Ok(()) => ensure(&bindings, BINDING, &objects.binding, &managed.bindings).await,
             Err(e) => Err(e),
         };
         match result {
@@ -67,10 +69,10 @@ pub async fn apply(
         }
     }
     let wanted: BTreeSet<String> = compiled.values().cloned().collect();
-    if let Err(e) = prune(&bindings, BINDING, &wanted, known).await {
+    if let Err(e) = prune(&bindings, BINDING, &wanted, known, &managed.bindings).await {
         tracing::error!(error = %e, "cannot remove stale bindings");
     }
-    if let Err(e) = prune(&policies, POLICY, &wanted, known).await {
+    if let Err(e) = prune(&policies, POLICY, &wanted, known, &managed.policies).await {
         tracing::error!(error = %e, "cannot remove stale policies");
     }
     Outcome {
@@ -79,6 +81,31 @@ pub async fn apply(
         failed,
         known: *known,
     }
+}
+
+/// Applies `object` unless the watch cache shows the API server already has
+/// it as wanted.
+async fn ensure<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    object: &K,
+    cache: &Watched<K>,
+) -> Result<(), Error>
+where
+    K: Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let name = object.name_any();
+    if let Some(live) = cache.get(&name) {
+        let desired = serde_json::to_value(object).unwrap_or_default();
+        if contains(
+            &desired,
+            &serde_json::to_value(live.as_ref()).unwrap_or_default(),
+        ) {
+            return Ok(());
+        }
+    }
+    server_side_apply(api, kind, object).await
 }
 
 /// Server-side apply, forced. That takes back every field someone else changed,
@@ -148,18 +175,26 @@ async fn prune<K>(
     kind: &'static str,
     wanted: &BTreeSet<String>,
     known: &Known,
+    cache: &Watched<K>,
 ) -> Result<(), Error>
 where
-    K: Resource + DeserializeOwned + Clone + std::fmt::Debug,
-    K::DynamicType: Default,
+    K: Resource + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
-    let existing = api
-        .list_metadata(&ListParams::default().labels(&selector))
-        .await
-        .map_err(|source| Error::List { what: kind, source })?;
-    for object in existing.items {
-        let name = object.name_any();
+    let names: Vec<String> = match cache.snapshot() {
+        Some(objects) => objects.iter().map(|o| o.name_any()).collect(),
+        None => {
+            let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
+            api.list_metadata(&ListParams::default().labels(&selector))
+                .await
+                .map_err(|source| Error::List { what: kind, source })?
+                .items
+                .iter()
+                .map(|o| o.name_any())
+                .collect()
+        }
+    };
+    for name in names {
         if wanted.contains(&name) || !prunable(&name, known) {
             continue;
         }

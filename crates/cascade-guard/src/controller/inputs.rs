@@ -44,7 +44,7 @@ pub struct Gathered {
 }
 
 /// A watched collection and whether its first list has completed.
-struct Watched<K: kube::Resource + 'static>
+pub(crate) struct Watched<K: kube::Resource + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
@@ -63,12 +63,18 @@ where
         + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    fn start(api: Api<K>, writer: Writer<K>, notify: Arc<Notify>, what: &'static str) -> Self {
+    pub(crate) fn start(
+        api: Api<K>,
+        config: watcher::Config,
+        writer: Writer<K>,
+        notify: Arc<Notify>,
+        what: &'static str,
+    ) -> Self {
         let store = writer.as_reader();
         let ready = Arc::new(AtomicBool::new(false));
         let flag = ready.clone();
         tokio::spawn(async move {
-            let mut stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            let mut stream = reflector::reflector(writer, watcher(api, config))
                 .default_backoff()
                 .boxed();
             while let Some(event) = stream.next().await {
@@ -86,7 +92,16 @@ where
         Self { store, ready }
     }
 
-    fn snapshot(&self) -> Option<Vec<Arc<K>>> {
+    /// One object by name, from the cache (cluster-scoped kinds).
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<K>>
+    where
+        K::DynamicType: Default,
+    {
+        self.store
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+    }
+
+    pub(crate) fn snapshot(&self) -> Option<Vec<Arc<K>>> {
         self.ready
             .load(Ordering::Acquire)
             .then(|| self.store.state())
@@ -109,6 +124,7 @@ impl Sources {
     pub async fn start(client: Client, notify: Arc<Notify>) -> Self {
         let cascade_policies = Watched::start(
             Api::<CascadePolicy>::all(client.clone()),
+            watcher::Config::default(),
             Writer::default(),
             notify.clone(),
             "CascadePolicies",
@@ -136,6 +152,7 @@ impl Sources {
                 *source = XrdSource::Watching(
                     Watched::start(
                         api,
+                        watcher::Config::default(),
                         Writer::new(resource.clone()),
                         self.notify.clone(),
                         "CompositeResourceDefinitions",
