@@ -14,6 +14,13 @@ bin=$(controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin
 echo "$bin"
 
+step "helm (scripts/helm.sh), for the chart tests"
+# The pinned Helm, built from the Go module proxy and cached like the control
+# plane; tests/install.rs renders the chart with it.
+HELM_BIN=$(scripts/helm.sh)
+export HELM_BIN
+echo "$HELM_BIN"
+
 step "rustfmt"
 cargo fmt --all -- --check
 

@@ -45,6 +45,10 @@ enum Command {
     /// Remove everything cascade-guard put into the cluster: its admission
     /// policies, then its finalizer from every object. Stop the controller first.
     Uninstall,
+    /// What is protected (kind, mode, where the policy comes from), whether the
+    /// admission policies in the cluster are the ones the policies compile to,
+    /// and which protected objects are being deleted right now.
+    Status(StatusArgs),
     /// Follow a deletion tree until everything in it is gone: what is left,
     /// what state each object is in, what holds it.
     Trace(TraceArgs),
@@ -145,6 +149,22 @@ struct TraceArgs {
 }
 
 #[derive(Args)]
+struct StatusArgs {
+    /// Compile with the controller's settings: pass the flags it runs with.
+    #[command(flatten)]
+    policy: PolicyArgs,
+    /// text for people, json for scripts.
+    #[arg(short, long, value_enum, default_value = "text")]
+    output: StatusOutput,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum StatusOutput {
+    Text,
+    Json,
+}
+
+#[derive(Args)]
 struct RenderArgs {
     /// Files or directories (walked recursively for .yaml, .yml and .json).
     #[arg(required = true)]
@@ -169,6 +189,7 @@ async fn main() -> Result<()> {
         }
         Command::Version { client } => version(cli.kubeconfig, client).await,
         Command::Uninstall => uninstall(cli.kubeconfig).await,
+        Command::Status(args) => status(cli.kubeconfig, args).await,
         Command::Trace(args) => trace(cli.kubeconfig, args).await,
     }
 }
@@ -307,6 +328,20 @@ async fn uninstall(kubeconfig: Option<PathBuf>) -> Result<()> {
         "removed {} admission objects; released cascade-guard's finalizer from objects of {} kinds",
         summary.admission_objects, summary.kinds_released
     );
+    Ok(())
+}
+
+async fn status(kubeconfig: Option<PathBuf>, args: StatusArgs) -> Result<()> {
+    let client = client(kubeconfig).await?;
+    let settings = cascade_guard::status::Settings {
+        xrd_default_mode: args.policy.xrd_default_mode,
+        compile: args.policy.compile_settings(),
+    };
+    let report = cascade_guard::status::status(&client, &settings).await?;
+    match args.output {
+        StatusOutput::Text => print!("{}", cascade_guard::status::render_text(&report)),
+        StatusOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
     Ok(())
 }
 

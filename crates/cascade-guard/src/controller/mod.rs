@@ -31,6 +31,9 @@ use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::telemetry::{Health, Metrics};
 
 pub use inputs::Sources;
+use inputs::Watched;
+// For `cascade-guard status`, which reads the same inputs once.
+pub(crate) use inputs::{discover_kinds, xrd_resource};
 pub use uninstall::{Summary as UninstallSummary, uninstall};
 
 /// The field manager (server-side apply) and event reporter name.
@@ -63,7 +66,7 @@ impl Default for Settings {
 pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, health: Health) {
     let notify = Arc::new(Notify::new());
     let sources = Sources::start(client.clone(), notify.clone()).await;
-    watch_for_changes(client.clone(), notify.clone());
+    let managed = watch_for_changes(client.clone(), notify.clone());
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -85,7 +88,14 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
         tokio::time::sleep(settings.debounce).await;
         let gathered = sources.gather(&client, settings.xrd_default_mode).await;
         let resolution = crate::policy::resolve(&gathered.inputs);
-        let outcome = apply::apply(&client, &settings.compile, resolution, &gathered.known).await;
+        let outcome = apply::apply(
+            &client,
+            &settings.compile,
+            resolution,
+            &gathered.known,
+            &managed,
+        )
+        .await;
         report
             .publish(&outcome, &gathered.cascade_policies, &gathered.xrd_refs)
             .await;
@@ -103,30 +113,39 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     }
 }
 
-/// Anything that can change what must be applied: our own admission objects
-/// (someone edited or deleted one) and CRDs (a kind or Crossplane appeared).
-/// Metadata only: the pass reads what it needs itself.
-fn watch_for_changes(client: Client, notify: Arc<Notify>) {
+/// cascade-guard's own admission objects, as the API server has them: a pass
+/// applies only what is missing or differs, and an edit or delete by anyone
+/// else triggers a pass that puts it back.
+pub(crate) struct Managed {
+    pub policies: Watched<ValidatingAdmissionPolicy>,
+    pub bindings: Watched<ValidatingAdmissionPolicyBinding>,
+}
+
+fn watch_for_changes(client: Client, notify: Arc<Notify>) -> Managed {
     let managed =
         watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
-    trigger(
-        Api::<PartialObjectMeta<ValidatingAdmissionPolicy>>::all(client.clone()),
+    let policies = Watched::start(
+        Api::<ValidatingAdmissionPolicy>::all(client.clone()),
         managed.clone(),
+        Default::default(),
         notify.clone(),
         "ValidatingAdmissionPolicies",
     );
-    trigger(
-        Api::<PartialObjectMeta<ValidatingAdmissionPolicyBinding>>::all(client.clone()),
+    let bindings = Watched::start(
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
         managed,
+        Default::default(),
         notify.clone(),
         "ValidatingAdmissionPolicyBindings",
     );
+    // A kind (or Crossplane) appearing: metadata is enough to notice.
     trigger(
         Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client),
         watcher::Config::default(),
         notify,
         "CustomResourceDefinitions",
     );
+    Managed { policies, bindings }
 }
 
 fn trigger<K>(api: Api<K>, config: watcher::Config, notify: Arc<Notify>, what: &'static str)

@@ -1,0 +1,1033 @@
+//! `cascade-guard status`: what is protected and where each policy comes from,
+//! whether the admission objects in the cluster are the ones the policies
+//! compile to, and which protected objects are being deleted right now.
+//!
+//! One-shot reads, like `cascade-guard uninstall`; everything that can be pure
+//! (the comparison, the cascading list, the text) is, and is tested below. It
+//! compiles with the settings it is given, which must be the controller's
+//! (`--xrd-default-mode` and the garbage-collector users): it cannot see the
+//! controller's flags, and says so when a difference looks like a different
+//! default mode.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, Client};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::Error;
+use crate::api::CascadePolicy;
+use crate::controller::convert::served_resource;
+use crate::controller::{discover_kinds, xrd_resource};
+use crate::policy::names::{
+    FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE, MODE_ANNOTATION,
+};
+use crate::policy::{
+    CascadePolicyInput, CompileSettings, Compiled, Inputs, Mode, Policy, ProtectedKind, Resolution,
+    Source, XrdInput, compile, resolve,
+};
+
+const POLICY: &str = "ValidatingAdmissionPolicy";
+const BINDING: &str = "ValidatingAdmissionPolicyBinding";
+
+/// What the controller compiles with; status must use the same to compare.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    pub xrd_default_mode: Mode,
+    pub compile: CompileSettings,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The default mode this report assumed for XRDs without the annotation.
+    pub xrd_default_mode: Mode,
+    pub protected: Vec<Protected>,
+    pub admission: AdmissionSync,
+    /// Protected objects with a deletionTimestamp, oldest deletion first.
+    pub cascading: Vec<Cascading>,
+    /// What the policies' inputs say is wrong, and what could not be read.
+    pub problems: Vec<String>,
+}
+
+/// One policy: a kind, its mode, and what asked for it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Protected {
+    /// `Kind.group`.
+    pub kind: String,
+    /// `plural.group`, as kubectl takes it.
+    pub resource: String,
+    pub mode: Mode,
+    pub source: SourceKind,
+    /// The XRD or CascadePolicy the policy comes from.
+    pub from: String,
+    /// `key=value,...` when only matching objects are protected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// The ValidatingAdmissionPolicy and binding it compiles to (None for Off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission_objects: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum SourceKind {
+    /// The XRD's `cascade-guard.dev/deletion-policy` annotation.
+    XrdAnnotation,
+    /// An XRD without the annotation: `--xrd-default-mode`.
+    Default,
+    CascadePolicy,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionSync {
+    pub in_sync: bool,
+    /// How many admission objects the policies compile to.
+    pub wanted: usize,
+    pub differences: Vec<Difference>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Difference {
+    pub state: Drift,
+    pub kind: &'static str,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Drift {
+    /// Wanted, not in the cluster.
+    Missing,
+    /// In the cluster with other content than wanted.
+    Differs,
+    /// In the cluster, labelled as cascade-guard's, but no policy wants it.
+    Extra,
+}
+
+/// A protected object that is being deleted.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cascading {
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    /// Its deletionTimestamp (RFC 3339).
+    pub deleting_since: String,
+    pub age_seconds: u64,
+    /// cascade-guard's finalizer is on it (Convert mode).
+    pub held: bool,
+    /// `foregroundDeletion` is on it: the garbage collector is deleting what
+    /// it owns first.
+    pub foreground: bool,
+    /// Every finalizer still on it: what its deletion waits for.
+    pub finalizers: Vec<String>,
+}
+
+impl Cascading {
+    /// What the object is waiting for, in words.
+    pub fn state(&self) -> &'static str {
+        match (self.held, self.foreground) {
+            (true, true) => "foreground cascade, held by cascade-guard",
+            (true, false) => "held by cascade-guard, waiting for it to re-issue the delete",
+            (false, true) => "foreground cascade",
+            (false, false) => "terminating, waiting on its finalizers",
+        }
+    }
+}
+
+/// Reads the cluster and reports. Fails only when the policies' inputs
+/// cannot be read; anything else that cannot be read becomes a problem line.
+pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Error> {
+    let mut problems = Vec::new();
+    let xrds = match xrd_resource(client).await.map_err(list("the XRD API"))? {
+        Some(resource) => Api::<DynamicObject>::all_with(client.clone(), &resource)
+            .list(&ListParams::default())
+            .await
+            .map_err(list("XRDs"))?
+            .items
+            .iter()
+            .filter_map(|x| serde_json::to_value(x).ok())
+            .map(|v| XrdInput::from_value(&v))
+            .collect(),
+        None => Vec::new(),
+    };
+    let cascade_policies: Vec<Arc<CascadePolicy>> = match Api::<CascadePolicy>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => list.items.into_iter().map(Arc::new).collect(),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            problems.push("the CascadePolicy CRD is not installed".to_string());
+            Vec::new()
+        }
+        Err(e) => return Err(list("CascadePolicies")(e)),
+    };
+    let (crds, complete) = discover_kinds(client, &cascade_policies).await;
+    if !complete {
+        problems.push(
+            "some API groups CascadePolicies name could not be discovered; their policies may be missing below"
+                .to_string(),
+        );
+    }
+    let resolution = resolve(&Inputs {
+        xrds,
+        cascade_policies: cascade_policies
+            .iter()
+            .filter_map(|p| CascadePolicyInput::from_resource(p))
+            .collect(),
+        crds,
+        xrd_default_mode: settings.xrd_default_mode,
+    });
+    problems.extend(resolution.problems.iter().map(ToString::to_string));
+
+    let managed = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
+    let live_policies = Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .list(&managed)
+        .await
+        .map_err(list("ValidatingAdmissionPolicies"))?
+        .items;
+    let live_bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .list(&managed)
+        .await
+        .map_err(list("ValidatingAdmissionPolicyBindings"))?
+        .items;
+    let admission = admission_sync(
+        &resolution,
+        &settings.compile,
+        &values(&live_policies),
+        &values(&live_bindings),
+    );
+
+    let now = Timestamp::now();
+    let mut cascading = Vec::new();
+    for kind in distinct_kinds(&resolution.policies) {
+        match deleting(client, &kind).await {
+            Ok(objects) => cascading.extend(cascading_objects(&kind.to_string(), &objects, now)),
+            Err(e) => problems.push(format!("cannot list objects of {kind}: {e}")),
+        }
+    }
+    cascading.sort_by(|a, b| {
+        b.age_seconds
+            .cmp(&a.age_seconds)
+            .then_with(|| (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name)))
+    });
+
+    Ok(Report {
+        xrd_default_mode: settings.xrd_default_mode,
+        protected: protected(&resolution, &settings.compile),
+        admission,
+        cascading,
+        problems,
+    })
+}
+
+fn list(what: &'static str) -> impl Fn(kube::Error) -> Error {
+    move |source| Error::List { what, source }
+}
+
+fn values<T: Serialize>(items: &[T]) -> Vec<Value> {
+    items
+        .iter()
+        .filter_map(|i| serde_json::to_value(i).ok())
+        .collect()
+}
+
+/// The metadata of every object of the kind (the API has no field selector
+/// for a deletionTimestamp, so all of them are listed and filtered here).
+async fn deleting(client: &Client, kind: &ProtectedKind) -> Result<Vec<ObjectMeta>, kube::Error> {
+    let resource = served_resource(client, kind).await?;
+    let objects = Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .list_metadata(&ListParams::default())
+        .await?;
+    Ok(objects.items.into_iter().map(|o| o.metadata).collect())
+}
+
+/// Each kind once: several policies may name the same kind.
+fn distinct_kinds(policies: &[Policy]) -> Vec<ProtectedKind> {
+    let mut kinds = BTreeMap::new();
+    for p in policies {
+        kinds
+            .entry((p.kind.group.clone(), p.kind.kind.clone()))
+            .or_insert_with(|| p.kind.clone());
+    }
+    kinds.into_values().collect()
+}
+
+/// One row per policy.
+pub fn protected(resolution: &Resolution, settings: &CompileSettings) -> Vec<Protected> {
+    resolution
+        .policies
+        .iter()
+        .map(|p| {
+            let (source, from) = match &p.source {
+                Source::Xrd { name, annotated } => (
+                    if *annotated {
+                        SourceKind::XrdAnnotation
+                    } else {
+                        SourceKind::Default
+                    },
+                    name.clone(),
+                ),
+                Source::CascadePolicy { name } => (SourceKind::CascadePolicy, name.clone()),
+            };
+            Protected {
+                kind: p.kind.to_string(),
+                resource: p.kind.resource(),
+                mode: p.mode,
+                source,
+                from,
+                selector: p.selector.as_ref().map(selector_text),
+                admission_objects: compile(p, settings).map(|c| name_of(&c.policy.metadata)),
+            }
+        })
+        .collect()
+}
+
+fn name_of(meta: &ObjectMeta) -> String {
+    meta.name.clone().unwrap_or_default()
+}
+
+/// A selector as `kubectl get -l` takes it.
+fn selector_text(s: &LabelSelector) -> String {
+    let mut parts: Vec<String> = s
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in s.match_expressions.iter().flatten() {
+        let values = e.values.clone().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "Exists" => e.key.clone(),
+            "DoesNotExist" => format!("!{}", e.key),
+            other => format!("{} {other} ({values})", e.key),
+        });
+    }
+    parts.join(",")
+}
+
+/// Compares what the policies compile to with the managed admission objects
+/// in the cluster (`live_*`: listed by cascade-guard's label, as JSON).
+pub fn admission_sync(
+    resolution: &Resolution,
+    settings: &CompileSettings,
+    live_policies: &[Value],
+    live_bindings: &[Value],
+) -> AdmissionSync {
+    let mut wanted: Vec<(&Policy, Compiled)> = Vec::new();
+    for p in &resolution.policies {
+        if let Some(c) = compile(p, settings) {
+            wanted.push((p, c));
+        }
+    }
+    let by_name = |live: &[Value]| -> BTreeMap<String, Value> {
+        live.iter()
+            .filter_map(|v| {
+                let name = v.pointer("/metadata/name")?.as_str()?.to_string();
+                Some((name, v.clone()))
+            })
+            .collect()
+    };
+    let live_policies = by_name(live_policies);
+    let live_bindings = by_name(live_bindings);
+    let mut differences = Vec::new();
+    let mut wanted_names = BTreeSet::new();
+    for (policy, compiled) in &wanted {
+        let name = name_of(&compiled.policy.metadata);
+        wanted_names.insert(name.clone());
+        let pairs = [
+            (
+                POLICY,
+                serde_json::to_value(&compiled.policy),
+                live_policies.get(&name),
+            ),
+            (
+                BINDING,
+                serde_json::to_value(&compiled.binding),
+                live_bindings.get(&name),
+            ),
+        ];
+        for (kind, desired, live) in pairs {
+            let Ok(desired) = desired else { continue };
+            let Some(live) = live else {
+                differences.push(Difference {
+                    state: Drift::Missing,
+                    kind,
+                    name: name.clone(),
+                    detail: None,
+                });
+                continue;
+            };
+            if let Some(path) = first_difference(&desired, live, "") {
+                differences.push(Difference {
+                    state: Drift::Differs,
+                    kind,
+                    name: name.clone(),
+                    detail: Some(differs_detail(policy, &path, live)),
+                });
+            }
+        }
+    }
+    for (kind, live) in [(POLICY, &live_policies), (BINDING, &live_bindings)] {
+        for name in live.keys().filter(|n| !wanted_names.contains(*n)) {
+            differences.push(Difference {
+                state: Drift::Extra,
+                kind,
+                name: name.clone(),
+                detail: Some("no policy compiles to it".to_string()),
+            });
+        }
+    }
+    AdmissionSync {
+        in_sync: differences.is_empty(),
+        wanted: wanted.len() * 2,
+        differences,
+    }
+}
+
+/// Says which field differs, and when it is the mode of an XRD without the
+/// annotation, that the controller probably runs with another default mode.
+fn differs_detail(policy: &Policy, path: &str, live: &Value) -> String {
+    let live_mode = live
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(MODE_ANNOTATION))
+        .and_then(Value::as_str);
+    match live_mode {
+        Some(m) if m != policy.mode.as_str() => {
+            let hint = if matches!(
+                policy.source,
+                Source::Xrd {
+                    annotated: false,
+                    ..
+                }
+            ) {
+                format!(
+                    "; if the controller runs with --xrd-default-mode={m}, pass the same to status"
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "compiled for mode {m}, the policy says {}{hint}",
+                policy.mode
+            )
+        }
+        _ => format!("{path} differs"),
+    }
+}
+
+/// The first place where `live` lacks a field of `desired` or has another
+/// value, as a dotted path; None when it has all of them. The same test the
+/// controller applies before it replaces an object: fields only in `live`
+/// (server defaults, status, metadata) do not count, lists must match exactly.
+pub fn first_difference(desired: &Value, live: &Value, path: &str) -> Option<String> {
+    match (desired, live) {
+        (Value::Object(d), Value::Object(l)) => d.iter().find_map(|(k, v)| {
+            let here = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            match l.get(k) {
+                Some(lv) => first_difference(v, lv, &here),
+                None => Some(here),
+            }
+        }),
+        (Value::Array(d), Value::Array(l)) => {
+            if d.len() != l.len() {
+                return Some(path.to_string());
+            }
+            d.iter()
+                .zip(l)
+                .enumerate()
+                .find_map(|(i, (dv, lv))| first_difference(dv, lv, &format!("{path}[{i}]")))
+        }
+        (d, l) => (d != l).then(|| path.to_string()),
+    }
+}
+
+/// The objects among `objects` (all of one kind) that are being deleted.
+pub fn cascading_objects(kind: &str, objects: &[ObjectMeta], now: Timestamp) -> Vec<Cascading> {
+    objects
+        .iter()
+        .filter_map(|m| {
+            let since = m.deletion_timestamp.as_ref()?.0;
+            let finalizers = m.finalizers.clone().unwrap_or_default();
+            let has = |f: &str| finalizers.iter().any(|x| x == f);
+            Some(Cascading {
+                kind: kind.to_string(),
+                namespace: m.namespace.clone(),
+                name: m.name.clone().unwrap_or_default(),
+                deleting_since: since.to_string(),
+                age_seconds: u64::try_from(now.duration_since(since).as_secs()).unwrap_or(0),
+                held: has(FOREGROUND_CASCADE_FINALIZER),
+                foreground: has(FOREGROUND_DELETION_FINALIZER),
+                finalizers,
+            })
+        })
+        .collect()
+}
+
+/// `45s`, `3m12s`, `2h5m`, `3d4h`, as kubectl prints ages.
+pub fn age(seconds: u64) -> String {
+    let (d, h, m, s) = (
+        seconds / 86_400,
+        seconds / 3_600 % 24,
+        seconds / 60 % 60,
+        seconds % 60,
+    );
+    if d > 0 {
+        format!("{d}d{h}h")
+    } else if h > 0 {
+        format!("{h}h{m}m")
+    } else if m > 0 {
+        format!("{m}m{s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// The report for people.
+pub fn render_text(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "PROTECTED ({})", report.protected.len());
+    if report.protected.is_empty() {
+        let _ = writeln!(out, "  nothing: no XRDs and no CascadePolicies");
+    } else {
+        let mut rows = vec![vec![
+            "KIND".to_string(),
+            "MODE".to_string(),
+            "SOURCE".to_string(),
+        ]];
+        for p in &report.protected {
+            let source = match p.source {
+                SourceKind::XrdAnnotation => format!("XRD annotation ({})", p.from),
+                SourceKind::Default => format!(
+                    "default, --xrd-default-mode={} ({})",
+                    report.xrd_default_mode, p.from
+                ),
+                SourceKind::CascadePolicy => format!("CascadePolicy {}", p.from),
+            };
+            let kind = match &p.selector {
+                Some(s) => format!("{} [{s}]", p.kind),
+                None => p.kind.clone(),
+            };
+            rows.push(vec![kind, p.mode.to_string(), source]);
+        }
+        table(&mut out, &rows);
+    }
+
+    let sync = &report.admission;
+    if sync.in_sync {
+        let _ = writeln!(
+            out,
+            "\nADMISSION POLICIES: in sync ({} objects)",
+            sync.wanted
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "\nADMISSION POLICIES: out of sync ({} of {} wanted objects missing or different, {} extra)",
+            sync.differences
+                .iter()
+                .filter(|d| d.state != Drift::Extra)
+                .count(),
+            sync.wanted,
+            sync.differences
+                .iter()
+                .filter(|d| d.state == Drift::Extra)
+                .count(),
+        );
+        let mut rows = vec![vec![
+            "STATE".to_string(),
+            "KIND".to_string(),
+            "NAME".to_string(),
+            "DETAIL".to_string(),
+        ]];
+        for d in &sync.differences {
+            rows.push(vec![
+                format!("{:?}", d.state).to_lowercase(),
+                d.kind.to_string(),
+                d.name.clone(),
+                d.detail.clone().unwrap_or_default(),
+            ]);
+        }
+        table(&mut out, &rows);
+        let _ = writeln!(
+            out,
+            "  The controller (its leader) puts them right within a second; if it does not, check that it runs and its log."
+        );
+    }
+
+    if report.cascading.is_empty() {
+        let _ = writeln!(out, "\nCASCADING: no protected object is being deleted");
+    } else {
+        let _ = writeln!(out, "\nCASCADING ({})", report.cascading.len());
+        let mut rows = vec![vec![
+            "KIND".to_string(),
+            "OBJECT".to_string(),
+            "AGE".to_string(),
+            "STATE".to_string(),
+            "FINALIZERS".to_string(),
+        ]];
+        for c in &report.cascading {
+            let object = match &c.namespace {
+                Some(ns) => format!("{ns}/{}", c.name),
+                None => c.name.clone(),
+            };
+            rows.push(vec![
+                c.kind.clone(),
+                object,
+                age(c.age_seconds),
+                c.state().to_string(),
+                c.finalizers.join(","),
+            ]);
+        }
+        table(&mut out, &rows);
+    }
+
+    if !report.problems.is_empty() {
+        let _ = writeln!(out, "\nPROBLEMS ({})", report.problems.len());
+        for p in &report.problems {
+            let _ = writeln!(out, "  {p}");
+        }
+    }
+    out
+}
+
+/// Left-aligned columns, two spaces apart, indented by two.
+fn table(out: &mut String, rows: &[Vec<String>]) {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let mut line = String::from(" ");
+        for (c, cell) in row.iter().enumerate() {
+            let pad = widths[c].saturating_sub(cell.chars().count());
+            let _ = write!(line, " {cell}{}", " ".repeat(pad));
+            line.push(' ');
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::names::DELETION_POLICY_ANNOTATION;
+    use crate::policy::{CrdInfo, Scope};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use serde_json::json;
+
+    fn xrd(plural: &str, kind: &str, annotation: Option<&str>) -> XrdInput {
+        let mut v = json!({
+            "apiVersion": "apiextensions.crossplane.io/v2",
+            "kind": "CompositeResourceDefinition",
+            "metadata": {"name": format!("{plural}.example.org")},
+            "spec": {"group": "example.org", "names": {"kind": kind, "plural": plural},
+                "scope": "Namespaced", "versions": [{"name": "v1", "served": true}]}
+        });
+        if let Some(a) = annotation {
+            v["metadata"]["annotations"] = json!({ DELETION_POLICY_ANNOTATION: a });
+        }
+        XrdInput::from_value(&v)
+    }
+
+    fn resolution(default: Mode) -> Resolution {
+        resolve(&Inputs {
+            xrds: vec![
+                xrd("clusters", "Cluster", Some("Convert")),
+                xrd("networks", "Network", None),
+                xrd("quiet", "Quiet", Some("Off")),
+            ],
+            cascade_policies: vec![CascadePolicyInput {
+                name: "releases".into(),
+                group: "helm.example.org".into(),
+                kind: "Release".into(),
+                mode: Mode::Refuse,
+                selector: Some(LabelSelector {
+                    match_labels: Some([("team".to_string(), "a".to_string())].into()),
+                    ..LabelSelector::default()
+                }),
+            }],
+            crds: vec![CrdInfo {
+                group: "helm.example.org".into(),
+                kind: "Release".into(),
+                plural: "releases".into(),
+                scope: Scope::Cluster,
+            }],
+            xrd_default_mode: default,
+        })
+    }
+
+    /// The live objects exactly as the controller would have applied them,
+    /// with what the API server adds.
+    fn live(resolution: &Resolution) -> (Vec<Value>, Vec<Value>) {
+        let settings = CompileSettings::default();
+        let mut policies = Vec::new();
+        let mut bindings = Vec::new();
+        for p in &resolution.policies {
+            if let Some(c) = compile(p, &settings) {
+                let mut vap = serde_json::to_value(&c.policy).unwrap();
+                vap["metadata"]["uid"] = json!("u1");
+                vap["metadata"]["resourceVersion"] = json!("7");
+                vap["spec"]["matchConstraints"]["matchPolicy"] = json!("Equivalent");
+                vap["status"] = json!({"observedGeneration": 1});
+                policies.push(vap);
+                bindings.push(serde_json::to_value(&c.binding).unwrap());
+            }
+        }
+        (policies, bindings)
+    }
+
+    #[test]
+    fn protected_says_where_each_policy_comes_from() {
+        let rows = protected(&resolution(Mode::Refuse), &CompileSettings::default());
+        let got: Vec<Protected> = rows;
+        let row = |kind: &str,
+                   mode,
+                   source,
+                   from: &str,
+                   selector: Option<&str>,
+                   objects: Option<&str>| {
+            Protected {
+                kind: kind.into(),
+                resource: String::new(),
+                mode,
+                source,
+                from: from.into(),
+                selector: selector.map(str::to_string),
+                admission_objects: objects.map(str::to_string),
+            }
+        };
+        let want = [
+            row(
+                "Cluster.example.org",
+                Mode::Convert,
+                SourceKind::XrdAnnotation,
+                "clusters.example.org",
+                None,
+                Some("cascade-guard-xrd-clusters.example.org"),
+            ),
+            row(
+                "Network.example.org",
+                Mode::Refuse,
+                SourceKind::Default,
+                "networks.example.org",
+                None,
+                Some("cascade-guard-xrd-networks.example.org"),
+            ),
+            row(
+                "Quiet.example.org",
+                Mode::Off,
+                SourceKind::XrdAnnotation,
+                "quiet.example.org",
+                None,
+                None,
+            ),
+            row(
+                "Release.helm.example.org",
+                Mode::Refuse,
+                SourceKind::CascadePolicy,
+                "releases",
+                Some("team=a"),
+                Some("cascade-guard-policy-releases"),
+            ),
+        ];
+        let resources: Vec<&str> = got.iter().map(|p| p.resource.as_str()).collect();
+        assert_eq!(
+            resources,
+            [
+                "clusters.example.org",
+                "networks.example.org",
+                "quiet.example.org",
+                "releases.helm.example.org"
+            ]
+        );
+        let got: Vec<Protected> = got
+            .into_iter()
+            .map(|p| Protected {
+                resource: String::new(),
+                ..p
+            })
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn in_sync_when_the_cluster_has_what_the_policies_compile_to() {
+        let r = resolution(Mode::Refuse);
+        let (policies, bindings) = live(&r);
+        let sync = admission_sync(&r, &CompileSettings::default(), &policies, &bindings);
+        assert!(sync.in_sync, "{sync:?}");
+        // Three policies compile (Off does not), to a policy and a binding each.
+        assert_eq!(sync.wanted, 6);
+    }
+
+    #[test]
+    fn missing_differs_and_extra() {
+        let r = resolution(Mode::Refuse);
+        let (mut policies, mut bindings) = live(&r);
+        // A binding deleted, a policy's validation edited, and a leftover of
+        // an XRD that is gone.
+        bindings.retain(|b| b["metadata"]["name"] != "cascade-guard-xrd-clusters.example.org");
+        policies[2]["spec"]["validations"][0]["expression"] = json!("true");
+        let mut stale = policies[0].clone();
+        stale["metadata"]["name"] = json!("cascade-guard-xrd-gone.example.org");
+        policies.push(stale);
+        let sync = admission_sync(&r, &CompileSettings::default(), &policies, &bindings);
+        let got: Vec<(Drift, &str, &str, Option<&str>)> = sync
+            .differences
+            .iter()
+            .map(|d| (d.state, d.kind, d.name.as_str(), d.detail.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    Drift::Missing,
+                    BINDING,
+                    "cascade-guard-xrd-clusters.example.org",
+                    None
+                ),
+                (
+                    Drift::Differs,
+                    POLICY,
+                    "cascade-guard-policy-releases",
+                    Some("spec.validations[0].expression differs")
+                ),
+                (
+                    Drift::Extra,
+                    POLICY,
+                    "cascade-guard-xrd-gone.example.org",
+                    Some("no policy compiles to it")
+                ),
+            ]
+        );
+        assert!(!sync.in_sync);
+    }
+
+    #[test]
+    fn another_default_mode_is_named_as_the_likely_cause() {
+        // The controller runs with Warn; status assumed Refuse.
+        let (policies, bindings) = live(&resolution(Mode::Warn));
+        let sync = admission_sync(
+            &resolution(Mode::Refuse),
+            &CompileSettings::default(),
+            &policies,
+            &bindings,
+        );
+        let differs: Vec<&Difference> = sync
+            .differences
+            .iter()
+            .filter(|d| d.name == "cascade-guard-xrd-networks.example.org")
+            .collect();
+        assert_eq!(differs.len(), 2, "{sync:?}");
+        for d in differs {
+            assert_eq!(d.state, Drift::Differs);
+            assert_eq!(
+                d.detail.as_deref(),
+                Some(
+                    "compiled for mode Warn, the policy says Refuse; if the controller runs with --xrd-default-mode=Warn, pass the same to status"
+                )
+            );
+        }
+        // Only that XRD's objects differ.
+        assert_eq!(sync.differences.len(), 2);
+    }
+
+    #[test]
+    fn first_difference_ignores_what_only_the_server_adds() {
+        let desired = json!({"spec": {"actions": ["Deny"], "name": "p"}});
+        let cases = [
+            (
+                json!({"spec": {"actions": ["Deny"], "name": "p", "extra": 1}}),
+                None,
+            ),
+            (
+                json!({"spec": {"actions": ["Warn", "Deny"], "name": "p"}}),
+                Some("spec.actions"),
+            ),
+            (
+                json!({"spec": {"actions": ["Warn"], "name": "p"}}),
+                Some("spec.actions[0]"),
+            ),
+            (json!({"spec": {"actions": ["Deny"]}}), Some("spec.name")),
+            (json!({}), Some("spec")),
+        ];
+        for (live, want) in cases {
+            assert_eq!(
+                first_difference(&desired, &live, "").as_deref(),
+                want,
+                "{live}"
+            );
+        }
+    }
+
+    fn meta(name: &str, deleting: Option<&str>, finalizers: &[&str]) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("team-a".into()),
+            deletion_timestamp: deleting.map(|t| Time(t.parse().unwrap())),
+            finalizers: Some(finalizers.iter().map(|f| f.to_string()).collect()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn cascading_lists_only_deleted_objects_with_what_holds_them() {
+        let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let objects = [
+            meta("live", None, &[FOREGROUND_CASCADE_FINALIZER]),
+            meta(
+                "converting",
+                Some("2026-01-01T11:59:50Z"),
+                &[FOREGROUND_CASCADE_FINALIZER],
+            ),
+            meta(
+                "cascading",
+                Some("2026-01-01T11:55:00Z"),
+                &[FOREGROUND_DELETION_FINALIZER, FOREGROUND_CASCADE_FINALIZER],
+            ),
+            meta(
+                "refuse-mode",
+                Some("2026-01-01T10:00:00Z"),
+                &[FOREGROUND_DELETION_FINALIZER],
+            ),
+            meta(
+                "wedged",
+                Some("2025-12-30T12:00:00Z"),
+                &["example.org/cleanup"],
+            ),
+        ];
+        let got = cascading_objects("Cluster.example.org", &objects, now);
+        let rows: Vec<(&str, u64, bool, bool, &str)> = got
+            .iter()
+            .map(|c| {
+                (
+                    c.name.as_str(),
+                    c.age_seconds,
+                    c.held,
+                    c.foreground,
+                    c.state(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (
+                    "converting",
+                    10,
+                    true,
+                    false,
+                    "held by cascade-guard, waiting for it to re-issue the delete"
+                ),
+                (
+                    "cascading",
+                    300,
+                    true,
+                    true,
+                    "foreground cascade, held by cascade-guard"
+                ),
+                ("refuse-mode", 7200, false, true, "foreground cascade"),
+                (
+                    "wedged",
+                    172_800,
+                    false,
+                    false,
+                    "terminating, waiting on its finalizers"
+                ),
+            ]
+        );
+        assert_eq!(got[0].deleting_since, "2026-01-01T11:59:50Z");
+        assert_eq!(got[3].finalizers, ["example.org/cleanup"]);
+    }
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        let cases = [
+            (0, "0s"),
+            (45, "45s"),
+            (192, "3m12s"),
+            (7_500, "2h5m"),
+            (273_600, "3d4h"),
+        ];
+        for (secs, want) in cases {
+            assert_eq!(age(secs), want);
+        }
+    }
+
+    #[test]
+    fn text_report() {
+        let r = resolution(Mode::Refuse);
+        let (policies, bindings) = live(&r);
+        let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let report = Report {
+            xrd_default_mode: Mode::Refuse,
+            protected: protected(&r, &CompileSettings::default()),
+            admission: admission_sync(&r, &CompileSettings::default(), &policies, &bindings[1..]),
+            cascading: cascading_objects(
+                "Cluster.example.org",
+                &[meta(
+                    "prod",
+                    Some("2026-01-01T11:58:00Z"),
+                    &[FOREGROUND_DELETION_FINALIZER, FOREGROUND_CASCADE_FINALIZER],
+                )],
+                now,
+            ),
+            problems: vec!["warning: something".into()],
+        };
+        let text = render_text(&report);
+        let expected = "\
+PROTECTED (4)
+  KIND                               MODE     SOURCE
+  Cluster.example.org                Convert  XRD annotation (clusters.example.org)
+  Network.example.org                Refuse   default, --xrd-default-mode=Refuse (networks.example.org)
+  Quiet.example.org                  Off      XRD annotation (quiet.example.org)
+  Release.helm.example.org [team=a]  Refuse   CascadePolicy releases
+
+ADMISSION POLICIES: out of sync (1 of 6 wanted objects missing or different, 0 extra)
+  STATE    KIND                              NAME                                    DETAIL
+  missing  ValidatingAdmissionPolicyBinding  cascade-guard-xrd-clusters.example.org
+  The controller (its leader) puts them right within a second; if it does not, check that it runs and its log.
+
+CASCADING (1)
+  KIND                 OBJECT       AGE   STATE                                      FINALIZERS
+  Cluster.example.org  team-a/prod  2m0s  foreground cascade, held by cascade-guard  foregroundDeletion,cascade-guard.dev/foreground-cascade
+
+PROBLEMS (1)
+  warning: something
+";
+        assert_eq!(text, expected, "\n{text}");
+        // And as JSON, for scripts.
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["admission"]["inSync"], false);
+        assert_eq!(json["protected"][1]["source"], "Default");
+        assert_eq!(json["cascading"][0]["held"], true);
+        assert_eq!(json["cascading"][0]["ageSeconds"], 120);
+    }
+}

@@ -1,0 +1,867 @@
+//! The Helm chart, on the real control plane: rendered by the pinned helm
+//! (scripts/test.sh installs it from the Go module proxy), applied to the local
+//! API server, and `cascade-guard run` run exactly as its Deployment would,
+//! under its ServiceAccount's identity with only the chart's RBAC (no
+//! system:masters). There is no kubelet, so the Deployment's pods never run;
+//! the replicas here are the same binary with the same args and identity.
+
+#[path = "support/install.rs"]
+mod chart;
+mod support;
+
+use std::time::Duration;
+
+use chart::{Replica, cli, find, has_kind, render};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::{Api, Client, ResourceExt};
+use local_cluster::testing::Scope;
+use local_cluster::timeline::Timeline;
+use local_cluster::{audit, wait};
+use serde_json::{Value, json};
+use support::tree::{Provider, assert_foreground, config_maps, create_tree, wait_held};
+use support::*;
+
+const FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
+const MANAGED: &str = "app.kubernetes.io/managed-by=cascade-guard";
+
+/// The values the cluster tests install with: the test kinds' group is
+/// protected (Convert), and composed resources (ConfigMaps here) are readable.
+const VALUES: &str = r#"
+protectedGroups: [table.cascade-guard.dev]
+composedResources:
+  - apiGroups: [""]
+    resources: [configmaps]
+"#;
+
+/// The cluster tests install, upgrade and uninstall the same release: one at
+/// a time.
+static CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn background() -> DeleteSpec {
+    DeleteSpec {
+        propagation: Some("Background"),
+        ..DeleteSpec::default()
+    }
+}
+
+/// The committed manifest and CRD file are what the chart and the binary
+/// produce now, and the chart says what the issue asks of it.
+#[test]
+fn the_chart_renders_the_committed_manifest_and_is_locked_down() {
+    let crd = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+        .arg("crd")
+        .output()
+        .expect("cascade-guard crd");
+    let file = std::fs::read_to_string(chart::chart_dir().join("files/cascadepolicy-crd.yaml"))
+        .expect("the chart's CRD file");
+    assert_eq!(
+        String::from_utf8_lossy(&crd.stdout),
+        file,
+        "the chart's CRD differs from `cascade-guard crd`: run scripts/render-manifest.sh"
+    );
+
+    let rendered = chart::template_text("").expect("helm template with the defaults");
+    let manifest =
+        std::fs::read_to_string(chart::manifest_path()).expect("deploy/cascade-guard.yaml");
+    assert!(
+        manifest.ends_with(&rendered),
+        "deploy/cascade-guard.yaml is not the chart's render: run scripts/render-manifest.sh"
+    );
+    let docs = chart::documents(&manifest);
+    assert_eq!(
+        find(&docs, "Namespace")["metadata"]["name"],
+        chart::NAMESPACE
+    );
+
+    let deployment = find(&docs, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(args[0], "run");
+    assert!(args.contains(&"--leader-election-namespace=cascade-guard-system"));
+    assert!(args.contains(&"--xrd-default-mode=Refuse"));
+    assert!(!args.contains(&"--no-leader-election"));
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert!(container["resources"]["requests"]["memory"].is_string());
+    assert_eq!(
+        find(&docs, "PodDisruptionBudget")["spec"]["minAvailable"],
+        1
+    );
+    assert_eq!(
+        find(&docs, "Service")["spec"]["ports"][0]["targetPort"],
+        "http"
+    );
+    assert_eq!(
+        find(&docs, "CustomResourceDefinition")["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    // No chart object carries the label the controller prunes by.
+    for d in &docs {
+        assert_ne!(
+            d["metadata"]["labels"]["app.kubernetes.io/managed-by"], "cascade-guard",
+            "{}",
+            d["kind"]
+        );
+    }
+
+    // With the default values: no wildcard verbs, nothing on Secrets, and
+    // deletes only of admission policies.
+    let role = find(&docs, "ClusterRole");
+    for rule in role["rules"].as_array().expect("rules") {
+        let verbs = rule["verbs"].as_array().expect("verbs");
+        assert!(!verbs.contains(&json!("*")), "{rule}");
+        assert!(
+            !rule["resources"]
+                .as_array()
+                .expect("resources")
+                .contains(&json!("secrets")),
+            "{rule}"
+        );
+        if verbs.contains(&json!("delete")) {
+            assert_eq!(
+                rule["apiGroups"],
+                json!(["admissionregistration.k8s.io"]),
+                "{rule}"
+            );
+        }
+    }
+
+    // One replica: no PodDisruptionBudget (it would block every drain).
+    assert!(!has_kind(&render("replicas: 1"), "PodDisruptionBudget"));
+    let bad = chart::template_text("xrdDefaultMode: Refused").expect_err("a mode that is not one");
+    assert!(
+        bad.contains("is not one of Refuse, Convert, Warn, Off"),
+        "{bad}"
+    );
+}
+
+/// Installs the chart and starts `replicas` replicas under the chart's
+/// ServiceAccount; returns the rendered objects and the replicas.
+async fn install(
+    env: &Env,
+    values: &str,
+    replicas: usize,
+    name: &str,
+) -> (Vec<Value>, Vec<Replica>) {
+    let admin = env.cp.admin().await.expect("admin");
+    let docs = render(values);
+    chart::apply(&admin, &docs, &[]).await;
+    let kubeconfig = chart::write_service_account_kubeconfig(&env.cp, &docs);
+    let started = (0..replicas)
+        .map(|i| Replica::start(&env.cp, &docs, &kubeconfig, &format!("{name}-{i}")))
+        .collect();
+    (docs, started)
+}
+
+async fn service_account_client(env: &Env, docs: &[Value]) -> Client {
+    let (user, groups) = chart::service_account_identity(docs);
+    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+    env.cp
+        .client_as(&user, &groups)
+        .await
+        .expect("service account client")
+}
+
+/// The whole log of every replica, for failure messages.
+fn logs(replicas: &[Replica]) -> String {
+    replicas
+        .iter()
+        .map(|r| format!("--- {} ---\n{}", r.pod_name, r.log()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn assert_forbidden<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
+    match result {
+        // "cannot": RBAC's words, not an admission policy's refusal.
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("cannot") => {}
+        other => panic!("{what}: expected RBAC's 403 Forbidden, got {other:?}"),
+    }
+}
+
+fn ready_condition(object: &DynamicObject) -> Option<(String, String)> {
+    let conditions = object.data["status"]["conditions"].as_array()?;
+    let ready = conditions.iter().find(|c| c["type"] == "Ready")?;
+    Some((
+        ready["status"].as_str()?.to_string(),
+        ready["reason"].as_str()?.to_string(),
+    ))
+}
+
+/// The chart's ServiceAccount, with exactly the chart's RBAC, runs both modes
+/// (and leader election), and the API server refuses it what the chart does
+/// not grant.
+#[tokio::test]
+async fn cascade_guard_runs_with_exactly_the_charts_rbac() {
+    let _one_at_a_time = CLUSTER.lock().await;
+    let env = bare_env().await;
+    let s = Scope::new(&env.cp, "chart-rbac").await;
+    let ns = s.namespace.clone();
+    let (docs, mut replicas) = install(env, VALUES, 2, "chart-rbac").await;
+    let admin = &s.client;
+
+    // Refuse: the XRD annotation, and the chart's default mode for XRDs without one.
+    env.wait_for_protection(admin, &REFUSE.resource()).await;
+    env.wait_for_protection(admin, &DEFAULTED.resource()).await;
+    let refuse = REFUSE.resource();
+    let timeline = Timeline::start(
+        admin,
+        &[
+            (refuse.clone(), Some(ns.clone())),
+            (CONVERT.resource(), Some(ns.clone())),
+            (config_maps(), Some(ns.clone())),
+        ],
+    )
+    .await;
+    let _provider = Provider::start(admin.clone(), ns.clone(), Duration::from_secs(3));
+    create_tree(admin, &refuse, &ns, "refused", 2).await;
+    let got = delete(admin, &refuse, &ns, "refused", &background()).await;
+    assert_eq!(got.code, 403, "{got:?}");
+    assert!(got.message.contains("cascade-guard refused"), "{got:?}");
+    let foreground = DeleteSpec {
+        propagation: Some("Foreground"),
+        ..DeleteSpec::default()
+    };
+    assert!(
+        delete(admin, &refuse, &ns, "refused", &foreground)
+            .await
+            .allowed()
+    );
+
+    // Convert: held, converted, cascaded in the foreground.
+    let convert = CONVERT.resource();
+    create_tree(admin, &convert, &ns, "converted", 2).await;
+    wait_held(admin, &convert, &ns, "converted").await;
+    let got = delete(admin, &convert, &ns, "converted", &background()).await;
+    assert!(got.allowed(), "{got:?}");
+    // Mid-cascade, `cascade-guard status` shows it, held and in the foreground.
+    let seen = wait::until(Duration::from_secs(20), || async {
+        let report: Value = serde_json::from_str(&cli(&env.cp, &["status", "-o", "json"])).ok()?;
+        report["cascading"]
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == "converted" && c["held"] == true && c["foreground"] == true)
+            .cloned()
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "status never showed the cascade\n{}",
+        logs(&replicas)
+    );
+    for (kind, name) in [(&refuse.kind, "refused"), (&convert.kind, "converted")] {
+        assert!(
+            timeline
+                .wait_gone(kind, name, Duration::from_secs(60))
+                .await
+                .is_some(),
+            "{name} never left:\n{}\n{}",
+            timeline.describe(),
+            logs(&replicas)
+        );
+        assert_foreground(&timeline, kind, name, 2);
+    }
+
+    // The audit log shows who re-issued the delete: the ServiceAccount, with
+    // only its service-account groups.
+    let (user, _) = chart::service_account_identity(&docs);
+    let reissued = audit::read(&env.cp.audit_log_path())
+        .into_iter()
+        .find(|e| {
+            e.verb == "delete"
+                && e.is_about(&convert.plural, &ns, "converted")
+                && e.propagation_policy() == Some("Foreground")
+        })
+        .expect("the Foreground re-issue is in the audit log");
+    assert_eq!(reissued.effective_username(), user);
+    let groups = &reissued
+        .impersonated_user
+        .as_ref()
+        .expect("impersonated")
+        .groups;
+    assert!(!groups.iter().any(|g| g == "system:masters"), "{groups:?}");
+    assert_eq!(reissued.response_code(), Some(200));
+
+    // Statuses and events are written under the ServiceAccount too.
+    let policies = cascade_policy_api(admin);
+    let name = format!("{ns}-leaves");
+    create(&policies, cascade_policy(&name, "Leaf", "Refuse", None)).await;
+    let ready = wait::until(Duration::from_secs(30), || async {
+        ready_condition(&policies.get(&name).await.ok()?).filter(|(s, _)| s == "True")
+    })
+    .await;
+    assert!(
+        ready.is_some(),
+        "{name} never became Ready\n{}",
+        logs(&replicas)
+    );
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let instances: Vec<String> = replicas.iter().map(|r| r.pod_name.clone()).collect();
+    let event = wait::until(Duration::from_secs(30), || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("ghost")
+                    && e.reason.as_deref() == Some("UnknownKind")
+                    && e.reporting_instance
+                        .as_ref()
+                        .is_some_and(|i| instances.contains(i))
+            })
+    })
+    .await;
+    assert!(
+        event.is_some(),
+        "no UnknownKind event on ghost from this release\n{}",
+        logs(&replicas)
+    );
+
+    // Leader election on the chart's Lease: one of the replicas holds it.
+    let lease = Api::<Lease>::namespaced(admin.clone(), chart::NAMESPACE)
+        .get("cascade-guard")
+        .await
+        .expect("the Lease");
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    assert!(instances.contains(&holder), "Lease held by {holder:?}");
+
+    let report: Value =
+        serde_json::from_str(&cli(&env.cp, &["status", "-o", "json"])).expect("status JSON");
+    assert_eq!(report["admission"]["inSync"], true, "{report:#}");
+    let source_of = |kind: &str| {
+        report["protected"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["kind"] == kind))
+            .map(|p| (p["mode"].clone(), p["source"].clone()))
+    };
+    assert_eq!(
+        source_of("RefuseComposite.table.cascade-guard.dev"),
+        Some((json!("Refuse"), json!("XrdAnnotation")))
+    );
+    assert_eq!(
+        source_of("DefaultComposite.table.cascade-guard.dev"),
+        Some((json!("Refuse"), json!("Default")))
+    );
+    assert_eq!(
+        source_of("ConvertComposite.table.cascade-guard.dev"),
+        Some((json!("Convert"), json!("XrdAnnotation")))
+    );
+
+    let text = cli(&env.cp, &["status"]);
+    assert!(text.contains("ADMISSION POLICIES: in sync"), "{text}");
+    assert!(
+        text.contains("XRD annotation (refusecomposites.table.cascade-guard.dev)"),
+        "{text}"
+    );
+    eprintln!("cascade-guard status:\n{text}");
+
+    // What the API server refuses the ServiceAccount.
+    let sa = service_account_client(env, &docs).await;
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+    maps.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "not-protected"}})).expect("cm"),
+    )
+    .await
+    .expect("a ConfigMap");
+    let sa_maps: Api<ConfigMap> = Api::namespaced(sa.clone(), &ns);
+    assert!(
+        sa_maps.get("not-protected").await.is_ok(),
+        "composedResources grants get"
+    );
+    assert_forbidden(
+        "delete a ConfigMap (core group, not protected)",
+        sa_maps
+            .delete("not-protected", &DeleteParams::default())
+            .await,
+    );
+    assert_forbidden(
+        "patch a ConfigMap's finalizers",
+        sa_maps
+            .patch(
+                "not-protected",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": [FINALIZER]}})),
+            )
+            .await,
+    );
+    assert_forbidden(
+        "list Secrets in its own namespace",
+        Api::<Secret>::namespaced(sa.clone(), chart::NAMESPACE)
+            .list(&ListParams::default())
+            .await,
+    );
+    assert_forbidden(
+        "read a Secret in kube-system",
+        Api::<Secret>::namespaced(sa.clone(), "kube-system")
+            .get("anything")
+            .await,
+    );
+    let sa_xrds = xrd_api(&sa);
+    assert_forbidden(
+        "annotate an XRD (read-only input)",
+        sa_xrds
+            .patch(
+                &REFUSE.xrd_name(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"cascade-guard.dev/deletion-policy": "Off"}}})),
+            )
+            .await,
+    );
+    assert_forbidden(
+        "delete an XRD",
+        sa_xrds
+            .delete(&REFUSE.xrd_name(), &DeleteParams::default())
+            .await,
+    );
+    let sa_policies = cascade_policy_api(&sa);
+    assert_forbidden(
+        "change a CascadePolicy's spec (only its status is cascade-guard's)",
+        sa_policies
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"mode": "Off"}})),
+            )
+            .await,
+    );
+    assert_forbidden(
+        "delete a CascadePolicy",
+        sa_policies.delete(&name, &DeleteParams::default()).await,
+    );
+    assert_forbidden(
+        "delete a CRD",
+        Api::<CustomResourceDefinition>::all(sa.clone())
+            .delete(
+                "cascadepolicies.cascade-guard.dev",
+                &DeleteParams::default(),
+            )
+            .await,
+    );
+    let webhook = json!({"metadata": {"name": "not-cascade-guards"}, "webhooks": []});
+    assert_forbidden(
+        "create a ValidatingWebhookConfiguration",
+        Api::<ValidatingWebhookConfiguration>::all(sa.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(webhook.clone()).expect("vwc"),
+            )
+            .await,
+    );
+    assert_forbidden(
+        "create a MutatingWebhookConfiguration",
+        Api::<MutatingWebhookConfiguration>::all(sa.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(webhook).expect("mwc"),
+            )
+            .await,
+    );
+    let map = ApiResource {
+        group: "admissionregistration.k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "admissionregistration.k8s.io/v1beta1".into(),
+        kind: "MutatingAdmissionPolicy".into(),
+        plural: "mutatingadmissionpolicies".into(),
+    };
+    assert_forbidden(
+        "create a MutatingAdmissionPolicy",
+        Api::<DynamicObject>::all_with(sa.clone(), &map)
+            .create(
+                &PostParams::default(),
+                &DynamicObject::new("not-cascade-guards", &map),
+            )
+            .await,
+    );
+    let lease = |name: &str| -> Lease {
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("lease")
+    };
+    assert_forbidden(
+        "create a Lease in kube-system",
+        Api::<Lease>::namespaced(sa.clone(), "kube-system")
+            .create(&PostParams::default(), &lease("cascade-guard"))
+            .await,
+    );
+    assert_forbidden(
+        "read another Lease in its namespace",
+        Api::<Lease>::namespaced(sa.clone(), chart::NAMESPACE)
+            .get("someone-else")
+            .await,
+    );
+    assert_forbidden(
+        "grant itself more (ClusterRoleBinding)",
+        Api::<ClusterRoleBinding>::all(sa.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "cascade-guard-escalates"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                    "subjects": [{"kind": "ServiceAccount", "name": "cascade-guard", "namespace": chart::NAMESPACE}]
+                }))
+                .expect("crb"),
+            )
+            .await,
+    );
+    assert_forbidden(
+        "create a Pod",
+        Api::<Pod>::namespaced(sa.clone(), chart::NAMESPACE)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+                    .expect("pod"),
+            )
+            .await,
+    );
+    assert_forbidden(
+        "delete a Namespace",
+        Api::<Namespace>::all(sa.clone())
+            .delete(&ns, &DeleteParams::default())
+            .await,
+    );
+    // The limit of RBAC, stated rather than hidden: it cannot match labels, so
+    // the grant on ValidatingAdmissionPolicies covers other controllers' too.
+    // The controller itself only ever touches its own (by label and name).
+    let vaps: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
+    let foreign = format!("{ns}-someone-elses");
+    vaps.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": foreign},
+            "spec": {"matchConstraints": {"resourceRules": [{"apiGroups": ["example.org"], "apiVersions": ["*"],
+                "operations": ["DELETE"], "resources": ["things"]}]},
+                "validations": [{"expression": "true"}]}
+        }))
+        .expect("vap"),
+    )
+    .await
+    .expect("a foreign admission policy");
+    let dry_run = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    assert!(
+        Api::<ValidatingAdmissionPolicy>::all(sa.clone())
+            .delete(&foreign, &dry_run)
+            .await
+            .is_ok(),
+        "RBAC cannot tell admission policies apart by label; if this changed, update the docs"
+    );
+    // ...and the controller left it alone.
+    let still = vaps
+        .get(&foreign)
+        .await
+        .expect("the foreign policy is still there");
+    assert!(still.labels().get("app.kubernetes.io/managed-by").is_none());
+    vaps.delete(&foreign, &DeleteParams::default())
+        .await
+        .expect("clean up");
+
+    // Everything above worked without a single request the API server refused.
+    let log = logs(&replicas);
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "a replica was refused something the chart should grant:\n{log}"
+    );
+    for r in &mut replicas {
+        r.stop();
+    }
+}
+
+/// An upgrade changes what it should and leaves the held objects held; an
+/// uninstall as documented (stop, `cascade-guard uninstall`, delete the
+/// chart's objects) leaves no admission policy, no finalizer, nothing stuck.
+#[tokio::test]
+async fn upgrade_and_uninstall_leave_nothing_stuck() {
+    let _one_at_a_time = CLUSTER.lock().await;
+    let env = bare_env().await;
+    let s = Scope::new(&env.cp, "chart-upgrade").await;
+    let ns = s.namespace.clone();
+    let admin = &s.client;
+    let (v1, mut replicas) = install(env, VALUES, 1, "chart-v1").await;
+    env.wait_for_protection(admin, &DEFAULTED.resource()).await;
+    let convert = CONVERT.resource();
+    create_tree(admin, &convert, &ns, "idle", 1).await;
+    wait_held(admin, &convert, &ns, "idle").await;
+
+    // Upgrade: another default mode, one more replica, no PDB, one more group.
+    let v2_values = format!(
+        "{VALUES}\nxrdDefaultMode: Warn\nreplicas: 3\npodDisruptionBudget:\n  enabled: false\n"
+    )
+    .replace(
+        "protectedGroups: [table.cascade-guard.dev]",
+        "protectedGroups: [table.cascade-guard.dev, extra.example.org]",
+    );
+    let v2 = render(&v2_values);
+    chart::apply(admin, &v2, &v1).await;
+    // A rolling update: the old replica stops, a new one starts.
+    for r in &mut replicas {
+        r.stop();
+    }
+    let kubeconfig = chart::write_service_account_kubeconfig(&env.cp, &v2);
+    replicas = vec![Replica::start(&env.cp, &v2, &kubeconfig, "chart-v2-0")];
+
+    let deployments: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        chart::NAMESPACE,
+        &ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&()),
+    );
+    let deployment = deployments.get(chart::RELEASE).await.expect("Deployment");
+    assert_eq!(deployment.data["spec"]["replicas"], 3);
+    let args = deployment.data["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    assert!(
+        args.as_array()
+            .expect("args")
+            .contains(&json!("--xrd-default-mode=Warn")),
+        "{args}"
+    );
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(admin.clone(), chart::NAMESPACE);
+    assert!(
+        pdbs.get_opt(chart::RELEASE)
+            .await
+            .expect("get PDB")
+            .is_none(),
+        "the upgrade did not remove the PodDisruptionBudget"
+    );
+    let role = Api::<ClusterRole>::all(admin.clone())
+        .get(chart::RELEASE)
+        .await
+        .expect("ClusterRole");
+    assert!(
+        role.rules.unwrap_or_default().iter().any(|r| r
+            .api_groups
+            .as_ref()
+            .is_some_and(|g| g.contains(&"extra.example.org".to_string()))),
+        "the upgrade did not extend the ClusterRole"
+    );
+
+    // The new replica compiles the new default mode...
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
+    let defaulted = format!("cascade-guard-xrd-{}", DEFAULTED.xrd_name());
+    let warned = wait::until(Duration::from_secs(30), || async {
+        let b = bindings.get(&defaulted).await.ok()?;
+        (b.spec.validation_actions == ["Warn", "Audit"]).then_some(())
+    })
+    .await;
+    assert!(
+        warned.is_some(),
+        "the default mode never became Warn\n{}",
+        logs(&replicas)
+    );
+    // The API server's admission picks the change up within a second or so.
+    let probe = wait::until(Duration::from_secs(15), || async {
+        let got = delete(
+            admin,
+            &DEFAULTED.resource(),
+            "protection-probe",
+            &format!("probe-{}", DEFAULTED.plural),
+            &DeleteSpec::dry_run_background(),
+        )
+        .await;
+        (got.allowed() && !got.warnings.is_empty()).then_some(got)
+    })
+    .await;
+    assert!(
+        probe.is_some(),
+        "a Background delete of a DefaultComposite is not just warned about"
+    );
+    let report: Value = serde_json::from_str(&cli(
+        &env.cp,
+        &["status", "--xrd-default-mode=Warn", "-o", "json"],
+    ))
+    .expect("status JSON");
+    assert_eq!(report["admission"]["inSync"], true, "{report:#}");
+    // ...and what was held stays held, not terminating.
+    let xrs: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &ns, &convert);
+    let idle = xrs.get("idle").await.expect("idle");
+    assert!(idle.finalizers().iter().any(|f| f == FINALIZER));
+    assert!(idle.metadata.deletion_timestamp.is_none());
+
+    // A cascade in progress when the uninstall starts: its dependents wait on
+    // a provider that is not running yet.
+    let timeline = Timeline::start(
+        admin,
+        &[
+            (convert.clone(), Some(ns.clone())),
+            (config_maps(), Some(ns.clone())),
+        ],
+    )
+    .await;
+    create_tree(admin, &convert, &ns, "busy", 2).await;
+    wait_held(admin, &convert, &ns, "busy").await;
+    assert!(
+        delete(admin, &convert, &ns, "busy", &background())
+            .await
+            .allowed()
+    );
+    let converted = wait::until(Duration::from_secs(30), || async {
+        let xr = xrs.get("busy").await.ok()?;
+        xr.finalizers()
+            .iter()
+            .any(|f| f == "foregroundDeletion")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        converted.is_some(),
+        "busy was never converted\n{}",
+        logs(&replicas)
+    );
+
+    // Uninstall, as README.md says: scale to zero, `cascade-guard uninstall`,
+    // then delete the chart's objects.
+    for r in &mut replicas {
+        r.stop();
+    }
+    let said = cli(&env.cp, &["uninstall"]);
+    assert!(said.starts_with("removed "), "{said}");
+    chart::uninstall(admin, &v2).await;
+
+    let vaps: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
+    let managed = ListParams::default().labels(MANAGED);
+    assert!(vaps.list(&managed).await.expect("list").items.is_empty());
+    assert!(
+        bindings
+            .list(&managed)
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    let mut resources: Vec<ApiResource> = XR_KINDS.iter().map(|k| k.resource()).collect();
+    resources.push(leaves());
+    for r in &resources {
+        let all: Api<DynamicObject> = Api::all_with(admin.clone(), r);
+        for o in all.list(&ListParams::default()).await.expect("list").items {
+            assert!(
+                !o.finalizers().iter().any(|f| f == FINALIZER),
+                "{} {} still holds cascade-guard's finalizer",
+                r.kind,
+                o.name_any()
+            );
+        }
+    }
+    // The chart's objects are gone, but the CRD (and every CascadePolicy).
+    for doc in &v2 {
+        let k = chart::key(doc);
+        let found = chart::api_for(admin, &k)
+            .await
+            .get_opt(&k.3)
+            .await
+            .expect("get");
+        if k.1 == "CustomResourceDefinition" {
+            assert!(found.is_some(), "helm.sh/resource-policy: keep");
+        } else {
+            assert!(found.is_none(), "{} {} is still there", k.1, k.3);
+        }
+    }
+    assert!(
+        cascade_policy_api(admin)
+            .get_opt("leaves")
+            .await
+            .expect("get")
+            .is_some()
+    );
+
+    // Nothing is stuck: the cascade in progress finishes once its provider
+    // does its work, and the idle XR deletes like any object now.
+    let _provider = Provider::start(admin.clone(), ns.clone(), Duration::from_millis(200));
+    assert!(
+        timeline
+            .wait_gone(&convert.kind, "busy", Duration::from_secs(60))
+            .await
+            .is_some(),
+        "busy never left:\n{}",
+        timeline.describe()
+    );
+    assert_foreground(&timeline, &convert.kind, "busy", 2);
+    // The API server's admission stops enforcing a deleted policy within a
+    // second or so (it works from a cache): until then, the delete is refused.
+    let last = std::cell::RefCell::new(None);
+    let deleted = wait::until(Duration::from_secs(15), || async {
+        let got = delete(admin, &convert, &ns, "idle", &background()).await;
+        let allowed = got.allowed();
+        *last.borrow_mut() = Some(got);
+        allowed.then_some(())
+    })
+    .await;
+    assert!(
+        deleted.is_some(),
+        "idle cannot be deleted: {:?}",
+        last.borrow()
+    );
+    assert!(
+        timeline
+            .wait_gone(&convert.kind, "idle", Duration::from_secs(30))
+            .await
+            .is_some(),
+        "idle never left:\n{}",
+        timeline.describe()
+    );
+    let terminating = wait::until(Duration::from_secs(60), || async {
+        for r in resources.iter().chain([&config_maps()]) {
+            let all: Api<DynamicObject> = Api::all_with(admin.clone(), r);
+            let items = all.list(&ListParams::default()).await.ok()?.items;
+            if items
+                .iter()
+                .any(|o| o.metadata.deletion_timestamp.is_some())
+            {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    assert!(
+        terminating.is_some(),
+        "objects left terminating after the uninstall"
+    );
+    // The namespace (with the Lease the replicas made) goes too.
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    namespaces
+        .delete(chart::NAMESPACE, &DeleteParams::default())
+        .await
+        .expect("delete the release namespace");
+    let gone = wait::until(Duration::from_secs(60), || async {
+        namespaces
+            .get_opt(chart::NAMESPACE)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "{} stuck terminating", chart::NAMESPACE);
+}
