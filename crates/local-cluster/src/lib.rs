@@ -14,6 +14,7 @@ mod binaries;
 mod cluster;
 pub mod crossplane;
 mod error;
+pub mod model;
 mod pki;
 pub mod process;
 pub mod testing;

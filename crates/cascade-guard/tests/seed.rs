@@ -1,0 +1,755 @@
+//! The seed's failure (../shared/seed/background-deletion-issue.txt),
+//! reproduced on the real control plane with a model of Crossplane, its Usage
+//! webhook and its providers (local_cluster::model), and prevented by each of
+//! cascade-guard's modes.
+//!
+//! Three scenarios, each without cascade-guard (mode Off: no policies, nothing
+//! held), with Refuse and with Convert:
+//! 1. an InferenceCluster: an EKSCluster (a slow cloud cluster), a ServingStack
+//!    whose Helm releases install onto that cluster, and a Usage of the
+//!    EKSCluster by the ServingStack;
+//! 2. a ModelDeployment whose ModelReplicas' Objects run on that cluster, the
+//!    InferenceCluster's reason-only ClusterUsage while they exist, and the
+//!    InferenceCluster deleted while the ModelDeployment is going away;
+//! 3. an InferenceGateway on the cluster, likewise.
+//!
+//! Order is asserted from a watch: no cluster leaves the API while anything
+//! that needs it still exists. Then a randomized test: random platforms,
+//! clients, modes and delays, concurrent deletes and cascade-guard killed at
+//! random; CASCADE_GUARD_SEED replays a run.
+
+mod support;
+
+#[path = "support/platform.rs"]
+mod platform;
+
+use std::time::{Duration, Instant};
+
+use kube::api::ApiResource;
+use local_cluster::audit;
+use local_cluster::model::composite::Node;
+use local_cluster::model::modelplane::{
+    self, GUARD_KEY, GUARD_REASON, InferenceCluster, InferenceGateway, ModelDeployment, Replica,
+    SYSTEM_NAMESPACE,
+};
+use local_cluster::model::{CROSSPLANE_USER, usage};
+use platform::*;
+use support::DeleteSpec;
+
+fn arg(r: &ApiResource) -> String {
+    format!("{}.{}", r.plural, r.group)
+}
+
+fn lower(mode: Mode) -> String {
+    mode.as_str().to_lowercase()
+}
+
+/// kubectl's outcome: (succeeded, stderr).
+async fn kubectl_delete(
+    p: &Platform,
+    resource: &ApiResource,
+    ns: Option<&str>,
+    name: &str,
+    foreground: bool,
+) -> (bool, String) {
+    let target = arg(resource);
+    let mut args = vec!["delete", target.as_str(), name, "--wait=false"];
+    if let Some(ns) = ns {
+        args.extend(["-n", ns]);
+    }
+    if foreground {
+        args.push("--cascade=foreground");
+    }
+    let out = p.kubectl(&args).await;
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Asserts that a plain kubectl delete was refused by cascade-guard with the
+/// message that names the command that works.
+fn assert_refused(outcome: &(bool, String), kind: &str, name: &str) {
+    let (ok, stderr) = outcome;
+    assert!(!ok, "the plain delete of {kind} {name} was allowed");
+    assert!(
+        stderr.contains("(Forbidden)")
+            && stderr.contains(&format!("cascade-guard refused to delete {kind} {name}"))
+            && stderr.contains("--cascade=foreground"),
+        "unexpected refusal: {stderr}"
+    );
+}
+
+/// Asserts that a delete of the InferenceCluster was refused by the Usage
+/// webhook because of its replica guard, with 409. kubectl prints the status
+/// reason in parentheses, and Crossplane puts its message there (the webhook
+/// answers `Result{Code: 409, Reason: msg}`), so it shows twice.
+fn assert_in_use(p: &Platform, outcome: &(bool, String), ic: &str) {
+    let (ok, stderr) = outcome;
+    assert!(
+        !ok,
+        "the delete of InferenceCluster {ic} was allowed while in use"
+    );
+    assert!(
+        stderr
+            .contains("admission webhook \"nousages.protection.crossplane.io\" denied the request")
+            && stderr.contains(&format!(
+                "\"{ic}-{GUARD_KEY}\" with reason: \"{GUARD_REASON}\""
+            )),
+        "unexpected refusal: {stderr}"
+    );
+    let conflict = audit::read(&p.cp.audit_log_path()).iter().any(|e| {
+        e.verb == "delete"
+            && e.is_about("inferenceclusters", "", ic)
+            && e.response_code() == Some(409)
+    });
+    assert!(conflict, "the refusal of {ic} was not a 409 Conflict");
+}
+
+/// Whether the audit log shows InferenceCluster `name` deleted (200) by
+/// Crossplane's service account with `policy`: the replay of a deletion the
+/// Usage webhook refused.
+fn replayed_by_crossplane(p: &Platform, name: &str, policy: &str) -> bool {
+    audit::read(&p.cp.audit_log_path()).iter().any(|e| {
+        e.verb == "delete"
+            && e.is_about("inferenceclusters", "", name)
+            && e.response_code() == Some(200)
+            && e.effective_username() == CROSSPLANE_USER
+            && e.propagation_policy() == Some(policy)
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Scenario 1: an InferenceCluster.
+
+async fn inference_cluster(mode: Mode) {
+    let p = platform().await;
+    let _gate = p.enter([mode; 6]).await;
+    let client = p.admin().await;
+    let name = format!("s1-{}", lower(mode));
+    let ic = InferenceCluster::new(&name, Duration::from_secs(1), Duration::from_secs(5));
+    let tree = ic.tree();
+    let mut run = Run::default();
+    run.add(&tree);
+    let tl = timeline(&client).await;
+    tree.create(&client).await.expect("create the tree");
+    wait_in_use(
+        &client,
+        &modelplane::eks_clusters(),
+        Some(SYSTEM_NAMESPACE),
+        &name,
+    )
+    .await;
+    let ics = modelplane::inference_clusters();
+    let start = Instant::now();
+    match mode {
+        Mode::Off => {
+            let (ok, stderr) = kubectl_delete(p, &ics, None, &name, false).await;
+            assert!(ok, "kubectl delete: {stderr}");
+            let wedged =
+                assert_wedged(&client, &run, &tl, &ic.cluster(), Duration::from_secs(5)).await;
+            eprintln!(
+                "scenario 1 without cascade-guard: the cluster was gone after {:?}; wedged: {wedged:?}",
+                tl.gone("Cluster", &name).map(|e| e.at - start)
+            );
+            run.clean_up(&client, &tl).await;
+        }
+        Mode::Refuse => {
+            let refused = kubectl_delete(p, &ics, None, &name, false).await;
+            assert_refused(&refused, "InferenceCluster", &name);
+            let (ok, stderr) = kubectl_delete(p, &ics, None, &name, true).await;
+            assert!(ok, "kubectl delete --cascade=foreground: {stderr}");
+            finish(p, &run, &tl, "scenario 1 (Refuse)", start).await;
+            assert!(was_foreground(&tl, "InferenceCluster", &name));
+        }
+        Mode::Convert => {
+            let (ok, stderr) = kubectl_delete(p, &ics, None, &name, false).await;
+            assert!(ok, "kubectl delete: {stderr}");
+            finish(p, &run, &tl, "scenario 1 (Convert)", start).await;
+            assert!(
+                was_foreground(&tl, "InferenceCluster", &name),
+                "cascade-guard never converted the delete\n{}",
+                run.describe(&tl)
+            );
+        }
+    }
+}
+
+/// Waits for the whole run to leave the API and asserts the order.
+async fn finish(
+    p: &Platform,
+    run: &Run,
+    tl: &local_cluster::timeline::Timeline,
+    what: &str,
+    start: Instant,
+) {
+    assert!(
+        run.wait_all_gone(tl, Duration::from_secs(90)).await,
+        "{what}: left {:?}\n{}\n{}",
+        run.left(tl),
+        run.describe(tl),
+        p.cp.log_tails(30)
+    );
+    run.assert_order(tl, what);
+    eprintln!(
+        "{what}: everything gone, in order, in {:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn off_inference_cluster_a_plain_delete_wedges_the_releases() {
+    inference_cluster(Mode::Off).await;
+}
+
+#[tokio::test]
+async fn refuse_inference_cluster_the_plain_delete_is_refused_and_foreground_is_ordered() {
+    inference_cluster(Mode::Refuse).await;
+}
+
+#[tokio::test]
+async fn convert_inference_cluster_a_plain_delete_is_ordered() {
+    inference_cluster(Mode::Convert).await;
+}
+
+// ---------------------------------------------------------------------------
+// Scenarios 2 and 3: something running on the cluster, and the
+// InferenceCluster deleted while it is going away.
+
+#[derive(Clone, Copy, PartialEq)]
+enum Consumer {
+    ModelDeployment,
+    InferenceGateway,
+}
+
+async fn consumer(mode: Mode, which: Consumer) {
+    let p = platform().await;
+    let _gate = p.enter([mode; 6]).await;
+    let client = p.admin().await;
+    let scenario = if which == Consumer::ModelDeployment {
+        2
+    } else {
+        3
+    };
+    let name = format!("s{scenario}-{}", lower(mode));
+    let ns = name.clone();
+    create_namespace(&client, &ns).await;
+    let object_delete = Duration::from_secs(6);
+    let ic = InferenceCluster::new(&name, Duration::from_secs(1), Duration::from_secs(1));
+    let (tree, resource, consumer_ns, consumer_name) = match which {
+        Consumer::ModelDeployment => {
+            let md = ModelDeployment {
+                namespace: ns.clone(),
+                name: format!("{name}-llama"),
+                cluster: name.clone(),
+                replicas: vec![
+                    Replica {
+                        objects: vec![object_delete; 2],
+                        nested: None,
+                    };
+                    2
+                ],
+            };
+            (
+                md.tree(),
+                modelplane::model_deployments(),
+                Some(ns.as_str()),
+                md.name,
+            )
+        }
+        Consumer::InferenceGateway => {
+            let ig = InferenceGateway {
+                name: format!("{name}-gateway"),
+                cluster: name.clone(),
+                release_uninstall: object_delete,
+                objects_delete: object_delete,
+            };
+            (ig.tree(), modelplane::inference_gateways(), None, ig.name)
+        }
+    };
+    let mut run = Run::default();
+    run.add(&ic.tree());
+    run.add(&tree);
+    run.add_object(
+        &usage::cluster_usages(),
+        None,
+        &format!("{name}-{GUARD_KEY}"),
+    );
+    let tl = timeline(&client).await;
+    ic.tree()
+        .create(&client)
+        .await
+        .expect("create the InferenceCluster");
+    tree.create(&client).await.expect("create the consumer");
+    wait_in_use(
+        &client,
+        &modelplane::eks_clusters(),
+        Some(SYSTEM_NAMESPACE),
+        &name,
+    )
+    .await;
+    // The replica guard composed its ClusterUsage, and the webhook guards the cluster.
+    wait_in_use(&client, &modelplane::inference_clusters(), None, &name).await;
+    let ics = modelplane::inference_clusters();
+    let what = format!("scenario {scenario} ({})", mode.as_str());
+    let start = Instant::now();
+    match mode {
+        Mode::Off => {
+            let (ok, stderr) =
+                kubectl_delete(p, &resource, consumer_ns, &consumer_name, false).await;
+            assert!(ok, "kubectl delete: {stderr}");
+            // It left at once; its Objects are still finalizing on the
+            // cluster. The guard lets go of the InferenceCluster...
+            let released = tl
+                .wait_gone(
+                    "ClusterUsage",
+                    &format!("{name}-{GUARD_KEY}"),
+                    Duration::from_secs(30),
+                )
+                .await;
+            assert!(
+                released.is_some(),
+                "the guard never let go\n{}",
+                run.describe(&tl)
+            );
+            // ...and the InferenceCluster is deleted while they finalize.
+            let (ok, stderr) = kubectl_delete(p, &ics, None, &name, false).await;
+            assert!(ok, "kubectl delete: {stderr}");
+            let wedged = assert_wedged(&client, &run, &tl, &ic.cluster(), object_delete).await;
+            eprintln!(
+                "{what}: the cluster was gone after {:?}; wedged: {wedged:?}",
+                tl.gone("Cluster", &name).map(|e| e.at - start)
+            );
+            run.clean_up(&client, &tl).await;
+        }
+        Mode::Refuse => {
+            let refused = kubectl_delete(p, &resource, consumer_ns, &consumer_name, false).await;
+            assert_refused(&refused, &resource.kind, &consumer_name);
+            let (ok, stderr) =
+                kubectl_delete(p, &resource, consumer_ns, &consumer_name, true).await;
+            assert!(ok, "kubectl delete --cascade=foreground: {stderr}");
+            wait_terminating(&run, &tl, "Object").await;
+            // While it goes away: a plain delete is refused by cascade-guard...
+            let refused = kubectl_delete(p, &ics, None, &name, false).await;
+            assert_refused(&refused, "InferenceCluster", &name);
+            // ...and a foreground one by the Usage, which records it to replay.
+            let in_use = kubectl_delete(p, &ics, None, &name, true).await;
+            assert_in_use(p, &in_use, &name);
+            finish(p, &run, &tl, &what, start).await;
+            assert!(
+                replayed_by_crossplane(p, &name, "Foreground"),
+                "{what}: Crossplane never replayed the foreground delete"
+            );
+        }
+        Mode::Convert => {
+            let (ok, stderr) =
+                kubectl_delete(p, &resource, consumer_ns, &consumer_name, false).await;
+            assert!(ok, "kubectl delete: {stderr}");
+            wait_terminating(&run, &tl, "Object").await;
+            let in_use = kubectl_delete(p, &ics, None, &name, false).await;
+            assert_in_use(p, &in_use, &name);
+            finish(p, &run, &tl, &what, start).await;
+            assert!(
+                replayed_by_crossplane(p, &name, "Background"),
+                "{what}: Crossplane never replayed the delete"
+            );
+            assert!(was_foreground(&tl, "InferenceCluster", &name));
+            assert!(was_foreground(&tl, &resource.kind, &consumer_name));
+        }
+    }
+}
+
+#[tokio::test]
+async fn off_model_deployment_the_race_wedges_its_objects() {
+    consumer(Mode::Off, Consumer::ModelDeployment).await;
+}
+
+#[tokio::test]
+async fn refuse_model_deployment_the_race_is_refused_then_replayed_in_order() {
+    consumer(Mode::Refuse, Consumer::ModelDeployment).await;
+}
+
+#[tokio::test]
+async fn convert_model_deployment_the_race_is_ordered() {
+    consumer(Mode::Convert, Consumer::ModelDeployment).await;
+}
+
+#[tokio::test]
+async fn off_inference_gateway_the_race_wedges_its_objects() {
+    consumer(Mode::Off, Consumer::InferenceGateway).await;
+}
+
+#[tokio::test]
+async fn refuse_inference_gateway_the_race_is_refused_then_replayed_in_order() {
+    consumer(Mode::Refuse, Consumer::InferenceGateway).await;
+}
+
+#[tokio::test]
+async fn convert_inference_gateway_the_race_is_ordered() {
+    consumer(Mode::Convert, Consumer::InferenceGateway).await;
+}
+
+// ---------------------------------------------------------------------------
+// Randomized.
+
+/// A small deterministic generator (xorshift64*), as in tests/restarts.rs, so
+/// that a failing run can be replayed from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn from_env(test: &str) -> Self {
+        let seed = std::env::var("CASCADE_GUARD_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            })
+            | 1;
+        eprintln!("{test}: seed {seed} (replay with CASCADE_GUARD_SEED={seed})");
+        Rng(seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, one_in: u64) -> bool {
+        self.below(one_in) == 0
+    }
+
+    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+/// Who deletes a root, and how (research §4).
+#[derive(Clone, Copy, Debug)]
+enum Client {
+    /// The built kubectl: Background.
+    Kubectl,
+    KubectlForeground,
+    /// client-go with no option: no policy.
+    NoPolicy,
+    /// Helm uninstall through Flux's helm-controller: Background.
+    Helm,
+    /// Argo CD: Foreground.
+    Argo,
+}
+
+const CLIENTS: [Client; 5] = [
+    Client::Kubectl,
+    Client::KubectlForeground,
+    Client::NoPolicy,
+    Client::Helm,
+    Client::Argo,
+];
+
+/// What a delete came to.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Deleted,
+    /// cascade-guard refused it (and said to use foreground).
+    Refused,
+    /// The Usage webhook refused it; Crossplane replays it later.
+    InUse,
+    NotFound,
+}
+
+async fn delete_once(
+    p: &Platform,
+    client: Client,
+    foreground: bool,
+    resource: &ApiResource,
+    ns: Option<&str>,
+    name: &str,
+) -> Result<Outcome, String> {
+    let (ok, code, message) = match client {
+        Client::Kubectl | Client::KubectlForeground => {
+            let fg = foreground || matches!(client, Client::KubectlForeground);
+            let (ok, stderr) = kubectl_delete(p, resource, ns, name, fg).await;
+            let code = if ok {
+                200
+            } else if stderr.contains("(Forbidden)") {
+                403
+            } else if stderr.contains("nousages.protection.crossplane.io") {
+                409
+            } else if stderr.contains("(NotFound)") {
+                404
+            } else {
+                0
+            };
+            (ok, code, stderr)
+        }
+        _ => {
+            let (user, policy) = match client {
+                Client::Helm => (
+                    "system:serviceaccount:flux-system:helm-controller",
+                    Some("Background"),
+                ),
+                Client::Argo => (
+                    "system:serviceaccount:argocd:argocd-application-controller",
+                    Some("Foreground"),
+                ),
+                _ => ("alice@example.com", None),
+            };
+            let c =
+                p.cp.client_as(user, &["system:masters"])
+                    .await
+                    .map_err(|e| e.to_string())?;
+            let spec = DeleteSpec {
+                propagation: if foreground {
+                    Some("Foreground")
+                } else {
+                    policy
+                },
+                ..DeleteSpec::default()
+            };
+            let got = delete(&c, resource, ns, name, &spec).await;
+            (got.allowed(), got.code, got.message)
+        }
+    };
+    match code {
+        _ if ok => Ok(Outcome::Deleted),
+        403 if message.contains("cascade-guard refused") => Ok(Outcome::Refused),
+        409 if message.contains("in-use") => Ok(Outcome::InUse),
+        404 => Ok(Outcome::NotFound),
+        _ => Err(format!(
+            "{client:?} delete of {} {name}: {code} {message}",
+            resource.kind
+        )),
+    }
+}
+
+/// Deletes a root as `client` would, following a refusal's advice once:
+/// the outcomes of each attempt.
+async fn delete_root(
+    p: &Platform,
+    client: Client,
+    resource: &ApiResource,
+    ns: Option<&str>,
+    name: &str,
+) -> Result<Vec<Outcome>, String> {
+    match delete_once(p, client, false, resource, ns, name).await? {
+        Outcome::Refused => Ok(vec![
+            Outcome::Refused,
+            delete_once(p, client, true, resource, ns, name).await?,
+        ]),
+        other => Ok(vec![other]),
+    }
+}
+
+struct Root {
+    resource: ApiResource,
+    ns: Option<String>,
+    name: String,
+}
+
+fn root_of(node: &Node) -> Root {
+    Root {
+        resource: node.resource.clone(),
+        ns: node.namespace.clone(),
+        name: node.name.clone(),
+    }
+}
+
+/// Random platforms: InferenceClusters with random releases and delays, and
+/// on each, 0-2 ModelDeployments (1-2 replicas of 1-2 Objects, sometimes with
+/// an extra XR level: depth 4) and maybe an InferenceGateway.
+fn random_platforms(
+    rng: &mut Rng,
+    round: usize,
+    ns: &str,
+    count: usize,
+) -> (Vec<Node>, Vec<Node>, Vec<(String, bool)>) {
+    let nested_kinds = [
+        modelplane::serving_stacks(),
+        modelplane::model_replicas(),
+        modelplane::eks_clusters(),
+    ];
+    let mut clusters = Vec::new();
+    let mut consumers = Vec::new();
+    let mut ics = Vec::new();
+    for k in 0..count {
+        let name = format!("r{round}-ic{k}");
+        let releases = (0..1 + rng.below(3) as usize)
+            .map(|i| {
+                (
+                    modelplane::SERVING_CHARTS[i].to_string(),
+                    rng.millis(300, 2500),
+                )
+            })
+            .collect();
+        let ic = InferenceCluster {
+            name: name.clone(),
+            cluster_delete: rng.millis(300, 1500),
+            releases,
+        };
+        clusters.push(ic.tree());
+        let mut used = false;
+        for m in 0..rng.below(3) {
+            let replicas = (0..1 + rng.below(2))
+                .map(|_| Replica {
+                    objects: (0..1 + rng.below(2))
+                        .map(|_| rng.millis(300, 2500))
+                        .collect(),
+                    nested: rng
+                        .chance(3)
+                        .then(|| nested_kinds[rng.below(3) as usize].clone()),
+                })
+                .collect();
+            let md = ModelDeployment {
+                namespace: ns.to_string(),
+                name: format!("{name}-md{m}"),
+                cluster: name.clone(),
+                replicas,
+            };
+            consumers.push(md.tree());
+            used = true;
+        }
+        if rng.chance(2) {
+            let ig = InferenceGateway {
+                name: format!("{name}-gw"),
+                cluster: name.clone(),
+                release_uninstall: rng.millis(300, 2500),
+                objects_delete: rng.millis(300, 2500),
+            };
+            consumers.push(ig.tree());
+            used = true;
+        }
+        ics.push((name, used));
+    }
+    (clusters, consumers, ics)
+}
+
+#[tokio::test]
+async fn randomized_platforms_clients_modes_and_restarts_never_lose_a_cluster_first() {
+    let p = platform().await;
+    let mut rng = Rng::from_env("randomized");
+    let seed = rng.0;
+    let rounds: usize = std::env::var("CASCADE_GUARD_SEED_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let client = p.admin().await;
+    let mut trees = 0;
+    let mut deepest = 0;
+    let mut kills = 0;
+    let start = Instant::now();
+    for round in 0..rounds {
+        let mut modes = [Mode::Refuse; 6];
+        for m in modes.iter_mut() {
+            if rng.chance(2) {
+                *m = Mode::Convert;
+            }
+        }
+        let context =
+            format!("seed {seed} (CASCADE_GUARD_SEED={seed}), round {round}, modes {modes:?}");
+        eprintln!("randomized: {context}");
+        let _gate = p.enter(modes).await;
+        let ns = format!("randomized-{round}");
+        create_namespace(&client, &ns).await;
+        let (clusters, consumers, ics) = random_platforms(&mut rng, round, &ns, 3);
+        let mut run = Run::default();
+        for t in clusters.iter().chain(&consumers) {
+            run.add(t);
+            trees += 1;
+            deepest = deepest.max(t.depth());
+        }
+        for (ic, used) in &ics {
+            if *used {
+                run.add_object(&usage::cluster_usages(), None, &format!("{ic}-{GUARD_KEY}"));
+            }
+        }
+        let tl = timeline(&client).await;
+        for t in clusters.iter().chain(&consumers) {
+            t.create(&client)
+                .await
+                .unwrap_or_else(|e| panic!("{context}: create: {e}"));
+        }
+        for (ic, used) in &ics {
+            wait_in_use(
+                &client,
+                &modelplane::eks_clusters(),
+                Some(SYSTEM_NAMESPACE),
+                ic,
+            )
+            .await;
+            if *used {
+                wait_in_use(&client, &modelplane::inference_clusters(), None, ic).await;
+            }
+        }
+        // Every root, deleted by a random client after a random delay, all at once.
+        let mut plan = Vec::new();
+        for t in clusters.iter().chain(&consumers) {
+            let who = CLIENTS[rng.below(CLIENTS.len() as u64) as usize];
+            plan.push((root_of(t), who, rng.millis(0, 1500)));
+        }
+        let deletes = futures::future::join_all(plan.iter().map(|(root, who, after)| async move {
+            tokio::time::sleep(*after).await;
+            let got = delete_root(p, *who, &root.resource, root.ns.as_deref(), &root.name).await;
+            (root.name.clone(), *who, got)
+        }));
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let mut chaos_rng = Rng(rng.next() | 1);
+        let chaos = async {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(chaos_rng.millis(700, 3000)).await;
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                p.kill_controller();
+                n += 1;
+                tokio::time::sleep(chaos_rng.millis(0, 1200)).await;
+                p.start_controller();
+            }
+            n
+        };
+        let work = async {
+            let outcomes = deletes.await;
+            for (name, who, got) in &outcomes {
+                if let Err(e) = got {
+                    panic!("{context}: {name} by {who:?}: {e}");
+                }
+            }
+            let done = run.wait_all_gone(&tl, Duration::from_secs(120)).await;
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            (outcomes, done)
+        };
+        let ((outcomes, done), n) = tokio::join!(work, chaos);
+        kills += n;
+        if !p.controller_running() {
+            p.start_controller();
+        }
+        assert!(
+            done,
+            "{context}: left {:?}\n{}\n{}",
+            run.left(&tl),
+            run.describe(&tl),
+            p.cp.log_tails(30)
+        );
+        run.assert_order(&tl, &context);
+        eprintln!(
+            "randomized round {round}: {} roots ({:?}), cascade-guard killed {n} times, all gone in order",
+            outcomes.len(),
+            outcomes
+                .iter()
+                .map(|(name, who, got)| format!("{name}:{who:?}:{:?}", got.as_ref().ok()))
+                .collect::<Vec<_>>()
+        );
+    }
+    eprintln!(
+        "randomized: {trees} trees (deepest {deepest}), {kills} kills, {rounds} rounds in {:?}",
+        start.elapsed()
+    );
+}
