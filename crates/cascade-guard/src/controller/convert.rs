@@ -17,7 +17,8 @@ use kube::api::{
 };
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::watcher;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -182,8 +183,17 @@ impl Converter {
             discovered: Mutex::new(HashMap::new()),
         });
         let (stop, stopped) = oneshot::channel::<()>();
-        let controller = Controller::new_with(api, config, resource);
-        let store = controller.store();
+        // The cache keeps only what the state machine reads (identity,
+        // deletionTimestamp, finalizers): managedFields, labels and
+        // annotations would otherwise be most of the memory per object.
+        let writer = Writer::new(resource.clone());
+        let store = writer.as_reader();
+        let objects = watcher(api, config)
+            .default_backoff()
+            .modify(slim)
+            .reflect(writer)
+            .applied_objects();
+        let controller = Controller::for_stream_with(objects, store.clone(), resource);
         let counting = context.clone();
         let task = tokio::spawn(async move {
             controller
@@ -204,6 +214,16 @@ impl Converter {
 
 /// A composed resource's kind as served, and whether it is namespaced.
 type Discovered = (ApiResource, bool);
+
+/// Drops the metadata Convert never reads before an object is cached.
+fn slim(object: &mut Meta) {
+    let meta = &mut object.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    meta.generate_name = None;
+}
 
 struct Context {
     client: Client,

@@ -101,13 +101,40 @@ impl Trace {
         t
     }
 
-    /// Keys to poll: every node not yet gone.
+    /// Keys to poll: every node not yet gone, deepest first, so that within
+    /// one look a dependent is seen before its owner (the only order in which
+    /// a foreground cascade can go).
     pub fn pending(&self) -> Vec<Key> {
-        self.nodes
+        let depths = self.depths();
+        let mut keys: Vec<(usize, Key)> = self
+            .nodes
             .values()
             .filter(|n| n.state != State::Gone)
-            .map(|n| n.key.clone())
-            .collect()
+            .map(|n| (depths.get(&n.key).copied().unwrap_or(0), n.key.clone()))
+            .collect();
+        keys.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        keys.into_iter().map(|(_, k)| k).collect()
+    }
+
+    /// Each node's depth from the root (the shortest path).
+    fn depths(&self) -> BTreeMap<Key, usize> {
+        let mut depths = BTreeMap::new();
+        let Some(root) = &self.root else {
+            return depths;
+        };
+        let mut queue = std::collections::VecDeque::from([(root.clone(), 0usize)]);
+        while let Some((key, depth)) = queue.pop_front() {
+            if depths.contains_key(&key) {
+                continue;
+            }
+            depths.insert(key.clone(), depth);
+            if let Some(n) = self.nodes.get(&key) {
+                for c in &n.children {
+                    queue.push_back((c.clone(), depth + 1));
+                }
+            }
+        }
+        depths
     }
 
     /// Takes in what a poll found at `at` seconds; returns the changes.
@@ -252,12 +279,17 @@ impl Trace {
 
     /// The end: how long, in what order things went, and anything left.
     pub fn summary(&self, elapsed: Duration) -> Summary {
-        let mut order: Vec<(f64, String)> = self
+        let mut order: Vec<Gone> = self
             .nodes
             .values()
-            .filter_map(|n| n.gone_at.map(|t| (t, n.key.label())))
+            .filter_map(|n| {
+                n.gone_at.map(|at| Gone {
+                    at,
+                    object: n.key.label(),
+                })
+            })
             .collect();
-        order.sort_by(|a, b| a.0.total_cmp(&b.0));
+        order.sort_by(|a, b| a.at.total_cmp(&b.at));
         let left: Vec<String> = self
             .nodes
             .values()
@@ -269,7 +301,7 @@ impl Trace {
             seconds: elapsed.as_secs_f64(),
             gone: self.gone(),
             total: self.total(),
-            order: order.into_iter().map(|(_, l)| l).collect(),
+            order,
             left,
         }
     }
@@ -289,13 +321,21 @@ fn node(key: Key) -> Node {
 }
 
 #[derive(Clone, Debug, Serialize)]
+pub struct Gone {
+    /// Seconds from the start of the trace.
+    pub at: f64,
+    pub object: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
 pub struct Summary {
     pub complete: bool,
     pub seconds: f64,
     pub gone: usize,
     pub total: usize,
-    /// Labels in the order they left the API.
-    pub order: Vec<String>,
+    /// In the order they were seen gone. Objects seen gone in the same look
+    /// share a time: their order among themselves is not known.
+    pub order: Vec<Gone>,
     /// Labels still there.
     pub left: Vec<String>,
 }
@@ -320,9 +360,18 @@ impl Summary {
             }
         }
         if !self.order.is_empty() {
-            let _ = writeln!(out, "order they left the API:");
-            for (i, l) in self.order.iter().enumerate() {
-                let _ = writeln!(out, "  {:>2}. {l}", i + 1);
+            let _ = writeln!(out, "order they left the API (as often as trace looked):");
+            let mut previous = None;
+            for g in &self.order {
+                let same = previous == Some(g.at);
+                let _ = writeln!(
+                    out,
+                    "  {:>6.1}s {}{}",
+                    g.at,
+                    g.object,
+                    if same { "  (same look)" } else { "" }
+                );
+                previous = Some(g.at);
             }
         }
         out
@@ -404,8 +453,9 @@ mod tests {
         assert!(t.done());
         let s = t.summary(Duration::from_secs_f64(4.5));
         assert!(s.complete);
+        let order: Vec<&str> = s.order.iter().map(|g| g.object.as_str()).collect();
         assert_eq!(
-            s.order,
+            order,
             vec![
                 "ServingStack/prod-stack",
                 "EKSCluster/prod-eks",
@@ -432,6 +482,21 @@ mod tests {
         assert!(!s.complete);
         assert_eq!(s.left, vec!["B/b"]);
         assert!(s.render().contains("still there"));
+    }
+
+    #[test]
+    fn the_deepest_objects_are_looked_at_first() {
+        let (a, b, c) = (key("A", "a"), key("B", "b"), key("C", "c"));
+        let mut t = Trace::new(a.clone());
+        t.observe(&a, seen(State::Live, vec![b.clone()]), 0.0);
+        t.observe(&b, seen(State::Live, vec![c.clone()]), 0.0);
+        assert_eq!(t.pending(), vec![c.clone(), b.clone(), a.clone()]);
+        // Seen gone in one look: same time, and the summary says so.
+        for k in [&c, &b, &a] {
+            t.observe(k, seen(State::Gone, vec![]), 2.0);
+        }
+        let text = t.summary(Duration::from_secs(2)).render();
+        assert_eq!(text.matches("(same look)").count(), 2, "{text}");
     }
 
     #[test]
