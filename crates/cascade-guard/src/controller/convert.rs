@@ -194,7 +194,17 @@ impl Converter {
             .reflect(writer)
             .applied_objects();
         let controller = Controller::for_stream_with(objects, store.clone(), resource);
+        // Gauges and forgetting gone objects: a pass over the cache every few
+        // seconds (per reconcile it would be quadratic at start-up).
         let counting = context.clone();
+        let count_store = store.clone();
+        let counter = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                counting.count(&count_store);
+            }
+        });
         let task = tokio::spawn(async move {
             controller
                 .with_config(kube::runtime::controller::Config::default().concurrency(16))
@@ -202,10 +212,9 @@ impl Converter {
                     let _ = stopped.await;
                 })
                 .run(reconcile, error_policy, context)
-                .for_each(|_| async {
-                    counting.count(&store);
-                })
+                .for_each(|_| async {})
                 .await;
+            counter.abort();
         });
         tracing::info!(kind = %kind.kind, selector = ?kind.selector, "converting deletes to foreground cascades");
         Ok(Running { kind, stop, task })
