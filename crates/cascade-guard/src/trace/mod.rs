@@ -143,6 +143,7 @@ pub async fn trace(
         &mut trace,
         &root,
         first,
+        0.0,
         &start,
         options,
         out,
@@ -159,12 +160,15 @@ pub async fn trace(
             _ = &mut interrupted => break,
         }
         let usages = usages(client, &kinds).await;
+        // One time for the whole look: what it finds gone went within it.
+        let at = start.elapsed().as_secs_f64();
         for key in trace.pending() {
             let seen = read(client, &kinds, &key, &usages).await;
             emit(
                 &mut trace,
                 &key,
                 seen,
+                at,
                 &start,
                 options,
                 out,
@@ -189,16 +193,18 @@ pub async fn trace(
     Ok(summary)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn emit(
     trace: &mut Trace,
     key: &Key,
     seen: Seen,
+    at: f64,
     start: &Instant,
     options: &Options,
     out: &mut impl Write,
     drawn_lines: &mut usize,
 ) -> Result<(), TraceError> {
-    let changes = trace.observe(key, seen, start.elapsed().as_secs_f64());
+    let changes = trace.observe(key, seen, at);
     if options.live && options.output == Output::Text {
         if !changes.is_empty() {
             redraw(trace, start, out, drawn_lines)?;
