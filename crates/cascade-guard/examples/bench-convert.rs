@@ -94,16 +94,8 @@ async fn main() -> Result<()> {
     })
     .await?;
     let admin = cp.admin().await?;
-    let xrd_api: Api<DynamicObject> = Api::all_with(
-        admin.clone(),
-        &ApiResource {
-            group: "apiextensions.crossplane.io".into(),
-            version: "v2".into(),
-            api_version: "apiextensions.crossplane.io/v2".into(),
-            kind: "CompositeResourceDefinition".into(),
-            plural: "compositeresourcedefinitions".into(),
-        },
-    );
+    let xrd_api: Api<DynamicObject> =
+        Api::all_with(admin.clone(), &local_cluster::crossplane::xrd_resource());
     for x in &xrds {
         if x["spec"]["names"]["kind"] != "Native" {
             xrd_api

@@ -80,16 +80,8 @@ async fn main() -> Result<()> {
             &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
         )
         .await?;
-    let xrds: Api<DynamicObject> = Api::all_with(
-        admin.clone(),
-        &ApiResource {
-            group: "apiextensions.crossplane.io".into(),
-            version: "v2".into(),
-            api_version: "apiextensions.crossplane.io/v2".into(),
-            kind: "CompositeResourceDefinition".into(),
-            plural: "compositeresourcedefinitions".into(),
-        },
-    );
+    let xrds: Api<DynamicObject> =
+        Api::all_with(admin.clone(), &local_cluster::crossplane::xrd_resource());
     for i in 0..KINDS {
         xrds.create(&PostParams::default(), &serde_json::from_value(xrd(i))?)
             .await?;

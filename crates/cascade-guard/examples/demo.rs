@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use cascade_guard::api::CascadePolicy;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, CustomResourceExt, ResourceExt};
 use local_cluster::model::{Model, Options as ModelOptions, modelplane};
@@ -324,16 +324,8 @@ async fn wait_for_garbage_collector(client: &Client) -> Result<()> {
 }
 
 async fn annotate_xrds(client: &Client, mode: &str) -> Result<()> {
-    let xrds: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource {
-            group: "apiextensions.crossplane.io".into(),
-            version: "v2".into(),
-            api_version: "apiextensions.crossplane.io/v2".into(),
-            kind: "CompositeResourceDefinition".into(),
-            plural: "compositeresourcedefinitions".into(),
-        },
-    );
+    let xrds: Api<DynamicObject> =
+        Api::all_with(client.clone(), &local_cluster::crossplane::xrd_resource());
     for mut xrd in modelplane::xrds()? {
         xrd["metadata"]["annotations"] = json!({"cascade-guard.dev/deletion-policy": mode});
         let name = xrd["metadata"]["name"]

@@ -11,12 +11,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::sync::Arc;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client};
@@ -24,16 +23,15 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::Error;
-use crate::api::CascadePolicy;
 use crate::controller::convert::served_resource;
-use crate::controller::{discover_kinds, xrd_resource};
+use crate::controller::read_once;
 use crate::policy::names::{
     FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, MANAGED_BY_LABEL,
     MANAGED_BY_VALUE, MODE_ANNOTATION,
 };
+use crate::policy::selector::query_string;
 use crate::policy::{
-    CascadePolicyInput, CompileSettings, Compiled, Inputs, Mode, Policy, ProtectedKind, Resolution,
-    Source, XrdInput, compile, resolve,
+    CompileSettings, Compiled, Mode, Policy, ProtectedKind, Resolution, Source, compile, resolve,
 };
 
 const POLICY: &str = "ValidatingAdmissionPolicy";
@@ -153,45 +151,17 @@ impl Cascading {
 /// cannot be read; anything else that cannot be read becomes a problem line.
 pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Error> {
     let mut problems = Vec::new();
-    let xrds = match xrd_resource(client).await.map_err(list("the XRD API"))? {
-        Some(resource) => Api::<DynamicObject>::all_with(client.clone(), &resource)
-            .list(&ListParams::default())
-            .await
-            .map_err(list("XRDs"))?
-            .items
-            .iter()
-            .filter_map(|x| serde_json::to_value(x).ok())
-            .map(|v| XrdInput::from_value(&v))
-            .collect(),
-        None => Vec::new(),
-    };
-    let cascade_policies: Vec<Arc<CascadePolicy>> = match Api::<CascadePolicy>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-    {
-        Ok(list) => list.items.into_iter().map(Arc::new).collect(),
-        Err(kube::Error::Api(s)) if s.code == 404 => {
-            problems.push("the CascadePolicy CRD is not installed".to_string());
-            Vec::new()
-        }
-        Err(e) => return Err(list("CascadePolicies")(e)),
-    };
-    let (crds, complete) = discover_kinds(client, &cascade_policies).await;
-    if !complete {
+    let read = read_once(client, settings.xrd_default_mode).await?;
+    if !read.cascade_policy_crd {
+        problems.push("the CascadePolicy CRD is not installed".to_string());
+    }
+    if !read.kinds_complete {
         problems.push(
             "some API groups CascadePolicies name could not be discovered; their policies may be missing below"
                 .to_string(),
         );
     }
-    let resolution = resolve(&Inputs {
-        xrds,
-        cascade_policies: cascade_policies
-            .iter()
-            .filter_map(|p| CascadePolicyInput::from_resource(p))
-            .collect(),
-        crds,
-        xrd_default_mode: settings.xrd_default_mode,
-    });
+    let resolution = resolve(&read.inputs);
     problems.extend(resolution.problems.iter().map(ToString::to_string));
 
     let managed = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
@@ -290,7 +260,10 @@ pub fn protected(resolution: &Resolution, settings: &CompileSettings) -> Vec<Pro
                 mode: p.mode,
                 source,
                 from,
-                selector: p.selector.as_ref().map(selector_text),
+                selector: p
+                    .selector
+                    .as_ref()
+                    .map(|s| query_string(s).unwrap_or_else(|e| format!("(invalid: {e})"))),
                 admission_objects: compile(p, settings).map(|c| name_of(&c.policy.metadata)),
             }
         })
@@ -299,27 +272,6 @@ pub fn protected(resolution: &Resolution, settings: &CompileSettings) -> Vec<Pro
 
 fn name_of(meta: &ObjectMeta) -> String {
     meta.name.clone().unwrap_or_default()
-}
-
-/// A selector as `kubectl get -l` takes it.
-fn selector_text(s: &LabelSelector) -> String {
-    let mut parts: Vec<String> = s
-        .match_labels
-        .iter()
-        .flatten()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    for e in s.match_expressions.iter().flatten() {
-        let values = e.values.clone().unwrap_or_default().join(",");
-        parts.push(match e.operator.as_str() {
-            "In" => format!("{} in ({values})", e.key),
-            "NotIn" => format!("{} notin ({values})", e.key),
-            "Exists" => e.key.clone(),
-            "DoesNotExist" => format!("!{}", e.key),
-            other => format!("{} {other} ({values})", e.key),
-        });
-    }
-    parts.join(",")
 }
 
 /// Compares what the policies compile to with the managed admission objects
@@ -638,7 +590,9 @@ fn table(out: &mut String, rows: &[Vec<String>]) {
 mod tests {
     use super::*;
     use crate::policy::names::DELETION_POLICY_ANNOTATION;
+    use crate::policy::{CascadePolicyInput, Inputs, XrdInput};
     use crate::policy::{CrdInfo, Scope};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use serde_json::json;
 

@@ -15,44 +15,13 @@ use kube::{Api, ResourceExt};
 use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
+use support::rng::Rng;
 use support::tree::{Provider, assert_foreground, config_maps, create_tree, wait_held};
 use support::*;
 use tokio::sync::Mutex;
 
 /// The tests here start and kill controllers: one at a time.
 static SERIAL: Mutex<()> = Mutex::const_new(());
-
-/// A small deterministic generator (xorshift64*), so a failing run can be
-/// replayed from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn from_env(test: &str) -> Self {
-        let seed = std::env::var("CASCADE_GUARD_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1)
-            })
-            | 1;
-        eprintln!("{test}: seed {seed} (replay with CASCADE_GUARD_SEED={seed})");
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.next() % (hi - lo + 1))
-    }
-}
 
 async fn make_trees(s: &Scope<'_>, n: usize) -> Timeline {
     let resource = CONVERT.resource();

@@ -35,6 +35,7 @@ use local_cluster::model::modelplane::{
 use local_cluster::model::{CROSSPLANE_USER, usage};
 use platform::*;
 use support::DeleteSpec;
+use support::rng::Rng;
 
 fn arg(r: &ApiResource) -> String {
     format!("{}.{}", r.plural, r.group)
@@ -391,46 +392,6 @@ async fn convert_inference_gateway_the_race_is_ordered() {
 
 // ---------------------------------------------------------------------------
 // Randomized.
-
-/// A small deterministic generator (xorshift64*), as in tests/restarts.rs, so
-/// that a failing run can be replayed from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn from_env(test: &str) -> Self {
-        let seed = std::env::var("CASCADE_GUARD_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1)
-            })
-            | 1;
-        eprintln!("{test}: seed {seed} (replay with CASCADE_GUARD_SEED={seed})");
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, one_in: u64) -> bool {
-        self.below(one_in) == 0
-    }
-
-    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
-    }
-}
 
 /// Who deletes a root, and how (research §4).
 #[derive(Clone, Copy, Debug)]

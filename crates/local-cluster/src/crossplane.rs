@@ -169,3 +169,14 @@ pub fn xrd_to_crd(xrd: &Value) -> Result<CustomResourceDefinition, String> {
     });
     serde_json::from_value(crd).map_err(|e| format!("generated CRD for {kind} is invalid: {e}"))
 }
+
+/// Crossplane's CompositeResourceDefinition, as v2 serves it.
+pub fn xrd_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: "apiextensions.crossplane.io".into(),
+        version: "v2".into(),
+        api_version: "apiextensions.crossplane.io/v2".into(),
+        kind: "CompositeResourceDefinition".into(),
+        plural: "compositeresourcedefinitions".into(),
+    }
+}

@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PartialObjectMeta,
     Patch, PatchParams, Preconditions, PropagationPolicy,
@@ -27,6 +26,7 @@ use tokio::task::JoinHandle;
 use super::MANAGER;
 use crate::cascade::{Dependents, Memory, Observed, Step, next_step};
 use crate::policy::names::FOREGROUND_CASCADE_FINALIZER;
+use crate::policy::selector::query_string;
 use crate::policy::{Mode, Policy, ProtectedKind, Scope, Shape};
 use crate::telemetry::Metrics;
 
@@ -55,7 +55,12 @@ pub fn convert_kinds(policies: &[Policy]) -> BTreeMap<String, ConvertKind> {
         .map(|(key, ps)| {
             let selectors: Vec<Option<String>> = ps
                 .iter()
-                .map(|p| p.selector.as_ref().and_then(selector_string))
+                .map(|p| {
+                    p.selector
+                        .as_ref()
+                        .and_then(|s| query_string(s).ok())
+                        .filter(|q| !q.is_empty())
+                })
                 .collect();
             let selector = match selectors.first() {
                 Some(first) if selectors.iter().all(|s| s == first) => first.clone(),
@@ -66,25 +71,6 @@ pub fn convert_kinds(policies: &[Policy]) -> BTreeMap<String, ConvertKind> {
         })
         .filter_map(|(key, ck)| ck.map(|ck| (key, ck)))
         .collect()
-}
-
-/// A label selector in the API's query syntax.
-fn selector_string(s: &LabelSelector) -> Option<String> {
-    let mut parts = Vec::new();
-    for (k, v) in s.match_labels.iter().flatten() {
-        parts.push(format!("{k}={v}"));
-    }
-    for e in s.match_expressions.iter().flatten() {
-        let values = e.values.clone().unwrap_or_default().join(",");
-        parts.push(match e.operator.as_str() {
-            "In" => format!("{} in ({values})", e.key),
-            "NotIn" => format!("{} notin ({values})", e.key),
-            "Exists" => e.key.clone(),
-            "DoesNotExist" => format!("!{}", e.key),
-            _ => return None,
-        });
-    }
-    (!parts.is_empty()).then(|| parts.join(","))
 }
 
 pub fn api_resource(kind: &ProtectedKind) -> ApiResource {

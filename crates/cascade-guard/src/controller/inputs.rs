@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::discovery::{self, Scope as DiscoveryScope};
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -274,4 +274,57 @@ fn is_not_found(e: &kube::Error) -> bool {
         kube::Error::Discovery(kube::error::DiscoveryError::MissingApiGroup(_)) => true,
         _ => false,
     }
+}
+
+/// Everything a pass reads, read once (for `status` and `uninstall`, which run
+/// without watches).
+pub(crate) struct ReadOnce {
+    pub inputs: Inputs,
+    /// Every API group the CascadePolicies name could be discovered.
+    pub kinds_complete: bool,
+    /// The CascadePolicy CRD is installed.
+    pub cascade_policy_crd: bool,
+}
+
+pub(crate) async fn read_once(
+    client: &Client,
+    xrd_default_mode: Mode,
+) -> Result<ReadOnce, crate::Error> {
+    let list = |what: &'static str| move |source| crate::Error::List { what, source };
+    let xrds = match xrd_resource(client).await.map_err(list("the XRD API"))? {
+        Some(resource) => Api::<DynamicObject>::all_with(client.clone(), &resource)
+            .list(&ListParams::default())
+            .await
+            .map_err(list("XRDs"))?
+            .items
+            .iter()
+            .filter_map(|x| serde_json::to_value(x).ok())
+            .map(|v| XrdInput::from_value(&v))
+            .collect(),
+        None => Vec::new(),
+    };
+    let (cascade_policies, cascade_policy_crd): (Vec<Arc<CascadePolicy>>, bool) =
+        match Api::<CascadePolicy>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(l) => (l.items.into_iter().map(Arc::new).collect(), true),
+            Err(kube::Error::Api(s)) if s.code == 404 => (Vec::new(), false),
+            Err(e) => return Err(list("CascadePolicies")(e)),
+        };
+    let (crds, kinds_complete) = discover_kinds(client, &cascade_policies).await;
+    let inputs = Inputs {
+        xrds,
+        cascade_policies: cascade_policies
+            .iter()
+            .filter_map(|p| CascadePolicyInput::from_resource(p))
+            .collect(),
+        crds,
+        xrd_default_mode,
+    };
+    Ok(ReadOnce {
+        inputs,
+        kinds_complete,
+        cascade_policy_crd,
+    })
 }

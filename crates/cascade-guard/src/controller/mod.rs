@@ -33,7 +33,7 @@ use crate::telemetry::{Health, Metrics};
 pub use inputs::Sources;
 use inputs::Watched;
 // For `cascade-guard status`, which reads the same inputs once.
-pub(crate) use inputs::{discover_kinds, xrd_resource};
+pub(crate) use inputs::read_once;
 pub use uninstall::{Summary as UninstallSummary, uninstall};
 
 /// The field manager (server-side apply) and event reporter name.

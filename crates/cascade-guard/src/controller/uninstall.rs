@@ -4,20 +4,18 @@
 //! of every kind a policy names.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use kube::api::{DeleteParams, DynamicObject, ListParams};
+use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client, ResourceExt};
 
 use super::convert::{ConvertKind, release_outside};
-use super::inputs::{discover_kinds, xrd_resource};
+use super::inputs::read_once;
 use crate::Error;
-use crate::api::CascadePolicy;
 use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-use crate::policy::{CascadePolicyInput, Inputs, Mode, XrdInput, resolve};
+use crate::policy::{Mode, resolve};
 
 #[derive(Debug, Default)]
 pub struct Summary {
@@ -49,37 +47,8 @@ pub async fn uninstall(client: &Client) -> Result<Summary, Error> {
 
     // Every kind any policy names, whatever its mode now: an object may still
     // hold the finalizer from when its kind was in Convert mode.
-    let xrds = match xrd_resource(client).await.map_err(list("XRD API"))? {
-        Some(resource) => Api::<DynamicObject>::all_with(client.clone(), &resource)
-            .list(&ListParams::default())
-            .await
-            .map_err(list("XRDs"))?
-            .items
-            .iter()
-            .filter_map(|x| serde_json::to_value(x).ok())
-            .map(|v| XrdInput::from_value(&v))
-            .collect(),
-        None => Vec::new(),
-    };
-    let cascade_policies: Vec<Arc<CascadePolicy>> = match Api::<CascadePolicy>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-    {
-        Ok(list) => list.items.into_iter().map(Arc::new).collect(),
-        // The CRD may already be gone.
-        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
-        Err(e) => return Err(list("CascadePolicies")(e)),
-    };
-    let (crds, _) = discover_kinds(client, &cascade_policies).await;
-    let resolution = resolve(&Inputs {
-        xrds,
-        cascade_policies: cascade_policies
-            .iter()
-            .filter_map(|p| CascadePolicyInput::from_resource(p))
-            .collect(),
-        crds,
-        xrd_default_mode: Mode::Refuse,
-    });
+    let read = read_once(client, Mode::Refuse).await?;
+    let resolution = resolve(&read.inputs);
     let mut kinds = BTreeMap::new();
     for p in resolution.policies {
         kinds.insert(format!("{}/{}", p.kind.group, p.kind.kind), p.kind);

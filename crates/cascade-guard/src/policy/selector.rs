@@ -117,6 +117,28 @@ pub(crate) fn is_dns_subdomain(s: &str) -> bool {
         })
 }
 
+/// A selector in the API's query syntax (`kubectl get -l`, `labelSelector=`);
+/// an operator the API does not know is an error naming it.
+pub fn query_string(s: &LabelSelector) -> Result<String, String> {
+    let mut parts: Vec<String> = s
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in s.match_expressions.iter().flatten() {
+        let values = e.values.clone().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "Exists" => e.key.clone(),
+            "DoesNotExist" => format!("!{}", e.key),
+            other => return Err(format!("unknown operator {other:?}")),
+        });
+    }
+    Ok(parts.join(","))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,7 @@ use local_cluster::{ControlPlane, Options, crossplane, wait};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
+pub mod rng;
 pub mod tree;
 
 pub const GROUP: &str = "table.cascade-guard.dev";
@@ -375,16 +376,7 @@ impl Drop for StopControllers<'_> {
 }
 
 pub fn xrd_api(client: &Client) -> Api<DynamicObject> {
-    Api::all_with(
-        client.clone(),
-        &ApiResource {
-            group: "apiextensions.crossplane.io".into(),
-            version: "v2".into(),
-            api_version: "apiextensions.crossplane.io/v2".into(),
-            kind: "CompositeResourceDefinition".into(),
-            plural: "compositeresourcedefinitions".into(),
-        },
-    )
+    Api::all_with(client.clone(), &local_cluster::crossplane::xrd_resource())
 }
 
 pub fn cascade_policy_api(client: &Client) -> Api<DynamicObject> {
