@@ -12,7 +12,6 @@
 //! Run: scripts/bench.sh convert
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,7 +20,6 @@ use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject, PartialObjectMeta, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
-use local_cluster::process::{self, Lifetime, Process};
 use local_cluster::{ControlPlane, Options, crossplane};
 use serde_json::{Value, json};
 
@@ -68,6 +66,10 @@ fn config_maps() -> ApiResource {
         plural: "configmaps".into(),
     }
 }
+
+#[path = "bench/common.rs"]
+mod common;
+use common::{percentile, start_controller};
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -479,40 +481,4 @@ fn rest_usage(pid: u32, window: Duration) -> Result<(u64, f64)> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     Ok((rss, cpu))
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((q / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn start_controller(cp: &ControlPlane) -> Result<Process> {
-    let exe = std::env::current_exe()?;
-    let binary: PathBuf = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .map(|p| p.join("cascade-guard"))
-        .context("locating the cascade-guard binary")?;
-    if !binary.exists() {
-        bail!(
-            "{} is missing: build it first (cargo build --bins)",
-            binary.display()
-        );
-    }
-    let args = vec![
-        "run".to_string(),
-        format!("--kubeconfig={}", cp.kubeconfig_path().display()),
-        "--no-leader-election".to_string(),
-        "--http-address=127.0.0.1:0".to_string(),
-    ];
-    Ok(process::spawn(
-        "cascade-guard",
-        &binary,
-        &args,
-        &cp.log_path("cascade-guard"),
-        Lifetime::Owned,
-    )?)
 }

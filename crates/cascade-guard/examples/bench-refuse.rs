@@ -9,13 +9,11 @@
 //!
 //! Run: scripts/bench.sh refuse   (or cargo run -p cascade-guard --example bench-refuse)
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use local_cluster::process::{self, Lifetime};
 use local_cluster::{ControlPlane, Options, crossplane};
 use serde_json::{Value, json};
 
@@ -47,6 +45,10 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
         plural: plural.into(),
     }
 }
+
+#[path = "bench/common.rs"]
+mod common;
+use common::{percentile, start_controller};
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -254,41 +256,4 @@ fn report(phase: &str, (plain, protected): &(Vec<f64>, Vec<f64>)) {
         p(protected, 50.0) / p(plain, 50.0),
         p(protected, 99.0) / p(plain, 99.0)
     );
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((q / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn start_controller(cp: &ControlPlane) -> Result<process::Process> {
-    let exe = std::env::current_exe()?;
-    // target/<profile>/examples/bench-refuse -> target/<profile>/cascade-guard
-    let binary: PathBuf = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .map(|p| p.join("cascade-guard"))
-        .context("locating the cascade-guard binary")?;
-    if !binary.exists() {
-        bail!(
-            "{} is missing: build it first (cargo build --bins)",
-            binary.display()
-        );
-    }
-    let args = vec![
-        "run".to_string(),
-        format!("--kubeconfig={}", cp.kubeconfig_path().display()),
-        "--no-leader-election".to_string(),
-        "--http-address=127.0.0.1:0".to_string(),
-    ];
-    Ok(process::spawn(
-        "cascade-guard",
-        &binary,
-        &args,
-        &cp.log_path("cascade-guard"),
-        Lifetime::Owned,
-    )?)
 }

@@ -1,0 +1,44 @@
+//! What the benchmarks share: percentiles, and starting the release build of
+//! cascade-guard against their control plane.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use local_cluster::ControlPlane;
+use local_cluster::process::{self, Lifetime, Process};
+
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+pub fn start_controller(cp: &ControlPlane) -> Result<Process> {
+    let exe = std::env::current_exe()?;
+    let binary: PathBuf = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .map(|p| p.join("cascade-guard"))
+        .context("locating the cascade-guard binary")?;
+    if !binary.exists() {
+        bail!(
+            "{} is missing: build it first (cargo build --bins)",
+            binary.display()
+        );
+    }
+    let args = vec![
+        "run".to_string(),
+        format!("--kubeconfig={}", cp.kubeconfig_path().display()),
+        "--no-leader-election".to_string(),
+        "--http-address=127.0.0.1:0".to_string(),
+    ];
+    Ok(process::spawn(
+        "cascade-guard",
+        &binary,
+        &args,
+        &cp.log_path("cascade-guard"),
+        Lifetime::Owned,
+    )?)
+}
