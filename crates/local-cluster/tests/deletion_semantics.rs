@@ -438,9 +438,15 @@ async fn garbage_collector_and_namespace_controller_usernames(cp: &ControlPlane,
         "the GC's delete carries no UID precondition: {options}"
     );
 
-    // The namespace controller: everything left in a deleted namespace.
-    tree.dependent("orphaned", &tree.owner("other", &[]).await, &[])
-        .await;
+    // The namespace controller: everything left in a deleted namespace. An
+    // object with no owner, so that only the namespace controller deletes it
+    // (with service-account credentials off, it and the garbage collector are
+    // the same user).
+    let loner = DynamicObject::new("loner", &dependents()).data(json!({"spec": {}}));
+    tree.dependents
+        .create(&PostParams::default(), &loner)
+        .await
+        .expect("loner");
     let namespaces: Api<Namespace> = Api::all(s.client.clone());
     namespaces
         .delete(&s.namespace, &DeleteParams::default())
@@ -450,9 +456,11 @@ async fn garbage_collector_and_namespace_controller_usernames(cp: &ControlPlane,
     // the namespace can finish, once the controller has tried.
     let ns_event = wait_for_audit(cp, |e| {
         e.effective_username() == cp.namespace_controller_username()
-            && e.object_ref
-                .as_ref()
-                .is_some_and(|r| r.resource == "dependents" && r.namespace == s.namespace)
+            && e.object_ref.as_ref().is_some_and(|r| {
+                r.resource == "dependents"
+                    && r.namespace == s.namespace
+                    && (e.verb == "deletecollection" || r.name == "loner")
+            })
     })
     .await;
     assert_eq!(
@@ -460,6 +468,13 @@ async fn garbage_collector_and_namespace_controller_usernames(cp: &ControlPlane,
         Some(cp.namespace_controller_username())
     );
     assert_eq!(ns_event.propagation_policy(), Some("Background"));
+    // What tells it apart from the garbage collector when both are
+    // system:kube-controller-manager: it never sends a UID precondition.
+    let ns_options = ns_event.request_object.clone().unwrap_or_default();
+    assert!(
+        ns_options["preconditions"]["uid"].is_null(),
+        "the namespace controller sent a UID precondition: {ns_options}"
+    );
     remove_policy(&s.client, &name).await;
     let gone = wait::until(Duration::from_secs(60), || async {
         namespaces
