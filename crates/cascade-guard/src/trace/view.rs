@@ -23,6 +23,15 @@ fn describe_finalizer(f: &str) -> String {
     }
 }
 
+/// A deleting object and what holds it.
+fn describe_deleting(finalizers: &[String]) -> String {
+    if finalizers.is_empty() {
+        return "deleting".to_string();
+    }
+    let held: Vec<String> = finalizers.iter().map(|f| describe_finalizer(f)).collect();
+    format!("deleting: {}", held.join("; "))
+}
+
 /// One object of the tree, by `apiVersion/kind/namespace/name`.
 #[derive(Clone, Debug, PartialEq, Eq, Ord, PartialOrd, Hash, Serialize)]
 pub struct Key {
@@ -152,18 +161,7 @@ impl Trace {
                     if n.deleting_at.is_none() {
                         n.deleting_at = Some(at);
                     }
-                    if finalizers.is_empty() {
-                        "deleting".to_string()
-                    } else {
-                        format!(
-                            "deleting: {}",
-                            finalizers
-                                .iter()
-                                .map(|f| describe_finalizer(f))
-                                .collect::<Vec<_>>()
-                                .join("; ")
-                        )
-                    }
+                    describe_deleting(finalizers)
                 }
                 State::Gone => {
                     n.gone_at = Some(at);
@@ -244,21 +242,7 @@ impl Trace {
         let (mark, state) = match &n.state {
             State::Unknown { reason } => ("?", format!("unknown ({reason})")),
             State::Live => ("·", "live".to_string()),
-            State::Deleting { finalizers } => (
-                "~",
-                if finalizers.is_empty() {
-                    "deleting".to_string()
-                } else {
-                    format!(
-                        "deleting: {}",
-                        finalizers
-                            .iter()
-                            .map(|f| describe_finalizer(f))
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    )
-                },
-            ),
+            State::Deleting { finalizers } => ("~", describe_deleting(finalizers)),
             State::Gone => (
                 "✓",
                 format!("gone at {:.1}s", n.gone_at.unwrap_or_default()),
