@@ -33,25 +33,7 @@ pub struct Pki {
 
 impl Pki {
     pub fn generate() -> Result<Self, Error> {
-        let ca_key = KeyPair::generate().map_err(pki_error("CA key"))?;
-        let mut ca_params =
-            CertificateParams::new(Vec::<String>::new()).map_err(pki_error("CA"))?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "cascade-guard local-cluster CA");
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca_cert = ca_params.self_signed(&ca_key).map_err(pki_error("CA"))?;
-        let ca = Pair {
-            cert_pem: ca_cert.pem(),
-            key_pem: ca_key.serialize_pem(),
-        };
-        let issuer = Issuer::new(ca_params, ca_key);
-
+        let (ca, issuer) = certificate_authority("cascade-guard local-cluster CA")?;
         let serving = leaf(
             &issuer,
             "kube-apiserver",
@@ -83,6 +65,40 @@ impl Pki {
             service_account_public_key_pem: sa_key.public_key_pem(),
         })
     }
+}
+
+/// A CA and a certificate signed by it for a server on loopback (localhost
+/// and 127.0.0.1), such as a test's admission webhook: (CA, serving).
+pub(crate) fn loopback_serving(ca_name: &str, server_name: &str) -> Result<(Pair, Pair), Error> {
+    let (ca, issuer) = certificate_authority(ca_name)?;
+    let serving = leaf(
+        &issuer,
+        server_name,
+        None,
+        &["localhost"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    )?;
+    Ok((ca, serving))
+}
+
+fn certificate_authority(common_name: &str) -> Result<(Pair, Issuer<'static, KeyPair>), Error> {
+    let ca_key = KeyPair::generate().map_err(pki_error("CA key"))?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(pki_error("CA"))?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key).map_err(pki_error("CA"))?;
+    let ca = Pair {
+        cert_pem: ca_cert.pem(),
+        key_pem: ca_key.serialize_pem(),
+    };
+    Ok((ca, Issuer::new(ca_params, ca_key)))
 }
 
 fn leaf(

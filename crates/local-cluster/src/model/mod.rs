@@ -54,7 +54,7 @@ pub enum ModelError {
     #[error("fixture: {0}")]
     Fixture(String),
     #[error("cannot make the webhook's certificate: {0}")]
-    Certificate(#[from] rcgen::Error),
+    Certificate(String),
     #[error("webhook TLS: {0}")]
     Tls(String),
     #[error("{0}")]

@@ -19,7 +19,7 @@
 //! no side effects but has one.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -32,15 +32,12 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
-};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::usage::{self, IN_USE_LABEL};
 use super::{ModelError, text};
@@ -72,55 +69,31 @@ struct Handler {
 }
 
 impl Server {
-    /// Makes a CA and a serving certificate for 127.0.0.1 and binds a free port.
+    /// Makes a CA and a serving certificate for 127.0.0.1 (crate::pki) and binds
+    /// a free port.
     pub async fn start(client: Client) -> Result<Self, ModelError> {
-        let ca_key = KeyPair::generate()?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "crossplane-model webhook CA");
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
+        let (ca, serving) =
+            crate::pki::loopback_serving("crossplane-model webhook CA", "crossplane-webhook")
+                .map_err(|e| ModelError::Certificate(e.to_string()))?;
+        let pem = |e: tokio_rustls::rustls::pki_types::pem::Error| ModelError::Tls(e.to_string());
+        let chain = vec![
+            CertificateDer::from_pem_slice(serving.cert_pem.as_bytes()).map_err(pem)?,
+            CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).map_err(pem)?,
         ];
-        let ca_cert = ca_params.self_signed(&ca_key)?;
-        let issuer = Issuer::new(ca_params, ca_key);
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec!["localhost".to_string()])?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "crossplane-webhook");
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let cert = params.signed_by(&key, &issuer)?;
-
+        let key = PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes()).map_err(pem)?;
         let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| ModelError::Tls(e.to_string()))?
             .with_no_client_auth()
-            .with_single_cert(
-                vec![
-                    cert.der().clone(),
-                    CertificateDer::from(ca_cert.der().to_vec()),
-                ],
-                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-            )
+            .with_single_cert(chain, key)
             .map_err(|e| ModelError::Tls(e.to_string()))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await?;
         Ok(Self {
             listener,
             acceptor: TlsAcceptor::from(Arc::new(config)),
-            ca_pem: ca_cert.pem(),
+            ca_pem: ca.cert_pem,
             handler: Handler {
                 client,
                 probed: Arc::default(),
