@@ -563,3 +563,86 @@ async fn trace_follows_a_teardown_to_the_end() {
     assert_eq!(last["summary"]["complete"], true, "{last}");
     assert!(lines.iter().any(|l| l["what"] == "gone"));
 }
+
+/// A finalizer the API server refuses at first (here an admission policy
+/// denies every update in the namespace) is added once it can be: the object
+/// is retried, not forgotten.
+#[tokio::test]
+async fn a_hold_that_fails_is_retried_until_it_lands() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let env = env().await;
+    let s = Scope::new(&env.cp, "hold-retry").await;
+    let ns = s.namespace.clone();
+    let resource = CONVERT.resource();
+    let name = format!("deny-updates-{ns}");
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(s.client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(s.client.clone());
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": [GROUP], "apiVersions": ["*"],
+                        "operations": ["UPDATE"], "resources": [CONVERT.plural]}]},
+                    "matchConditions": [{"name": "this-test",
+                        "expression": format!("object.metadata.namespace == '{ns}'")}],
+                    "validations": [{"expression": "false", "message": "the test denies updates"}]
+                }
+            }))
+            .expect("policy"),
+        )
+        .await
+        .expect("create policy");
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"policyName": name, "validationActions": ["Deny"]}
+            }))
+            .expect("binding"),
+        )
+        .await
+        .expect("create binding");
+
+    // In force once a dry-run update of a first object is denied.
+    create_tree(&s.client, &resource, &ns, "probe", 0).await;
+    let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &ns, &resource);
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let in_force = wait::until(Duration::from_secs(30), || async {
+        let label = Patch::Merge(json!({"metadata": {"labels": {"probe": "yes"}}}));
+        match xrs.patch("probe", &dry_run, &label).await {
+            Err(kube::Error::Api(e)) if e.message.contains("the test denies updates") => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(in_force.is_some(), "the test's policy never took effect");
+
+    create_tree(&s.client, &resource, &ns, "late", 0).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let late = xrs.get("late").await.expect("late");
+    assert!(
+        !late.finalizers().iter().any(|f| f == FINALIZER),
+        "held although every update was denied"
+    );
+
+    bindings
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete binding");
+    policies
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete policy");
+    wait_held(&s.client, &resource, &ns, "late").await;
+    wait_held(&s.client, &resource, &ns, "probe").await;
+}

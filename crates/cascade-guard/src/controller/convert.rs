@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt, future};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PartialObjectMeta,
     Patch, PatchParams, Preconditions, PropagationPolicy,
@@ -20,10 +20,11 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 
 use super::MANAGER;
+use super::intake::{self, Census};
 use crate::cascade::{Dependents, Memory, Observed, Step, next_step};
 use crate::policy::names::FOREGROUND_CASCADE_FINALIZER;
 use crate::policy::selector::query_string;
@@ -91,12 +92,20 @@ struct Running {
     task: JoinHandle<()>,
 }
 
+/// Finalizers being added at once, across all kinds: bounds the connections
+/// and memory of a start-up that holds thousands of existing objects.
+const HOLDS_AT_ONCE: usize = 16;
+
+/// Objects per page of a Convert kind's list.
+const LIST_PAGE_SIZE: u32 = 100;
+
 /// The Convert controllers that run, started and stopped as policies change.
 pub struct Converter {
     client: Client,
     recorder: Recorder,
     metrics: Arc<Metrics>,
     running: BTreeMap<String, Running>,
+    holds: Arc<Semaphore>,
 }
 
 impl Converter {
@@ -106,6 +115,7 @@ impl Converter {
             recorder,
             metrics,
             running: BTreeMap::new(),
+            holds: Arc::new(Semaphore::new(HOLDS_AT_ONCE)),
         }
     }
 
@@ -154,7 +164,9 @@ impl Converter {
     async fn start(&self, kind: ConvertKind) -> Result<Running, kube::Error> {
         let resource = served_resource(&self.client, &kind.kind).await?;
         let api: Api<Meta> = Api::all_with(self.client.clone(), &resource);
-        let mut config = watcher::Config::default();
+        // Small pages: the start-up list of every kind at once is the peak of
+        // the process's memory, and the allocator keeps much of a peak.
+        let mut config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
         if let Some(s) = &kind.selector {
             config = config.labels(s);
         }
@@ -167,16 +179,23 @@ impl Converter {
             recorder: self.recorder.clone(),
             metrics: self.metrics.clone(),
             discovered: Mutex::new(HashMap::new()),
+            census: Mutex::new(Census::default()),
         });
         let (stop, stopped) = oneshot::channel::<()>();
-        // The cache keeps only what the state machine reads (identity,
-        // deletionTimestamp, finalizers): managedFields, labels and
-        // annotations would otherwise be most of the memory per object.
+        // The cache keeps only objects being deleted (see intake), and of them
+        // only what the state machine reads (identity, deletionTimestamp,
+        // finalizers).
         let writer = Writer::new(resource.clone());
         let store = writer.as_reader();
+        let intake_ctx = context.clone();
+        let holds = self.holds.clone();
         let objects = watcher(api, config)
             .default_backoff()
             .modify(slim)
+            .map_ok(move |event| take_in(intake_ctx.clone(), holds.clone(), event))
+            // In order, so that the cache sees each object's events as sent.
+            .try_buffered(HOLDS_AT_ONCE)
+            .try_filter_map(|pass| future::ready(Ok(pass)))
             .reflect(writer)
             .applied_objects();
         let controller = Controller::for_stream_with(objects, store.clone(), resource);
@@ -230,6 +249,8 @@ struct Context {
     metrics: Arc<Metrics>,
     /// Composed-resource kinds already resolved through discovery.
     discovered: Mutex<HashMap<(String, String), Option<Discovered>>>,
+    /// Every object watched, for the gauge (the cache has only deletions).
+    census: Mutex<Census>,
 }
 
 impl Context {
@@ -257,17 +278,72 @@ impl Context {
     /// objects that are gone.
     fn count(&self, store: &kube::runtime::reflector::Store<Meta>) {
         let objects = store.state();
-        let live: HashSet<String> = objects.iter().filter_map(|o| o.uid()).collect();
+        let cached: HashSet<String> = objects.iter().filter_map(|o| o.uid()).collect();
         let deleting = objects
             .iter()
             .filter(|o| o.metadata.deletion_timestamp.is_some())
             .count();
         if let Ok(mut m) = self.memory.lock() {
-            m.retain(|uid, _| live.contains(uid));
+            m.retain(|uid, _| cached.contains(uid));
         }
-        self.metrics.set_protected(&self.label, objects.len());
+        if let Ok(census) = self.census.lock() {
+            self.metrics.set_protected(&self.label, census.len());
+        }
         self.metrics.set_in_progress(&self.label, deleting);
     }
+}
+
+/// One watch event in: counted, held straight away if it is a live object
+/// without the finalizer, and passed on to the controller's cache if it is a
+/// deletion (or a hold that failed, for the controller to retry).
+async fn take_in(
+    ctx: Arc<Context>,
+    holds: Arc<Semaphore>,
+    event: watcher::Event<Meta>,
+) -> Result<Option<watcher::Event<Meta>>, watcher::Error> {
+    if let Ok(mut census) = ctx.census.lock() {
+        census.observe(&event, |o: &Meta| o.uid());
+    }
+    let shape = ctx.shape;
+    let sorted = intake::sort(event, |o: &Meta| {
+        Observed::new(
+            o.metadata.deletion_timestamp.is_some(),
+            o.finalizers(),
+            shape,
+        )
+    });
+    let Some(hold_it) = sorted.hold else {
+        return Ok(sorted.pass);
+    };
+    let Some(uid) = hold_it.object.uid() else {
+        return Ok(sorted.pass);
+    };
+    // A closed semaphore cannot happen (it is never closed); holding anyway
+    // is the safe side.
+    let _permit = holds.acquire().await.ok();
+    let api = object_api(&ctx, &hold_it.object);
+    match hold(&api, &hold_it.object, &uid).await {
+        Ok(()) => Ok(sorted.pass),
+        // Every failure goes to the controller, which retries from its cache.
+        // If the object changed since this event (a failed test of its
+        // resourceVersion), the newer event that follows takes it out of the
+        // cache again and is held afresh; nothing is dropped on a guess.
+        Err(e) => {
+            if is_stale(&e) {
+                tracing::debug!(kind = %ctx.label, name = %hold_it.object.name_any(), "changed since seen; holding the newer version");
+            } else {
+                ctx.metrics.error("AddFinalizer");
+                tracing::warn!(kind = %ctx.label, name = %hold_it.object.name_any(), error = %e, "cannot add the finalizer; retrying");
+            }
+            Ok(Some(hold_it.failed()))
+        }
+    }
+}
+
+/// The write was refused because the object is not as seen (a JSON patch
+/// test failed, or a conflict): expected now and then, not worth a warning.
+fn is_stale(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409 || (s.code == 422 && s.message.contains("test failed")))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -9,6 +9,7 @@
 mod apply;
 pub mod convert;
 mod inputs;
+mod intake;
 mod report;
 mod uninstall;
 

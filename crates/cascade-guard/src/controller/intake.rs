@@ -1,0 +1,253 @@
+//! Where each watch event of a Convert kind goes, so that memory follows the
+//! deletions in progress rather than every protected object.
+//!
+//! A live object needs at most one write (adding cascade-guard's finalizer),
+//! done straight from the watch; after that nothing happens to it until it is
+//! deleted. So only objects being deleted (and the rare live object whose
+//! finalizer could not be added) reach the controller's cache and work queue.
+//! The rest are counted in a [`Census`] of UIDs, 16 bytes each.
+//!
+//! Keeping only deleting objects in the cache is consistent because a
+//! deletionTimestamp is never taken back: a cached object can only get further
+//! into its deletion or go, and a newer object reusing the name arrives only
+//! after the old one's Delete event.
+
+use std::collections::HashSet;
+
+use kube::runtime::watcher::Event;
+
+use crate::cascade::Observed;
+
+/// What to do with one watch event.
+#[derive(Debug)]
+pub struct Sorted<K> {
+    /// The event for the controller's cache (None: the cache has no use for it).
+    pub pass: Option<Event<K>>,
+    /// A live object that still needs cascade-guard's finalizer.
+    pub hold: Option<Hold<K>>,
+}
+
+/// A live object to hold, and where it goes if that fails.
+#[derive(Debug, PartialEq)]
+pub struct Hold<K> {
+    pub object: K,
+    during_relist: bool,
+}
+
+impl<K> Hold<K> {
+    /// When the finalizer could not be added: the object goes to the
+    /// controller (in the same phase of the watch), which retries with backoff.
+    pub fn failed(self) -> Event<K> {
+        if self.during_relist {
+            Event::InitApply(self.object)
+        } else {
+            Event::Apply(self.object)
+        }
+    }
+}
+
+/// Sorts one event, given what its object shows (`observe`).
+pub fn sort<K: Clone>(event: Event<K>, observe: impl Fn(&K) -> Observed) -> Sorted<K> {
+    let live = |o: &K| !observe(o).deleting;
+    let unheld = |o: &K| !observe(o).held;
+    match event {
+        Event::Apply(o) if live(&o) => Sorted {
+            hold: unheld(&o).then(|| Hold {
+                object: o.clone(),
+                during_relist: false,
+            }),
+            // Out of the cache, in case a failed hold had put it there.
+            pass: Some(Event::Delete(o)),
+        },
+        Event::InitApply(o) if live(&o) => Sorted {
+            hold: unheld(&o).then_some(Hold {
+                object: o,
+                during_relist: true,
+            }),
+            pass: None,
+        },
+        other => Sorted {
+            pass: Some(other),
+            hold: None,
+        },
+    }
+}
+
+/// The UIDs of the objects a Convert controller watches, for the gauge of
+/// protected objects; rebuilt on every relist like the controller's cache.
+#[derive(Debug, Default)]
+pub struct Census {
+    current: HashSet<u128>,
+    relisting: Option<HashSet<u128>>,
+}
+
+impl Census {
+    pub fn observe<K>(&mut self, event: &Event<K>, uid: impl Fn(&K) -> Option<String>) {
+        let key = |o: &K| uid(o).map(|u| compact_uid(&u));
+        match event {
+            Event::Apply(o) => {
+                if let Some(k) = key(o) {
+                    self.current.insert(k);
+                }
+            }
+            Event::Delete(o) => {
+                if let Some(k) = key(o) {
+                    self.current.remove(&k);
+                }
+            }
+            Event::Init => self.relisting = Some(HashSet::new()),
+            Event::InitApply(o) => {
+                if let (Some(k), Some(next)) = (key(o), self.relisting.as_mut()) {
+                    next.insert(k);
+                }
+            }
+            Event::InitDone => {
+                if let Some(mut next) = self.relisting.take() {
+                    next.shrink_to_fit();
+                    self.current = next;
+                }
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.current.len()
+    }
+}
+
+/// A UID as 16 bytes: the API server's UIDs are UUIDs. Anything else is
+/// hashed (counting is all the census does, so a collision costs one count).
+fn compact_uid(uid: &str) -> u128 {
+    let hex: String = uid.chars().filter(|c| *c != '-').collect();
+    if hex.len() == 32
+        && let Ok(n) = u128::from_str_radix(&hex, 16)
+    {
+        return n;
+    }
+    // FNV-1a, 128-bit: stable and dependency-free.
+    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
+    for b in uid.bytes() {
+        h ^= u128::from(b);
+        h = h.wrapping_mul(0x0000000001000000000000000000013B);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Shape;
+
+    /// (name, deleting, held)
+    type Obj = (&'static str, bool, bool);
+    /// (event in, event passed on, object to hold)
+    type Case = (Event<Obj>, Option<Event<Obj>>, Option<Obj>);
+
+    fn observe(o: &Obj) -> Observed {
+        Observed {
+            deleting: o.1,
+            held: o.2,
+            in_foreground: false,
+            shape: Shape::CompositeResource,
+        }
+    }
+
+    #[test]
+    fn the_table() {
+        let live_unheld: Obj = ("a", false, false);
+        let live_held: Obj = ("b", false, true);
+        let deleting: Obj = ("c", true, true);
+        let deleting_unheld: Obj = ("d", true, false);
+        let cases: Vec<Case> = vec![
+            // Live objects leave (or never enter) the cache; unheld ones are held.
+            (
+                Event::Apply(live_unheld),
+                Some(Event::Delete(live_unheld)),
+                Some(live_unheld),
+            ),
+            (
+                Event::Apply(live_held),
+                Some(Event::Delete(live_held)),
+                None,
+            ),
+            (Event::InitApply(live_unheld), None, Some(live_unheld)),
+            (Event::InitApply(live_held), None, None),
+            // Deletions go to the controller, held or not (it decides).
+            (Event::Apply(deleting), Some(Event::Apply(deleting)), None),
+            (
+                Event::Apply(deleting_unheld),
+                Some(Event::Apply(deleting_unheld)),
+                None,
+            ),
+            (
+                Event::InitApply(deleting),
+                Some(Event::InitApply(deleting)),
+                None,
+            ),
+            (
+                Event::Delete(live_held),
+                Some(Event::Delete(live_held)),
+                None,
+            ),
+            (Event::Delete(deleting), Some(Event::Delete(deleting)), None),
+            // The relist's frame always passes, so the cache is rebuilt.
+            (Event::Init, Some(Event::Init), None),
+            (Event::InitDone, Some(Event::InitDone), None),
+        ];
+        for (event, pass, hold) in cases {
+            let label = format!("{event:?}");
+            let sorted = sort(event, observe);
+            // watcher::Event has no PartialEq; its Debug form says all.
+            assert_eq!(format!("{:?}", sorted.pass), format!("{pass:?}"), "{label}");
+            assert_eq!(sorted.hold.map(|h| h.object), hold, "{label}");
+        }
+    }
+
+    #[test]
+    fn a_failed_hold_goes_to_the_controller_in_the_same_phase() {
+        let o: Obj = ("a", false, false);
+        let failed = |e: Event<Obj>| {
+            let hold = sort(e, observe).hold.map(Hold::failed);
+            format!("{:?}", hold.expect("a live unheld object is held"))
+        };
+        assert_eq!(failed(Event::Apply(o)), format!("{:?}", Event::Apply(o)));
+        assert_eq!(
+            failed(Event::InitApply(o)),
+            format!("{:?}", Event::InitApply(o))
+        );
+    }
+
+    fn uid(o: &&'static str) -> Option<String> {
+        Some((*o).to_string())
+    }
+
+    #[test]
+    fn census_follows_applies_deletes_and_relists() {
+        let a = "0b4c9f7e-3d6a-4f0e-9a53-3c1f0c2e8d11";
+        let b = "1b4c9f7e-3d6a-4f0e-9a53-3c1f0c2e8d11";
+        let c = "not-a-uuid";
+        let mut census = Census::default();
+        census.observe(&Event::Apply(a), uid);
+        census.observe(&Event::Apply(a), uid);
+        census.observe(&Event::Apply(b), uid);
+        assert_eq!(census.len(), 2);
+        census.observe(&Event::Delete(a), uid);
+        assert_eq!(census.len(), 1);
+        // A relist replaces the count only when complete.
+        census.observe(&Event::Init, uid);
+        census.observe(&Event::InitApply(a), uid);
+        census.observe(&Event::InitApply(c), uid);
+        assert_eq!(census.len(), 1);
+        census.observe(&Event::InitDone, uid);
+        assert_eq!(census.len(), 2);
+        census.observe(&Event::Delete(c), uid);
+        assert_eq!(census.len(), 1);
+    }
+
+    #[test]
+    fn uuids_pack_into_16_bytes_and_others_hash() {
+        assert_eq!(compact_uid("00000000-0000-0000-0000-00000000000a"), 10u128);
+        assert_ne!(compact_uid("x"), compact_uid("y"));
+        assert_eq!(compact_uid("x"), compact_uid("x"));
+    }
+}
