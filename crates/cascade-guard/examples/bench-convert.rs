@@ -9,7 +9,7 @@
 //! 3. cascade-guard's start-up time to take over 10,000 existing objects
 //!    across 20 Convert kinds, then its memory (RSS) and CPU at rest.
 //!
-//! Run: scripts/bench.sh convert
+//! Run: scripts/bench.sh convert (BENCH_ONLY=scale runs only the third).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -140,31 +140,34 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
 
-    println!("\n1. Background DELETE to foregroundDeletion set, {AT_ONCE} deletes at once");
-    let tree = resource("Tree", "trees");
-    let latency = delete_to_foreground(&admin, &tree).await?;
-    println!(
-        "   p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
-        percentile(&latency, 50.0),
-        percentile(&latency, 99.0),
-        latency.last().copied().unwrap_or_default()
-    );
+    if std::env::var("BENCH_ONLY").as_deref() != Ok("scale") {
+        println!("\n1. Background DELETE to foregroundDeletion set, {AT_ONCE} deletes at once");
+        let tree = resource("Tree", "trees");
+        let latency = delete_to_foreground(&admin, &tree).await?;
+        println!(
+            "   p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            percentile(&latency, 50.0),
+            percentile(&latency, 99.0),
+            latency.last().copied().unwrap_or_default()
+        );
 
-    println!(
-        "\n2. Teardown of an XR with 3 composed resources (provider delay {} ms each), {PAIRS} pairs side by side",
-        PROVIDER_DELAY.as_millis()
-    );
-    let (convert, native) = teardown_pairs(&admin, &tree, &resource("Native", "natives")).await?;
-    let (c, n) = (percentile(&convert, 50.0), percentile(&native, 50.0));
-    println!(
-        "   Convert, Background delete:            median {c:.0} ms, max {:.0} ms",
-        convert.last().copied().unwrap_or_default()
-    );
-    println!(
-        "   native, --cascade=foreground delete:   median {n:.0} ms, max {:.0} ms",
-        native.last().copied().unwrap_or_default()
-    );
-    println!("   ratio Convert/native (medians): {:.3}", c / n);
+        println!(
+            "\n2. Teardown of an XR with 3 composed resources (provider delay {} ms each), {PAIRS} pairs side by side",
+            PROVIDER_DELAY.as_millis()
+        );
+        let (convert, native) =
+            teardown_pairs(&admin, &tree, &resource("Native", "natives")).await?;
+        let (c, n) = (percentile(&convert, 50.0), percentile(&native, 50.0));
+        println!(
+            "   Convert, Background delete:            median {c:.0} ms, max {:.0} ms",
+            convert.last().copied().unwrap_or_default()
+        );
+        println!(
+            "   native, --cascade=foreground delete:   median {n:.0} ms, max {:.0} ms",
+            native.last().copied().unwrap_or_default()
+        );
+        println!("   ratio Convert/native (medians): {:.3}", c / n);
+    }
 
     println!(
         "\n3. Scale: {} objects across {KINDS} Convert kinds",

@@ -34,9 +34,25 @@ pub fn start_controller(cp: &ControlPlane) -> Result<Process> {
         "--no-leader-election".to_string(),
         "--http-address=127.0.0.1:0".to_string(),
     ];
+    // BENCH_CONTROLLER_WRAPPER runs it under another command, such as a
+    // heap profiler: `heaptrack -o /tmp/cascade-guard`.
+    let wrapper: Vec<String> = std::env::var("BENCH_CONTROLLER_WRAPPER")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let (program, args) = match wrapper.split_first() {
+        Some((program, before)) => {
+            let mut all = before.to_vec();
+            all.push(binary.display().to_string());
+            all.extend(args);
+            (PathBuf::from(program), all)
+        }
+        None => (binary, args),
+    };
     Ok(process::spawn(
         "cascade-guard",
-        &binary,
+        &program,
         &args,
         &cp.log_path("cascade-guard"),
         Lifetime::Owned,
