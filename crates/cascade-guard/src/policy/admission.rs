@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    AuditAnnotation, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
-    ValidatingAdmissionPolicySpec, Validation, Variable,
+    AuditAnnotation, MatchCondition, MatchResources, NamedRuleWithOperations,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -18,6 +18,10 @@ use super::names::{
 };
 use super::resolve::{Policy, Source};
 use super::selector::is_dns_subdomain;
+
+/// The match condition of Refuse and Convert policies: true for exactly the
+/// deletes the policy refuses.
+pub const UNSAFE_DELETE_CONDITION: &str = "unsafe-delete";
 
 /// Who counts as the garbage collector. An empty string disables that
 /// identity (it never matches, rather than matching everyone).
@@ -77,6 +81,17 @@ pub fn compile(policy: &Policy, settings: &CompileSettings) -> Option<Compiled> 
                 resource_rules: Some(vec![rule.clone()]),
                 ..MatchResources::default()
             }),
+            // Refuse and Convert pass safe deletes on this condition alone:
+            // the API server then skips the validation and its message (both
+            // evaluated on every request otherwise). The validation keeps the
+            // full rule, so the verdict does not rest on the condition. Warn
+            // evaluates everything, to audit why it allowed.
+            match_conditions: (policy.mode != Mode::Warn).then(|| {
+                vec![MatchCondition {
+                    name: UNSAFE_DELETE_CONDITION.to_string(),
+                    expression: cel.refusal_condition.clone(),
+                }]
+            }),
             variables: Some(
                 cel.variables
                     .into_iter()
@@ -92,10 +107,14 @@ pub fn compile(policy: &Policy, settings: &CompileSettings) -> Option<Compiled> 
                 message_expression: Some(cel.message_expression),
                 reason: Some(cel.reason.to_string()),
             }]),
-            audit_annotations: Some(vec![AuditAnnotation {
-                key: DECISION_AUDIT_KEY.to_string(),
-                value_expression: cel.decision_expression,
-            }]),
+            // The API server evaluates audit annotations on every request, so
+            // only Warn, whose point is the record, carries why it allowed.
+            audit_annotations: (policy.mode == Mode::Warn).then(|| {
+                vec![AuditAnnotation {
+                    key: DECISION_AUDIT_KEY.to_string(),
+                    value_expression: cel.decision_expression,
+                }]
+            }),
             ..ValidatingAdmissionPolicySpec::default()
         }),
         status: None,
@@ -276,13 +295,14 @@ mod tests {
 
     #[test]
     fn actions_by_mode() {
+        // (mode, validation actions, audits why it allowed)
         let cases = [
-            (Mode::Refuse, Some(vec!["Deny"])),
-            (Mode::Convert, Some(vec!["Deny"])),
-            (Mode::Warn, Some(vec!["Warn", "Audit"])),
-            (Mode::Off, None),
+            (Mode::Refuse, Some(vec!["Deny"]), false),
+            (Mode::Convert, Some(vec!["Deny"]), false),
+            (Mode::Warn, Some(vec!["Warn", "Audit"]), true),
+            (Mode::Off, None, false),
         ];
-        for (mode, want) in cases {
+        for (mode, want, audited) in cases {
             let p = policy(xrd_source("x.example.org"), mode, Scope::Cluster, None);
             let compiled = compile(&p, &CompileSettings::default());
             let got = compiled
@@ -291,6 +311,23 @@ mod tests {
             let want = want.map(|w| w.into_iter().map(String::from).collect::<Vec<_>>());
             assert_eq!(got, want, "{mode}");
             assert_eq!(validation_actions(mode).is_some(), compiled.is_some());
+            let audit_keys: Vec<String> = compiled
+                .iter()
+                .filter_map(|c| c.policy.spec.as_ref()?.audit_annotations.clone())
+                .flatten()
+                .map(|a| a.key)
+                .collect();
+            assert_eq!(audit_keys == ["decision"], audited, "{mode}");
+            let conditions = compiled
+                .iter()
+                .filter_map(|c| c.policy.spec.as_ref()?.match_conditions.clone())
+                .flatten()
+                .count();
+            assert_eq!(
+                conditions,
+                usize::from(compiled.is_some() && !audited),
+                "{mode}"
+            );
         }
     }
 
@@ -348,7 +385,12 @@ mod tests {
             assert_eq!(spec["validations"][0]["reason"], "Forbidden");
             assert!(spec["validations"][0]["messageExpression"].is_string());
             assert!(spec["validations"][0]["message"].is_string());
-            assert_eq!(spec["auditAnnotations"][0]["key"], "decision");
+            // Refuse here: the allow reasons are audited in Warn mode only,
+            // and safe deletes stop at the match condition.
+            assert!(spec.get("auditAnnotations").is_none());
+            assert_eq!(spec["matchConditions"][0]["name"], "unsafe-delete");
+            let condition = spec["matchConditions"][0]["expression"].as_str().unwrap();
+            assert!(condition.starts_with("!(") && !condition.contains("variables."));
             assert!(spec["variables"].as_array().unwrap().len() > 5);
 
             let bspec = &binding["spec"];

@@ -42,6 +42,9 @@ pub struct CelPolicy {
     pub variables: Vec<CelVariable>,
     /// True when the delete is allowed.
     pub validation: String,
+    /// True when the delete is refused: the validation negated, with the
+    /// variables written out (match conditions cannot use them).
+    pub refusal_condition: String,
     pub message_expression: String,
     /// Used when `message_expression` fails.
     pub message: String,
@@ -136,6 +139,7 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
         .map(|(_, cond)| wrap(cond))
         .collect::<Vec<_>>()
         .join(" || ");
+    let refusal_condition = format!("!({})", inline_variables(&validation, &variables));
 
     // Nested conditionals in rule order, so the annotation names the same
     // rule the decision table reports.
@@ -176,6 +180,7 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
     CelPolicy {
         variables,
         validation,
+        refusal_condition,
         message_expression,
         message,
         reason: REFUSAL_REASON,
@@ -203,6 +208,48 @@ fn rules(mode: Mode, shape: Shape) -> Vec<(AllowReason, &'static str)> {
             Some((r, cond))
         })
         .collect()
+}
+
+/// `expression` with every `variables.NAME` replaced by NAME's expression
+/// (itself written out), in parentheses. Only for our own expressions, where
+/// `variables.` never occurs inside a string literal.
+pub fn inline_variables(expression: &str, variables: &[CelVariable]) -> String {
+    let mut written: Vec<(&str, String)> = Vec::new();
+    for v in variables {
+        let out = substitute(&v.expression, &written);
+        written.push((v.name, out));
+    }
+    substitute(expression, &written)
+}
+
+fn substitute(expression: &str, written: &[(&str, String)]) -> String {
+    const PREFIX: &str = "variables.";
+    let mut out = String::with_capacity(expression.len());
+    let mut rest = expression;
+    while let Some(at) = rest.find(PREFIX) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + PREFIX.len()..];
+        let end = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(after.len());
+        let name = &after[..end];
+        match written.iter().find(|(n, _)| *n == name) {
+            Some((_, e)) => {
+                out.push('(');
+                out.push_str(e);
+                out.push(')');
+            }
+            // Not one of ours (cannot happen): left as it was, so the API
+            // server rejects the policy loudly rather than it meaning less.
+            None => {
+                out.push_str(PREFIX);
+                out.push_str(name);
+            }
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn var(name: &'static str, expression: &str) -> CelVariable {
@@ -281,6 +328,51 @@ pub fn cel_string_literal(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn variables_are_written_out_for_match_conditions() {
+        let vars = [
+            var("a", "request.x"),
+            var("ab", "variables.a == 1"),
+            var("a_b", "variables.ab && variables.a"),
+        ];
+        let cases = [
+            ("variables.a", "(request.x)"),
+            ("variables.ab", "((request.x) == 1)"),
+            (
+                "!variables.a_b || f(variables.a)",
+                "!(((request.x) == 1) && (request.x)) || f((request.x))",
+            ),
+            ("variables.unknown", "variables.unknown"),
+            ("no variables", "no variables"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(inline_variables(input, &vars), want, "{input}");
+        }
+    }
+
+    #[test]
+    fn the_refusal_condition_is_the_validation_negated_without_variables() {
+        for mode in [Mode::Refuse, Mode::Convert, Mode::Warn] {
+            for shape in [Shape::CompositeResource, Shape::Other] {
+                let p = compile_cel(mode, shape, &CompileSettings::default());
+                assert!(
+                    !p.refusal_condition.contains("variables."),
+                    "{mode} {shape:?}"
+                );
+                assert_eq!(
+                    p.refusal_condition,
+                    format!("!({})", inline_variables(&p.validation, &p.variables))
+                );
+                // Balanced, so the negation covers the whole rule.
+                let depth = p.refusal_condition.chars().try_fold(0i32, |d, c| {
+                    let d = d + i32::from(c == '(') - i32::from(c == ')');
+                    (d >= 0).then_some(d)
+                });
+                assert_eq!(depth, Some(0), "{mode} {shape:?}");
+            }
+        }
+    }
 
     /// Decodes one CEL double-quoted literal at the start of `text`, returning
     /// the value and the rest. Written from the CEL spec's escape list, and
