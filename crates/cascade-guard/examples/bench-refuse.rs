@@ -19,7 +19,12 @@ use serde_json::{Value, json};
 
 const GROUP: &str = "bench.cascade-guard.dev";
 const KINDS: usize = 50;
+/// Deletes of each kind per round; rounds per phase. The p99 of one round of
+/// 1,000 is its tenth-slowest request, which the machine's noise moves by a
+/// millisecond or more, so each phase pools several rounds and also reports
+/// the median of the rounds' own differences.
 const DELETES: usize = 1000;
+const ROUNDS: usize = 5;
 const CHANGES: usize = 10;
 const GC_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
 
@@ -91,14 +96,14 @@ async fn main() -> Result<()> {
     let plain = resource("Plain", "plains");
     let protected = resource("Bench0", "bench0s");
 
-    println!("\n1. DELETE latency, {DELETES} deletes of each kind, interleaved");
+    println!("\n1. DELETE latency, {ROUNDS} rounds of {DELETES} deletes of each kind, interleaved");
     println!(
         "   request: DELETE as the garbage collector, propagationPolicy Background, UID precondition,"
     );
     println!(
         "   of an XR with one composed resource (the longest path through the policy that still allows)"
     );
-    let before = measure(&admin, &gc, ns, &plain, &protected, "before").await?;
+    let before = measure_rounds(&admin, &gc, ns, &plain, &protected, "before").await?;
     report("no policies installed", &before);
 
     let controller = start_controller(&cp)?;
@@ -121,16 +126,23 @@ async fn main() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let after = measure(&admin, &gc, ns, &plain, &protected, "after").await?;
+    let after = measure_rounds(&admin, &gc, ns, &plain, &protected, "after").await?;
     report(
         &format!("cascade-guard policies for {KINDS} kinds installed"),
         &after,
     );
-    let p99_added = percentile(&after.1, 99.0) - percentile(&after.0, 99.0);
-    let p50_added = percentile(&after.1, 50.0) - percentile(&after.0, 50.0);
+    let pooled = after.pooled();
+    let p99_added = percentile(&pooled.1, 99.0) - percentile(&pooled.0, 99.0);
+    let p50_added = percentile(&pooled.1, 50.0) - percentile(&pooled.0, 50.0);
     println!(
-        "   added by the policy (protected minus unprotected, same run): p50 {:+.3} ms, p99 {:+.3} ms",
+        "   added by the policy (protected minus unprotected, same rounds, pooled): p50 {:+.3} ms, p99 {:+.3} ms",
         p50_added, p99_added
+    );
+    let baseline = before.pooled();
+    println!(
+        "   the same difference with no policies (the noise floor): p50 {:+.3} ms, p99 {:+.3} ms",
+        percentile(&baseline.1, 50.0) - percentile(&baseline.0, 50.0),
+        percentile(&baseline.1, 99.0) - percentile(&baseline.0, 99.0)
     );
 
     println!(
@@ -169,8 +181,84 @@ async fn main() -> Result<()> {
         percentile(&times, 50.0),
         times.last().copied().unwrap_or_default()
     );
-    drop(controller);
+
+    // A-B-A: without the policies again, to tell what they cost from what
+    // the machine drifted by over the run (a fuller etcd, say).
+    let mut controller = controller;
+    controller.stop(Duration::from_secs(10));
+    let bindings: Api<
+        k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+    > = Api::all(admin.clone());
+    let ours =
+        kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=cascade-guard");
+    bindings
+        .delete_collection(&Default::default(), &ours)
+        .await?;
+    vaps.delete_collection(&Default::default(), &ours).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused(&admin, ns, &protected).await? {
+        if Instant::now() > deadline {
+            bail!("the policies were still in force a minute after their removal");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("\n3. The same with the policies removed again (A-B-A)");
+    let again = measure_rounds(&admin, &gc, ns, &plain, &protected, "again").await?;
+    report("policies removed", &again);
+    let p = |r: &Rounds, q| {
+        let (plain, protected) = r.pooled();
+        (percentile(&plain, q), percentile(&protected, q))
+    };
+    for q in [50.0, 99.0] {
+        let (a0, b0) = p(&before, q);
+        let (a1, b1) = p(&after, q);
+        let (a2, b2) = p(&again, q);
+        println!(
+            "   p{q:.0}: protected kind {b0:.3} / {b1:.3} / {b2:.3} ms (without / with / without): with minus the mean without {:+.3} ms; unprotected kind {a0:.3} / {a1:.3} / {a2:.3} ms: {:+.3} ms",
+            b1 - (b0 + b2) / 2.0,
+            a1 - (a0 + a2) / 2.0
+        );
+    }
     Ok(())
+}
+
+/// Each round's (unprotected, protected) latencies in ms, sorted.
+struct Rounds(Vec<(Vec<f64>, Vec<f64>)>);
+
+impl Rounds {
+    fn pooled(&self) -> (Vec<f64>, Vec<f64>) {
+        let mut plain: Vec<f64> = self.0.iter().flat_map(|r| r.0.iter().copied()).collect();
+        let mut protected: Vec<f64> = self.0.iter().flat_map(|r| r.1.iter().copied()).collect();
+        plain.sort_by(f64::total_cmp);
+        protected.sort_by(f64::total_cmp);
+        (plain, protected)
+    }
+
+    /// The median over rounds of protected minus unprotected at quantile `q`.
+    fn median_difference(&self, q: f64) -> f64 {
+        let mut d: Vec<f64> = self
+            .0
+            .iter()
+            .map(|(plain, protected)| percentile(protected, q) - percentile(plain, q))
+            .collect();
+        d.sort_by(f64::total_cmp);
+        percentile(&d, 50.0)
+    }
+}
+
+async fn measure_rounds(
+    admin: &Client,
+    gc: &Client,
+    ns: &str,
+    plain: &ApiResource,
+    protected: &ApiResource,
+    tag: &str,
+) -> Result<Rounds> {
+    let mut rounds = Vec::new();
+    for round in 0..ROUNDS {
+        rounds.push(measure(admin, gc, ns, plain, protected, &format!("{tag}-{round}")).await?);
+    }
+    Ok(Rounds(rounds))
 }
 
 /// Interleaved deletes of the two kinds; returns (plain, protected) latencies in ms.
@@ -184,7 +272,13 @@ async fn measure(
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let mut objects = Vec::new();
     for i in 0..DELETES {
-        for r in [plain, protected] {
+        // Alternate which kind goes first: the first of a pair is slower.
+        let pair = if i % 2 == 0 {
+            [plain, protected]
+        } else {
+            [protected, plain]
+        };
+        for r in pair {
             let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
             let o = DynamicObject::new(&format!("{tag}-{i}"), r).data(json!({"spec": {
                 "crossplane": {"resourceRefs": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}]}}}));
@@ -238,9 +332,10 @@ async fn refused(admin: &Client, ns: &str, r: &ApiResource) -> Result<bool> {
     }
 }
 
-fn report(phase: &str, (plain, protected): &(Vec<f64>, Vec<f64>)) {
+fn report(phase: &str, rounds: &Rounds) {
+    let (plain, protected) = &rounds.pooled();
     let p = |v: &[f64], q| percentile(v, q);
-    println!("   {phase}:");
+    println!("   {phase} ({} requests of each kind):", plain.len());
     println!(
         "     unprotected kind  p50 {:.3} ms  p99 {:.3} ms",
         p(plain, 50.0),
@@ -255,5 +350,10 @@ fn report(phase: &str, (plain, protected): &(Vec<f64>, Vec<f64>)) {
         "     ratio protected/unprotected  p50 {:.3}  p99 {:.3}",
         p(protected, 50.0) / p(plain, 50.0),
         p(protected, 99.0) / p(plain, 99.0)
+    );
+    println!(
+        "     median over rounds of protected minus unprotected: p50 {:+.3} ms  p99 {:+.3} ms",
+        rounds.median_difference(50.0),
+        rounds.median_difference(99.0)
     );
 }
