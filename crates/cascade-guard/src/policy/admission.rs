@@ -79,6 +79,10 @@ pub fn compile(policy: &Policy, settings: &CompileSettings) -> Option<Compiled> 
             failure_policy: Some("Fail".to_string()),
             match_constraints: Some(MatchResources {
                 resource_rules: Some(vec![rule.clone()]),
+                // Every version is in the rule, and a custom resource has no
+                // equivalent in another group, so Equivalent (the default)
+                // would only add a second pass to every request's matching.
+                match_policy: Some("Exact".to_string()),
                 ..MatchResources::default()
             }),
             // Refuse and Convert pass safe deletes on this condition alone:
@@ -380,7 +384,7 @@ mod tests {
             });
             assert_eq!(
                 spec["matchConstraints"],
-                serde_json::json!({"resourceRules": [rule.clone()]})
+                serde_json::json!({"resourceRules": [rule.clone()], "matchPolicy": "Exact"})
             );
             assert_eq!(spec["validations"][0]["reason"], "Forbidden");
             assert!(spec["validations"][0]["messageExpression"].is_string());
