@@ -648,7 +648,9 @@ mod tests {
                 let mut vap = serde_json::to_value(&c.policy).unwrap();
                 vap["metadata"]["uid"] = json!("u1");
                 vap["metadata"]["resourceVersion"] = json!("7");
-                vap["spec"]["matchConstraints"]["matchPolicy"] = json!("Equivalent");
+                // Defaulted by the API server: fields the policy leaves out.
+                vap["spec"]["matchConstraints"]["namespaceSelector"] = json!({});
+                vap["spec"]["matchConstraints"]["objectSelector"] = json!({});
                 vap["status"] = json!({"observedGeneration": 1});
                 policies.push(vap);
                 bindings.push(serde_json::to_value(&c.binding).unwrap());
