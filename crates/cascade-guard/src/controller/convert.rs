@@ -180,6 +180,7 @@ impl Converter {
             metrics: self.metrics.clone(),
             discovered: Mutex::new(HashMap::new()),
             census: Mutex::new(Census::default()),
+            failures: Mutex::new(HashMap::new()),
         });
         let (stop, stopped) = oneshot::channel::<()>();
         // The cache keeps only objects being deleted (see intake), and of them
@@ -251,6 +252,8 @@ struct Context {
     discovered: Mutex<HashMap<(String, String), Option<Discovered>>>,
     /// Every object watched, for the gauge (the cache has only deletions).
     census: Mutex<Census>,
+    /// Failed steps in a row, by UID, for the retry backoff.
+    failures: Mutex<HashMap<String, u32>>,
 }
 
 impl Context {
@@ -285,6 +288,9 @@ impl Context {
             .count();
         if let Ok(mut m) = self.memory.lock() {
             m.retain(|uid, _| cached.contains(uid));
+        }
+        if let Ok(mut f) = self.failures.lock() {
+            f.retain(|uid, _| cached.contains(uid));
         }
         if let Ok(census) = self.census.lock() {
             self.metrics.set_protected(&self.label, census.len());
@@ -357,6 +363,24 @@ enum StepError {
 }
 
 async fn reconcile(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepError> {
+    let result = step(object.clone(), ctx.clone()).await;
+    if result.is_ok()
+        && let (Some(uid), Ok(mut f)) = (object.uid(), ctx.failures.lock())
+    {
+        f.remove(&uid);
+    }
+    result
+}
+
+/// How long to wait before retrying a step that failed `failures` times in
+/// a row: 2 s, doubling, at most 5 minutes (a webhook that refuses every
+/// write should not get hundreds of requests a second).
+fn retry_after(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(8);
+    Duration::from_secs(2u64 << doublings).min(Duration::from_secs(300))
+}
+
+async fn step(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepError> {
     let Some(uid) = object.uid() else {
         return Ok(Action::await_change());
     };
@@ -469,15 +493,24 @@ async fn reconcile(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepE
     }
 }
 
-fn error_policy(_object: Arc<Meta>, error: &StepError, ctx: Arc<Context>) -> Action {
+fn error_policy(object: Arc<Meta>, error: &StepError, ctx: Arc<Context>) -> Action {
     let StepError::Api { step, .. } = error;
     ctx.metrics.error(match *step {
         "hold" => "AddFinalizer",
         "convert" => "Reissue",
         _ => "RemoveFinalizer",
     });
-    tracing::warn!(kind = %ctx.label, error = %error, "retrying");
-    Action::requeue(Duration::from_secs(2))
+    let failures = match (object.uid(), ctx.failures.lock()) {
+        (Some(uid), Ok(mut f)) => {
+            let n = f.entry(uid).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        }
+        _ => 1,
+    };
+    let wait = retry_after(failures);
+    tracing::warn!(kind = %ctx.label, error = %error, failures, retry_in_seconds = wait.as_secs(), "retrying");
+    Action::requeue(wait)
 }
 
 fn object_api(ctx: &Context, object: &Meta) -> Api<Meta> {
@@ -722,4 +755,30 @@ pub async fn release_outside(client: &Client, kind: &ConvertKind, keep: Option<&
         }
     }
     tracing::info!(kind = %kind.kind, released, "released objects no Convert policy holds any more");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_to_five_minutes() {
+        let cases = [
+            (0, 2),
+            (1, 2),
+            (2, 4),
+            (3, 8),
+            (5, 32),
+            (8, 256),
+            (9, 300),
+            (u32::MAX, 300),
+        ];
+        for (failures, seconds) in cases {
+            assert_eq!(
+                retry_after(failures),
+                Duration::from_secs(seconds),
+                "{failures}"
+            );
+        }
+    }
 }
