@@ -103,7 +103,7 @@ async fn main() -> Result<()> {
     println!(
         "   of an XR with one composed resource (the longest path through the policy that still allows)"
     );
-    let before = measure_rounds(&admin, &gc, ns, &plain, &protected, "before").await?;
+    let before = measure(&admin, &gc, ns, &plain, &protected, "before").await?;
     report("no policies installed", &before);
 
     let controller = start_controller(&cp)?;
@@ -126,7 +126,7 @@ async fn main() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let after = measure_rounds(&admin, &gc, ns, &plain, &protected, "after").await?;
+    let after = measure(&admin, &gc, ns, &plain, &protected, "after").await?;
     report(
         &format!("cascade-guard policies for {KINDS} kinds installed"),
         &after,
@@ -203,7 +203,7 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!("\n3. The same with the policies removed again (A-B-A)");
-    let again = measure_rounds(&admin, &gc, ns, &plain, &protected, "again").await?;
+    let again = measure(&admin, &gc, ns, &plain, &protected, "again").await?;
     report("policies removed", &again);
     let p = |r: &Rounds, q| {
         let (plain, protected) = r.pooled();
@@ -246,71 +246,61 @@ impl Rounds {
     }
 }
 
-async fn measure_rounds(
-    admin: &Client,
-    gc: &Client,
-    ns: &str,
-    plain: &ApiResource,
-    protected: &ApiResource,
-    tag: &str,
-) -> Result<Rounds> {
-    let mut rounds = Vec::new();
-    for round in 0..ROUNDS {
-        rounds.push(measure(admin, gc, ns, plain, protected, &format!("{tag}-{round}")).await?);
-    }
-    Ok(Rounds(rounds))
-}
-
-/// Interleaved deletes of the two kinds; returns (plain, protected) latencies in ms.
+/// ROUNDS rounds of interleaved deletes of the two kinds.
 async fn measure(
     admin: &Client,
     gc: &Client,
     ns: &str,
     plain: &ApiResource,
     protected: &ApiResource,
-    tag: &str,
-) -> Result<(Vec<f64>, Vec<f64>)> {
-    let mut objects = Vec::new();
-    for i in 0..DELETES {
-        // Alternate which kind goes first: the first of a pair is slower.
-        let pair = if i % 2 == 0 {
-            [plain, protected]
-        } else {
-            [protected, plain]
-        };
-        for r in pair {
-            let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
-            let o = DynamicObject::new(&format!("{tag}-{i}"), r).data(json!({"spec": {
-                "crossplane": {"resourceRefs": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}]}}}));
-            let o = api.create(&PostParams::default(), &o).await?;
-            objects.push((r.clone(), o.name_any(), o.uid().context("uid")?));
+    phase: &str,
+) -> Result<Rounds> {
+    let mut rounds = Vec::new();
+    for round in 0..ROUNDS {
+        let tag = format!("{phase}-{round}");
+        let mut objects = Vec::new();
+        for i in 0..DELETES {
+            // Alternate which kind goes first: the first of a pair is slower.
+            let pair = if i % 2 == 0 {
+                [plain, protected]
+            } else {
+                [protected, plain]
+            };
+            for r in pair {
+                let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
+                let o = DynamicObject::new(&format!("{tag}-{i}"), r).data(json!({"spec": {
+                    "crossplane": {"resourceRefs": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}]}}}));
+                let o = api.create(&PostParams::default(), &o).await?;
+                objects.push((r.clone(), o.name_any(), o.uid().context("uid")?));
+            }
         }
-    }
-    let mut plain_ms = Vec::new();
-    let mut protected_ms = Vec::new();
-    for (r, name, uid) in objects {
-        let body = serde_json::to_vec(&json!({"kind": "DeleteOptions", "apiVersion": "v1",
-            "propagationPolicy": "Background", "preconditions": {"uid": uid}}))?;
-        let request = http::Request::delete(format!(
-            "/apis/{}/namespaces/{ns}/{}/{name}",
-            r.api_version, r.plural
-        ))
-        .header("Content-Type", "application/json")
-        .body(body)?;
-        let start = Instant::now();
-        gc.request_text(request)
-            .await
-            .with_context(|| format!("delete {name}"))?;
-        let ms = start.elapsed().as_secs_f64() * 1000.0;
-        if r.kind == plain.kind {
-            plain_ms.push(ms);
-        } else {
-            protected_ms.push(ms);
+        let mut plain_ms = Vec::new();
+        let mut protected_ms = Vec::new();
+        for (r, name, uid) in objects {
+            let body = serde_json::to_vec(&json!({"kind": "DeleteOptions", "apiVersion": "v1",
+                "propagationPolicy": "Background", "preconditions": {"uid": uid}}))?;
+            let request = http::Request::delete(format!(
+                "/apis/{}/namespaces/{ns}/{}/{name}",
+                r.api_version, r.plural
+            ))
+            .header("Content-Type", "application/json")
+            .body(body)?;
+            let start = Instant::now();
+            gc.request_text(request)
+                .await
+                .with_context(|| format!("delete {name}"))?;
+            let ms = start.elapsed().as_secs_f64() * 1000.0;
+            if r.kind == plain.kind {
+                plain_ms.push(ms);
+            } else {
+                protected_ms.push(ms);
+            }
         }
+        plain_ms.sort_by(f64::total_cmp);
+        protected_ms.sort_by(f64::total_cmp);
+        rounds.push((plain_ms, protected_ms));
     }
-    plain_ms.sort_by(f64::total_cmp);
-    protected_ms.sort_by(f64::total_cmp);
-    Ok((plain_ms, protected_ms))
+    Ok(Rounds(rounds))
 }
 
 async fn refused(admin: &Client, ns: &str, r: &ApiResource) -> Result<bool> {
