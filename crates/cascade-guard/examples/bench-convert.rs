@@ -1,5 +1,8 @@
 //! Benchmark of Convert mode on the real control plane. Prints:
 //!
+//! 0. From creating an object of a Convert kind to cascade-guard's finalizer
+//!    being on it (created one at a time, as a person or a composition
+//!    would): p50 and p99.
 //! 1. From a Background DELETE to `foregroundDeletion` being set on the
 //!    object, with 100 deletes sent at once: p50 and p99.
 //! 2. Total teardown time of the same tree (an XR whose composed resources
@@ -27,6 +30,7 @@ const GROUP: &str = "bench.cascade-guard.dev";
 const KINDS: usize = 20;
 const PER_KIND: usize = 500;
 const AT_ONCE: usize = 100;
+const FRESH: usize = 100;
 const PAIRS: usize = 10;
 const PROVIDER_DELAY: Duration = Duration::from_millis(1000);
 const HOLD: &str = "bench.cascade-guard.dev/provider";
@@ -105,7 +109,7 @@ async fn main() -> Result<()> {
                 .await?;
         }
     }
-    for ns in ["latency", "teardown", "scale"] {
+    for ns in ["fresh", "latency", "teardown", "scale"] {
         Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
             .create(
                 &PostParams::default(),
@@ -141,15 +145,16 @@ async fn main() -> Result<()> {
     };
 
     if std::env::var("BENCH_ONLY").as_deref() != Ok("scale") {
-        println!("\n1. Background DELETE to foregroundDeletion set, {AT_ONCE} deletes at once");
-        let tree = resource("Tree", "trees");
-        let latency = delete_to_foreground(&admin, &tree).await?;
         println!(
-            "   p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
-            percentile(&latency, 50.0),
-            percentile(&latency, 99.0),
-            latency.last().copied().unwrap_or_default()
+            "\n0. New object to held (finalizer added), {FRESH} objects created one at a time"
         );
+        let tree = resource("Tree", "trees");
+        let held = create_to_held(&admin, &tree).await?;
+        print_latencies(&held);
+
+        println!("\n1. Background DELETE to foregroundDeletion set, {AT_ONCE} deletes at once");
+        let latency = delete_to_foreground(&admin, &tree).await?;
+        print_latencies(&latency);
 
         println!(
             "\n2. Teardown of an XR with 3 composed resources (provider delay {} ms each), {PAIRS} pairs side by side",
@@ -251,6 +256,88 @@ impl HeldCounter {
     }
 }
 
+fn print_latencies(sorted_ms: &[f64]) {
+    println!(
+        "   p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        percentile(sorted_ms, 50.0),
+        percentile(sorted_ms, 99.0),
+        sorted_ms.last().copied().unwrap_or_default()
+    );
+}
+
+/// When each object of a kind in a namespace first shows a finalizer, from a
+/// watch.
+struct FirstSeen {
+    seen: Arc<Mutex<HashMap<String, Instant>>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl FirstSeen {
+    async fn start(client: &Client, r: &ApiResource, ns: &str, finalizer: &'static str) -> Self {
+        let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        let api: Api<PartialObjectMeta<DynamicObject>> =
+            Api::namespaced_with(client.clone(), ns, r);
+        let recorder = seen.clone();
+        let watch = tokio::spawn(async move {
+            let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+            while let Some(Ok(event)) = stream.next().await {
+                if let Event::Apply(o) = event
+                    && o.finalizers().iter().any(|f| f == finalizer)
+                    && let Ok(mut s) = recorder.lock()
+                {
+                    s.entry(o.name_any()).or_insert_with(Instant::now);
+                }
+            }
+        });
+        // The watch is established before anything is measured.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Self { seen, watch }
+    }
+
+    fn count(&self) -> usize {
+        self.seen.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// Waits until `n` objects were seen, then the milliseconds from each
+    /// `sent` instant to its object being seen, sorted.
+    async fn latencies(self, sent: &[(String, Instant)], within: Duration) -> Result<Vec<f64>> {
+        let deadline = Instant::now() + within;
+        while self.count() < sent.len() {
+            if Instant::now() > deadline {
+                bail!("only {} of {} seen in time", self.count(), sent.len());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.watch.abort();
+        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
+        let mut ms: Vec<f64> = sent
+            .iter()
+            .filter_map(|(name, at)| {
+                seen.get(name)
+                    .map(|t| t.duration_since(*at).as_secs_f64() * 1000.0)
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        Ok(ms)
+    }
+}
+
+/// Creates FRESH objects one after another (20 ms apart) and times each from
+/// its create request to a watch showing cascade-guard's finalizer on it.
+async fn create_to_held(admin: &Client, tree: &ApiResource) -> Result<Vec<f64>> {
+    let ns = "fresh";
+    let first = FirstSeen::start(admin, tree, ns, FINALIZER).await;
+    let mut sent = Vec::new();
+    for i in 0..FRESH {
+        let name = format!("f-{i}");
+        let at = Instant::now();
+        make_tree(admin, tree, ns, &name, 0).await?;
+        sent.push((name, at));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.latencies(&sent, Duration::from_secs(60)).await
+}
+
 async fn delete_to_foreground(admin: &Client, tree: &ApiResource) -> Result<Vec<f64>> {
     let ns = "latency";
     let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, tree);
@@ -258,23 +345,8 @@ async fn delete_to_foreground(admin: &Client, tree: &ApiResource) -> Result<Vec<
         make_tree(admin, tree, ns, &format!("t-{i}"), 1).await?;
     }
     wait_all_held(&api, AT_ONCE).await?;
-    // When foregroundDeletion first appears on each, from a watch.
-    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let watch_api: Api<PartialObjectMeta<DynamicObject>> =
-        Api::namespaced_with(admin.clone(), ns, tree);
-    let recorder = seen.clone();
-    let watch = tokio::spawn(async move {
-        let mut stream = watcher::watcher(watch_api, watcher::Config::default()).boxed();
-        while let Some(Ok(event)) = stream.next().await {
-            if let Event::Apply(o) = event
-                && o.finalizers().iter().any(|f| f == "foregroundDeletion")
-                && let Ok(mut s) = recorder.lock()
-            {
-                s.entry(o.name_any()).or_insert_with(Instant::now);
-            }
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // When foregroundDeletion first appears on each.
+    let first = FirstSeen::start(admin, tree, ns, "foregroundDeletion").await;
     let sent: Vec<(String, Instant)> = futures::future::join_all((0..AT_ONCE).map(|i| {
         let api = api.clone();
         async move {
@@ -287,26 +359,7 @@ async fn delete_to_foreground(admin: &Client, tree: &ApiResource) -> Result<Vec<
         }
     }))
     .await;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while seen.lock().map(|s| s.len()).unwrap_or(0) < AT_ONCE {
-        if Instant::now() > deadline {
-            bail!(
-                "only {} of {AT_ONCE} reached foregroundDeletion",
-                seen.lock().map(|s| s.len()).unwrap_or(0)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    watch.abort();
-    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
-    let mut ms: Vec<f64> = sent
-        .iter()
-        .filter_map(|(name, at)| {
-            seen.get(name)
-                .map(|t| t.duration_since(*at).as_secs_f64() * 1000.0)
-        })
-        .collect();
-    ms.sort_by(f64::total_cmp);
+    let ms = first.latencies(&sent, Duration::from_secs(120)).await?;
     // Let the provider finish these trees before the next measurement.
     release_all(admin, ns).await?;
     Ok(ms)
