@@ -31,7 +31,7 @@ const KINDS: usize = 20;
 const PER_KIND: usize = 500;
 const AT_ONCE: usize = 100;
 const FRESH: usize = 100;
-const PAIRS: usize = 10;
+const PAIRS: usize = 20;
 const PROVIDER_DELAY: Duration = Duration::from_millis(1000);
 const HOLD: &str = "bench.cascade-guard.dev/provider";
 const FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
@@ -160,8 +160,9 @@ async fn main() -> Result<()> {
             "\n2. Teardown of an XR with 3 composed resources (provider delay {} ms each), {PAIRS} pairs side by side",
             PROVIDER_DELAY.as_millis()
         );
-        let (convert, native) =
+        let (convert, native, mut per_pair) =
             teardown_pairs(&admin, &tree, &resource("Native", "natives")).await?;
+        per_pair.sort_by(f64::total_cmp);
         let (c, n) = (percentile(&convert, 50.0), percentile(&native, 50.0));
         println!(
             "   Convert, Background delete:            median {c:.0} ms, max {:.0} ms",
@@ -172,6 +173,12 @@ async fn main() -> Result<()> {
             native.last().copied().unwrap_or_default()
         );
         println!("   ratio Convert/native (medians): {:.3}", c / n);
+        println!(
+            "   Convert minus native within each pair: median {:+.0} ms, min {:+.0} ms, max {:+.0} ms",
+            percentile(&per_pair, 50.0),
+            per_pair.first().copied().unwrap_or_default(),
+            per_pair.last().copied().unwrap_or_default()
+        );
     }
 
     println!(
@@ -369,7 +376,7 @@ async fn teardown_pairs(
     admin: &Client,
     tree: &ApiResource,
     native: &ApiResource,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
     let ns = "teardown";
     let trees: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, tree);
     for i in 0..PAIRS {
@@ -380,6 +387,7 @@ async fn teardown_pairs(
     let provider = tokio::spawn(provider(admin.clone(), ns.to_string()));
     let mut convert = Vec::new();
     let mut nat = Vec::new();
+    let mut per_pair = Vec::new();
     for i in 0..PAIRS {
         let c_api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, tree);
         let n_api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, native);
@@ -388,13 +396,15 @@ async fn teardown_pairs(
             teardown(&c_api, &c_name, kube::api::DeleteParams::background()),
             teardown(&n_api, &n_name, kube::api::DeleteParams::foreground()),
         );
-        convert.push(c?);
-        nat.push(n?);
+        let (c, n) = (c?, n?);
+        convert.push(c);
+        nat.push(n);
+        per_pair.push(c - n);
     }
     provider.abort();
     convert.sort_by(f64::total_cmp);
     nat.sort_by(f64::total_cmp);
-    Ok((convert, nat))
+    Ok((convert, nat, per_pair))
 }
 
 async fn teardown(

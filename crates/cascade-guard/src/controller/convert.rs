@@ -591,48 +591,72 @@ async fn blocking_dependents(ctx: &Context, object: &Meta, uid: &str) -> Depende
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    let mut remaining = 0;
-    for r in refs {
-        let (Some(api_version), Some(kind), Some(name)) = (
-            r["apiVersion"].as_str(),
-            r["kind"].as_str(),
-            r["name"].as_str(),
-        ) else {
-            continue;
-        };
-        let Some((resource, namespaced)) = discover(ctx, api_version, kind).await else {
-            return Dependents::Unknowable;
-        };
-        let ns = r["namespace"]
-            .as_str()
-            .map(str::to_string)
-            .or(namespace.clone());
-        let api: Api<Meta> = match (&ns, namespaced) {
-            (Some(ns), true) => Api::namespaced_with(ctx.client.clone(), ns, &resource),
-            _ => Api::all_with(ctx.client.clone(), &resource),
-        };
-        match api.get_metadata_opt(name).await {
-            Ok(Some(dependent)) => {
-                let blocking = dependent
-                    .owner_references()
-                    .iter()
-                    .any(|o| o.uid == uid && o.block_owner_deletion == Some(true));
-                if blocking {
-                    remaining += 1;
-                }
-            }
-            Ok(None) => {}
-            Err(kube::Error::Api(s)) if s.code == 403 => {
-                tracing::warn!(%api_version, %kind, "no permission to read composed resources; relying on the garbage collector's confirmation");
-                return Dependents::Unknowable;
-            }
-            Err(_) => remaining += 1,
-        }
+    // Looked up side by side: this sits between the garbage collector's last
+    // delete and the XR leaving, so its round trips are the teardown's.
+    let namespace = namespace.as_deref();
+    let states: Vec<Dependent> = futures::stream::iter(refs)
+        .map(|r| async move { dependent(ctx, &r, namespace, uid).await })
+        .buffer_unordered(LOOKUPS_AT_ONCE)
+        .collect()
+        .await;
+    if states.contains(&Dependent::Unknowable) {
+        return Dependents::Unknowable;
     }
-    if remaining == 0 {
-        Dependents::None
-    } else {
-        Dependents::Remaining(remaining)
+    match states.iter().filter(|s| **s == Dependent::Blocking).count() {
+        0 => Dependents::None,
+        n => Dependents::Remaining(n),
+    }
+}
+
+/// Composed resources of one XR looked up at once.
+const LOOKUPS_AT_ONCE: usize = 8;
+
+#[derive(Debug, PartialEq)]
+enum Dependent {
+    /// Exists with a blocking owner reference to the XR (or cannot be read
+    /// for a reason other than permissions: counted, since converting again
+    /// is always safe).
+    Blocking,
+    /// Gone, or no longer blocks the XR; or the reference is incomplete.
+    Clear,
+    /// Its kind cannot be found, or cascade-guard may not read it.
+    Unknowable,
+}
+
+async fn dependent(ctx: &Context, r: &Value, namespace: Option<&str>, uid: &str) -> Dependent {
+    let (Some(api_version), Some(kind), Some(name)) = (
+        r["apiVersion"].as_str(),
+        r["kind"].as_str(),
+        r["name"].as_str(),
+    ) else {
+        return Dependent::Clear;
+    };
+    let Some((resource, namespaced)) = discover(ctx, api_version, kind).await else {
+        return Dependent::Unknowable;
+    };
+    let ns = r["namespace"].as_str().or(namespace);
+    let api: Api<Meta> = match (ns, namespaced) {
+        (Some(ns), true) => Api::namespaced_with(ctx.client.clone(), ns, &resource),
+        _ => Api::all_with(ctx.client.clone(), &resource),
+    };
+    match api.get_metadata_opt(name).await {
+        Ok(Some(dependent)) => {
+            let blocking = dependent
+                .owner_references()
+                .iter()
+                .any(|o| o.uid == uid && o.block_owner_deletion == Some(true));
+            if blocking {
+                Dependent::Blocking
+            } else {
+                Dependent::Clear
+            }
+        }
+        Ok(None) => Dependent::Clear,
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            tracing::warn!(%api_version, %kind, "no permission to read composed resources; relying on the garbage collector's confirmation");
+            Dependent::Unknowable
+        }
+        Err(_) => Dependent::Blocking,
     }
 }
 
