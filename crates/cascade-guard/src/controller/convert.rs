@@ -330,26 +330,39 @@ async fn take_in(
     let api = object_api(&ctx, &hold_it.object);
     match hold(&api, &hold_it.object, &uid).await {
         Ok(()) => Ok(sorted.pass),
-        // Every failure goes to the controller, which retries from its cache.
-        // If the object changed since this event (a failed test of its
-        // resourceVersion), the newer event that follows takes it out of the
-        // cache again and is held afresh; nothing is dropped on a guess.
+        // The object changed or went since this event: the watch brings the
+        // newer version (or its deletion), which is sorted afresh.
+        Err(e) if is_stale(&e) && changed_since(&api, &hold_it.object).await => {
+            tracing::debug!(kind = %ctx.label, name = %hold_it.object.name_any(), "changed since seen; holding the newer version");
+            Ok(sorted.pass)
+        }
+        // Any other failure goes to the controller, which retries from its
+        // cache with backoff.
         Err(e) => {
-            if is_stale(&e) {
-                tracing::debug!(kind = %ctx.label, name = %hold_it.object.name_any(), "changed since seen; holding the newer version");
-            } else {
-                ctx.metrics.error("AddFinalizer");
-                tracing::warn!(kind = %ctx.label, name = %hold_it.object.name_any(), error = %e, "cannot add the finalizer; retrying");
-            }
+            ctx.metrics.error("AddFinalizer");
+            tracing::warn!(kind = %ctx.label, name = %hold_it.object.name_any(), error = %e, "cannot add the finalizer; retrying");
             Ok(Some(hold_it.failed()))
         }
     }
 }
 
-/// The write was refused because the object is not as seen (a JSON patch
-/// test failed, or a conflict): expected now and then, not worth a warning.
+/// A refusal that may mean the object is not as seen: a failed JSON patch
+/// test (422) or a conflict (409). [`changed_since`] tells for sure.
 fn is_stale(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409 || (s.code == 422 && s.message.contains("test failed")))
+    matches!(e, kube::Error::Api(s) if s.code == 409 || s.code == 422)
+}
+
+/// Whether the object is gone, replaced or at another resourceVersion than
+/// `seen`. When that cannot be read, no: the caller retries instead.
+async fn changed_since(api: &Api<Meta>, seen: &Meta) -> bool {
+    match api.get_metadata_opt(&seen.name_any()).await {
+        Ok(None) => true,
+        Ok(Some(now)) => {
+            now.metadata.uid != seen.metadata.uid
+                || now.metadata.resource_version != seen.metadata.resource_version
+        }
+        Err(_) => false,
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
