@@ -26,7 +26,6 @@ use kube::{Api, Client, ResourceExt};
 use local_cluster::{ControlPlane, Options, crossplane};
 use serde_json::{Value, json};
 
-const GROUP: &str = "bench.cascade-guard.dev";
 const KINDS: usize = 20;
 const PER_KIND: usize = 500;
 const AT_ONCE: usize = 100;
@@ -51,16 +50,6 @@ fn xrd(kind: &str, plural: &str, mode: Option<&str>) -> Value {
     x
 }
 
-fn resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: GROUP.into(),
-        version: "v1".into(),
-        api_version: format!("{GROUP}/v1"),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
 fn config_maps() -> ApiResource {
     ApiResource {
         group: String::new(),
@@ -73,7 +62,7 @@ fn config_maps() -> ApiResource {
 
 #[path = "bench/common.rs"]
 mod common;
-use common::{percentile, start_controller};
+use common::{GROUP, percentile, resource, start_controller};
 
 #[tokio::main]
 async fn main() -> Result<()> {

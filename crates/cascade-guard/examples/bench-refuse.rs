@@ -17,7 +17,6 @@ use kube::{Api, Client, ResourceExt};
 use local_cluster::{ControlPlane, Options, crossplane};
 use serde_json::{Value, json};
 
-const GROUP: &str = "bench.cascade-guard.dev";
 const KINDS: usize = 50;
 /// Deletes of each kind per round; rounds per phase. The p99 of one round of
 /// 1,000 is its tenth-slowest request, which the machine's noise moves by a
@@ -41,19 +40,9 @@ fn xrd(i: usize) -> Value {
     })
 }
 
-fn resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: GROUP.into(),
-        version: "v1".into(),
-        api_version: format!("{GROUP}/v1"),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
 #[path = "bench/common.rs"]
 mod common;
-use common::{percentile, start_controller};
+use common::{GROUP, percentile, resource, start_controller};
 
 #[tokio::main]
 async fn main() -> Result<()> {

@@ -1,11 +1,26 @@
-//! What the benchmarks share: percentiles, and starting the release build of
-//! cascade-guard against their control plane.
+//! What the benchmarks share: their kinds' API group, percentiles, and starting
+//! the release build of cascade-guard against their control plane.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
+use kube::api::ApiResource;
 use local_cluster::ControlPlane;
 use local_cluster::process::{self, Lifetime, Process};
+
+/// The API group of the benchmarks' kinds.
+pub const GROUP: &str = "bench.cascade-guard.dev";
+
+/// A benchmark kind, served at v1.
+pub fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: "v1".into(),
+        api_version: format!("{GROUP}/v1"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
 
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
