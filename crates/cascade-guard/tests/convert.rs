@@ -105,10 +105,7 @@ async fn every_client_gets_a_foreground_cascade() {
                         resource,
                         ns,
                         "tree",
-                        &DeleteSpec {
-                            propagation: Some("Background"),
-                            ..DeleteSpec::default()
-                        },
+                        &DeleteSpec::propagation("Background"),
                     )
                     .await;
                     assert!(got.allowed(), "{client}: {got:?}");
@@ -122,10 +119,7 @@ async fn every_client_gets_a_foreground_cascade() {
                         &s.client,
                         resource,
                         ns,
-                        &DeleteSpec {
-                            propagation: Some("Background"),
-                            ..DeleteSpec::default()
-                        },
+                        &DeleteSpec::propagation("Background"),
                     )
                     .await;
                     assert!(got.allowed(), "{client}: {got:?}");
@@ -163,10 +157,7 @@ async fn a_background_redelete_mid_cascade_does_not_cut_it_short() {
     let timeline = timeline(&s, &ns).await;
     create_tree(&s.client, &resource, &ns, "tree", 2).await;
     wait_held(&s.client, &resource, &ns, "tree").await;
-    let background = DeleteSpec {
-        propagation: Some("Background"),
-        ..DeleteSpec::default()
-    };
+    let background = DeleteSpec::propagation("Background");
     assert!(
         delete(&s.client, &resource, &ns, "tree", &background)
             .await
@@ -257,10 +248,7 @@ async fn it_never_starts_a_deletion_and_never_touches_a_recreated_object() {
             &resource,
             &ns,
             "same",
-            &DeleteSpec {
-                propagation: Some("Background"),
-                ..DeleteSpec::default()
-            }
+            &DeleteSpec::propagation("Background")
         )
         .await
         .allowed()
@@ -486,10 +474,7 @@ async fn trace_follows_a_teardown_to_the_end() {
         &resource,
         &s.namespace,
         "traced",
-        &DeleteSpec {
-            propagation: Some("Background"),
-            ..DeleteSpec::default()
-        },
+        &DeleteSpec::propagation("Background"),
     )
     .await;
     assert!(got.allowed(), "{got:?}");

@@ -49,10 +49,7 @@ composedResources:
 static CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn background() -> DeleteSpec {
-    DeleteSpec {
-        propagation: Some("Background"),
-        ..DeleteSpec::default()
-    }
+    DeleteSpec::propagation("Background")
 }
 
 /// The committed manifest and CRD file are what the chart and the binary
@@ -245,10 +242,7 @@ async fn cascade_guard_runs_with_exactly_the_charts_rbac() {
     let got = delete(admin, &refuse, &ns, "refused", &background()).await;
     assert_eq!(got.code, 403, "{got:?}");
     assert!(got.message.contains("cascade-guard refused"), "{got:?}");
-    let foreground = DeleteSpec {
-        propagation: Some("Foreground"),
-        ..DeleteSpec::default()
-    };
+    let foreground = DeleteSpec::propagation("Foreground");
     assert!(
         delete(admin, &refuse, &ns, "refused", &foreground)
             .await

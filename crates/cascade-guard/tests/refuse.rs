@@ -137,10 +137,7 @@ async fn prepare(s: &Scope<'_>, resource: &ApiResource, state: State, name: &str
                 resource,
                 &s.namespace,
                 name,
-                &DeleteSpec {
-                    propagation: Some("Foreground"),
-                    ..DeleteSpec::default()
-                },
+                &DeleteSpec::propagation("Foreground"),
             )
             .await;
             assert!(outcome.allowed(), "foreground delete refused: {outcome:?}");
@@ -344,10 +341,7 @@ async fn real_deletes_of_a_composed_xr_only_foreground_goes_through() {
         &resource,
         &s.namespace,
         "empty",
-        &DeleteSpec {
-            propagation: Some("Background"),
-            ..DeleteSpec::default()
-        },
+        &DeleteSpec::propagation("Background"),
     )
     .await;
     assert!(got.allowed(), "{got:?}");
@@ -388,10 +382,7 @@ async fn delete_collection_removes_only_what_is_safe_and_reports_the_rest() {
         &s.client,
         &resource,
         &s.namespace,
-        &DeleteSpec {
-            propagation: Some("Background"),
-            ..DeleteSpec::default()
-        },
+        &DeleteSpec::propagation("Background"),
     )
     .await;
     assert_eq!(got.code, 403, "{got:?}");
@@ -422,10 +413,7 @@ async fn delete_collection_removes_only_what_is_safe_and_reports_the_rest() {
         &s.client,
         &resource,
         &s.namespace,
-        &DeleteSpec {
-            propagation: Some("Foreground"),
-            ..DeleteSpec::default()
-        },
+        &DeleteSpec::propagation("Foreground"),
     )
     .await;
     assert!(got.allowed(), "{got:?}");
@@ -493,10 +481,7 @@ async fn a_foreground_cascade_through_three_levels_of_protected_kinds_completes(
         &xr,
         &s.namespace,
         "root",
-        &DeleteSpec {
-            propagation: Some("Foreground"),
-            ..DeleteSpec::default()
-        },
+        &DeleteSpec::propagation("Foreground"),
     )
     .await;
     assert!(got.allowed(), "{got:?}");
@@ -603,10 +588,7 @@ async fn a_namespace_deletion_shows_the_refusal_in_the_namespace_status() {
         &resource,
         &s.namespace,
         "stuck",
-        &DeleteSpec {
-            propagation: Some("Foreground"),
-            ..DeleteSpec::default()
-        },
+        &DeleteSpec::propagation("Foreground"),
     )
     .await;
     assert!(got.allowed(), "{got:?}");

@@ -49,10 +49,7 @@ async fn delete_all(s: &Scope<'_>, n: usize, rng: &mut Rng) {
     for i in 0..n {
         tokio::time::sleep(rng.millis(0, 300)).await;
         let spec = if rng.next().is_multiple_of(2) {
-            DeleteSpec {
-                propagation: Some("Background"),
-                ..DeleteSpec::default()
-            }
+            DeleteSpec::propagation("Background")
         } else {
             DeleteSpec::default()
         };
@@ -269,10 +266,7 @@ async fn uninstall_leaves_nothing_behind() {
             &refuse_xr,
             &s.namespace,
             "free",
-            &DeleteSpec {
-                propagation: Some("Background"),
-                ..DeleteSpec::default()
-            },
+            &DeleteSpec::propagation("Background"),
         )
         .await;
         got.allowed().then_some(())
@@ -284,10 +278,7 @@ async fn uninstall_leaves_nothing_behind() {
         &resource,
         &s.namespace,
         "held",
-        &DeleteSpec {
-            propagation: Some("Background"),
-            ..DeleteSpec::default()
-        },
+        &DeleteSpec::propagation("Background"),
     )
     .await;
     assert!(got.allowed(), "{got:?}");

@@ -411,11 +411,18 @@ pub struct DeleteSpec {
 }
 
 impl DeleteSpec {
+    /// Only a propagationPolicy.
+    pub fn propagation(policy: &'static str) -> Self {
+        Self {
+            propagation: Some(policy),
+            ..Self::default()
+        }
+    }
+
     pub fn dry_run_background() -> Self {
         Self {
-            propagation: Some("Background"),
             dry_run: true,
-            ..Self::default()
+            ..Self::propagation("Background")
         }
     }
 
