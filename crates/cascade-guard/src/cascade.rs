@@ -9,9 +9,43 @@
 //! Convert kind with its own finalizer; once the object is being deleted
 //! without `foregroundDeletion`, it re-issues the delete as Foreground; and it
 //! lets go only when nothing is left to cascade.
+//!
+//! An object that carries the finalizer is followed to the end whatever
+//! happens to its policy: relabelled out of a selector, or its kind no longer
+//! Convert, a live object is let go, and a deleting one is carried through its
+//! cascade first ([`Reach`]).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use kube::core::{Selector, SelectorExt};
 
 use crate::policy::Shape;
-use crate::policy::names::{FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER};
+use crate::policy::names::{
+    FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, ORPHAN_FINALIZER,
+};
+
+/// Which live objects of a kind cascade-guard holds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reach {
+    /// Every object (a Convert policy without a selector).
+    Every,
+    /// Objects any of these selectors match (one per Convert policy).
+    Selected(Vec<Selector>),
+    /// None: the kind is no longer Convert, and cascade-guard only finishes
+    /// what it holds.
+    Nothing,
+}
+
+impl Reach {
+    pub fn covers(&self, labels: &BTreeMap<String, String>) -> bool {
+        match self {
+            Reach::Every => true,
+            Reach::Selected(selectors) => selectors.iter().any(|s| s.matches(labels)),
+            Reach::Nothing => false,
+        }
+    }
+}
 
 /// What the watch shows of an object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,16 +55,23 @@ pub struct Observed {
     pub held: bool,
     /// `foregroundDeletion` is on it: the garbage collector's cascade is running.
     pub in_foreground: bool,
+    /// `orphan` is on it: someone deleted it with propagationPolicy Orphan
+    /// (admission lets that through only with break-glass).
+    pub orphaning: bool,
+    /// Within the [`Reach`] of a Convert policy.
+    pub in_reach: bool,
     pub shape: Shape,
 }
 
 impl Observed {
-    pub fn new(deleting: bool, finalizers: &[String], shape: Shape) -> Self {
+    pub fn new(deleting: bool, finalizers: &[String], in_reach: bool, shape: Shape) -> Self {
         let has = |f: &str| finalizers.iter().any(|x| x == f);
         Self {
             deleting,
             held: has(FOREGROUND_CASCADE_FINALIZER),
             in_foreground: has(FOREGROUND_DELETION_FINALIZER),
+            orphaning: has(ORPHAN_FINALIZER),
+            in_reach,
             shape,
         }
     }
@@ -42,6 +83,8 @@ impl Observed {
 pub struct Memory {
     /// Foreground deletes cascade-guard has issued for this object.
     pub conversions: u32,
+    /// When it issued the last one.
+    pub last_conversion: Option<Instant>,
 }
 
 /// What is known of an XR's blocking dependents: its composed resources
@@ -56,6 +99,31 @@ pub enum Dependents {
     Unknowable,
 }
 
+/// How far cascade-guard carries a deleting object before it lets go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carry {
+    /// Until nothing is left to cascade (the controller).
+    ToTheEnd,
+    /// Until the garbage collector's foreground cascade holds it: `uninstall`,
+    /// where cascade-guard is leaving, and the garbage collector keeps the
+    /// object until its blocking dependents are gone, as for any foreground
+    /// delete.
+    ToTheGarbageCollector,
+}
+
+/// Why cascade-guard removes its finalizer without a cascade to finish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LetGo {
+    /// A live object no Convert policy reaches any more.
+    OutOfReach,
+    /// Deleted with Orphan on purpose (break-glass): its dependents are to
+    /// stay, so there is no cascade to hold it for.
+    Orphaning,
+    /// In the garbage collector's foreground cascade, and cascade-guard is
+    /// being uninstalled ([`Carry::ToTheGarbageCollector`]).
+    HandedOver,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Add cascade-guard's finalizer.
@@ -64,10 +132,25 @@ pub enum Step {
     Wait,
     /// Issue a Foreground DELETE with a UID precondition.
     Convert,
+    /// Convert again, but not before this much time: the cascade keeps being
+    /// cut short (a stale garbage collector clears `foregroundDeletion` at
+    /// once), and converting at the rate of the watch would flood the API.
+    Backoff(Duration),
     /// Look up the XR's composed resources, then decide again.
     LookUpDependents,
     /// The cascade is done: remove cascade-guard's finalizer.
     Release,
+    /// Remove cascade-guard's finalizer: there is no cascade to hold it for.
+    LetGo(LetGo),
+}
+
+/// What to do with a live object: only holding and letting go apply.
+pub fn live_step(observed: Observed) -> Step {
+    match (observed.held, observed.in_reach) {
+        (false, true) => Step::Hold,
+        (true, false) => Step::LetGo(LetGo::OutOfReach),
+        _ => Step::Wait,
+    }
 }
 
 /// The next step for one object.
@@ -79,23 +162,37 @@ pub enum Step {
 /// it converts once more and lets go when the garbage collector clears
 /// `foregroundDeletion` a second time: a finished cascade clears again at once,
 /// a stripped one runs on until its dependents are gone.
-pub fn next_step(observed: Observed, memory: Memory, dependents: Dependents) -> Step {
+///
+/// A deleting object is carried through whether or not it is still in reach:
+/// the delete was let through because cascade-guard held it.
+pub fn next_step(
+    observed: Observed,
+    memory: Memory,
+    dependents: Dependents,
+    now: Instant,
+    carry: Carry,
+) -> Step {
     if !observed.deleting {
-        return if observed.held {
-            Step::Wait
-        } else {
-            Step::Hold
-        };
+        return live_step(observed);
     }
     // Never add a finalizer to a terminating object (the API server refuses
     // it), and never act on a deletion cascade-guard does not hold.
-    if !observed.held || observed.in_foreground {
+    if !observed.held {
         return Step::Wait;
+    }
+    if observed.in_foreground {
+        return match carry {
+            Carry::ToTheEnd => Step::Wait,
+            Carry::ToTheGarbageCollector => Step::LetGo(LetGo::HandedOver),
+        };
+    }
+    if observed.orphaning {
+        return Step::LetGo(LetGo::Orphaning);
     }
     if memory.conversions == 0 {
         return Step::Convert;
     }
-    match observed.shape {
+    let step = match observed.shape {
         Shape::CompositeResource => match dependents {
             Dependents::NotLookedUp => Step::LookUpDependents,
             Dependents::Remaining(_) => Step::Convert,
@@ -103,6 +200,26 @@ pub fn next_step(observed: Observed, memory: Memory, dependents: Dependents) -> 
             Dependents::Unknowable => confirmed(memory),
         },
         Shape::Other => confirmed(memory),
+    };
+    match (step, memory.last_conversion) {
+        (Step::Convert, Some(last)) => {
+            let due = last + reconversion_interval(memory.conversions);
+            match due.checked_duration_since(now) {
+                Some(wait) if !wait.is_zero() => Step::Backoff(wait),
+                _ => Step::Convert,
+            }
+        }
+        _ => step,
+    }
+}
+
+/// The least time between conversion `conversions` and the next: none for
+/// the second (the confirming round of kinds that are not XRs), then 1 s
+/// doubling to 30 s.
+pub fn reconversion_interval(conversions: u32) -> Duration {
+    match conversions {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_secs(1u64 << (n - 2).min(5)).min(Duration::from_secs(30)),
     }
 }
 
@@ -125,6 +242,8 @@ mod tests {
             deleting,
             held,
             in_foreground,
+            orphaning: false,
+            in_reach: true,
             shape,
         }
     }
@@ -134,7 +253,11 @@ mod tests {
         use Dependents::*;
         use Shape::*;
         use Step::*;
-        let m = |conversions| Memory { conversions };
+        let now = Instant::now();
+        let m = |conversions| Memory {
+            conversions,
+            last_conversion: Option::None,
+        };
         // (deleting, held, foreground, shape, conversions, dependents) -> step
         let cases = [
             // Live objects: hold them, once.
@@ -199,12 +322,158 @@ mod tests {
             (true, true, false, Other, 9, NotLookedUp, Release),
         ];
         for (deleting, held, fg, shape, conversions, deps, want) in cases {
-            let got = next_step(obs(deleting, held, fg, shape), m(conversions), deps);
+            let got = next_step(
+                obs(deleting, held, fg, shape),
+                m(conversions),
+                deps,
+                now,
+                Carry::ToTheEnd,
+            );
             assert_eq!(
                 got, want,
                 "deleting={deleting} held={held} fg={fg} {shape:?} conversions={conversions} {deps:?}"
             );
         }
+    }
+
+    /// Out of reach (relabelled out of a selector, or the kind no longer
+    /// Convert): a live object is let go, a deleting one is carried through.
+    #[test]
+    fn out_of_reach_lets_live_objects_go_and_finishes_deletions() {
+        use Dependents::*;
+        let now = Instant::now();
+        let out = |deleting, held, fg| Observed {
+            in_reach: false,
+            ..obs(deleting, held, fg, Shape::CompositeResource)
+        };
+        let m = |conversions| Memory {
+            conversions,
+            last_conversion: Option::None,
+        };
+        let cases = [
+            (
+                out(false, true, false),
+                0,
+                NotLookedUp,
+                Step::LetGo(LetGo::OutOfReach),
+            ),
+            (out(false, false, false), 0, NotLookedUp, Step::Wait),
+            (out(true, true, false), 0, NotLookedUp, Step::Convert),
+            (out(true, true, true), 1, NotLookedUp, Step::Wait),
+            (out(true, true, false), 1, Remaining(1), Step::Convert),
+            (out(true, true, false), 1, None, Step::Release),
+            (out(true, false, false), 0, NotLookedUp, Step::Wait),
+        ];
+        for (observed, conversions, deps, want) in cases {
+            assert_eq!(
+                next_step(observed, m(conversions), deps, now, Carry::ToTheEnd),
+                want,
+                "{observed:?} {conversions} {deps:?}"
+            );
+        }
+    }
+
+    /// An explicit Orphan (break-glass) is left alone: no conversion.
+    #[test]
+    fn an_orphaning_delete_is_let_go_not_converted() {
+        let now = Instant::now();
+        let orphaning = Observed {
+            orphaning: true,
+            ..obs(true, true, false, Shape::CompositeResource)
+        };
+        for conversions in [0, 1, 3] {
+            let memory = Memory {
+                conversions,
+                last_conversion: Option::None,
+            };
+            assert_eq!(
+                next_step(
+                    orphaning,
+                    memory,
+                    Dependents::Remaining(2),
+                    now,
+                    Carry::ToTheEnd
+                ),
+                Step::LetGo(LetGo::Orphaning)
+            );
+        }
+        // Not held: not ours to touch.
+        let unheld = Observed {
+            held: false,
+            ..orphaning
+        };
+        assert_eq!(
+            next_step(
+                unheld,
+                Memory::default(),
+                Dependents::NotLookedUp,
+                now,
+                Carry::ToTheEnd
+            ),
+            Step::Wait
+        );
+    }
+
+    /// Uninstall carries a deleting object until the garbage collector's
+    /// foreground cascade holds it, converting it first if it must.
+    #[test]
+    fn uninstall_hands_over_to_the_garbage_collector() {
+        let now = Instant::now();
+        let xr = |fg| Observed {
+            in_reach: false,
+            ..obs(true, true, fg, Shape::CompositeResource)
+        };
+        let carry = Carry::ToTheGarbageCollector;
+        let none = Memory::default();
+        assert_eq!(
+            next_step(xr(false), none, Dependents::NotLookedUp, now, carry),
+            Step::Convert
+        );
+        assert_eq!(
+            next_step(xr(true), none, Dependents::NotLookedUp, now, carry),
+            Step::LetGo(LetGo::HandedOver)
+        );
+        // Live ones are let go as anywhere out of reach.
+        let live = Observed {
+            deleting: false,
+            ..xr(false)
+        };
+        assert_eq!(
+            next_step(live, none, Dependents::NotLookedUp, now, carry),
+            Step::LetGo(LetGo::OutOfReach)
+        );
+    }
+
+    #[test]
+    fn repeated_conversions_back_off() {
+        let start = Instant::now();
+        let xr = obs(true, true, false, Shape::CompositeResource);
+        let after = |conversions, secs: f64| {
+            let memory = Memory {
+                conversions,
+                last_conversion: Some(start),
+            };
+            next_step(
+                xr,
+                memory,
+                Dependents::Remaining(1),
+                start + Duration::from_secs_f64(secs),
+                Carry::ToTheEnd,
+            )
+        };
+        // The second conversion is not held back (the confirming round).
+        assert_eq!(after(1, 0.0), Step::Convert);
+        // Then 1 s, 2 s, 4 s ... at most 30 s since the last one.
+        assert_eq!(after(2, 0.25), Step::Backoff(Duration::from_millis(750)));
+        assert_eq!(after(2, 1.0), Step::Convert);
+        assert_eq!(after(3, 1.0), Step::Backoff(Duration::from_secs(1)));
+        assert_eq!(after(3, 2.5), Step::Convert);
+        assert_eq!(after(20, 29.0), Step::Backoff(Duration::from_secs(1)));
+        assert_eq!(after(20, 30.0), Step::Convert);
+        let intervals: Vec<u64> = (0..10)
+            .map(|n| reconversion_interval(n).as_secs())
+            .collect();
+        assert_eq!(intervals, [0, 0, 1, 2, 4, 8, 16, 30, 30, 30]);
     }
 
     #[test]
@@ -217,47 +486,74 @@ mod tests {
                 FOREGROUND_CASCADE_FINALIZER,
                 FOREGROUND_DELETION_FINALIZER,
             ]),
+            true,
             Shape::Other,
         );
-        assert!(o.held && o.in_foreground && o.deleting);
-        let o = Observed::new(false, &f(&["x"]), Shape::Other);
-        assert!(!o.held && !o.in_foreground);
+        assert!(o.held && o.in_foreground && o.deleting && !o.orphaning);
+        let o = Observed::new(false, &f(&["x", ORPHAN_FINALIZER]), false, Shape::Other);
+        assert!(!o.held && !o.in_foreground && o.orphaning && !o.in_reach);
+    }
+
+    #[test]
+    fn reach_follows_the_selectors() {
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let team = |t: &str| -> Selector {
+            let s: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
+                serde_json::from_value(serde_json::json!({"matchLabels": {"team": t}}))
+                    .expect("selector");
+            Selector::try_from(s).expect("valid")
+        };
+        let a = labels(&[("team", "a")]);
+        let b = labels(&[("team", "b")]);
+        assert!(Reach::Every.covers(&b));
+        assert!(!Reach::Nothing.covers(&a));
+        let selected = Reach::Selected(vec![team("a"), team("c")]);
+        assert!(selected.covers(&a));
+        assert!(!selected.covers(&b));
+        assert!(!selected.covers(&labels(&[])));
     }
 
     /// Walks the machine through the life of an XR whose cascade is cut short
     /// by a Background delete, with the API server's responses written out.
     #[test]
     fn a_stripped_cascade_is_converted_again_and_released_only_when_empty() {
+        let now = Instant::now();
         let xr = |deleting, held, fg| obs(deleting, held, fg, Shape::CompositeResource);
         let mut memory = Memory::default();
+        let step = |o, m, d| next_step(o, m, d, now, Carry::ToTheEnd);
         assert_eq!(
-            next_step(xr(false, false, false), memory, Dependents::NotLookedUp),
+            step(xr(false, false, false), memory, Dependents::NotLookedUp),
             Step::Hold
         );
         // Someone deletes it with Background: terminating, held, no foregroundDeletion.
         assert_eq!(
-            next_step(xr(true, true, false), memory, Dependents::NotLookedUp),
+            step(xr(true, true, false), memory, Dependents::NotLookedUp),
             Step::Convert
         );
         memory.conversions += 1;
         // Foreground is running.
         assert_eq!(
-            next_step(xr(true, true, true), memory, Dependents::NotLookedUp),
+            step(xr(true, true, true), memory, Dependents::NotLookedUp),
             Step::Wait
         );
         // Stripped by a second Background delete while two composed resources remain.
         assert_eq!(
-            next_step(xr(true, true, false), memory, Dependents::NotLookedUp),
+            step(xr(true, true, false), memory, Dependents::NotLookedUp),
             Step::LookUpDependents
         );
         assert_eq!(
-            next_step(xr(true, true, false), memory, Dependents::Remaining(2)),
+            step(xr(true, true, false), memory, Dependents::Remaining(2)),
             Step::Convert
         );
         memory.conversions += 1;
         // The garbage collector finishes and clears foregroundDeletion.
         assert_eq!(
-            next_step(xr(true, true, false), memory, Dependents::None),
+            step(xr(true, true, false), memory, Dependents::None),
             Step::Release
         );
     }

@@ -32,6 +32,10 @@ pub enum Error {
     },
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
+    #[error(
+        "{holder} is running: it would put back what uninstall removes. Stop it first (kubectl -n <namespace> scale deployment cascade-guard --replicas=0), or pass --force"
+    )]
+    ControllerRunning { holder: String },
     #[error("cannot serialize {what}: {message}")]
     Serialize { what: String, message: String },
 }

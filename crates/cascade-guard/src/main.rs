@@ -1,5 +1,6 @@
 //! The `cascade-guard` command. Errors end here, as anyhow, with context.
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -43,8 +44,10 @@ enum Command {
     /// Print the CascadePolicy CustomResourceDefinition.
     Crd,
     /// Remove everything cascade-guard put into the cluster: its admission
-    /// policies, then its finalizer from every object. Stop the controller first.
-    Uninstall,
+    /// policies, then its finalizer from every object that carries it (a
+    /// deleting one only once its foreground cascade is done). Stop the
+    /// controller first.
+    Uninstall(UninstallArgs),
     /// What is protected (kind, mode, where the policy comes from), whether the
     /// admission policies in the cluster are the ones the policies compile to,
     /// and which protected objects are being deleted right now.
@@ -129,6 +132,21 @@ struct LeaderArgs {
 }
 
 #[derive(Args)]
+struct UninstallArgs {
+    /// Go on although a controller still holds the leader Lease (it will put
+    /// back what this removes).
+    #[arg(long)]
+    force: bool,
+    /// How long to wait for deleting objects to finish their foreground
+    /// cascade before giving up (they stay held; run uninstall again).
+    #[arg(long, value_parser = humantime_duration, default_value = "10m")]
+    timeout: Duration,
+    /// The controller's Lease name (its --leader-election-id).
+    #[arg(long, default_value = "cascade-guard")]
+    leader_election_id: String,
+}
+
+#[derive(Args)]
 struct TraceArgs {
     /// The root's resource: plural, singular or kind, optionally with .group
     /// (inferenceclusters, inferencecluster.modelplane.ai).
@@ -179,26 +197,66 @@ struct RenderArgs {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    match cli.command {
+    let result = match cli.command {
         Command::Run(args) => run(cli.kubeconfig, args).await,
         Command::Render(args) => render(args),
         Command::Crd => {
             let crd = serde_json::to_value(CascadePolicy::crd())?;
-            print!("{}", cascade_guard::policy::render::to_yaml_stream(&[crd]));
-            Ok(())
+            out(&cascade_guard::policy::render::to_yaml_stream(&[crd]))
         }
         Command::Version { client } => version(cli.kubeconfig, client).await,
-        Command::Uninstall => uninstall(cli.kubeconfig).await,
+        Command::Uninstall(args) => uninstall(cli.kubeconfig, args).await,
         Command::Status(args) => status(cli.kubeconfig, args).await,
         Command::Trace(args) => trace(cli.kubeconfig, args).await,
+    };
+    match result {
+        // The reader went away (`cascade-guard crd | head -1`): not an error.
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        other => other,
     }
+}
+
+/// Writes command output to stdout.
+fn out(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// `90s`, `10m`, `1h`, or plain seconds.
+fn humantime_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((text, "s"), |i| text.split_at(i));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (90s, 10m, 1h)"))?;
+    let seconds = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        _ => return Err(format!("{text:?} is not a duration (90s, 10m, 1h)")),
+    };
+    Ok(Duration::from_secs(seconds))
 }
 
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only on a terminal: escape codes in a log file or a log
+    // collector are noise.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();
@@ -321,13 +379,31 @@ async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
     Ok(())
 }
 
-async fn uninstall(kubeconfig: Option<PathBuf>) -> Result<()> {
+async fn uninstall(kubeconfig: Option<PathBuf>, args: UninstallArgs) -> Result<()> {
     let client = client(kubeconfig).await?;
-    let summary = controller::uninstall(&client).await?;
-    println!(
-        "removed {} admission objects; released cascade-guard's finalizer from objects of {} kinds",
-        summary.admission_objects, summary.kinds_released
-    );
+    let options = controller::UninstallOptions {
+        force: args.force,
+        timeout: args.timeout,
+        leader_election_id: args.leader_election_id,
+    };
+    let summary = controller::uninstall(&client, &options, |line| {
+        eprintln!("cascade-guard uninstall: {line}")
+    })
+    .await?;
+    for kind in &summary.unreadable {
+        eprintln!("cascade-guard uninstall: cannot tell whether objects are held: {kind}");
+    }
+    out(&format!(
+        "removed {} admission objects; let go of {} live objects; carried {} deleting objects through their foreground cascade\n",
+        summary.admission_objects, summary.released, summary.cascaded
+    ))?;
+    if !summary.left.is_empty() {
+        bail!(
+            "still cascading after {}s, and still held: {}. Run cascade-guard uninstall again to finish",
+            options.timeout.as_secs(),
+            summary.left.join(", ")
+        );
+    }
     Ok(())
 }
 
@@ -339,10 +415,9 @@ async fn status(kubeconfig: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     };
     let report = cascade_guard::status::status(&client, &settings).await?;
     match args.output {
-        StatusOutput::Text => print!("{}", cascade_guard::status::render_text(&report)),
-        StatusOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        StatusOutput::Text => out(&cascade_guard::status::render_text(&report)),
+        StatusOutput::Json => out(&format!("{}\n", serde_json::to_string_pretty(&report)?)),
     }
-    Ok(())
 }
 
 fn render(args: RenderArgs) -> Result<()> {
@@ -354,7 +429,7 @@ fn render(args: RenderArgs) -> Result<()> {
     for problem in &rendered.problems {
         eprintln!("cascade-guard render: {problem}");
     }
-    print!("{}", cascade_guard::render::to_yaml(&rendered));
+    out(&cascade_guard::render::to_yaml(&rendered))?;
     let errors = rendered
         .problems
         .iter()
@@ -367,7 +442,7 @@ fn render(args: RenderArgs) -> Result<()> {
 }
 
 async fn version(kubeconfig: Option<PathBuf>, client_only: bool) -> Result<()> {
-    println!("cascade-guard {}", env!("CARGO_PKG_VERSION"));
+    out(&format!("cascade-guard {}\n", env!("CARGO_PKG_VERSION")))?;
     if client_only {
         return Ok(());
     }
@@ -376,6 +451,5 @@ async fn version(kubeconfig: Option<PathBuf>, client_only: bool) -> Result<()> {
         .apiserver_version()
         .await
         .context("cannot reach the API server")?;
-    println!("kubernetes {}", info.git_version);
-    Ok(())
+    out(&format!("kubernetes {}\n", info.git_version))
 }

@@ -47,6 +47,11 @@ struct ReasonLabel {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InputLabel {
+    input: String,
+}
+
 /// A fn pointer (not a closure) so that the family's type can be named.
 fn teardown_histogram() -> Histogram {
     // 0.1 s doubling to ~55 min: a teardown takes from moments to an hour.
@@ -64,6 +69,7 @@ pub struct Metrics {
     errors: Family<ReasonLabel, Counter>,
     policies: Gauge,
     leader: Gauge,
+    inputs: Family<InputLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -84,6 +90,7 @@ impl Metrics {
         let errors = Family::<ReasonLabel, Counter>::default();
         let policies = Gauge::default();
         let leader = Gauge::default();
+        let inputs = Family::<InputLabel, Gauge>::default();
         // Families share their state with these clones.
         registry.register(
             "cascade_guard_protected_objects",
@@ -121,6 +128,11 @@ impl Metrics {
             "1 while this replica holds the leader lease, else 0",
             leader.clone(),
         );
+        registry.register(
+            "cascade_guard_input_available",
+            "1 when an API cascade-guard reads policies from is installed (input=CascadePolicy), else 0",
+            inputs.clone(),
+        );
         Self {
             registry,
             protected,
@@ -130,6 +142,7 @@ impl Metrics {
             errors,
             policies,
             leader,
+            inputs,
         }
     }
 
@@ -181,6 +194,15 @@ impl Metrics {
 
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+    }
+
+    /// Whether an input API (`CascadePolicy`) is installed.
+    pub fn set_input_available(&self, input: &str, available: bool) {
+        self.inputs
+            .get_or_create(&InputLabel {
+                input: input.to_owned(),
+            })
+            .set(i64::from(available));
     }
 
     /// The OpenMetrics text exposition of every family.

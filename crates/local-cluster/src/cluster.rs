@@ -377,6 +377,22 @@ impl ControlPlane {
         out
     }
 
+    /// Restarts one component (`kube-apiserver`, `kube-controller-manager`,
+    /// `etcd`) with the same flags after `downtime` stopped, and waits until
+    /// it serves again. For tests of what survives a component's restart.
+    pub async fn restart(&mut self, component: &str, downtime: Duration) -> Result<(), Error> {
+        let process = self
+            .processes
+            .iter_mut()
+            .find(|p| p.name == component)
+            .ok_or_else(|| Error::NoSuchComponent(component.to_string()))?;
+        process.restart(downtime)?;
+        if component == "kube-apiserver" {
+            self.wait_for_apiserver().await?;
+        }
+        Ok(())
+    }
+
     /// Where a test should write the log of a process it starts, so that
     /// failures print it with the components' logs.
     pub fn log_path(&self, name: &str) -> PathBuf {

@@ -23,6 +23,10 @@ pub enum Error {
         binary: PathBuf,
         source: std::io::Error,
     },
+    #[error("{component} was not started by this process and cannot be restarted")]
+    NotRestartable { component: String },
+    #[error("no component named {0}")]
+    NoSuchComponent(String),
     #[error("the process spawner thread is gone")]
     Spawner,
     #[error("{component} exited (its log is below)")]

@@ -34,6 +34,9 @@ pub struct Process {
     pub pid: u32,
     pub binary: PathBuf,
     pub log: PathBuf,
+    /// How it was started, to start it again ([`Process::restart`]); None for
+    /// an adopted process.
+    launch: Option<(Vec<String>, Lifetime)>,
     child: Option<Child>,
 }
 
@@ -45,8 +48,24 @@ impl Process {
             pid,
             binary,
             log,
+            launch: None,
             child: None,
         }
+    }
+
+    /// Stops the process (SIGTERM, as a node's kubelet would on a restart),
+    /// leaves it stopped for `downtime`, and starts it again with the same
+    /// arguments and log. Only for processes started here.
+    pub fn restart(&mut self, downtime: Duration) -> Result<(), Error> {
+        let Some((args, lifetime)) = self.launch.clone() else {
+            return Err(Error::NotRestartable {
+                component: self.name.clone(),
+            });
+        };
+        self.stop(Duration::from_secs(10));
+        std::thread::sleep(downtime);
+        *self = spawn(&self.name, &self.binary, &args, &self.log, lifetime)?;
+        Ok(())
     }
 
     /// Whether the process is still running and is still the binary we started
@@ -162,6 +181,7 @@ pub fn spawn(
         pid,
         binary: std::fs::canonicalize(binary).unwrap_or_else(|_| binary.to_path_buf()),
         log: log.to_path_buf(),
+        launch: Some((args.to_vec(), lifetime)),
         child: match lifetime {
             Lifetime::Owned => Some(child),
             // Dropping a std Child neither kills nor waits: the session leader

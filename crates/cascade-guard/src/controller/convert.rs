@@ -4,15 +4,21 @@
 //! decisions are [`crate::cascade::next_step`]; this module only does what it
 //! says, with UID preconditions on every write so that a newer object reusing a
 //! name is never touched.
+//!
+//! Each kind's watch covers every object of the kind, whatever its labels: a
+//! policy's selector decides which live objects are held ([`Reach`]), but an
+//! object that carries the finalizer is never lost sight of. A kind no policy
+//! makes Convert any more keeps its controller, with nothing in reach, until
+//! every object it held is let go or has finished its cascade.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt, future};
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PartialObjectMeta,
-    Patch, PatchParams, Preconditions, PropagationPolicy,
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PartialObjectMeta, Patch,
+    PatchParams, Preconditions, PropagationPolicy,
 };
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -24,54 +30,53 @@ use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 
 use super::MANAGER;
+use super::backoff::{WatchBackoff, step_retry};
 use super::intake::{self, Census};
-use crate::cascade::{Dependents, Memory, Observed, Step, next_step};
+use crate::cascade::{Carry, Dependents, LetGo, Memory, Observed, Reach, Step, next_step};
 use crate::policy::names::FOREGROUND_CASCADE_FINALIZER;
-use crate::policy::selector::query_string;
-use crate::policy::{Mode, Policy, ProtectedKind, Scope, Shape};
+use crate::policy::{Mode, Policy, ProtectedKind, Shape};
 use crate::telemetry::Metrics;
 
 type Meta = PartialObjectMeta<DynamicObject>;
 
-/// One Convert kind as the controller runs it: every Convert policy for the
-/// kind together (no selector if any of them has none, or if they disagree:
-/// holding more objects is the safe side).
+/// One kind as the Convert controller runs it: which of its live objects
+/// are held (every Convert policy for the kind together).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConvertKind {
     pub kind: ProtectedKind,
-    pub selector: Option<String>,
+    pub reach: Reach,
 }
 
-/// The Convert kinds a pass's policies ask for, by `group/kind`.
+/// The Convert kinds a pass's policies ask for, by `group/kind`. An object is
+/// in reach when any policy's selector matches it; a policy without a
+/// selector, or with one that cannot be read, reaches every object (holding
+/// more is the safe side).
 pub fn convert_kinds(policies: &[Policy]) -> BTreeMap<String, ConvertKind> {
-    let mut by_kind: BTreeMap<String, Vec<&Policy>> = BTreeMap::new();
+    let mut by_kind: BTreeMap<String, ConvertKind> = BTreeMap::new();
     for p in policies.iter().filter(|p| p.mode == Mode::Convert) {
-        by_kind
-            .entry(format!("{}/{}", p.kind.group, p.kind.kind))
-            .or_default()
-            .push(p);
+        let reach = match p.selector.clone().map(kube::core::Selector::try_from) {
+            Some(Ok(selector)) if !selector.selects_all() => Reach::Selected(vec![selector]),
+            _ => Reach::Every,
+        };
+        let entry = by_kind
+            .entry(kind_key(&p.kind))
+            .or_insert_with(|| ConvertKind {
+                kind: p.kind.clone(),
+                reach: Reach::Selected(Vec::new()),
+            });
+        entry.reach = match (std::mem::replace(&mut entry.reach, Reach::Nothing), reach) {
+            (Reach::Selected(mut all), Reach::Selected(more)) => {
+                all.extend(more);
+                Reach::Selected(all)
+            }
+            _ => Reach::Every,
+        };
     }
     by_kind
-        .into_iter()
-        .map(|(key, ps)| {
-            let selectors: Vec<Option<String>> = ps
-                .iter()
-                .map(|p| {
-                    p.selector
-                        .as_ref()
-                        .and_then(|s| query_string(s).ok())
-                        .filter(|q| !q.is_empty())
-                })
-                .collect();
-            let selector = match selectors.first() {
-                Some(first) if selectors.iter().all(|s| s == first) => first.clone(),
-                _ => None,
-            };
-            let kind = ps.first().map(|p| p.kind.clone());
-            (key, kind.map(|kind| ConvertKind { kind, selector }))
-        })
-        .filter_map(|(key, ck)| ck.map(|ck| (key, ck)))
-        .collect()
+}
+
+pub fn kind_key(kind: &ProtectedKind) -> String {
+    format!("{}/{}", kind.group, kind.kind)
 }
 
 pub fn api_resource(kind: &ProtectedKind) -> ApiResource {
@@ -88,8 +93,16 @@ pub fn api_resource(kind: &ProtectedKind) -> ApiResource {
 
 struct Running {
     kind: ConvertKind,
+    context: Arc<Context>,
     stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
 }
 
 /// Finalizers being added at once, across all kinds: bounds the connections
@@ -106,6 +119,7 @@ pub struct Converter {
     metrics: Arc<Metrics>,
     running: BTreeMap<String, Running>,
     holds: Arc<Semaphore>,
+    carry: Carry,
 }
 
 impl Converter {
@@ -116,36 +130,84 @@ impl Converter {
             metrics,
             running: BTreeMap::new(),
             holds: Arc::new(Semaphore::new(HOLDS_AT_ONCE)),
+            carry: Carry::ToTheEnd,
         }
     }
 
-    /// Starts controllers for new Convert kinds and stops those no policy asks
-    /// for any more, releasing the objects they held. With `complete` false
-    /// (some input could not be read) nothing is stopped.
-    pub async fn update(&mut self, wanted: BTreeMap<String, ConvertKind>, complete: bool) {
+    /// For `uninstall`: deleting objects are let go once the garbage
+    /// collector's foreground cascade holds them.
+    pub fn for_uninstall(client: Client, recorder: Recorder, metrics: Arc<Metrics>) -> Self {
+        Self {
+            carry: Carry::ToTheGarbageCollector,
+            ..Self::new(client, recorder, metrics)
+        }
+    }
+
+    /// Runs a controller for every kind in `wanted`, and for every kind that
+    /// still has objects held: kinds no policy wants any more (and `found`,
+    /// kinds found holding objects with no controller) run with nothing in
+    /// reach until what they hold is let go or done. With `complete` false
+    /// (some input could not be read) no running kind changes.
+    pub async fn update(
+        &mut self,
+        wanted: BTreeMap<String, ConvertKind>,
+        found: &[ProtectedKind],
+        complete: bool,
+    ) {
+        let mut desired = wanted;
+        for kind in found {
+            desired
+                .entry(kind_key(kind))
+                .or_insert_with(|| ConvertKind {
+                    kind: kind.clone(),
+                    reach: Reach::Nothing,
+                });
+        }
+        let mut gone = HashSet::new();
+        for (key, running) in &self.running {
+            if running.kind.reach == Reach::Nothing
+                && !running.context.drained()
+                && !is_served(&self.client, &running.kind.kind).await
+            {
+                gone.insert(key.clone());
+            }
+        }
+        for (key, running) in &self.running {
+            if desired.contains_key(key) {
+                continue;
+            }
+            let done = running.kind.reach == Reach::Nothing
+                && (running.context.drained() || gone.contains(key));
+            if !complete {
+                desired.insert(key.clone(), running.kind.clone());
+            } else if !done {
+                desired.insert(
+                    key.clone(),
+                    ConvertKind {
+                        kind: running.kind.kind.clone(),
+                        reach: Reach::Nothing,
+                    },
+                );
+            }
+        }
+        // A changed reach restarts the kind's controller: its relist sorts
+        // every object afresh (held, let go, or carried through).
         let keys: Vec<String> = self.running.keys().cloned().collect();
         for key in keys {
-            let still = wanted.get(&key);
-            let same =
-                matches!((still, self.running.get(&key)), (Some(w), Some(r)) if *w == r.kind);
-            if same || (still.is_none() && !complete) {
+            if desired.get(&key) == self.running.get(&key).map(|r| &r.kind) {
                 continue;
             }
             if let Some(running) = self.running.remove(&key) {
-                let _ = running.stop.send(());
-                let _ = running.task.await;
-                // Objects no Convert controller will hold any more are let go,
-                // so that nothing is left stuck on cascade-guard's finalizer.
-                let keep = still.and_then(|w| w.selector.clone());
-                let keep_all = still.is_some() && keep.is_none();
-                if !keep_all {
-                    release_outside(&self.client, &running.kind, keep.as_deref()).await;
+                let label = running.kind.kind.to_string();
+                running.stop().await;
+                self.metrics.set_protected(&label, 0);
+                self.metrics.set_in_progress(&label, 0);
+                if !desired.contains_key(&key) {
+                    tracing::info!(kind = %label, "nothing held any more; stopped following the kind");
                 }
-                self.metrics
-                    .set_protected(&running.kind.kind.to_string(), 0);
             }
         }
-        for (key, kind) in wanted {
+        for (key, kind) in desired {
             if self.running.contains_key(&key) {
                 continue;
             }
@@ -161,19 +223,36 @@ impl Converter {
         }
     }
 
+    /// Kinds that run with nothing in reach and still hold objects (or have
+    /// not listed yet).
+    pub fn draining(&self) -> Vec<String> {
+        self.running
+            .values()
+            .filter(|r| r.kind.reach == Reach::Nothing && !r.context.drained())
+            .map(|r| format!("{} ({} held)", r.kind.kind, r.context.held()))
+            .collect()
+    }
+
+    /// Stops every controller; objects stay as they are.
+    pub async fn shutdown(mut self) {
+        for (_, running) in std::mem::take(&mut self.running) {
+            running.stop().await;
+        }
+    }
+
     async fn start(&self, kind: ConvertKind) -> Result<Running, kube::Error> {
         let resource = served_resource(&self.client, &kind.kind).await?;
         let api: Api<Meta> = Api::all_with(self.client.clone(), &resource);
         // Small pages: the start-up list of every kind at once is the peak of
-        // the process's memory, and the allocator keeps much of a peak.
-        let mut config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
-        if let Some(s) = &kind.selector {
-            config = config.labels(s);
-        }
+        // the process's memory, and the allocator keeps much of a peak. No
+        // label selector: an object relabelled out of reach must stay in sight.
+        let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
         let context = Arc::new(Context {
             client: self.client.clone(),
             resource: resource.clone(),
             shape: kind.kind.shape,
+            reach: kind.reach.clone(),
+            carry: self.carry,
             label: kind.kind.to_string(),
             memory: Mutex::new(HashMap::new()),
             recorder: self.recorder.clone(),
@@ -184,14 +263,14 @@ impl Converter {
         });
         let (stop, stopped) = oneshot::channel::<()>();
         // The cache keeps only objects being deleted (see intake), and of them
-        // only what the state machine reads (identity, deletionTimestamp,
-        // finalizers).
+        // only what the state machine reads (identity, labels,
+        // deletionTimestamp, finalizers).
         let writer = Writer::new(resource.clone());
         let store = writer.as_reader();
         let intake_ctx = context.clone();
         let holds = self.holds.clone();
         let objects = watcher(api, config)
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .modify(slim)
             .map_ok(move |event| take_in(intake_ctx.clone(), holds.clone(), event))
             // In order, so that the cache sees each object's events as sent.
@@ -211,19 +290,32 @@ impl Converter {
                 counting.count(&count_store);
             }
         });
+        let run_context = context.clone();
         let task = tokio::spawn(async move {
             controller
                 .with_config(kube::runtime::controller::Config::default().concurrency(16))
                 .graceful_shutdown_on(async move {
                     let _ = stopped.await;
                 })
-                .run(reconcile, error_policy, context)
+                .run(reconcile, error_policy, run_context)
                 .for_each(|_| async {})
                 .await;
             counter.abort();
         });
-        tracing::info!(kind = %kind.kind, selector = ?kind.selector, "converting deletes to foreground cascades");
-        Ok(Running { kind, stop, task })
+        match &kind.reach {
+            Reach::Nothing => {
+                tracing::info!(kind = %kind.kind, "no longer Convert: letting go of live objects, finishing the cascades of deleting ones")
+            }
+            reach => {
+                tracing::info!(kind = %kind.kind, ?reach, "converting deletes to foreground cascades")
+            }
+        }
+        Ok(Running {
+            kind,
+            context,
+            stop,
+            task,
+        })
     }
 }
 
@@ -235,7 +327,6 @@ fn slim(object: &mut Meta) {
     let meta = &mut object.metadata;
     meta.managed_fields = None;
     meta.annotations = None;
-    meta.labels = None;
     meta.owner_references = None;
     meta.generate_name = None;
 }
@@ -244,19 +335,39 @@ struct Context {
     client: Client,
     resource: ApiResource,
     shape: Shape,
+    reach: Reach,
+    carry: Carry,
     label: String,
     memory: Mutex<HashMap<String, Memory>>,
     recorder: Recorder,
     metrics: Arc<Metrics>,
-    /// Composed-resource kinds already resolved through discovery.
-    discovered: Mutex<HashMap<(String, String), Option<Discovered>>>,
-    /// Every object watched, for the gauge (the cache has only deletions).
+    /// Composed-resource kinds resolved through discovery, or when it failed.
+    discovered: Mutex<HashMap<(String, String), Discovery>>,
+    /// The objects held, for the gauge (the cache has only deletions).
     census: Mutex<Census>,
     /// Failed steps in a row, by UID, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
 
 impl Context {
+    fn observe(&self, object: &Meta) -> Observed {
+        Observed::new(
+            object.metadata.deletion_timestamp.is_some(),
+            object.finalizers(),
+            self.reach.covers(object.labels()),
+            self.shape,
+        )
+    }
+
+    /// Listed, and nothing held.
+    fn drained(&self) -> bool {
+        self.census.lock().map(|c| c.is_empty()).unwrap_or(false)
+    }
+
+    fn held(&self) -> usize {
+        self.census.lock().map(|c| c.len()).unwrap_or(0)
+    }
+
     fn memory(&self, uid: &str) -> Memory {
         self.memory
             .lock()
@@ -308,16 +419,17 @@ async fn take_in(
     event: watcher::Event<Meta>,
 ) -> Result<Option<watcher::Event<Meta>>, watcher::Error> {
     if let Ok(mut census) = ctx.census.lock() {
-        census.observe(&event, |o: &Meta| o.uid());
+        census.observe(
+            &event,
+            |o: &Meta| o.uid(),
+            |o: &Meta| {
+                o.finalizers()
+                    .iter()
+                    .any(|f| f == FOREGROUND_CASCADE_FINALIZER)
+            },
+        );
     }
-    let shape = ctx.shape;
-    let sorted = intake::sort(event, |o: &Meta| {
-        Observed::new(
-            o.metadata.deletion_timestamp.is_some(),
-            o.finalizers(),
-            shape,
-        )
-    });
+    let sorted = intake::sort(event, |o: &Meta| ctx.observe(o));
     let Some(hold_it) = sorted.hold else {
         return Ok(sorted.pass);
     };
@@ -365,6 +477,12 @@ async fn changed_since(api: &Api<Meta>, seen: &Meta) -> bool {
     }
 }
 
+/// A failed write of `step` on object `name`.
+fn failed(step: &'static str, name: &str) -> impl FnOnce(kube::Error) -> StepError {
+    let name = name.to_string();
+    move |source| StepError::Api { step, name, source }
+}
+
 #[derive(Debug, thiserror::Error)]
 enum StepError {
     #[error("{step} {name}: {source}")]
@@ -385,27 +503,16 @@ async fn reconcile(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepE
     result
 }
 
-/// How long to wait before retrying a step that failed `failures` times in
-/// a row: 2 s, doubling, at most 5 minutes (a webhook that refuses every
-/// write should not get hundreds of requests a second).
-fn retry_after(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(8);
-    Duration::from_secs(2u64 << doublings).min(Duration::from_secs(300))
-}
-
 async fn step(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepError> {
     let Some(uid) = object.uid() else {
         return Ok(Action::await_change());
     };
-    let observed = Observed::new(
-        object.metadata.deletion_timestamp.is_some(),
-        object.finalizers(),
-        ctx.shape,
-    );
-    let mut step = next_step(observed, ctx.memory(&uid), Dependents::NotLookedUp);
+    let observed = ctx.observe(&object);
+    let now = Instant::now();
+    let decide = |dependents| next_step(observed, ctx.memory(&uid), dependents, now, ctx.carry);
+    let mut step = decide(Dependents::NotLookedUp);
     if step == Step::LookUpDependents {
-        let dependents = blocking_dependents(&ctx, &object, &uid).await;
-        step = next_step(observed, ctx.memory(&uid), dependents);
+        step = decide(blocking_dependents(&ctx, &object, &uid).await);
     }
     let name = object.name_any();
     let api = object_api(&ctx, &object);
@@ -420,11 +527,7 @@ async fn step(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepError>
         Step::Hold => {
             hold(&api, &object, &uid)
                 .await
-                .map_err(|source| StepError::Api {
-                    step: "hold",
-                    name,
-                    source,
-                })?;
+                .map_err(failed("hold", &name))?;
             Ok(Action::await_change())
         }
         Step::Convert => {
@@ -444,15 +547,12 @@ async fn step(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepError>
                     ctx.forget(&uid);
                     return Ok(Action::await_change());
                 }
-                Err(source) => {
-                    return Err(StepError::Api {
-                        step: "convert",
-                        name,
-                        source,
-                    });
-                }
+                Err(source) => return Err(failed("convert", &name)(source)),
             }
-            ctx.remember(&uid, |m| m.conversions += 1);
+            ctx.remember(&uid, |m| {
+                m.conversions += 1;
+                m.last_conversion = Some(Instant::now());
+            });
             if first {
                 ctx.metrics.conversion(&ctx.label);
                 ctx.metrics.cascade_started(&ctx.label);
@@ -470,14 +570,40 @@ async fn step(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepError>
             }
             Ok(Action::requeue(Duration::from_secs(30)))
         }
-        Step::Release => {
-            release(&api, &object, &uid)
+        Step::Backoff(wait) => {
+            tracing::debug!(kind = %ctx.label, %name, wait_ms = wait.as_millis(), "the cascade keeps being cut short; converting again after a pause");
+            Ok(Action::requeue(wait))
+        }
+        Step::LetGo(why) => {
+            let (reason, note) = match why {
+                LetGo::OutOfReach => (
+                    "Released",
+                    "no Convert policy covers it any more (its labels, or its kind's mode, changed): released cascade-guard's hold",
+                ),
+                LetGo::Orphaning => (
+                    "OrphanLeftAlone",
+                    "deleted with propagationPolicy Orphan: its dependents stay, so there is no cascade to hold it for; released",
+                ),
+                LetGo::HandedOver => (
+                    "Released",
+                    "cascade-guard is being uninstalled: the garbage collector's foreground cascade holds it until its dependents are gone",
+                ),
+            };
+            // Tested against the version seen: if it started deleting since,
+            // the newer version is decided afresh.
+            let rv = object.resource_version();
+            release(&api, &object, &uid, rv.as_deref())
                 .await
-                .map_err(|source| StepError::Api {
-                    step: "release",
-                    name: name.clone(),
-                    source,
-                })?;
+                .map_err(failed("release", &name))?;
+            ctx.forget(&uid);
+            publish(&ctx, &object, EventType::Normal, reason, note).await;
+            tracing::info!(kind = %ctx.label, %name, ?why, "released without a cascade");
+            Ok(Action::await_change())
+        }
+        Step::Release => {
+            release(&api, &object, &uid, None)
+                .await
+                .map_err(failed("release", &name))?;
             ctx.forget(&uid);
             let took = object
                 .metadata
@@ -521,7 +647,7 @@ fn error_policy(object: Arc<Meta>, error: &StepError, ctx: Arc<Context>) -> Acti
         }
         _ => 1,
     };
-    let wait = retry_after(failures);
+    let wait = step_retry(failures);
     tracing::warn!(kind = %ctx.label, error = %error, failures, retry_in_seconds = wait.as_secs(), "retrying");
     Action::requeue(wait)
 }
@@ -551,8 +677,14 @@ async fn hold(api: &Api<Meta>, object: &Meta, uid: &str) -> Result<(), kube::Err
     json_patch(api, &object.name_any(), patch).await
 }
 
-/// Removes the finalizer, testing that it is still where it was seen.
-async fn release(api: &Api<Meta>, object: &Meta, uid: &str) -> Result<(), kube::Error> {
+/// Removes the finalizer, testing that it is still where it was seen (and,
+/// given one, that the object is still at `resource_version`).
+async fn release(
+    api: &Api<Meta>,
+    object: &Meta,
+    uid: &str,
+    resource_version: Option<&str>,
+) -> Result<(), kube::Error> {
     let Some(index) = object
         .finalizers()
         .iter()
@@ -560,11 +692,13 @@ async fn release(api: &Api<Meta>, object: &Meta, uid: &str) -> Result<(), kube::
     else {
         return Ok(());
     };
-    let patch = json!([
-        {"op": "test", "path": "/metadata/uid", "value": uid},
-        {"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FOREGROUND_CASCADE_FINALIZER},
-        {"op": "remove", "path": format!("/metadata/finalizers/{index}")},
-    ]);
+    let mut ops = vec![json!({"op": "test", "path": "/metadata/uid", "value": uid})];
+    if let Some(rv) = resource_version {
+        ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}));
+    }
+    ops.push(json!({"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FOREGROUND_CASCADE_FINALIZER}));
+    ops.push(json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}));
+    let patch = Value::Array(ops);
     json_patch(api, &object.name_any(), patch).await
 }
 
@@ -673,32 +807,55 @@ async fn dependent(ctx: &Context, r: &Value, namespace: Option<&str>, uid: &str)
     }
 }
 
+/// What discovery said of a composed resource's kind.
+#[derive(Clone)]
+enum Discovery {
+    Found(Discovered),
+    /// Not found, or discovery failed: looked up again after
+    /// [`REDISCOVER_AFTER`], and warned about once.
+    Failed(Instant),
+}
+
+/// How long a failed discovery of a composed kind stands before the next try.
+const REDISCOVER_AFTER: Duration = Duration::from_secs(60);
+
 async fn discover(ctx: &Context, api_version: &str, kind: &str) -> Option<Discovered> {
     let key = (api_version.to_string(), kind.to_string());
-    if let Some(found) = ctx
+    let known = ctx
         .discovered
         .lock()
         .ok()
-        .and_then(|d| d.get(&key).cloned())
-    {
-        return found;
+        .and_then(|d| d.get(&key).cloned());
+    match &known {
+        Some(Discovery::Found(found)) => return Some(found.clone()),
+        Some(Discovery::Failed(at)) if at.elapsed() < REDISCOVER_AFTER => return None,
+        _ => {}
     }
     let (group, version) = match api_version.split_once('/') {
         Some((g, v)) => (g, v),
         None => ("", api_version),
     };
     let gvk = GroupVersionKind::gvk(group, version, kind);
-    let found = match kube::discovery::pinned_kind(&ctx.client, &gvk).await {
-        Ok((resource, caps)) => Some((resource, caps.scope == kube::discovery::Scope::Namespaced)),
+    let result = match kube::discovery::pinned_kind(&ctx.client, &gvk).await {
+        Ok((resource, caps)) => {
+            Discovery::Found((resource, caps.scope == kube::discovery::Scope::Namespaced))
+        }
         Err(e) => {
-            tracing::warn!(%api_version, %kind, error = %e, "cannot discover a composed resource's kind");
-            return None;
+            if known.is_none() {
+                tracing::warn!(%api_version, %kind, error = %e, "cannot discover a composed resource's kind; relying on the garbage collector's confirmation, and trying again in a minute");
+            } else {
+                tracing::debug!(%api_version, %kind, error = %e, "still cannot discover a composed resource's kind");
+            }
+            Discovery::Failed(Instant::now())
         }
     };
     if let Ok(mut d) = ctx.discovered.lock() {
-        d.insert(key, found.clone());
+        d.insert(key, result.clone());
     }
-    found
+    match result {
+        Discovery::Found(found) => Some(found),
+        Discovery::Failed(_) => None,
+    }
 }
 
 async fn publish(ctx: &Context, object: &Meta, type_: EventType, reason: &str, note: &str) {
@@ -720,6 +877,20 @@ async fn publish(ctx: &Context, object: &Meta, type_: EventType, reason: &str, n
     }
 }
 
+/// Whether the kind is still served: false only when discovery says for sure
+/// that it is not (its CRD is gone, and its objects with it).
+async fn is_served(client: &Client, kind: &ProtectedKind) -> bool {
+    match served_resource(client, kind).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) => s.code != 404,
+        Err(kube::Error::Discovery(
+            kube::error::DiscoveryError::MissingResource(_)
+            | kube::error::DiscoveryError::MissingApiGroup(_),
+        )) => false,
+        Err(_) => true,
+    }
+}
+
 /// The version of a kind the API server serves (its preferred one).
 pub async fn served_resource(
     client: &Client,
@@ -737,85 +908,4 @@ pub async fn served_resource(
                 kind.plural, kind.group
             )))
         })
-}
-
-/// Removes cascade-guard's finalizer from every object of the kind outside
-/// `selector` (all of them when None).
-pub async fn release_outside(client: &Client, kind: &ConvertKind, keep: Option<&str>) {
-    let resource = match served_resource(client, &kind.kind).await {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(kind = %kind.kind, error = %e, "cannot release: kind not served");
-            return;
-        }
-    };
-    let api: Api<Meta> = Api::all_with(client.clone(), &resource);
-    let kept: HashSet<String> = match keep {
-        Some(selector) => match api.list(&ListParams::default().labels(selector)).await {
-            Ok(list) => list.items.iter().filter_map(|o| o.uid()).collect(),
-            Err(e) => {
-                tracing::warn!(kind = %kind.kind, error = %e, "cannot list; not releasing");
-                return;
-            }
-        },
-        None => HashSet::new(),
-    };
-    let all = match api.list(&ListParams::default()).await {
-        Ok(list) => list.items,
-        Err(e) => {
-            tracing::warn!(kind = %kind.kind, error = %e, "cannot list; not releasing");
-            return;
-        }
-    };
-    let mut released = 0;
-    for object in all {
-        let Some(uid) = object.uid() else { continue };
-        if kept.contains(&uid)
-            || !object
-                .finalizers()
-                .iter()
-                .any(|f| f == FOREGROUND_CASCADE_FINALIZER)
-        {
-            continue;
-        }
-        let api = match (object.namespace(), kind.kind.scope) {
-            (Some(ns), Scope::Namespaced | Scope::Unknown) => {
-                Api::namespaced_with(client.clone(), &ns, &resource)
-            }
-            _ => Api::all_with(client.clone(), &resource),
-        };
-        match release(&api, &object, &uid).await {
-            Ok(()) => released += 1,
-            Err(e) => {
-                tracing::warn!(kind = %kind.kind, name = %object.name_any(), error = %e, "cannot release")
-            }
-        }
-    }
-    tracing::info!(kind = %kind.kind, released, "released objects no Convert policy holds any more");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retries_back_off_to_five_minutes() {
-        let cases = [
-            (0, 2),
-            (1, 2),
-            (2, 4),
-            (3, 8),
-            (5, 32),
-            (8, 256),
-            (9, 300),
-            (u32::MAX, 300),
-        ];
-        for (failures, seconds) in cases {
-            assert_eq!(
-                retry_after(failures),
-                Duration::from_secs(seconds),
-                "{failures}"
-            );
-        }
-    }
 }

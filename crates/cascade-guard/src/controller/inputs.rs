@@ -19,6 +19,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{Mutex, Notify};
 
+use super::backoff::WatchBackoff;
 use crate::api::CascadePolicy;
 use crate::policy::Mode;
 use crate::policy::kind::Scope;
@@ -41,6 +42,9 @@ pub struct Gathered {
     pub cascade_policies: Vec<Arc<CascadePolicy>>,
     /// XRDs by name, to attach Events to.
     pub xrd_refs: BTreeMap<String, ObjectReference>,
+    /// The CascadePolicy CRD is installed (without it there are no
+    /// CascadePolicies, and XRDs are still protected).
+    pub cascade_policy_crd: bool,
 }
 
 /// A watched collection and whether its first list has completed.
@@ -75,9 +79,13 @@ where
         let flag = ready.clone();
         tokio::spawn(async move {
             let mut stream = reflector::reflector(writer, watcher(api, config))
-                .default_backoff()
+                .backoff(WatchBackoff::default())
                 .boxed();
+            let mut failing = false;
             while let Some(event) = stream.next().await {
+                if event.is_ok() && std::mem::take(&mut failing) {
+                    tracing::info!("watching {what} again");
+                }
                 match event {
                     Ok(watcher::Event::InitDone) => {
                         flag.store(true, Ordering::Release);
@@ -85,7 +93,7 @@ where
                     }
                     Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
                     Ok(_) => notify.notify_one(),
-                    Err(e) => tracing::warn!(error = %e, "cannot watch {what}; retrying"),
+                    Err(e) => super::log_watch_error(&mut failing, what, &e),
                 }
             }
         });
@@ -114,28 +122,67 @@ enum XrdSource {
     Watching(Watched<DynamicObject>, ApiResource),
 }
 
+enum PolicySource {
+    /// Not known yet whether the CascadePolicy CRD is installed.
+    Unknown,
+    /// The CRD is not installed: there are no CascadePolicies.
+    NotInstalled,
+    Watching(Watched<CascadePolicy>),
+}
+
 pub struct Sources {
     notify: Arc<Notify>,
     xrds: Mutex<XrdSource>,
-    cascade_policies: Watched<CascadePolicy>,
+    cascade_policies: Mutex<PolicySource>,
 }
 
 impl Sources {
     pub async fn start(client: Client, notify: Arc<Notify>) -> Self {
-        let cascade_policies = Watched::start(
-            Api::<CascadePolicy>::all(client.clone()),
-            watcher::Config::default(),
-            Writer::default(),
-            notify.clone(),
-            "CascadePolicies",
-        );
         let sources = Self {
             notify,
             xrds: Mutex::new(XrdSource::NotInstalled),
-            cascade_policies,
+            cascade_policies: Mutex::new(PolicySource::Unknown),
         };
         sources.ensure_xrd_watch(&client).await;
+        sources.ensure_cascade_policy_watch(&client).await;
         sources
+    }
+
+    /// Starts watching CascadePolicies once their CRD is installed (the CRD
+    /// watch wakes a pass when it is). Without it the controller protects
+    /// XRDs, is ready, and says once that CascadePolicies cannot be used.
+    async fn ensure_cascade_policy_watch(&self, client: &Client) {
+        let mut source = self.cascade_policies.lock().await;
+        if let PolicySource::Watching(_) = *source {
+            return;
+        }
+        let group = CascadePolicy::group(&());
+        let installed = match discovery::group(client, &group).await {
+            Ok(found) => found
+                .recommended_resources()
+                .iter()
+                .any(|(r, _)| r.plural == CascadePolicy::plural(&())),
+            Err(e) if is_not_found(&e) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot discover the CascadePolicy API");
+                return;
+            }
+        };
+        if installed {
+            tracing::info!("watching CascadePolicies");
+            *source = PolicySource::Watching(Watched::start(
+                Api::<CascadePolicy>::all(client.clone()),
+                watcher::Config::default(),
+                Writer::default(),
+                self.notify.clone(),
+                "CascadePolicies",
+            ));
+        } else if !matches!(*source, PolicySource::NotInstalled) {
+            tracing::warn!(
+                "the CascadePolicy CRD is not installed: XRDs are protected, CascadePolicies cannot be used (install it: cascade-guard crd | kubectl apply -f -)"
+            );
+            *source = PolicySource::NotInstalled;
+        }
     }
 
     /// Starts watching XRDs once Crossplane's API is served (it may be
@@ -186,7 +233,12 @@ impl Sources {
                 inputs
             }),
         };
-        let policies = self.cascade_policies.snapshot();
+        self.ensure_cascade_policy_watch(client).await;
+        let (policies, cascade_policy_crd) = match &*self.cascade_policies.lock().await {
+            PolicySource::Unknown => (None, true),
+            PolicySource::NotInstalled => (Some(Vec::new()), false),
+            PolicySource::Watching(w) => (w.snapshot(), true),
+        };
         let (crds, kinds_known) = match &policies {
             Some(policies) => discover_kinds(client, policies).await,
             None => (Vec::new(), false),
@@ -211,6 +263,7 @@ impl Sources {
             known,
             cascade_policies,
             xrd_refs,
+            cascade_policy_crd,
         }
     }
 }

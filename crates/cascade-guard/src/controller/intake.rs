@@ -4,8 +4,9 @@
 //! A live object needs at most one write (adding cascade-guard's finalizer),
 //! done straight from the watch; after that nothing happens to it until it is
 //! deleted. So only objects being deleted (and the rare live object whose
-//! finalizer could not be added) reach the controller's cache and work queue.
-//! The rest are counted in a [`Census`] of UIDs, 16 bytes each.
+//! finalizer could not be added, or that is to be let go) reach the
+//! controller's cache and work queue. Those held are counted in a [`Census`]
+//! of UIDs, 16 bytes each.
 //!
 //! Keeping only deleting objects in the cache is consistent because a
 //! deletionTimestamp is never taken back: a cached object can only get further
@@ -16,7 +17,7 @@ use std::collections::HashSet;
 
 use kube::runtime::watcher::Event;
 
-use crate::cascade::Observed;
+use crate::cascade::{Observed, Step, live_step};
 
 /// What to do with one watch event.
 #[derive(Debug)]
@@ -48,23 +49,51 @@ impl<K> Hold<K> {
 
 /// Sorts one event, given what its object shows (`observe`).
 pub fn sort<K: Clone>(event: Event<K>, observe: impl Fn(&K) -> Observed) -> Sorted<K> {
-    let live = |o: &K| !observe(o).deleting;
-    let unheld = |o: &K| !observe(o).held;
+    let live_step = |o: &K| {
+        let observed = observe(o);
+        (!observed.deleting).then(|| live_step(observed))
+    };
     match event {
-        Event::Apply(o) if live(&o) => Sorted {
-            hold: unheld(&o).then(|| Hold {
-                object: o.clone(),
-                during_relist: false,
-            }),
-            // Out of the cache, in case a failed hold had put it there.
-            pass: Some(Event::Delete(o)),
+        Event::Apply(o) => match live_step(&o) {
+            Some(Step::Hold) => Sorted {
+                hold: Some(Hold {
+                    object: o.clone(),
+                    during_relist: false,
+                }),
+                // Out of the cache, in case a failed hold had put it there.
+                pass: Some(Event::Delete(o)),
+            },
+            // Letting go is rare (a relabel, a kind leaving Convert): the
+            // controller does it, with its retries.
+            Some(Step::LetGo(_)) => Sorted {
+                pass: Some(Event::Apply(o)),
+                hold: None,
+            },
+            Some(_) => Sorted {
+                pass: Some(Event::Delete(o)),
+                hold: None,
+            },
+            None => Sorted {
+                pass: Some(Event::Apply(o)),
+                hold: None,
+            },
         },
-        Event::InitApply(o) if live(&o) => Sorted {
-            hold: unheld(&o).then_some(Hold {
-                object: o,
-                during_relist: true,
-            }),
-            pass: None,
+        Event::InitApply(o) => match live_step(&o) {
+            Some(Step::Hold) => Sorted {
+                hold: Some(Hold {
+                    object: o,
+                    during_relist: true,
+                }),
+                pass: None,
+            },
+            Some(Step::LetGo(_)) | None => Sorted {
+                pass: Some(Event::InitApply(o)),
+                hold: None,
+            },
+            Some(_) => Sorted {
+                pass: None,
+                hold: None,
+            },
         },
         other => Sorted {
             pass: Some(other),
@@ -73,21 +102,34 @@ pub fn sort<K: Clone>(event: Event<K>, observe: impl Fn(&K) -> Observed) -> Sort
     }
 }
 
-/// The UIDs of the objects a Convert controller watches, for the gauge of
-/// protected objects; rebuilt on every relist like the controller's cache.
+/// The UIDs of the objects that carry cascade-guard's finalizer, for the
+/// gauge and to tell when a kind no longer Convert has nothing left held;
+/// rebuilt on every relist like the controller's cache.
 #[derive(Debug, Default)]
 pub struct Census {
     current: HashSet<u128>,
     relisting: Option<HashSet<u128>>,
+    /// A first list has completed: `current` is the whole kind.
+    listed: bool,
 }
 
 impl Census {
-    pub fn observe<K>(&mut self, event: &Event<K>, uid: impl Fn(&K) -> Option<String>) {
+    /// `held` tells whether an object carries the finalizer.
+    pub fn observe<K>(
+        &mut self,
+        event: &Event<K>,
+        uid: impl Fn(&K) -> Option<String>,
+        held: impl Fn(&K) -> bool,
+    ) {
         let key = |o: &K| uid(o).map(|u| compact_uid(&u));
         match event {
             Event::Apply(o) => {
                 if let Some(k) = key(o) {
-                    self.current.insert(k);
+                    if held(o) {
+                        self.current.insert(k);
+                    } else {
+                        self.current.remove(&k);
+                    }
                 }
             }
             Event::Delete(o) => {
@@ -97,7 +139,9 @@ impl Census {
             }
             Event::Init => self.relisting = Some(HashSet::new()),
             Event::InitApply(o) => {
-                if let (Some(k), Some(next)) = (key(o), self.relisting.as_mut()) {
+                if let (Some(k), Some(next)) = (key(o), self.relisting.as_mut())
+                    && held(o)
+                {
                     next.insert(k);
                 }
             }
@@ -105,6 +149,7 @@ impl Census {
                 if let Some(mut next) = self.relisting.take() {
                     next.shrink_to_fit();
                     self.current = next;
+                    self.listed = true;
                 }
             }
         }
@@ -112,6 +157,11 @@ impl Census {
 
     pub fn len(&self) -> usize {
         self.current.len()
+    }
+
+    /// Listed, and nothing held.
+    pub fn is_empty(&self) -> bool {
+        self.listed && self.current.is_empty()
     }
 }
 
@@ -138,8 +188,8 @@ mod tests {
     use super::*;
     use crate::policy::Shape;
 
-    /// (name, deleting, held)
-    type Obj = (&'static str, bool, bool);
+    /// (name, deleting, held, in reach)
+    type Obj = (&'static str, bool, bool, bool);
     /// (event in, event passed on, object to hold)
     type Case = (Event<Obj>, Option<Event<Obj>>, Option<Obj>);
 
@@ -148,16 +198,21 @@ mod tests {
             deleting: o.1,
             held: o.2,
             in_foreground: false,
+            orphaning: false,
+            in_reach: o.3,
             shape: Shape::CompositeResource,
         }
     }
 
     #[test]
     fn the_table() {
-        let live_unheld: Obj = ("a", false, false);
-        let live_held: Obj = ("b", false, true);
-        let deleting: Obj = ("c", true, true);
-        let deleting_unheld: Obj = ("d", true, false);
+        let live_unheld: Obj = ("a", false, false, true);
+        let live_held: Obj = ("b", false, true, true);
+        let deleting: Obj = ("c", true, true, true);
+        let deleting_unheld: Obj = ("d", true, false, true);
+        let out_held: Obj = ("e", false, true, false);
+        let out_unheld: Obj = ("f", false, false, false);
+        let out_deleting: Obj = ("g", true, true, false);
         let cases: Vec<Case> = vec![
             // Live objects leave (or never enter) the cache; unheld ones are held.
             (
@@ -172,7 +227,22 @@ mod tests {
             ),
             (Event::InitApply(live_unheld), None, Some(live_unheld)),
             (Event::InitApply(live_held), None, None),
-            // Deletions go to the controller, held or not (it decides).
+            // Out of reach: held ones go to the controller to be let go; the
+            // rest are left alone.
+            (Event::Apply(out_held), Some(Event::Apply(out_held)), None),
+            (
+                Event::InitApply(out_held),
+                Some(Event::InitApply(out_held)),
+                None,
+            ),
+            (
+                Event::Apply(out_unheld),
+                Some(Event::Delete(out_unheld)),
+                None,
+            ),
+            (Event::InitApply(out_unheld), None, None),
+            // Deletions go to the controller, held or not, in reach or not
+            // (it decides).
             (Event::Apply(deleting), Some(Event::Apply(deleting)), None),
             (
                 Event::Apply(deleting_unheld),
@@ -182,6 +252,11 @@ mod tests {
             (
                 Event::InitApply(deleting),
                 Some(Event::InitApply(deleting)),
+                None,
+            ),
+            (
+                Event::Apply(out_deleting),
+                Some(Event::Apply(out_deleting)),
                 None,
             ),
             (
@@ -205,7 +280,7 @@ mod tests {
 
     #[test]
     fn a_failed_hold_goes_to_the_controller_in_the_same_phase() {
-        let o: Obj = ("a", false, false);
+        let o: Obj = ("a", false, false, true);
         let failed = |e: Event<Obj>| {
             let hold = sort(e, observe).hold.map(Hold::failed);
             format!("{:?}", hold.expect("a live unheld object is held"))
@@ -217,31 +292,46 @@ mod tests {
         );
     }
 
-    fn uid(o: &&'static str) -> Option<String> {
-        Some((*o).to_string())
+    /// (uid, held)
+    type Entry = (&'static str, bool);
+
+    fn uid(o: &Entry) -> Option<String> {
+        Some(o.0.to_string())
+    }
+
+    fn held(o: &Entry) -> bool {
+        o.1
     }
 
     #[test]
-    fn census_follows_applies_deletes_and_relists() {
-        let a = "0b4c9f7e-3d6a-4f0e-9a53-3c1f0c2e8d11";
-        let b = "1b4c9f7e-3d6a-4f0e-9a53-3c1f0c2e8d11";
-        let c = "not-a-uuid";
+    fn census_follows_holds_deletes_and_relists() {
+        let a = ("0b4c9f7e-3d6a-4f0e-9a53-3c1f0c2e8d11", true);
+        let b = ("1b4c9f7e-3d6a-4f0e-9a53-3c1f0c2e8d11", true);
+        let c = ("not-a-uuid", true);
         let mut census = Census::default();
-        census.observe(&Event::Apply(a), uid);
-        census.observe(&Event::Apply(a), uid);
-        census.observe(&Event::Apply(b), uid);
+        census.observe(&Event::Apply(a), uid, held);
+        census.observe(&Event::Apply(a), uid, held);
+        census.observe(&Event::Apply(b), uid, held);
         assert_eq!(census.len(), 2);
-        census.observe(&Event::Delete(a), uid);
+        // Not listed yet: never "empty", whatever the count.
+        assert!(!census.is_empty());
+        census.observe(&Event::Delete(a), uid, held);
         assert_eq!(census.len(), 1);
-        // A relist replaces the count only when complete.
-        census.observe(&Event::Init, uid);
-        census.observe(&Event::InitApply(a), uid);
-        census.observe(&Event::InitApply(c), uid);
-        assert_eq!(census.len(), 1);
-        census.observe(&Event::InitDone, uid);
+        // Let go: no longer counted.
+        census.observe(&Event::Apply((b.0, false)), uid, held);
+        assert_eq!(census.len(), 0);
+        // A relist replaces the count only when complete, and counts only
+        // what is held.
+        census.observe(&Event::Init, uid, held);
+        census.observe(&Event::InitApply(a), uid, held);
+        census.observe(&Event::InitApply(c), uid, held);
+        census.observe(&Event::InitApply((b.0, false)), uid, held);
+        assert_eq!(census.len(), 0);
+        census.observe(&Event::InitDone, uid, held);
         assert_eq!(census.len(), 2);
-        census.observe(&Event::Delete(c), uid);
-        assert_eq!(census.len(), 1);
+        census.observe(&Event::Delete(c), uid, held);
+        census.observe(&Event::Delete(a), uid, held);
+        assert!(census.is_empty());
     }
 
     #[test]

@@ -7,13 +7,15 @@
 //! function of the inputs (policy::resolve, policy::admission) plus an apply.
 
 mod apply;
+mod backoff;
 pub mod convert;
+pub mod held;
 mod inputs;
 mod intake;
 mod report;
 mod uninstall;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -23,19 +25,21 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
+
+use backoff::WatchBackoff;
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
-use crate::policy::Mode;
 use crate::policy::admission::CompileSettings;
 use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::policy::{Mode, ProtectedKind};
 use crate::telemetry::{Health, Metrics};
 
 pub use inputs::Sources;
 use inputs::Watched;
 // For `cascade-guard status`, which reads the same inputs once.
 pub(crate) use inputs::read_once;
-pub use uninstall::{Summary as UninstallSummary, uninstall};
+pub use uninstall::{Options as UninstallOptions, Summary as UninstallSummary, uninstall};
 
 /// The field manager (server-side apply) and event reporter name.
 pub const MANAGER: &str = "cascade-guard";
@@ -77,6 +81,10 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     );
     let mut report = report::Reporting::new(client.clone(), recorder.clone());
     let mut converter = convert::Converter::new(client.clone(), recorder, metrics.clone());
+    // Objects held of kinds no policy names (found once, after the first
+    // complete pass): handed to the converter to finish.
+    let found: Arc<Mutex<Option<Vec<ProtectedKind>>>> = Arc::new(Mutex::new(None));
+    let mut scanned = false;
     tracing::info!(
         xrd_default_mode = %settings.xrd_default_mode,
         "cascade-guard controller started"
@@ -88,6 +96,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
         }
         tokio::time::sleep(settings.debounce).await;
         let gathered = sources.gather(&client, settings.xrd_default_mode).await;
+        metrics.set_input_available("CascadePolicy", gathered.cascade_policy_crd);
         let resolution = crate::policy::resolve(&gathered.inputs);
         let outcome = apply::apply(
             &client,
@@ -101,17 +110,63 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
             .publish(&outcome, &gathered.cascade_policies, &gathered.xrd_refs)
             .await;
         let complete = outcome.known.xrds && outcome.known.cascade_policies;
+        if complete && !scanned {
+            scanned = true;
+            scan_for_held(client.clone(), found.clone(), notify.clone());
+        }
+        let policies = &outcome.resolution.policies;
+        let found_kinds: Vec<ProtectedKind> = found
+            .lock()
+            .ok()
+            .and_then(|mut f| f.take())
+            .unwrap_or_default()
+            .into_iter()
+            // What the policies know of a kind (an XR's shape) beats the scan's.
+            .map(|k| {
+                match policies
+                    .iter()
+                    .find(|p| p.kind.same_kind(&k.group, &k.kind))
+                {
+                    Some(p) => p.kind.clone(),
+                    None => k,
+                }
+            })
+            .collect();
         converter
-            .update(
-                convert::convert_kinds(&outcome.resolution.policies),
-                complete,
-            )
+            .update(convert::convert_kinds(policies), &found_kinds, complete)
             .await;
         metrics.set_policies(outcome.compiled.len());
-        if outcome.known.xrds && outcome.known.cascade_policies {
+        if complete {
             health.set_ready(true);
         }
     }
+}
+
+/// Looks, once, for objects cascade-guard holds of kinds no Convert policy
+/// names (they lost it while cascade-guard was down), and wakes the loop.
+fn scan_for_held(
+    client: Client,
+    found: Arc<Mutex<Option<Vec<ProtectedKind>>>>,
+    notify: Arc<Notify>,
+) {
+    tokio::spawn(async move {
+        let scan = match held::scan(&client).await {
+            Ok(scan) => scan,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for held objects of kinds no policy names; only Convert kinds are followed");
+                return;
+            }
+        };
+        for unreadable in &scan.unreadable {
+            tracing::warn!(%unreadable, "cannot tell whether cascade-guard holds objects of this kind");
+        }
+        let kinds: Vec<ProtectedKind> = scan.holding.into_iter().map(|h| h.kind).collect();
+        tracing::info!(kinds = kinds.len(), "looked for held objects of every kind");
+        if let Ok(mut f) = found.lock() {
+            *f = Some(kinds);
+        }
+        notify.notify_one();
+    });
 }
 
 /// cascade-guard's own admission objects, as the API server has them: a pass
@@ -156,12 +211,31 @@ where
 {
     use futures::StreamExt;
     tokio::spawn(async move {
-        let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .boxed();
+        let mut failing = false;
         while let Some(event) = stream.next().await {
             match event {
-                Ok(_) => notify.notify_one(),
-                Err(e) => tracing::warn!(error = %e, "cannot watch {what}; retrying"),
+                Ok(_) => {
+                    if std::mem::take(&mut failing) {
+                        tracing::info!("watching {what} again");
+                    }
+                    notify.notify_one()
+                }
+                Err(e) => log_watch_error(&mut failing, what, &e),
             }
         }
     });
+}
+
+/// The first failure of a watch in a row is a warning; the retries that
+/// follow (every few seconds) are debug lines, so a lasting failure is one
+/// line in the log, not one a second.
+pub(crate) fn log_watch_error(failing: &mut bool, what: &str, e: &watcher::Error) {
+    if std::mem::replace(failing, true) {
+        tracing::debug!(error = %e, "still cannot watch {what}; retrying");
+    } else {
+        tracing::warn!(error = %e, "cannot watch {what}; retrying every few seconds");
+    }
 }

@@ -1,29 +1,67 @@
 //! `cascade-guard uninstall`: removes everything cascade-guard put into the
-//! cluster, so that nothing is left refused or stuck: its admission objects
-//! first (deletes are no longer checked), then its finalizer from every object
-//! of every kind a policy names.
+//! cluster, so that nothing is left refused or stuck, and nothing leaves early:
+//! its admission objects first (deletes are no longer checked), then its
+//! finalizer from every object that carries it, whatever its kind. A live
+//! object is let go at once; a deleting one is first carried through its
+//! foreground cascade by the same state machine the controller runs, since
+//! with the controller stopped a plain delete of a held object was let through
+//! and waits on cascade-guard to convert it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, ListParams};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
 
-use super::convert::{ConvertKind, release_outside};
-use super::inputs::read_once;
+use super::MANAGER;
+use super::convert::Converter;
+use super::held;
 use crate::Error;
 use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-use crate::policy::{Mode, resolve};
+use crate::telemetry::Metrics;
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Go on although a controller holds the leader Lease.
+    pub force: bool,
+    /// How long to wait for deleting objects to finish their cascades.
+    pub timeout: Duration,
+    /// The leader Lease's name, to tell whether a controller still runs.
+    pub leader_election_id: String,
+}
 
 #[derive(Debug, Default)]
 pub struct Summary {
     pub admission_objects: usize,
-    pub kinds_released: usize,
+    /// Live objects let go.
+    pub released: usize,
+    /// Deleting objects carried through their cascade, then let go.
+    pub cascaded: usize,
+    /// Kinds still holding objects when the time ran out.
+    pub left: Vec<String>,
+    /// Kinds that could not be read: what they hold is not known.
+    pub unreadable: Vec<String>,
 }
 
-pub async fn uninstall(client: &Client) -> Result<Summary, Error> {
+pub async fn uninstall(
+    client: &Client,
+    options: &Options,
+    progress: impl Fn(&str),
+) -> Result<Summary, Error> {
+    if let Some(holder) = running_controller(client, &options.leader_election_id).await? {
+        if !options.force {
+            return Err(Error::ControllerRunning { holder });
+        }
+        progress(&format!(
+            "warning: {holder} holds the leader Lease: it puts back what this removes; going on (--force)"
+        ));
+    }
     let mut summary = Summary::default();
     let selector = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
@@ -45,27 +83,76 @@ pub async fn uninstall(client: &Client) -> Result<Summary, Error> {
         summary.admission_objects += 1;
     }
 
-    // Every kind any policy names, whatever its mode now: an object may still
-    // hold the finalizer from when its kind was in Convert mode.
-    let read = read_once(client, Mode::Refuse).await?;
-    let resolution = resolve(&read.inputs);
-    let mut kinds = BTreeMap::new();
-    for p in resolution.policies {
-        kinds.insert(format!("{}/{}", p.kind.group, p.kind.kind), p.kind);
+    // Every object that carries the finalizer, of any kind: one may hold it
+    // from when its kind was Convert, whatever names the kind now.
+    let scan = held::scan(client)
+        .await
+        .map_err(list("custom resource kinds"))?;
+    summary.unreadable = scan.unreadable.clone();
+    let objects = scan.holding.iter().flat_map(|h| &h.objects);
+    summary.cascaded = objects.clone().filter(|o| o.deleting).count();
+    summary.released = objects.count() - summary.cascaded;
+    if scan.holding.is_empty() {
+        return Ok(summary);
     }
-    for kind in kinds.into_values() {
-        release_outside(
-            client,
-            &ConvertKind {
-                kind,
-                selector: None,
-            },
-            None,
-        )
-        .await;
-        summary.kinds_released += 1;
+    progress(&format!(
+        "letting go of {} live objects; carrying {} deleting objects through their foreground cascade first",
+        summary.released, summary.cascaded
+    ));
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: MANAGER.into(),
+            instance: Some("uninstall".into()),
+        },
+    );
+    let mut converter =
+        Converter::for_uninstall(client.clone(), recorder, Arc::new(Metrics::new()));
+    let kinds: Vec<_> = scan.holding.into_iter().map(|h| h.kind).collect();
+    converter.update(BTreeMap::new(), &kinds, true).await;
+    let deadline = Instant::now() + options.timeout;
+    let mut last_said = Instant::now();
+    loop {
+        let draining = converter.draining();
+        if draining.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            summary.left = draining;
+            break;
+        }
+        if last_said.elapsed() >= Duration::from_secs(10) {
+            last_said = Instant::now();
+            progress(&format!("waiting for: {}", draining.join(", ")));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    converter.shutdown().await;
     Ok(summary)
+}
+
+/// The holder of the leader Lease named `id` (in any namespace) while it is
+/// valid: a controller that runs and would put back what uninstall removes.
+async fn running_controller(client: &Client, id: &str) -> Result<Option<String>, Error> {
+    let leases: Api<Lease> = Api::all(client.clone());
+    let found = leases
+        .list(&ListParams::default().fields(&format!("metadata.name={id}")))
+        .await
+        .map_err(list("Leases"))?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    Ok(found.items.iter().find_map(|lease| {
+        let spec = lease.spec.as_ref()?;
+        let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+        let renewed = spec.renew_time.as_ref()?.0;
+        let valid = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+        let age = now.duration_since(renewed).as_secs();
+        (age <= valid).then(|| {
+            format!(
+                "controller {holder} (Lease {}/{id}, renewed {age}s ago)",
+                lease.namespace().unwrap_or_default()
+            )
+        })
+    }))
 }
 
 fn list(what: &'static str) -> impl Fn(kube::Error) -> Error {

@@ -23,6 +23,10 @@ pub const FOREGROUND_CASCADE_FINALIZER: &str = "cascade-guard.dev/foreground-cas
 /// The Kubernetes garbage collector's finalizer for a foreground cascade.
 pub const FOREGROUND_DELETION_FINALIZER: &str = "foregroundDeletion";
 
+/// The finalizer the API server adds for a delete with propagationPolicy
+/// Orphan; the garbage collector removes owner references, then it.
+pub const ORPHAN_FINALIZER: &str = "orphan";
+
 /// Label key and value on every object cascade-guard generates, so it can
 /// find (and prune) exactly its own objects.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

@@ -35,7 +35,7 @@ pub enum TraceError {
     #[error("cannot read {what}: {source}")]
     Read { what: String, source: kube::Error },
     #[error("cannot write output: {0}")]
-    Output(std::io::Error),
+    Output(#[source] std::io::Error),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -75,7 +75,20 @@ pub const CONVERT_TOGGLED: TestKind = TestKind {
     annotation: Some("Convert"),
 };
 
-pub const XR_KINDS: [&TestKind; 8] = [
+/// Convert; a test deletes its XRD and then its CRD.
+pub const DOOMED: TestKind = TestKind {
+    kind: "DoomedComposite",
+    plural: "doomedcomposites",
+    annotation: Some("Convert"),
+};
+/// Off by its XRD; made Convert for some labels by a test's CascadePolicy.
+pub const SELECTED: TestKind = TestKind {
+    kind: "SelectedComposite",
+    plural: "selectedcomposites",
+    annotation: Some("Off"),
+};
+
+pub const XR_KINDS: [&TestKind; 10] = [
     &REFUSE,
     &WARN,
     &OFF,
@@ -84,6 +97,8 @@ pub const XR_KINDS: [&TestKind; 8] = [
     &TOGGLED,
     &CONVERT,
     &CONVERT_TOGGLED,
+    &DOOMED,
+    &SELECTED,
 ];
 
 /// The identity cascade-guard runs as in tests, as its ServiceAccount would.
@@ -194,7 +209,9 @@ fn initial_cascade_policies() -> Vec<Value> {
 /// still protect the kind it names.
 pub const NO_VERSIONS_XRD: &str = "emptycomposites.table.cascade-guard.dev";
 
-fn options() -> Options {
+/// The control plane every test binary starts: Crossplane's XRD CRD, the
+/// CascadePolicy CRD, the Leaf kind and the XR kinds.
+pub fn options() -> Options {
     let mut crds = vec![
         crossplane::crossplane_crd(crossplane::XRD_CRD).expect("Crossplane XRD CRD fixture"),
         CascadePolicy::crd(),
@@ -237,8 +254,20 @@ pub async fn bare_env() -> &'static Env {
 }
 
 async fn bare() -> Env {
+    bare_with(options()).await
+}
+
+/// A control plane of the caller's own (not shared), with the XR kinds' XRDs
+/// (and, when `options` installs their CRD, the initial CascadePolicies), and
+/// no cascade-guard running. For tests that restart a component or change what
+/// is installed.
+pub async fn bare_with(options: Options) -> Env {
     local_cluster::testing::init_tracing();
-    let cp = ControlPlane::start(options())
+    let with_policies = options
+        .crds
+        .iter()
+        .any(|c| c.metadata.name == CascadePolicy::crd().metadata.name);
+    let cp = ControlPlane::start(options)
         .await
         .unwrap_or_else(|e| panic!("cannot start the control plane: {e}"));
     let client = cp.admin().await.expect("admin client");
@@ -249,9 +278,11 @@ async fn bare() -> Env {
     let mut empty = xrd("EmptyComposite", "emptycomposites", Some("Refuse"));
     empty["spec"]["versions"] = json!([]);
     create(&xrds, empty).await;
-    let policies = cascade_policy_api(&client);
-    for p in initial_cascade_policies() {
-        create(&policies, p).await;
+    if with_policies {
+        let policies = cascade_policy_api(&client);
+        for p in initial_cascade_policies() {
+            create(&policies, p).await;
+        }
     }
     let kubeconfig = cp.dir().join("cascade-guard.kubeconfig");
     cp.write_kubeconfig_as(&kubeconfig, CONTROLLER_USER, &["system:masters"])
@@ -275,8 +306,10 @@ impl Env {
             ),
             "--xrd-default-mode=Refuse".to_string(),
             "--resync-seconds=20".to_string(),
-            "--http-address=127.0.0.1:0".to_string(),
         ];
+        if !extra.iter().any(|a| a.starts_with("--http-address")) {
+            args.push("--http-address=127.0.0.1:0".to_string());
+        }
         args.extend(extra.iter().map(|a| a.to_string()));
         let mut controllers = self.controllers.lock().expect("controllers");
         let n = controllers.len();

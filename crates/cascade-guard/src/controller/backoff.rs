@@ -1,0 +1,106 @@
+//! How long the controller waits before trying again: a watch that broke, and
+//! a step on one object that failed.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use kube::runtime::utils::Backoff;
+
+/// The first wait after a watch breaks.
+const WATCH_FIRST: Duration = Duration::from_millis(250);
+/// The longest wait between tries. kube's default (30 s, client-go's) left a
+/// kind unwatched for up to half a minute after the API server came back;
+/// cascade-guard holds objects as they are created, so it must be back within
+/// seconds. A few watches trying every few seconds cost a down API server
+/// little (a refused connection each).
+const WATCH_MOST: Duration = Duration::from_secs(4);
+
+/// Retry delays for every watch the controller runs: 0.25 s doubling to 4 s,
+/// each shortened by up to a quarter at random so that many watches do not
+/// retry in step; back to 0.25 s once a watch delivers again.
+#[derive(Debug, Default)]
+pub struct WatchBackoff {
+    failures: u32,
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let wait = watch_wait(self.failures);
+        self.failures = self.failures.saturating_add(1);
+        Some(wait.mul_f64(1.0 - 0.25 * jitter()))
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// The wait after `failures` failed tries, before jitter.
+fn watch_wait(failures: u32) -> Duration {
+    WATCH_FIRST
+        .saturating_mul(1u32 << failures.min(8))
+        .min(WATCH_MOST)
+}
+
+/// A number in [0, 1) from the clock's nanoseconds: enough to spread retries.
+fn jitter() -> f64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    f64::from(nanos % 1000) / 1000.0
+}
+
+/// How long to wait before retrying a step that failed `failures` times in
+/// a row: 2 s, doubling, at most 5 minutes (a webhook that refuses every
+/// write should not get hundreds of requests a second).
+pub fn step_retry(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(8);
+    Duration::from_secs(2u64 << doublings).min(Duration::from_secs(300))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watches_retry_within_seconds() {
+        let waits: Vec<u128> = (0..7).map(|n| watch_wait(n).as_millis()).collect();
+        assert_eq!(waits, [250, 500, 1000, 2000, 4000, 4000, 4000]);
+        assert_eq!(watch_wait(u32::MAX), WATCH_MOST);
+        let mut b = WatchBackoff::default();
+        for _ in 0..20 {
+            let wait = b.next().unwrap_or_default();
+            assert!(
+                wait <= WATCH_MOST && wait >= WATCH_FIRST.mul_f64(0.75),
+                "{wait:?}"
+            );
+        }
+        b.reset();
+        assert!(b.next().unwrap_or_default() <= WATCH_FIRST);
+    }
+
+    #[test]
+    fn steps_back_off_to_five_minutes() {
+        let cases = [
+            (0, 2),
+            (1, 2),
+            (2, 4),
+            (3, 8),
+            (5, 32),
+            (8, 256),
+            (9, 300),
+            (u32::MAX, 300),
+        ];
+        for (failures, seconds) in cases {
+            assert_eq!(
+                step_retry(failures),
+                Duration::from_secs(seconds),
+                "{failures}"
+            );
+        }
+    }
+}

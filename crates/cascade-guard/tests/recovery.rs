@@ -1,0 +1,197 @@
+//! cascade-guard comes back by itself: within seconds of an API server
+//! restart, and ready (protecting XRDs) on a cluster without the CascadePolicy
+//! CRD, which it starts using as soon as the CRD is installed. Each test runs
+//! its own control plane, since they restart or leave out parts of it.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use cascade_guard::api::CascadePolicy;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, CustomResourceExt};
+use local_cluster::testing::Scope;
+use local_cluster::wait;
+use serde_json::json;
+use support::tree::{create_tree, wait_held};
+use support::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The status code and body of a plain HTTP GET on loopback (blocking, and
+/// short: the controller's own server answers at once).
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())?;
+    Some((code, body))
+}
+
+fn log(env: &Env) -> String {
+    std::fs::read_to_string(env.cp.log_path("cascade-guard-0")).unwrap_or_default()
+}
+
+/// Without the CascadePolicy CRD the controller protects XRDs and is ready;
+/// it says so once (a log line, a metric), and uses CascadePolicies as soon as
+/// the CRD is installed.
+#[tokio::test]
+async fn ready_without_the_cascade_policy_crd_and_using_it_once_installed() {
+    let mut options = options();
+    let policy_crd = CascadePolicy::crd();
+    options
+        .crds
+        .retain(|c| c.metadata.name != policy_crd.metadata.name);
+    let env = bare_with(options).await;
+    let _stop = env.controllers_stop_on_drop();
+    let s = Scope::new(&env.cp, "no-policy-crd").await;
+    let port = free_port();
+    env.start_controller(&[
+        "--no-leader-election",
+        &format!("--http-address=127.0.0.1:{port}"),
+    ]);
+    env.wait_for_protection(&s.client, &REFUSE.resource()).await;
+    let ready = wait::until(Duration::from_secs(30), || async {
+        (get(port, "/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "never ready:\n{}", log(&env));
+    let (_, metrics) = get(port, "/metrics").await.expect("metrics");
+    assert!(
+        metrics.contains(r#"cascade_guard_input_available{input="CascadePolicy"} 0"#),
+        "{metrics}"
+    );
+    // Some passes later (the resync is 20 s; XRD and CRD events make more),
+    // still one line about it, and no watch failing in a loop.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let said = log(&env);
+    assert_eq!(
+        said.matches("the CascadePolicy CRD is not installed")
+            .count(),
+        1,
+        "{said}"
+    );
+    assert!(!said.contains("cannot watch CascadePolicies"), "{said}");
+
+    let crds: Api<CustomResourceDefinition> = Api::all(s.client.clone());
+    crds.create(&PostParams::default(), &policy_crd)
+        .await
+        .expect("install the CRD");
+    wait::crd_established(
+        &s.client,
+        policy_crd.metadata.name.as_deref().unwrap_or_default(),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("the CRD is established");
+    create(
+        &cascade_policy_api(&s.client),
+        cascade_policy("leaves", "Leaf", "Refuse", None),
+    )
+    .await;
+    env.wait_for_protection(&s.client, &leaves()).await;
+    let (_, metrics) = get(port, "/metrics").await.expect("metrics");
+    assert!(
+        metrics.contains(r#"cascade_guard_input_available{input="CascadePolicy"} 1"#),
+        "{metrics}"
+    );
+}
+
+/// After kube-apiserver restarts, a new object of a Convert kind is held, and
+/// an XRD annotation change takes effect, within seconds of the API server
+/// serving again (kube's default watch backoff let them wait up to 30 s).
+#[tokio::test]
+async fn watches_recover_within_seconds_of_an_api_server_restart() {
+    // Owned: its controllers stop when it is dropped.
+    let mut env = bare_with(options()).await;
+    env.start_controller(&["--no-leader-election"]);
+    let client = env.cp.admin().await.expect("admin client");
+    env.wait_for_protection(&client, &REFUSE.resource()).await;
+    env.wait_for_protection(&client, &TOGGLED.resource()).await;
+    let ns = "restart";
+    create(
+        &Api::all_with(client.clone(), &namespaces()),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    )
+    .await;
+    let resource = CONVERT.resource();
+    create_tree(&client, &resource, ns, "before", 0).await;
+    wait_held(&client, &resource, ns, "before").await;
+    // Let the API server's downtime run the watches' backoff up.
+    let stopped_for = Duration::from_secs(20);
+    env.cp
+        .restart("kube-apiserver", stopped_for)
+        .await
+        .unwrap_or_else(|e| panic!("cannot restart kube-apiserver: {e}"));
+    let back = Instant::now();
+    let client = env.cp.admin().await.expect("admin client");
+
+    create_tree(&client, &resource, ns, "after", 0).await;
+    wait_held(&client, &resource, ns, "after").await;
+    let held_after = back.elapsed();
+
+    xrd_api(&client)
+        .patch(
+            &TOGGLED.xrd_name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "cascade-guard.dev/deletion-policy": "Off"}}})),
+        )
+        .await
+        .expect("annotate the XRD");
+    let changed = Instant::now();
+    let probe = TOGGLED.resource();
+    let api = Api::namespaced_with(client.clone(), "protection-probe", &probe);
+    let name = format!("probe-{}", probe.plural);
+    let _ = api
+        .create(&PostParams::default(), &composite(&probe, &name, true))
+        .await;
+    let lifted = wait::until(Duration::from_secs(60), || async {
+        let got = delete(
+            &client,
+            &probe,
+            "protection-probe",
+            &name,
+            &DeleteSpec::dry_run_background(),
+        )
+        .await;
+        got.allowed().then_some(())
+    })
+    .await;
+    assert!(lifted.is_some(), "the annotation change never took effect");
+    let annotation_took = changed.elapsed();
+    println!(
+        "after a {}s API server outage: new object held {:.1}s after it served again; annotation change in effect {:.1}s after it was made",
+        stopped_for.as_secs(),
+        held_after.as_secs_f64(),
+        annotation_took.as_secs_f64()
+    );
+    // Generous: the watches retry at most 4 s apart, and the API server
+    // reloads admission policies every second; kube's default backoff took
+    // 19 to 50 s here.
+    assert!(
+        held_after < Duration::from_secs(15),
+        "held {held_after:?} after the API server came back"
+    );
+    assert!(
+        annotation_took < Duration::from_secs(15),
+        "annotation took {annotation_took:?}"
+    );
+}
+
+fn namespaces() -> kube::api::ApiResource {
+    kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Namespace>(&())
+}
