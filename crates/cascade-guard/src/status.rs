@@ -184,11 +184,42 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
 
     let now = Timestamp::now();
     let mut cascading = Vec::new();
-    for kind in distinct_kinds(&resolution.policies) {
-        match deleting(client, &kind).await {
+    let kinds = distinct_kinds(&resolution.policies);
+    for kind in &kinds {
+        match deleting(client, kind).await {
             Ok(objects) => cascading.extend(cascading_objects(&kind.to_string(), &objects, now)),
             Err(e) => problems.push(format!("cannot list objects of {kind}: {e}")),
         }
+    }
+    // Held objects of kinds no policy names (they lost it while the
+    // controller was down): the controller finishes them when it starts.
+    match crate::controller::held::scan(client).await {
+        Ok(scan) => {
+            for holding in scan.holding {
+                let kind = &holding.kind;
+                if kinds.iter().any(|k| k.same_kind(&kind.group, &kind.kind)) {
+                    continue;
+                }
+                problems.push(format!(
+                    "{} object(s) of {kind} carry cascade-guard's finalizer, but no policy names the kind: the controller lets them go, or finishes their cascade, when it starts",
+                    holding.objects.len()
+                ));
+                match deleting(client, kind).await {
+                    Ok(objects) => {
+                        cascading.extend(cascading_objects(&kind.to_string(), &objects, now))
+                    }
+                    Err(e) => problems.push(format!("cannot list objects of {kind}: {e}")),
+                }
+            }
+            problems.extend(
+                scan.unreadable
+                    .iter()
+                    .map(|u| format!("cannot tell whether cascade-guard holds objects of {u}")),
+            );
+        }
+        Err(e) => problems.push(format!(
+            "cannot look for held objects of kinds no policy names: {e}"
+        )),
     }
     cascading.sort_by(|a, b| {
         b.age_seconds

@@ -94,7 +94,7 @@ impl Metrics {
         // Families share their state with these clones.
         registry.register(
             "cascade_guard_protected_objects",
-            "Objects of a kind that cascade-guard protects",
+            "Objects of a Convert kind that cascade-guard holds with its finalizer",
             protected.clone(),
         );
         registry.register(
