@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use cascade_guard::api::CascadePolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, CustomResourceExt};
+use kube::{Api, CustomResourceExt, ResourceExt};
 use local_cluster::testing::Scope;
 use local_cluster::wait;
 use serde_json::json;
@@ -140,8 +140,24 @@ async fn watches_recover_within_seconds_of_an_api_server_restart() {
     let client = env.cp.admin().await.expect("admin client");
 
     create_tree(&client, &resource, ns, "after", 0).await;
-    wait_held(&client, &resource, ns, "after").await;
+    let xrs: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let held = wait::until(Duration::from_secs(60), || async {
+        let xr = xrs.get("after").await.ok()?;
+        xr.finalizers()
+            .iter()
+            .any(|f| f == "cascade-guard.dev/foreground-cascade")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        held.is_some(),
+        "never held after the restart:\n{}",
+        env.cp.log_tails(80)
+    );
     let held_after = back.elapsed();
+    if let Ok(dump) = std::env::var("RECOVERY_LOG_DUMP") {
+        let _ = std::fs::copy(env.cp.log_path("cascade-guard-0"), dump);
+    }
 
     xrd_api(&client)
         .patch(
@@ -179,7 +195,7 @@ async fn watches_recover_within_seconds_of_an_api_server_restart() {
         held_after.as_secs_f64(),
         annotation_took.as_secs_f64()
     );
-    // Generous: the watches retry at most 4 s apart, and the API server
+    // Generous: the watches retry at most 2 s apart, and the API server
     // reloads admission policies every second; kube's default backoff took
     // 19 to 50 s here.
     assert!(

@@ -10,11 +10,12 @@ const WATCH_FIRST: Duration = Duration::from_millis(250);
 /// The longest wait between tries. kube's default (30 s, client-go's) left a
 /// kind unwatched for up to half a minute after the API server came back;
 /// cascade-guard holds objects as they are created, so it must be back within
-/// seconds. A few watches trying every few seconds cost a down API server
-/// little (a refused connection each).
-const WATCH_MOST: Duration = Duration::from_secs(4);
+/// seconds, and after a restart a watch often fails twice (refused, then its
+/// resourceVersion too old for the new watch cache). A watch per Convert kind
+/// trying every 2 s costs a down API server little (a refused connection).
+const WATCH_MOST: Duration = Duration::from_secs(2);
 
-/// Retry delays for every watch the controller runs: 0.25 s doubling to 4 s,
+/// Retry delays for every watch the controller runs: 0.25 s doubling to 2 s,
 /// each shortened by up to a quarter at random so that many watches do not
 /// retry in step; back to 0.25 s once a watch delivers again.
 #[derive(Debug, Default)]
@@ -69,7 +70,7 @@ mod tests {
     #[test]
     fn watches_retry_within_seconds() {
         let waits: Vec<u128> = (0..7).map(|n| watch_wait(n).as_millis()).collect();
-        assert_eq!(waits, [250, 500, 1000, 2000, 4000, 4000, 4000]);
+        assert_eq!(waits, [250, 500, 1000, 2000, 2000, 2000, 2000]);
         assert_eq!(watch_wait(u32::MAX), WATCH_MOST);
         let mut b = WatchBackoff::default();
         for _ in 0..20 {

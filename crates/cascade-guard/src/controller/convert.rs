@@ -269,8 +269,9 @@ impl Converter {
         let store = writer.as_reader();
         let intake_ctx = context.clone();
         let holds = self.holds.clone();
+        // The controller backs off this stream's errors (trigger_backoff
+        // below): a backoff here as well would double the wait.
         let objects = watcher(api, config)
-            .backoff(WatchBackoff::default())
             .modify(slim)
             .map_ok(move |event| take_in(intake_ctx.clone(), holds.clone(), event))
             // In order, so that the cache sees each object's events as sent.
@@ -294,6 +295,9 @@ impl Converter {
         let task = tokio::spawn(async move {
             controller
                 .with_config(kube::runtime::controller::Config::default().concurrency(16))
+                // kube's default for the watch reached 30 s and more: held
+                // objects waited that long after an API server restart.
+                .trigger_backoff(WatchBackoff::default())
                 .graceful_shutdown_on(async move {
                     let _ = stopped.await;
                 })
