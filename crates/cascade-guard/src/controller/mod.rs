@@ -68,15 +68,14 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     let notify = Arc::new(Notify::new());
     let sources = Sources::start(client.clone(), notify.clone()).await;
     let managed = watch_for_changes(client.clone(), notify.clone());
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    );
-    let mut report = report::Reporting::new(client.clone(), recorder.clone());
+    let reporter = Reporter {
+        controller: MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let recorder = Recorder::new(client.clone(), reporter.clone());
+    let mut report = report::Reporting::new(client.clone(), reporter);
     let mut converter = convert::Converter::new(client.clone(), recorder, metrics.clone());
+    let mut last_good = apply::LastGood::default();
     tracing::info!(
         xrd_default_mode = %settings.xrd_default_mode,
         "cascade-guard controller started"
@@ -95,6 +94,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
             resolution,
             &gathered.known,
             &managed,
+            &mut last_good,
         )
         .await;
         report
