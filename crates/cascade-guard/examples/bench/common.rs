@@ -10,6 +10,9 @@ use kube::api::ApiResource;
 use local_cluster::ControlPlane;
 use local_cluster::process::{self, Lifetime, Process};
 
+/// The user of the local control plane's admin kubeconfig.
+const ADMIN_USER: &str = "admin";
+
 /// The API group of the benchmarks' kinds.
 pub const GROUP: &str = "bench.cascade-guard.dev";
 
@@ -32,6 +35,8 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// Starts cascade-guard with the control plane's admin kubeconfig, trusting
+/// that user (the admin) to remove its finalizer, as it will.
 pub fn start_controller(cp: &ControlPlane) -> Result<Process> {
     let exe = std::env::current_exe()?;
     let binary: PathBuf = exe
@@ -50,6 +55,7 @@ pub fn start_controller(cp: &ControlPlane) -> Result<Process> {
         format!("--kubeconfig={}", cp.kubeconfig_path().display()),
         "--no-leader-election".to_string(),
         "--http-address=127.0.0.1:0".to_string(),
+        format!("--controller-user={ADMIN_USER}"),
     ];
     // BENCH_CONTROLLER_WRAPPER runs it under another command, such as a
     // heap profiler: `heaptrack -o /tmp/cascade-guard`.

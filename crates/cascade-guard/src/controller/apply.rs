@@ -98,6 +98,35 @@ pub async fn apply(
     }
 }
 
+/// The username the API server knows this client by (a SelfSubjectReview,
+/// which every authenticated user may create).
+pub async fn own_username(client: &Client) -> Result<String, kube::Error> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await?;
+    Ok(review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .unwrap_or_default())
+}
+
+/// Says so, loudly, when cascade-guard runs as someone other than the user
+/// its UPDATE policies trust with its finalizer: the API server would refuse
+/// every release, and held objects would wait until that is fixed.
+pub async fn check_own_username(client: &Client, settings: &CompileSettings) {
+    match own_username(client).await {
+        Ok(me) if me == settings.controller_user => {}
+        Ok(me) => tracing::error!(
+            runs_as = %me,
+            controller_user = %settings.controller_user,
+            "cascade-guard runs as another user than --controller-user: the API server will refuse it to remove its own finalizer; set --controller-user to the user it runs as"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot tell which user cascade-guard runs as"),
+    }
+}
+
 /// Applies `object` unless the watch cache shows the API server already has
 /// it as wanted.
 async fn ensure<K>(

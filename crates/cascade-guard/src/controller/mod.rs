@@ -31,6 +31,7 @@ use crate::policy::admission::CompileSettings;
 use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::telemetry::{Health, Metrics};
 
+pub use apply::own_username;
 pub use inputs::Sources;
 use inputs::Watched;
 // For `cascade-guard status`, which reads the same inputs once.
@@ -76,6 +77,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     let mut report = report::Reporting::new(client.clone(), reporter);
     let mut converter = convert::Converter::new(client.clone(), recorder, metrics.clone());
     let mut last_good = apply::LastGood::default();
+    apply::check_own_username(&client, &settings.compile).await;
     tracing::info!(
         xrd_default_mode = %settings.xrd_default_mode,
         "cascade-guard controller started"
