@@ -1201,6 +1201,70 @@ async fn updates_that_would_let_an_object_go_early_are_refused_except_for_who_ma
         mismatches.join("\n")
     );
 
+    // A legacy (LegacyCluster) XR lists its composed resources in
+    // spec.resourceRefs: the same rule.
+    // A v1 XRD: v1 has no scope field, its XRs are LegacyCluster.
+    let mut legacy_xrd = xrd("LegacyComposite", "legacycomposites", Some("Refuse"));
+    legacy_xrd["spec"]["scope"] = json!("LegacyCluster");
+    let crd = local_cluster::crossplane::xrd_to_crd(&legacy_xrd).expect("legacy CRD");
+    legacy_xrd["apiVersion"] = json!("apiextensions.crossplane.io/v1");
+    if let Some(spec) = legacy_xrd["spec"].as_object_mut() {
+        spec.remove("scope");
+    }
+    let v1_xrds: Api<DynamicObject> = Api::all_with(
+        s.client.clone(),
+        &ApiResource {
+            version: "v1".into(),
+            api_version: "apiextensions.crossplane.io/v1".into(),
+            ..local_cluster::crossplane::xrd_resource()
+        },
+    );
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(s.client.clone());
+    if crds
+        .get_opt(&crd.name_any())
+        .await
+        .expect("get CRD")
+        .is_none()
+    {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("legacy CRD");
+        create(&v1_xrds, legacy_xrd).await;
+    }
+    let legacy = ApiResource {
+        kind: "LegacyComposite".into(),
+        plural: "legacycomposites".into(),
+        ..refuse.clone()
+    };
+    let legacy_api: Api<DynamicObject> = Api::all_with(s.client.clone(), &legacy);
+    let created = wait::until(Duration::from_secs(30), || async {
+        let o = DynamicObject::new("legacy", &legacy)
+            .data(json!({"spec": {"resourceRefs": [ref_to("a")]}}));
+        match legacy_api.create(&PostParams::default(), &o).await {
+            Ok(_) => Some(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Some(()),
+            Err(_) => None,
+        }
+    })
+    .await;
+    assert!(created.is_some(), "the legacy kind was never served");
+    let emptied = json!({"spec": {"resourceRefs": []}});
+    let refused = wait::until(Duration::from_secs(30), || async {
+        let got = merge_patch(&person, &legacy, "", "legacy", &emptied, false).await;
+        (got.code == 403).then_some(got)
+    })
+    .await
+    .expect("emptying a legacy XR's resourceRefs was never refused");
+    assert!(
+        refused
+            .message
+            .contains("composed resources from spec.resourceRefs of LegacyComposite legacy"),
+        "{refused:?}"
+    );
+    let got = merge_patch(&crossplane, &legacy, "", "legacy", &emptied, false).await;
+    assert!(got.allowed(), "{got:?}");
+
     // For real: the bypass of the issue, emptying the list and then deleting
     // with Background, fails at the first step, and the XR stays protected.
     let got = merge_patch(&person, &refuse, &ns, "two", &refs(&[]), true).await;

@@ -545,8 +545,9 @@ async fn send_delete(client: &Client, path: &str, spec: &DeleteSpec) -> DeleteOu
     send(client, request).await
 }
 
-/// A JSON merge patch of an object of `resource`, a dry run unless `real`,
-/// keeping the status, message and warnings (as for deletes).
+/// A JSON merge patch of an object of `resource` (cluster-scoped when
+/// `namespace` is empty), a dry run unless `real`, keeping the status,
+/// message and warnings (as for deletes).
 pub async fn merge_patch(
     client: &Client,
     resource: &ApiResource,
@@ -555,10 +556,15 @@ pub async fn merge_patch(
     patch: &Value,
     real: bool,
 ) -> DeleteOutcome {
-    let mut path = format!(
-        "/apis/{}/namespaces/{namespace}/{}/{name}",
-        resource.api_version, resource.plural
-    );
+    // An empty namespace: a cluster-scoped object.
+    let mut path = if namespace.is_empty() {
+        format!("/apis/{}/{}/{name}", resource.api_version, resource.plural)
+    } else {
+        format!(
+            "/apis/{}/namespaces/{namespace}/{}/{name}",
+            resource.api_version, resource.plural
+        )
+    };
     if !real {
         path.push_str("?dryRun=All");
     }
