@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks that print figures (recorded in BENCHMARKS.md). Each starts its own
-# local control plane. Usage: scripts/bench.sh refuse|convert
+# local control plane. Usage: scripts/bench.sh refuse|update|convert
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LOCAL_CLUSTER_BIN_DIR=$(controlplane/build.sh)
@@ -8,6 +8,7 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 cargo build --release --quiet --bins --examples
 case "${1:-refuse}" in
   refuse) target/release/examples/bench-refuse ;;
+  update) target/release/examples/bench-update ;;
   convert) target/release/examples/bench-convert ;;
-  *) echo "unknown benchmark ${1}; known: refuse, convert" >&2; exit 2 ;;
+  *) echo "unknown benchmark ${1}; known: refuse, update, convert" >&2; exit 2 ;;
 esac

@@ -42,7 +42,7 @@ fn xrd(i: usize) -> Value {
 
 #[path = "bench/common.rs"]
 mod common;
-use common::{GROUP, percentile, resource, start_controller};
+use common::{GROUP, Rounds, percentile, report, resource, start_controller};
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -211,30 +211,6 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-/// Each round's (unprotected, protected) latencies in ms, sorted.
-struct Rounds(Vec<(Vec<f64>, Vec<f64>)>);
-
-impl Rounds {
-    fn pooled(&self) -> (Vec<f64>, Vec<f64>) {
-        let mut plain: Vec<f64> = self.0.iter().flat_map(|r| r.0.iter().copied()).collect();
-        let mut protected: Vec<f64> = self.0.iter().flat_map(|r| r.1.iter().copied()).collect();
-        plain.sort_by(f64::total_cmp);
-        protected.sort_by(f64::total_cmp);
-        (plain, protected)
-    }
-
-    /// The median over rounds of protected minus unprotected at quantile `q`.
-    fn median_difference(&self, q: f64) -> f64 {
-        let mut d: Vec<f64> = self
-            .0
-            .iter()
-            .map(|(plain, protected)| percentile(protected, q) - percentile(plain, q))
-            .collect();
-        d.sort_by(f64::total_cmp);
-        percentile(&d, 50.0)
-    }
-}
-
 /// ROUNDS rounds of interleaved deletes of the two kinds.
 async fn measure(
     admin: &Client,
@@ -309,30 +285,4 @@ async fn refused(admin: &Client, ns: &str, r: &ApiResource) -> Result<bool> {
         Err(kube::Error::Api(s)) if s.code == 403 => Ok(true),
         Err(e) => Err(e.into()),
     }
-}
-
-fn report(phase: &str, rounds: &Rounds) {
-    let (plain, protected) = &rounds.pooled();
-    let p = |v: &[f64], q| percentile(v, q);
-    println!("   {phase} ({} requests of each kind):", plain.len());
-    println!(
-        "     unprotected kind  p50 {:.3} ms  p99 {:.3} ms",
-        p(plain, 50.0),
-        p(plain, 99.0)
-    );
-    println!(
-        "     protected kind    p50 {:.3} ms  p99 {:.3} ms",
-        p(protected, 50.0),
-        p(protected, 99.0)
-    );
-    println!(
-        "     ratio protected/unprotected  p50 {:.3}  p99 {:.3}",
-        p(protected, 50.0) / p(plain, 50.0),
-        p(protected, 99.0) / p(plain, 99.0)
-    );
-    println!(
-        "     median over rounds of protected minus unprotected: p50 {:+.3} ms  p99 {:+.3} ms",
-        rounds.median_difference(50.0),
-        rounds.median_difference(99.0)
-    );
 }

@@ -85,11 +85,15 @@ async fn main() -> Result<()> {
     let cascade_guard = target.join("cascade-guard");
     say("starting cascade-guard");
     let log = std::fs::File::create(logs.join("cascade-guard.log"))?;
+    // It runs with the demo's kubeconfig: the user its UPDATE policies trust
+    // to remove its finalizer must be that one.
+    let me = cascade_guard::controller::own_username(&client).await?;
     let mut controller = Command::new(&cascade_guard)
         .args([
             "run",
             "--no-leader-election",
             "--http-address=127.0.0.1:0",
+            &format!("--controller-user={me}"),
             "--kubeconfig",
         ])
         .arg(&kubeconfig)

@@ -11,7 +11,8 @@ use cascade_guard::api::CascadePolicy;
 use cascade_guard::controller::{self, Settings};
 use cascade_guard::leader::{self, LeaseSettings};
 use cascade_guard::policy::names::{
-    DEFAULT_GC_CONTROLLER_MANAGER_USER, DEFAULT_GC_SERVICE_ACCOUNT_USER,
+    DEFAULT_CONTROLLER_USER, DEFAULT_CROSSPLANE_USER, DEFAULT_GC_CONTROLLER_MANAGER_USER,
+    DEFAULT_GC_SERVICE_ACCOUNT_USER,
 };
 use cascade_guard::policy::{CompileSettings, Mode, Severity};
 use cascade_guard::telemetry::{self, Health, Metrics};
@@ -76,6 +77,14 @@ struct PolicyArgs {
     /// uses without --use-service-account-credentials.
     #[arg(long, env = "CASCADE_GUARD_GC_CONTROLLER_MANAGER_USER", default_value = DEFAULT_GC_CONTROLLER_MANAGER_USER)]
     gc_controller_manager_user: String,
+    /// Crossplane's username: the only one (with break-glass) that may take
+    /// entries out of an XR's resourceRefs.
+    #[arg(long, env = "CASCADE_GUARD_CROSSPLANE_USER", default_value = DEFAULT_CROSSPLANE_USER)]
+    crossplane_user: String,
+    /// cascade-guard's own username (its ServiceAccount's), which may remove
+    /// its finalizer and foregroundDeletion like the garbage collector.
+    #[arg(long, env = "CASCADE_GUARD_CONTROLLER_USER", default_value = DEFAULT_CONTROLLER_USER)]
+    controller_user: String,
 }
 
 impl PolicyArgs {
@@ -83,6 +92,8 @@ impl PolicyArgs {
         CompileSettings {
             gc_service_account_user: self.gc_service_account_user.clone(),
             gc_controller_manager_user: self.gc_controller_manager_user.clone(),
+            crossplane_user: self.crossplane_user.clone(),
+            controller_user: self.controller_user.clone(),
         }
     }
 }

@@ -25,6 +25,8 @@ use serde_json::Value;
 use crate::Error;
 use crate::controller::convert::served_resource;
 use crate::controller::read_once;
+use crate::policy::drift::first_difference;
+use crate::policy::last_good::{LastGood, keep_last_good};
 use crate::policy::names::{
     FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, MANAGED_BY_LABEL,
     MANAGED_BY_VALUE, MODE_ANNOTATION,
@@ -161,7 +163,13 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
                 .to_string(),
         );
     }
-    let resolution = resolve(&read.inputs);
+    // As the controller does after a restart: the objects of a CascadePolicy
+    // that now names an unknown kind are its last good compilation, not extra.
+    let (resolution, kept) = keep_last_good(
+        resolve(&read.inputs),
+        &mut LastGood::default(),
+        read.kinds_complete,
+    );
     problems.extend(resolution.problems.iter().map(ToString::to_string));
 
     let managed = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
@@ -180,6 +188,7 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
         &settings.compile,
         &values(&live_policies),
         &values(&live_bindings),
+        &kept,
     );
 
     let now = Timestamp::now();
@@ -295,7 +304,14 @@ pub fn protected(resolution: &Resolution, settings: &CompileSettings) -> Vec<Pro
                     .selector
                     .as_ref()
                     .map(|s| query_string(s).unwrap_or_else(|e| format!("(invalid: {e})"))),
-                admission_objects: compile(p, settings).map(|c| name_of(&c.policy.metadata)),
+                admission_objects: Some(
+                    compile(p, settings)
+                        .iter()
+                        .map(|c| name_of(&c.policy.metadata))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                )
+                .filter(|names| !names.is_empty()),
             }
         })
         .collect()
@@ -306,16 +322,19 @@ fn name_of(meta: &ObjectMeta) -> String {
 }
 
 /// Compares what the policies compile to with the managed admission objects
-/// in the cluster (`live_*`: listed by cascade-guard's label, as JSON).
+/// in the cluster (`live_*`: listed by cascade-guard's label, as JSON). Objects
+/// named in `kept` (the last good compilation of a CascadePolicy that names an
+/// unknown kind) are wanted as they are.
 pub fn admission_sync(
     resolution: &Resolution,
     settings: &CompileSettings,
     live_policies: &[Value],
     live_bindings: &[Value],
+    kept: &BTreeSet<String>,
 ) -> AdmissionSync {
     let mut wanted: Vec<(&Policy, Compiled)> = Vec::new();
     for p in &resolution.policies {
-        if let Some(c) = compile(p, settings) {
+        for c in compile(p, settings) {
             wanted.push((p, c));
         }
     }
@@ -330,7 +349,7 @@ pub fn admission_sync(
     let live_policies = by_name(live_policies);
     let live_bindings = by_name(live_bindings);
     let mut differences = Vec::new();
-    let mut wanted_names = BTreeSet::new();
+    let mut wanted_names = kept.clone();
     for (policy, compiled) in &wanted {
         let name = name_of(&compiled.policy.metadata);
         wanted_names.insert(name.clone());
@@ -357,7 +376,7 @@ pub fn admission_sync(
                 });
                 continue;
             };
-            if let Some(path) = first_difference(&desired, live, "") {
+            if let Some(path) = first_difference(&desired, live) {
                 differences.push(Difference {
                     state: Drift::Differs,
                     kind,
@@ -412,36 +431,6 @@ fn differs_detail(policy: &Policy, path: &str, live: &Value) -> String {
             )
         }
         _ => format!("{path} differs"),
-    }
-}
-
-/// The first place where `live` lacks a field of `desired` or has another
-/// value, as a dotted path; None when it has all of them. The same test the
-/// controller applies before it replaces an object: fields only in `live`
-/// (server defaults, status, metadata) do not count, lists must match exactly.
-pub fn first_difference(desired: &Value, live: &Value, path: &str) -> Option<String> {
-    match (desired, live) {
-        (Value::Object(d), Value::Object(l)) => d.iter().find_map(|(k, v)| {
-            let here = if path.is_empty() {
-                k.clone()
-            } else {
-                format!("{path}.{k}")
-            };
-            match l.get(k) {
-                Some(lv) => first_difference(v, lv, &here),
-                None => Some(here),
-            }
-        }),
-        (Value::Array(d), Value::Array(l)) => {
-            if d.len() != l.len() {
-                return Some(path.to_string());
-            }
-            d.iter()
-                .zip(l)
-                .enumerate()
-                .find_map(|(i, (dv, lv))| first_difference(dv, lv, &format!("{path}[{i}]")))
-        }
-        (d, l) => (d != l).then(|| path.to_string()),
     }
 }
 
@@ -675,7 +664,7 @@ mod tests {
         let mut policies = Vec::new();
         let mut bindings = Vec::new();
         for p in &resolution.policies {
-            if let Some(c) = compile(p, &settings) {
+            for c in compile(p, &settings) {
                 let mut vap = serde_json::to_value(&c.policy).unwrap();
                 vap["metadata"]["uid"] = json!("u1");
                 vap["metadata"]["resourceVersion"] = json!("7");
@@ -717,7 +706,9 @@ mod tests {
                 SourceKind::XrdAnnotation,
                 "clusters.example.org",
                 None,
-                Some("cascade-guard-xrd-clusters.example.org"),
+                Some(
+                    "cascade-guard-xrd-clusters.example.org, cascade-guard-update-xrd-clusters.example.org",
+                ),
             ),
             row(
                 "Network.example.org",
@@ -725,7 +716,9 @@ mod tests {
                 SourceKind::Default,
                 "networks.example.org",
                 None,
-                Some("cascade-guard-xrd-networks.example.org"),
+                Some(
+                    "cascade-guard-xrd-networks.example.org, cascade-guard-update-xrd-networks.example.org",
+                ),
             ),
             row(
                 "Quiet.example.org",
@@ -741,7 +734,7 @@ mod tests {
                 SourceKind::CascadePolicy,
                 "releases",
                 Some("team=a"),
-                Some("cascade-guard-policy-releases"),
+                Some("cascade-guard-policy-releases, cascade-guard-update-policy-releases"),
             ),
         ];
         let resources: Vec<&str> = got.iter().map(|p| p.resource.as_str()).collect();
@@ -768,10 +761,17 @@ mod tests {
     fn in_sync_when_the_cluster_has_what_the_policies_compile_to() {
         let r = resolution(Mode::Refuse);
         let (policies, bindings) = live(&r);
-        let sync = admission_sync(&r, &CompileSettings::default(), &policies, &bindings);
+        let sync = admission_sync(
+            &r,
+            &CompileSettings::default(),
+            &policies,
+            &bindings,
+            &BTreeSet::new(),
+        );
         assert!(sync.in_sync, "{sync:?}");
-        // Three policies compile (Off does not), to a policy and a binding each.
-        assert_eq!(sync.wanted, 6);
+        // Three policies compile (Off does not), to a DELETE and an UPDATE
+        // pair of a policy and a binding each.
+        assert_eq!(sync.wanted, 12);
     }
 
     #[test]
@@ -781,11 +781,21 @@ mod tests {
         // A binding deleted, a policy's validation edited, and a leftover of
         // an XRD that is gone.
         bindings.retain(|b| b["metadata"]["name"] != "cascade-guard-xrd-clusters.example.org");
-        policies[2]["spec"]["validations"][0]["expression"] = json!("true");
+        let releases = policies
+            .iter()
+            .position(|p| p["metadata"]["name"] == "cascade-guard-policy-releases")
+            .unwrap();
+        policies[releases]["spec"]["validations"][0]["expression"] = json!("true");
         let mut stale = policies[0].clone();
         stale["metadata"]["name"] = json!("cascade-guard-xrd-gone.example.org");
         policies.push(stale);
-        let sync = admission_sync(&r, &CompileSettings::default(), &policies, &bindings);
+        let sync = admission_sync(
+            &r,
+            &CompileSettings::default(),
+            &policies,
+            &bindings,
+            &BTreeSet::new(),
+        );
         let got: Vec<(Drift, &str, &str, Option<&str>)> = sync
             .differences
             .iter()
@@ -826,13 +836,15 @@ mod tests {
             &CompileSettings::default(),
             &policies,
             &bindings,
+            &BTreeSet::new(),
         );
         let differs: Vec<&Difference> = sync
             .differences
             .iter()
-            .filter(|d| d.name == "cascade-guard-xrd-networks.example.org")
+            .filter(|d| d.name.ends_with("-xrd-networks.example.org"))
             .collect();
-        assert_eq!(differs.len(), 2, "{sync:?}");
+        // Its DELETE and UPDATE policies and bindings.
+        assert_eq!(differs.len(), 4, "{sync:?}");
         for d in differs {
             assert_eq!(d.state, Drift::Differs);
             assert_eq!(
@@ -843,35 +855,7 @@ mod tests {
             );
         }
         // Only that XRD's objects differ.
-        assert_eq!(sync.differences.len(), 2);
-    }
-
-    #[test]
-    fn first_difference_ignores_what_only_the_server_adds() {
-        let desired = json!({"spec": {"actions": ["Deny"], "name": "p"}});
-        let cases = [
-            (
-                json!({"spec": {"actions": ["Deny"], "name": "p", "extra": 1}}),
-                None,
-            ),
-            (
-                json!({"spec": {"actions": ["Warn", "Deny"], "name": "p"}}),
-                Some("spec.actions"),
-            ),
-            (
-                json!({"spec": {"actions": ["Warn"], "name": "p"}}),
-                Some("spec.actions[0]"),
-            ),
-            (json!({"spec": {"actions": ["Deny"]}}), Some("spec.name")),
-            (json!({}), Some("spec")),
-        ];
-        for (live, want) in cases {
-            assert_eq!(
-                first_difference(&desired, &live, "").as_deref(),
-                want,
-                "{live}"
-            );
-        }
+        assert_eq!(sync.differences.len(), 4);
     }
 
     fn meta(name: &str, deleting: Option<&str>, finalizers: &[&str]) -> ObjectMeta {
@@ -976,7 +960,13 @@ mod tests {
         let report = Report {
             xrd_default_mode: Mode::Refuse,
             protected: protected(&r, &CompileSettings::default()),
-            admission: admission_sync(&r, &CompileSettings::default(), &policies, &bindings[1..]),
+            admission: admission_sync(
+                &r,
+                &CompileSettings::default(),
+                &policies,
+                &bindings[1..],
+                &BTreeSet::new(),
+            ),
             cascading: cascading_objects(
                 "Cluster.example.org",
                 &[meta(
@@ -997,7 +987,7 @@ PROTECTED (4)
   Quiet.example.org                  Off      XRD annotation (quiet.example.org)
   Release.helm.example.org [team=a]  Refuse   CascadePolicy releases
 
-ADMISSION POLICIES: out of sync (1 of 6 wanted objects missing or different, 0 extra)
+ADMISSION POLICIES: out of sync (1 of 12 wanted objects missing or different, 0 extra)
   STATE    KIND                              NAME                                    DETAIL
   missing  ValidatingAdmissionPolicyBinding  cascade-guard-xrd-clusters.example.org
   The controller (its leader) puts them right within a second; if it does not, check that it runs and its log.

@@ -94,6 +94,12 @@ fn the_chart_renders_the_committed_manifest_and_is_locked_down() {
     assert_eq!(args[0], "run");
     assert!(args.contains(&"--leader-election-namespace=cascade-guard-system"));
     assert!(args.contains(&"--xrd-default-mode=Refuse"));
+    // cascade-guard's own user, trusted to remove its finalizer: its ServiceAccount.
+    assert!(
+        args.contains(
+            &"--controller-user=system:serviceaccount:cascade-guard-system:cascade-guard"
+        )
+    );
     assert!(!args.contains(&"--no-leader-election"));
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     assert_eq!(

@@ -4,11 +4,11 @@
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use cascade_guard::policy::names::{
-    DEFAULT_GC_CONTROLLER_MANAGER_USER, DEFAULT_GC_SERVICE_ACCOUNT_USER,
+    DEFAULT_CROSSPLANE_USER, DEFAULT_GC_CONTROLLER_MANAGER_USER, DEFAULT_GC_SERVICE_ACCOUNT_USER,
 };
 use cascade_guard::policy::{
     CompileSettings, DeleteRequest, Mode, ObjectState, Propagation, Shape, decide,
@@ -250,11 +250,19 @@ async fn the_api_server_agrees_with_the_decision_table_in_every_cell() {
                         continue;
                     }
                     if !got.allowed() {
-                        // The refusal names the object and gives the command that works.
-                        let command = format!(
-                            "kubectl delete {}.{GROUP} {name} -n {} --cascade=foreground",
-                            kind.plural, s.namespace
-                        );
+                        // The refusal names the object and gives the command
+                        // that works, or, mid-cascade, how to follow it.
+                        let command = if state == State::TerminatingForeground {
+                            format!(
+                                "cascade-guard trace {}.{GROUP} {name} -n {}",
+                                kind.plural, s.namespace
+                            )
+                        } else {
+                            format!(
+                                "kubectl delete {}.{GROUP} {name} -n {} --cascade=foreground",
+                                kind.plural, s.namespace
+                            )
+                        };
                         if got.code != 403 || !got.message.contains(&command) {
                             mismatches.push(format!(
                                 "{cell}: refusal {} {:?} lacks {command:?}",
@@ -500,14 +508,9 @@ async fn a_foreground_cascade_through_three_levels_of_protected_kinds_completes(
         );
     }
     for i in 0..3 {
-        leaf_api
-            .patch(
-                &format!("leaf-{i}"),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-            )
-            .await
-            .expect("release leaf");
+        // Only the test's finalizer: foregroundDeletion is the garbage
+        // collector's to remove (a person's update that drops it is refused).
+        release_hold(&leaf_api, &format!("leaf-{i}")).await;
     }
     let root_gone = timeline
         .wait_gone("RefuseComposite", "root", Duration::from_secs(60))
@@ -615,17 +618,6 @@ async fn events_about(client: &Client, name: &str) -> Vec<(String, String)> {
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
         .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect()
-}
-
-async fn ready_condition(client: &Client, policy: &str) -> Option<(String, String, String)> {
-    let p = cascade_policy_api(client).get(policy).await.ok()?;
-    let conditions = p.data["status"]["conditions"].as_array()?.clone();
-    let ready = conditions.iter().find(|c| c["type"] == "Ready")?;
-    Some((
-        ready["status"].as_str()?.to_string(),
-        ready["reason"].as_str()?.to_string(),
-        ready["message"].as_str()?.to_string(),
-    ))
 }
 
 /// Bad input gets a clear Event or status condition and a safe default; the
@@ -787,6 +779,59 @@ async fn policies_follow_xrd_changes_and_are_restored_after_edits() {
     .await;
     assert!(back.is_some(), "not restored after an edit");
 
+    // Fields someone adds are taken back too (issue #10): an objectSelector
+    // on the binding that selects nothing, a namespaceSelector and an
+    // excludeResourceRules on the policy that leave this namespace out. Each
+    // turns protection off until repaired.
+    let nothing = json!({"matchLabels": {"nothing": "here"}});
+    bindings
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"matchResources": {"objectSelector": nothing}}})),
+        )
+        .await
+        .expect("add an objectSelector");
+    let back = wait::until(Duration::from_secs(30), || async {
+        let b = bindings.get(&name).await.ok()?;
+        let selector = b.spec.match_resources?.object_selector;
+        (selector.is_none_or(|s| s.match_labels.is_none()) && refused().await).then_some(())
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "an added objectSelector was not taken back:\n{}",
+        env.cp.log_tails(20)
+    );
+    let excluded = json!({"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["DELETE"],
+        "resources": [TOGGLED.plural], "scope": "*"});
+    policies
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"matchConstraints": {
+                "namespaceSelector": nothing,
+                "excludeResourceRules": [excluded],
+            }}})),
+        )
+        .await
+        .expect("add a namespaceSelector and excludeResourceRules");
+    let back = wait::until(Duration::from_secs(30), || async {
+        let p = policies.get(&name).await.ok()?;
+        let m = p.spec?.match_constraints?;
+        let selector_gone = m
+            .namespace_selector
+            .is_none_or(|s| s.match_labels.is_none());
+        let excluded_gone = m.exclude_resource_rules.is_none_or(|r| r.is_empty());
+        (selector_gone && excluded_gone && refused().await).then_some(())
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "added namespaceSelector or excludeResourceRules not taken back:\n{}",
+        env.cp.log_tails(20)
+    );
+
     // The package author turns protection off: the objects go, deletes pass.
     let xrds = xrd_api(c);
     let annotate = |value: Option<&str>| json!({"metadata": {"annotations": {"cascade-guard.dev/deletion-policy": value}}});
@@ -934,10 +979,564 @@ async fn render_of_the_modelplane_xrds_is_accepted_and_protects_exactly_the_anno
 
     // With the default mode (Refuse), every kind but the one annotated Off.
     let objects = run("Refuse");
+    // A DELETE and an UPDATE binding each.
     let bindings = objects
         .iter()
         .filter(|o| o["kind"] == "ValidatingAdmissionPolicyBinding")
         .count();
-    assert_eq!(bindings, all.len() - 1);
+    assert_eq!(bindings, 2 * (all.len() - 1));
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The update path of a protected object (issue #10): a person who may patch
+/// it but holds no break-glass cannot take composed resources out of an XR's
+/// `resourceRefs` (after which any delete of it would pass as "nothing to
+/// cascade") nor take `foregroundDeletion` or cascade-guard's finalizer off it
+/// (after which it leaves the API at once, mid-cascade). Crossplane may change
+/// the list, the garbage collector and cascade-guard the finalizers; ordinary
+/// updates pass. Dry runs through the real API server, then one for real.
+#[tokio::test]
+async fn updates_that_would_let_an_object_go_early_are_refused_except_for_who_may_make_them() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "guarded-updates").await;
+    let ns = s.namespace.clone();
+    let person = as_user(&env.cp, "alice@example.com").await;
+    let crossplane = as_user(&env.cp, DEFAULT_CROSSPLANE_USER).await;
+    let gc = as_user(&env.cp, DEFAULT_GC_SERVICE_ACCOUNT_USER).await;
+    let kcm = as_user(&env.cp, DEFAULT_GC_CONTROLLER_MANAGER_USER).await;
+    let controller = as_user(&env.cp, CONTROLLER_USER).await;
+    let users: [(&str, &Client); 5] = [
+        ("person", &person),
+        ("crossplane", &crossplane),
+        ("gc", &gc),
+        ("kcm", &kcm),
+        ("cascade-guard", &controller),
+    ];
+    let refuse = REFUSE.resource();
+    let ref_to = |n: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": n});
+    let refs = |names: &[&str]| json!({"spec": {"crossplane": {"resourceRefs": names.iter().map(|n| ref_to(n)).collect::<Vec<_>>()}}});
+    let mut xr = composite(&refuse, "two", true);
+    xr.data["spec"] = refs(&["a", "b"])["spec"].clone();
+    Api::<DynamicObject>::namespaced_with(s.client.clone(), &ns, &refuse)
+        .create(&PostParams::default(), &xr)
+        .await
+        .expect("create XR");
+    let mut broken = composite(&refuse, "broken", true);
+    broken.metadata.annotations = Some(BTreeMap::from([(
+        "cascade-guard.dev/break-glass".to_string(),
+        "cluster already gone".to_string(),
+    )]));
+    Api::<DynamicObject>::namespaced_with(s.client.clone(), &ns, &refuse)
+        .create(&PostParams::default(), &broken)
+        .await
+        .expect("create break-glass XR");
+    env.wait_for_protection(&s.client, &refuse).await;
+
+    let mut mismatches = Vec::new();
+    let mut check = |cell: String, got: &DeleteOutcome, allowed: bool, wanted: &[String]| {
+        if got.allowed() != allowed {
+            mismatches.push(format!("{cell}: {} {}", got.code, got.message));
+        } else if !allowed {
+            for w in wanted {
+                if got.code != 403 || !got.message.contains(w.as_str()) {
+                    mismatches.push(format!("{cell}: refusal {:?} lacks {w:?}", got.message));
+                }
+            }
+        }
+    };
+
+    // resourceRefs: (what, patch, who may)
+    let annotate = format!(
+        "kubectl annotate {}.{GROUP} two -n {ns} cascade-guard.dev/break-glass=\"<why>\"",
+        REFUSE.plural
+    );
+    let ref_cases = [
+        ("emptied", refs(&[]), &["crossplane"][..]),
+        ("one dropped", refs(&["b"]), &["crossplane"]),
+        ("one replaced", refs(&["b", "c"]), &["crossplane"]),
+        (
+            "spec.crossplane removed",
+            json!({"spec": {"crossplane": null}}),
+            &["crossplane"],
+        ),
+        (
+            "one added",
+            refs(&["a", "b", "c"]),
+            &["person", "crossplane", "gc", "kcm", "cascade-guard"],
+        ),
+        (
+            "reordered",
+            refs(&["b", "a"]),
+            &["person", "crossplane", "gc", "kcm", "cascade-guard"],
+        ),
+        (
+            "a label",
+            json!({"metadata": {"labels": {"team": "a"}}}),
+            &["person", "crossplane", "gc", "kcm", "cascade-guard"],
+        ),
+    ];
+    for (what, patch, may) in &ref_cases {
+        for (who, client) in users {
+            let got = merge_patch(client, &refuse, &ns, "two", patch, false).await;
+            let wanted = [
+                "spec.crossplane.resourceRefs".to_string(),
+                "only Crossplane".to_string(),
+                annotate.clone(),
+            ];
+            check(
+                format!("refs {what} by {who}"),
+                &got,
+                may.contains(&who),
+                &wanted,
+            );
+        }
+        // Break-glass: anyone.
+        let got = merge_patch(&person, &refuse, &ns, "broken", patch, false).await;
+        check(format!("refs {what} with break-glass"), &got, true, &[]);
+    }
+
+    // Finalizers, mid-cascade: the XR is in a foreground cascade, held by a
+    // test finalizer and foregroundDeletion.
+    let cascading = prepare(&s, &refuse, State::TerminatingForeground, "cascading").await;
+    assert_eq!(
+        BTreeSet::from_iter(cascading.finalizers().iter().cloned()),
+        BTreeSet::from([HOLD.to_string(), "foregroundDeletion".to_string()])
+    );
+    let finalizers = |f: &[&str]| json!({"metadata": {"finalizers": f}});
+    let gc_and_us = &["gc", "kcm", "cascade-guard"][..];
+    let everyone = &["person", "crossplane", "gc", "kcm", "cascade-guard"][..];
+    let fin_cases = [
+        ("foregroundDeletion removed", finalizers(&[HOLD]), gc_and_us),
+        (
+            "all removed",
+            json!({"metadata": {"finalizers": null}}),
+            gc_and_us,
+        ),
+        (
+            "the test's own removed",
+            finalizers(&["foregroundDeletion"]),
+            everyone,
+        ),
+        (
+            "removed with break-glass set in the same patch",
+            json!({"metadata": {"finalizers": [HOLD], "annotations": {"cascade-guard.dev/break-glass": "wedged"}}}),
+            everyone,
+        ),
+    ];
+    for (what, patch, may) in &fin_cases {
+        for (who, client) in users {
+            let got = merge_patch(client, &refuse, &ns, "cascading", patch, false).await;
+            let wanted = [
+                "foregroundDeletion from RefuseComposite cascading".to_string(),
+                "only the garbage collector and cascade-guard".to_string(),
+            ];
+            check(
+                format!("finalizers {what} by {who}"),
+                &got,
+                may.contains(&who),
+                &wanted,
+            );
+        }
+    }
+
+    // A kind that is not an XR (CascadePolicy leaves): the same for finalizers.
+    let leaf = prepare(&s, &leaves(), State::TerminatingForeground, "leaf").await;
+    assert!(leaf.finalizers().iter().any(|f| f == "foregroundDeletion"));
+    for (who, client) in users {
+        let got = merge_patch(client, &leaves(), &ns, "leaf", &finalizers(&[HOLD]), false).await;
+        check(
+            format!("leaf finalizers by {who}"),
+            &got,
+            gc_and_us.contains(&who),
+            &[],
+        );
+    }
+
+    // Convert: cascade-guard's finalizer on a live object is its own to remove.
+    let convert = CONVERT.resource();
+    Api::<DynamicObject>::namespaced_with(s.client.clone(), &ns, &convert)
+        .create(&PostParams::default(), &composite(&convert, "held", true))
+        .await
+        .expect("create Convert XR");
+    let held = wait::until(Duration::from_secs(30), || async {
+        let o = Api::<DynamicObject>::namespaced_with(s.client.clone(), &ns, &convert)
+            .get("held")
+            .await
+            .ok()?;
+        o.finalizers()
+            .iter()
+            .any(|f| f == "cascade-guard.dev/foreground-cascade")
+            .then_some(())
+    })
+    .await;
+    assert!(held.is_some(), "cascade-guard never held the Convert XR");
+    for (who, client) in users {
+        let got = merge_patch(client, &convert, &ns, "held", &finalizers(&[]), false).await;
+        check(
+            format!("Convert finalizer by {who}"),
+            &got,
+            gc_and_us.contains(&who),
+            &["cascade-guard.dev/foreground-cascade".to_string()],
+        );
+    }
+
+    // Warn: nothing refused, but the client is told.
+    let warn = WARN.resource();
+    Api::<DynamicObject>::namespaced_with(s.client.clone(), &ns, &warn)
+        .create(&PostParams::default(), &composite(&warn, "warned", true))
+        .await
+        .expect("create Warn XR");
+    let got = merge_patch(&person, &warn, &ns, "warned", &refs(&[]), false).await;
+    assert!(got.allowed(), "{got:?}");
+    assert!(
+        got.warnings
+            .iter()
+            .any(|w| w.contains("cascade-guard warning: removing composed resources")),
+        "{got:?}"
+    );
+    assert!(
+        mismatches.is_empty(),
+        "{} cells disagree:\n{}",
+        mismatches.len(),
+        mismatches.join("\n")
+    );
+
+    // A legacy (LegacyCluster) XR lists its composed resources in
+    // spec.resourceRefs: the same rule.
+    // A v1 XRD: v1 has no scope field, its XRs are LegacyCluster.
+    let mut legacy_xrd = xrd("LegacyComposite", "legacycomposites", Some("Refuse"));
+    legacy_xrd["spec"]["scope"] = json!("LegacyCluster");
+    let crd = local_cluster::crossplane::xrd_to_crd(&legacy_xrd).expect("legacy CRD");
+    legacy_xrd["apiVersion"] = json!("apiextensions.crossplane.io/v1");
+    if let Some(spec) = legacy_xrd["spec"].as_object_mut() {
+        spec.remove("scope");
+    }
+    let v1_xrds: Api<DynamicObject> = Api::all_with(
+        s.client.clone(),
+        &ApiResource {
+            version: "v1".into(),
+            api_version: "apiextensions.crossplane.io/v1".into(),
+            ..local_cluster::crossplane::xrd_resource()
+        },
+    );
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(s.client.clone());
+    if crds
+        .get_opt(&crd.name_any())
+        .await
+        .expect("get CRD")
+        .is_none()
+    {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("legacy CRD");
+        create(&v1_xrds, legacy_xrd).await;
+    }
+    let legacy = ApiResource {
+        kind: "LegacyComposite".into(),
+        plural: "legacycomposites".into(),
+        ..refuse.clone()
+    };
+    let legacy_api: Api<DynamicObject> = Api::all_with(s.client.clone(), &legacy);
+    let created = wait::until(Duration::from_secs(30), || async {
+        let o = DynamicObject::new("legacy", &legacy)
+            .data(json!({"spec": {"resourceRefs": [ref_to("a")]}}));
+        match legacy_api.create(&PostParams::default(), &o).await {
+            Ok(_) => Some(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Some(()),
+            Err(_) => None,
+        }
+    })
+    .await;
+    assert!(created.is_some(), "the legacy kind was never served");
+    let emptied = json!({"spec": {"resourceRefs": []}});
+    let refused = wait::until(Duration::from_secs(30), || async {
+        let got = merge_patch(&person, &legacy, "", "legacy", &emptied, false).await;
+        (got.code == 403).then_some(got)
+    })
+    .await
+    .expect("emptying a legacy XR's resourceRefs was never refused");
+    assert!(
+        refused
+            .message
+            .contains("composed resources from spec.resourceRefs of LegacyComposite legacy"),
+        "{refused:?}"
+    );
+    let got = merge_patch(&crossplane, &legacy, "", "legacy", &emptied, false).await;
+    assert!(got.allowed(), "{got:?}");
+
+    // For real: the bypass of the issue, emptying the list and then deleting
+    // with Background, fails at the first step, and the XR stays protected.
+    let got = merge_patch(&person, &refuse, &ns, "two", &refs(&[]), true).await;
+    assert_eq!(got.code, 403, "{got:?}");
+    let deleted = delete(
+        &person,
+        &refuse,
+        &ns,
+        "two",
+        &DeleteSpec::propagation("Background"),
+    )
+    .await;
+    assert_eq!(deleted.code, 403, "{deleted:?}");
+    // And a real finalizer strip mid-cascade is refused: the XR stays.
+    let got = merge_patch(
+        &person,
+        &refuse,
+        &ns,
+        "cascading",
+        &finalizers(&[HOLD]),
+        true,
+    )
+    .await;
+    assert_eq!(got.code, 403, "{got:?}");
+    let api = Api::<DynamicObject>::namespaced_with(s.client.clone(), &ns, &refuse);
+    let still = api.get("cascading").await.expect("still there");
+    assert!(still.finalizers().iter().any(|f| f == "foregroundDeletion"));
+}
+
+/// The comparison behind the controller's repair and `status` (issue #10):
+/// every object cascade-guard compiles, as the real API server would store it
+/// (a server-side dry run fills in its defaults), compares equal, and the same
+/// object with a field someone added or changed compares different, naming
+/// the field.
+#[tokio::test]
+async fn compiled_objects_compare_equal_as_stored_and_anything_added_differs() {
+    use cascade_guard::policy::drift::first_difference;
+    use cascade_guard::policy::{Policy, ProtectedKind, Scope as KindScope, Source, compile};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    let env = env().await;
+    let client = env.cp.admin().await.expect("admin");
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let selector = LabelSelector {
+        match_labels: Some(BTreeMap::from([("tier".to_string(), "prod".to_string())])),
+        match_expressions: None,
+    };
+    let rule = json!({"apiGroups": ["other.example.org"], "apiVersions": ["*"],
+        "operations": ["DELETE"], "resources": ["others"]});
+    // (what, where, value, the path first_difference must name)
+    let policy_edits = [
+        (
+            "namespaceSelector",
+            "/spec/matchConstraints/namespaceSelector",
+            json!({"matchLabels": {"team": "a"}}),
+            "spec.matchConstraints.namespaceSelector",
+        ),
+        (
+            "objectSelector",
+            "/spec/matchConstraints/objectSelector",
+            json!({"matchExpressions": [{"key": "k", "operator": "DoesNotExist"}]}),
+            "spec.matchConstraints.objectSelector",
+        ),
+        (
+            "excludeResourceRules",
+            "/spec/matchConstraints/excludeResourceRules",
+            json!([rule.clone()]),
+            "spec.matchConstraints.excludeResourceRules",
+        ),
+        (
+            "failurePolicy",
+            "/spec/failurePolicy",
+            json!("Ignore"),
+            "spec.failurePolicy",
+        ),
+        (
+            "matchPolicy",
+            "/spec/matchConstraints/matchPolicy",
+            json!("Equivalent"),
+            "spec.matchConstraints.matchPolicy",
+        ),
+        (
+            "a match condition",
+            "/spec/matchConditions",
+            json!([{"name": "never", "expression": "false"}]),
+            "spec.matchConditions",
+        ),
+    ];
+    let binding_edits = [
+        (
+            "objectSelector",
+            "/spec/matchResources/objectSelector",
+            json!({"matchLabels": {"nothing": "here"}}),
+            "spec.matchResources.objectSelector",
+        ),
+        (
+            "namespaceSelector",
+            "/spec/matchResources/namespaceSelector",
+            json!({"matchLabels": {"team": "a"}}),
+            "spec.matchResources.namespaceSelector",
+        ),
+        (
+            "excludeResourceRules",
+            "/spec/matchResources/excludeResourceRules",
+            json!([rule]),
+            "spec.matchResources.excludeResourceRules",
+        ),
+        (
+            "an action",
+            "/spec/validationActions",
+            json!(["Audit"]),
+            "spec.validationActions",
+        ),
+        (
+            "matchPolicy",
+            "/spec/matchResources/matchPolicy",
+            json!("Exact"),
+            "spec.matchResources.matchPolicy",
+        ),
+    ];
+    let set = |object: &serde_json::Value, pointer: &str, value: &serde_json::Value| {
+        let mut object = object.clone();
+        let (parent, key) = pointer.rsplit_once('/').expect("pointer");
+        object.pointer_mut(parent).expect("parent")[key] = value.clone();
+        object
+    };
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for (i, (mode, shape, scope, selector)) in [
+        (
+            Mode::Refuse,
+            Shape::CompositeResource,
+            KindScope::Namespaced,
+            None,
+        ),
+        (
+            Mode::Refuse,
+            Shape::Other,
+            KindScope::Cluster,
+            Some(selector.clone()),
+        ),
+        (
+            Mode::Warn,
+            Shape::CompositeResource,
+            KindScope::Namespaced,
+            Some(selector.clone()),
+        ),
+        (
+            Mode::Convert,
+            Shape::CompositeResource,
+            KindScope::Unknown,
+            None,
+        ),
+        (Mode::Convert, Shape::Other, KindScope::Namespaced, None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let policy = Policy {
+            kind: ProtectedKind {
+                group: "oracle.example.org".into(),
+                kind: "Oracle".into(),
+                plural: "oracles".into(),
+                scope,
+                shape,
+            },
+            mode,
+            selector,
+            source: Source::CascadePolicy {
+                name: format!("oracle-{i}"),
+            },
+        };
+        for compiled in compile(&policy, &CompileSettings::default()) {
+            let name = compiled.policy.name_any();
+            let desired = serde_json::to_value(&compiled.policy).expect("json");
+            let stored = policies
+                .create(&dry_run, &compiled.policy)
+                .await
+                .unwrap_or_else(|e| panic!("{name} refused: {e}"));
+            let stored = serde_json::to_value(&stored).expect("json");
+            if let Some(path) = first_difference(&desired, &stored) {
+                failures.push(format!("{name} as stored differs at {path}:\n{stored:#}"));
+            }
+            for (what, pointer, value, want) in &policy_edits {
+                let edited: ValidatingAdmissionPolicy =
+                    serde_json::from_value(set(&desired, pointer, value)).expect("edited");
+                let stored = policies
+                    .create(&dry_run, &edited)
+                    .await
+                    .unwrap_or_else(|e| panic!("{name} with {what} refused: {e}"));
+                let got = first_difference(&desired, &serde_json::to_value(&stored).expect("json"));
+                // A replaced list is named down to its first differing element.
+                if !got.as_deref().is_some_and(|p| p.starts_with(want)) {
+                    failures.push(format!("{name} with {what}: {got:?}"));
+                }
+                checked += 1;
+            }
+            let desired = serde_json::to_value(&compiled.binding).expect("json");
+            let stored = bindings
+                .create(&dry_run, &compiled.binding)
+                .await
+                .unwrap_or_else(|e| panic!("binding {name} refused: {e}"));
+            let stored = serde_json::to_value(&stored).expect("json");
+            if let Some(path) = first_difference(&desired, &stored) {
+                failures.push(format!(
+                    "binding {name} as stored differs at {path}:\n{stored:#}"
+                ));
+            }
+            for (what, pointer, value, want) in &binding_edits {
+                let edited: ValidatingAdmissionPolicyBinding =
+                    serde_json::from_value(set(&desired, pointer, value)).expect("edited");
+                let stored = bindings
+                    .create(&dry_run, &edited)
+                    .await
+                    .unwrap_or_else(|e| panic!("binding {name} with {what} refused: {e}"));
+                let got = first_difference(&desired, &serde_json::to_value(&stored).expect("json"));
+                if !got.as_deref().is_some_and(|p| p.starts_with(want)) {
+                    failures.push(format!("binding {name} with {what}: {got:?}"));
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 5 * 2 * (6 + 5));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A second typo in an XRD's mode gets an Event quoting it, not the first
+/// typo again (issue #10).
+#[tokio::test]
+async fn unknown_mode_events_quote_the_current_value() {
+    let env = env().await;
+    let c = env.cp.admin().await.expect("admin");
+    let xrds = xrd_api(&c);
+    let name = format!("typos.{GROUP}");
+    create(&xrds, xrd("Typo", "typos", Some("Refuze"))).await;
+    let quoted = |value: &'static str| {
+        let c = c.clone();
+        let name = name.clone();
+        async move {
+            wait::until(Duration::from_secs(30), || async {
+                events_about(&c, &name)
+                    .await
+                    .iter()
+                    .any(|(reason, note)| reason == "UnknownMode" && note.contains(value))
+                    .then_some(())
+            })
+            .await
+            .is_some()
+        }
+    };
+    assert!(quoted("\"Refuze\"").await, "no event about the first typo");
+    xrds.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"annotations": {"cascade-guard.dev/deletion-policy": "Ofv"}}}),
+        ),
+    )
+    .await
+    .expect("second typo");
+    assert!(
+        quoted("\"Ofv\"").await,
+        "no event quoting the second typo: {:?}",
+        events_about(&c, &name).await
+    );
+    xrds.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete XRD");
 }

@@ -1,5 +1,7 @@
 //! What the benchmarks share: their kinds' API group, percentiles, and starting
 //! the release build of cascade-guard against their control plane.
+// Each benchmark uses part of it.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 
@@ -7,6 +9,9 @@ use anyhow::{Context, Result, bail};
 use kube::api::ApiResource;
 use local_cluster::ControlPlane;
 use local_cluster::process::{self, Lifetime, Process};
+
+/// The user of the local control plane's admin kubeconfig.
+const ADMIN_USER: &str = "admin";
 
 /// The API group of the benchmarks' kinds.
 pub const GROUP: &str = "bench.cascade-guard.dev";
@@ -30,6 +35,8 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// Starts cascade-guard with the control plane's admin kubeconfig, trusting
+/// that user (the admin) to remove its finalizer, as it will.
 pub fn start_controller(cp: &ControlPlane) -> Result<Process> {
     let exe = std::env::current_exe()?;
     let binary: PathBuf = exe
@@ -48,6 +55,7 @@ pub fn start_controller(cp: &ControlPlane) -> Result<Process> {
         format!("--kubeconfig={}", cp.kubeconfig_path().display()),
         "--no-leader-election".to_string(),
         "--http-address=127.0.0.1:0".to_string(),
+        format!("--controller-user={ADMIN_USER}"),
     ];
     // BENCH_CONTROLLER_WRAPPER runs it under another command, such as a
     // heap profiler: `heaptrack -o /tmp/cascade-guard`.
@@ -72,4 +80,55 @@ pub fn start_controller(cp: &ControlPlane) -> Result<Process> {
         &cp.log_path("cascade-guard"),
         Lifetime::Owned,
     )?)
+}
+
+/// Each round's (unprotected, protected) latencies in ms, sorted.
+pub struct Rounds(pub Vec<(Vec<f64>, Vec<f64>)>);
+
+impl Rounds {
+    pub fn pooled(&self) -> (Vec<f64>, Vec<f64>) {
+        let mut plain: Vec<f64> = self.0.iter().flat_map(|r| r.0.iter().copied()).collect();
+        let mut protected: Vec<f64> = self.0.iter().flat_map(|r| r.1.iter().copied()).collect();
+        plain.sort_by(f64::total_cmp);
+        protected.sort_by(f64::total_cmp);
+        (plain, protected)
+    }
+
+    /// The median over rounds of protected minus unprotected at quantile `q`.
+    pub fn median_difference(&self, q: f64) -> f64 {
+        let mut d: Vec<f64> = self
+            .0
+            .iter()
+            .map(|(plain, protected)| percentile(protected, q) - percentile(plain, q))
+            .collect();
+        d.sort_by(f64::total_cmp);
+        percentile(&d, 50.0)
+    }
+}
+
+/// Prints one phase: each kind's p50 and p99, their ratio and difference.
+pub fn report(phase: &str, rounds: &Rounds) {
+    let (plain, protected) = &rounds.pooled();
+    let p = |v: &[f64], q| percentile(v, q);
+    println!("   {phase} ({} requests of each kind):", plain.len());
+    println!(
+        "     unprotected kind  p50 {:.3} ms  p99 {:.3} ms",
+        p(plain, 50.0),
+        p(plain, 99.0)
+    );
+    println!(
+        "     protected kind    p50 {:.3} ms  p99 {:.3} ms",
+        p(protected, 50.0),
+        p(protected, 99.0)
+    );
+    println!(
+        "     ratio protected/unprotected  p50 {:.3}  p99 {:.3}",
+        p(protected, 50.0) / p(plain, 50.0),
+        p(protected, 99.0) / p(plain, 99.0)
+    );
+    println!(
+        "     median over rounds of protected minus unprotected: p50 {:+.3} ms  p99 {:+.3} ms",
+        rounds.median_difference(50.0),
+        rounds.median_difference(99.0)
+    );
 }

@@ -10,13 +10,16 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
 
 use super::inputs::{Known, Watched};
 use super::{MANAGER, Managed};
 use crate::Error;
+use crate::policy::drift::first_difference;
+pub use crate::policy::last_good::LastGood;
+use crate::policy::last_good::keep_last_good;
 use crate::policy::names::{
-    CASCADE_POLICY_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE, XRD_OBJECT_PREFIX,
+    CASCADE_POLICY_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
+    UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
 };
 use crate::policy::{CompileSettings, Resolution, Source, compile};
 
@@ -25,9 +28,12 @@ const BINDING: &str = "ValidatingAdmissionPolicyBinding";
 
 /// What a pass did, for status, events and logs.
 pub struct Outcome {
+    /// The policies in force: those resolved, plus the last good compilation
+    /// of each CascadePolicy that names a kind no CRD defines.
     pub resolution: Resolution,
-    /// The object name each source compiled to (VAP and binding share it).
-    pub compiled: BTreeMap<Source, String>,
+    /// The object names each source compiled to (each VAP and its binding
+    /// share a name).
+    pub compiled: BTreeMap<Source, Vec<String>>,
     /// Sources whose objects could not be applied, with the error.
     pub failed: BTreeMap<Source, String>,
     pub known: Known,
@@ -39,36 +45,45 @@ pub async fn apply(
     resolution: Resolution,
     known: &Known,
     managed: &Managed,
+    last_good: &mut LastGood,
 ) -> Outcome {
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let (resolution, untouched) = keep_last_good(resolution, last_good, known.cascade_policies);
     let mut compiled = BTreeMap::new();
     let mut failed = BTreeMap::new();
     for policy in &resolution.policies {
-        let Some(objects) = compile(policy, settings) else {
-            continue;
-        };
-        let name = objects.policy.name_any();
-        // The policy first: a binding to a policy that does not exist yet does
-        // nothing, but the other order is the honest one. Only what is missing
-        // or differs from the watch cache is written.
-        let result = match ensure(&policies, POLICY, &objects.policy, &managed.policies).await {
-            Ok(()) => ensure(&bindings, BINDING, &objects.binding, &managed.bindings).await,
-            Err(e) => Err(e),
-        };
-        match result {
-            Ok(()) => {
-                compiled.insert(policy.source.clone(), name);
+        let mut names = Vec::new();
+        let mut error = None;
+        for objects in compile(policy, settings) {
+            let name = objects.policy.name_any();
+            names.push(name);
+            if error.is_some() {
+                continue;
             }
-            Err(e) => {
+            // The policy first: a binding to a policy that does not exist yet
+            // does nothing, but the other order is the honest one. Only what is
+            // missing or differs from the watch cache is written.
+            let result = match ensure(&policies, POLICY, &objects.policy, &managed.policies).await {
+                Ok(()) => ensure(&bindings, BINDING, &objects.binding, &managed.bindings).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = result {
                 tracing::error!(source = %policy.source, error = %e, "cannot apply admission objects");
-                failed.insert(policy.source.clone(), e.to_string());
-                // Still wanted: pruning must not remove what is there.
-                compiled.insert(policy.source.clone(), name);
+                error = Some(e.to_string());
             }
         }
+        if names.is_empty() {
+            continue;
+        }
+        if let Some(e) = error {
+            failed.insert(policy.source.clone(), e);
+        }
+        // Wanted even when applying failed: pruning must not remove what is there.
+        compiled.insert(policy.source.clone(), names);
     }
-    let wanted: BTreeSet<String> = compiled.values().cloned().collect();
+    let mut wanted: BTreeSet<String> = compiled.values().flatten().cloned().collect();
+    wanted.extend(untouched);
     if let Err(e) = prune(&bindings, BINDING, &wanted, known, &managed.bindings).await {
         tracing::error!(error = %e, "cannot remove stale bindings");
     }
@@ -80,6 +95,35 @@ pub async fn apply(
         compiled,
         failed,
         known: *known,
+    }
+}
+
+/// The username the API server knows this client by (a SelfSubjectReview,
+/// which every authenticated user may create).
+pub async fn own_username(client: &Client) -> Result<String, kube::Error> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await?;
+    Ok(review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .unwrap_or_default())
+}
+
+/// Says so, loudly, when cascade-guard runs as someone other than the user
+/// its UPDATE policies trust with its finalizer: the API server would refuse
+/// every release, and held objects would wait until that is fixed.
+pub async fn check_own_username(client: &Client, settings: &CompileSettings) {
+    match own_username(client).await {
+        Ok(me) if me == settings.controller_user => {}
+        Ok(me) => tracing::error!(
+            runs_as = %me,
+            controller_user = %settings.controller_user,
+            "cascade-guard runs as another user than --controller-user: the API server will refuse it to remove its own finalizer; set --controller-user to the user it runs as"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot tell which user cascade-guard runs as"),
     }
 }
 
@@ -98,18 +142,17 @@ where
     let name = object.name_any();
     if let Some(live) = cache.get(&name) {
         let desired = serde_json::to_value(object).unwrap_or_default();
-        if contains(
-            &desired,
-            &serde_json::to_value(live.as_ref()).unwrap_or_default(),
-        ) {
+        let live = serde_json::to_value(live.as_ref()).unwrap_or_default();
+        if first_difference(&desired, &live).is_none() {
             return Ok(());
         }
     }
     server_side_apply(api, kind, object).await
 }
 
-/// Server-side apply, forced. That takes back every field someone else changed,
-/// but not elements others added to set-typed lists (a binding's
+/// Server-side apply, forced. That takes back every field someone else changed
+/// with an apply, but not fields others added with an update (a binding's
+/// `objectSelector`) nor elements added to set-typed lists (a binding's
 /// `validationActions` would become `[Warn, Deny]`, which is invalid), so when
 /// the live object still differs from ours, it is replaced outright.
 async fn server_side_apply<K>(api: &Api<K>, kind: &'static str, object: &K) -> Result<(), Error>
@@ -137,10 +180,11 @@ where
         Err(kube::Error::Api(s)) if s.code == 422 => api.get(&name).await.map_err(error)?,
         Err(e) => return Err(error(e)),
     };
-    if contains(&desired, &serde_json::to_value(&live).unwrap_or_default()) {
+    let difference = first_difference(&desired, &serde_json::to_value(&live).unwrap_or_default());
+    let Some(field) = difference else {
         return Ok(());
-    }
-    tracing::info!(kind, %name, "replacing an admission object someone changed");
+    };
+    tracing::info!(kind, %name, %field, "replacing an admission object someone changed");
     let mut replacement = object.clone();
     replacement.meta_mut().resource_version = live.meta().resource_version.clone();
     let params = PostParams {
@@ -151,21 +195,6 @@ where
         .await
         .map(|_| ())
         .map_err(error)
-}
-
-/// Whether `live` has every field of `desired` with the same value (lists
-/// exactly, element by element). Fields only in `live` (server defaults,
-/// status, metadata) do not count.
-fn contains(desired: &Value, live: &Value) -> bool {
-    match (desired, live) {
-        (Value::Object(d), Value::Object(l)) => d
-            .iter()
-            .all(|(k, v)| l.get(k).is_some_and(|lv| contains(v, lv))),
-        (Value::Array(d), Value::Array(l)) => {
-            d.len() == l.len() && d.iter().zip(l).all(|(dv, lv)| contains(dv, lv))
-        }
-        (d, l) => d == l,
-    }
 }
 
 /// Deletes our objects that no policy wants, but only those whose source was
@@ -211,9 +240,11 @@ where
 }
 
 fn prunable(name: &str, known: &Known) -> bool {
-    if name.starts_with(XRD_OBJECT_PREFIX) {
+    if name.starts_with(XRD_OBJECT_PREFIX) || name.starts_with(UPDATE_XRD_OBJECT_PREFIX) {
         known.xrds
-    } else if name.starts_with(CASCADE_POLICY_OBJECT_PREFIX) {
+    } else if name.starts_with(CASCADE_POLICY_OBJECT_PREFIX)
+        || name.starts_with(UPDATE_CASCADE_POLICY_OBJECT_PREFIX)
+    {
         known.cascade_policies
     } else {
         known.xrds && known.cascade_policies
@@ -223,32 +254,24 @@ fn prunable(name: &str, known: &Known) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
-    fn contains_ignores_extra_live_fields_but_not_changed_lists() {
-        let desired = json!({"spec": {"validationActions": ["Deny"], "policyName": "p"}});
+    fn update_objects_are_pruned_with_their_source() {
         let cases = [
-            (
-                json!({"spec": {"validationActions": ["Deny"], "policyName": "p", "matchResources": {}}}),
-                true,
-            ),
-            (
-                json!({"spec": {"validationActions": ["Warn", "Deny"], "policyName": "p"}}),
-                false,
-            ),
-            (
-                json!({"spec": {"validationActions": ["Warn"], "policyName": "p"}}),
-                false,
-            ),
-            (
-                json!({"spec": {"validationActions": ["Deny"], "policyName": "q"}}),
-                false,
-            ),
-            (json!({"spec": {"policyName": "p"}}), false),
+            ("cascade-guard-update-xrd-x.example.org", true, false, true),
+            ("cascade-guard-update-xrd-x.example.org", false, true, false),
+            ("cascade-guard-update-policy-x", false, true, true),
+            ("cascade-guard-update-policy-x", true, false, false),
+            ("cascade-guard-xrd-x.example.org", true, false, true),
+            ("cascade-guard-policy-x", true, false, false),
+            ("cascade-guard-other", true, false, false),
         ];
-        for (live, expected) in cases {
-            assert_eq!(contains(&desired, &live), expected, "{live}");
+        for (name, xrds, cascade_policies, want) in cases {
+            let known = Known {
+                xrds,
+                cascade_policies,
+            };
+            assert_eq!(prunable(name, &known), want, "{name}");
         }
     }
 }

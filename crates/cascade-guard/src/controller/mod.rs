@@ -35,6 +35,7 @@ use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::policy::{Mode, ProtectedKind};
 use crate::telemetry::{Health, Metrics};
 
+pub use apply::own_username;
 pub use inputs::Sources;
 use inputs::Watched;
 // For `cascade-guard status`, which reads the same inputs once.
@@ -72,19 +73,19 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     let notify = Arc::new(Notify::new());
     let sources = Sources::start(client.clone(), notify.clone()).await;
     let managed = watch_for_changes(client.clone(), notify.clone());
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    );
-    let mut report = report::Reporting::new(client.clone(), recorder.clone());
+    let reporter = Reporter {
+        controller: MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let recorder = Recorder::new(client.clone(), reporter.clone());
+    let mut report = report::Reporting::new(client.clone(), reporter);
     let mut converter = convert::Converter::new(client.clone(), recorder, metrics.clone());
     // Objects held of kinds no policy names (found once, after the first
     // complete pass): handed to the converter to finish.
     let found: Arc<Mutex<Option<Vec<ProtectedKind>>>> = Arc::new(Mutex::new(None));
     let mut scanned = false;
+    let mut last_good = apply::LastGood::default();
+    apply::check_own_username(&client, &settings.compile).await;
     tracing::info!(
         xrd_default_mode = %settings.xrd_default_mode,
         "cascade-guard controller started"
@@ -104,6 +105,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
             resolution,
             &gathered.known,
             &managed,
+            &mut last_good,
         )
         .await;
         report

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -21,15 +21,15 @@ pub const READY: &str = "Ready";
 
 pub struct Reporting {
     client: Client,
-    recorder: Recorder,
+    reporter: Reporter,
     /// What was last published for each subject.
     published: BTreeMap<Subject, BTreeSet<(String, String)>>,
 }
 
 impl Reporting {
-    pub fn new(client: Client, recorder: Recorder) -> Self {
+    pub fn new(client: Client, reporter: Reporter) -> Self {
         Self {
-            recorder,
+            reporter,
             client,
             published: BTreeMap::new(),
         }
@@ -73,6 +73,11 @@ impl Reporting {
                     .map(|p| p.object_ref(&())),
                 _ => None,
             };
+            // A Recorder of its own for each change: a Recorder counts a
+            // repeated reason on the same object as a series of the first
+            // event and keeps that event's note, which would go on quoting a
+            // value that has since changed (a second typo in a mode).
+            let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
             for problem in outcome
                 .resolution
                 .problems
@@ -97,7 +102,7 @@ impl Reporting {
                     action: "Compile".into(),
                     secondary: None,
                 };
-                if let Err(e) = self.recorder.publish(&event, reference).await {
+                if let Err(e) = recorder.publish(&event, reference).await {
                     tracing::warn!(%subject, error = %e, "cannot publish event");
                 }
             }
@@ -155,8 +160,10 @@ pub fn status_for(policy: &CascadePolicy, outcome: &Outcome) -> CascadePolicySta
             "True",
             "Compiled".to_string(),
             format!(
-                "deletes of {} are checked ({} mode) by ValidatingAdmissionPolicy and ValidatingAdmissionPolicyBinding {objects}",
-                policy.spec.kind, policy.spec.mode
+                "deletes and updates of {} are checked ({} mode) by the ValidatingAdmissionPolicies and bindings {}",
+                policy.spec.kind,
+                policy.spec.mode,
+                objects.join(", ")
             ),
         )
     } else if policy.spec.mode == Mode::Off {
@@ -185,7 +192,7 @@ pub fn status_for(policy: &CascadePolicy, outcome: &Outcome) -> CascadePolicySta
             observed_generation: policy.meta().generation,
             last_transition_time: Time(Timestamp::now()),
         }],
-        compiled_to: compiled.map(|n| vec![n.clone()]).unwrap_or_default(),
+        compiled_to: compiled.cloned().unwrap_or_default(),
     }
 }
 

@@ -9,12 +9,13 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::cel::{DECISION_AUDIT_KEY, compile_cel};
+use super::cel::{DECISION_AUDIT_KEY, compile_cel, compile_update_cel};
 use super::mode::Mode;
 use super::names::{
-    CASCADE_POLICY_OBJECT_PREFIX, DEFAULT_GC_CONTROLLER_MANAGER_USER,
-    DEFAULT_GC_SERVICE_ACCOUNT_USER, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODE_ANNOTATION,
-    PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION, XRD_OBJECT_PREFIX,
+    CASCADE_POLICY_OBJECT_PREFIX, DEFAULT_CONTROLLER_USER, DEFAULT_CROSSPLANE_USER,
+    DEFAULT_GC_CONTROLLER_MANAGER_USER, DEFAULT_GC_SERVICE_ACCOUNT_USER, MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE, MODE_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION,
+    UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
 };
 use super::resolve::{Policy, Source};
 use super::selector::is_dns_subdomain;
@@ -23,15 +24,26 @@ use super::selector::is_dns_subdomain;
 /// deletes the policy refuses.
 pub const UNSAFE_DELETE_CONDITION: &str = "unsafe-delete";
 
-/// Who counts as the garbage collector. An empty string disables that
-/// identity (it never matches, rather than matching everyone).
+/// The match condition of every UPDATE policy: true for exactly the updates
+/// that take a cascade's finalizer or a composed resource away.
+pub const GUARDED_UPDATE_CONDITION: &str = "guarded-change";
+
+/// Who counts as the garbage collector, Crossplane and cascade-guard. An
+/// empty string disables that identity (it never matches, rather than
+/// matching everyone).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompileSettings {
     /// Trusted on its own.
     pub gc_service_account_user: String,
     /// Trusted only with a UID precondition (the namespace controller shares
-    /// this identity and never sends one).
+    /// this identity and never sends one) on DELETE; on UPDATE on its own, as
+    /// the namespace controller removes no finalizers.
     pub gc_controller_manager_user: String,
+    /// May take entries out of an XR's `resourceRefs` (UPDATE).
+    pub crossplane_user: String,
+    /// cascade-guard itself: may remove its finalizer and `foregroundDeletion`
+    /// (UPDATE), like the garbage collector.
+    pub controller_user: String,
 }
 
 impl Default for CompileSettings {
@@ -39,10 +51,13 @@ impl Default for CompileSettings {
         CompileSettings {
             gc_service_account_user: DEFAULT_GC_SERVICE_ACCOUNT_USER.to_string(),
             gc_controller_manager_user: DEFAULT_GC_CONTROLLER_MANAGER_USER.to_string(),
+            crossplane_user: DEFAULT_CROSSPLANE_USER.to_string(),
+            controller_user: DEFAULT_CONTROLLER_USER.to_string(),
         }
     }
 }
 
+/// One ValidatingAdmissionPolicy and its binding (same name).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Compiled {
     pub policy: ValidatingAdmissionPolicy,
@@ -60,31 +75,49 @@ pub fn validation_actions(mode: Mode) -> Option<Vec<String>> {
     Some(actions.iter().map(|a| a.to_string()).collect())
 }
 
-/// None for mode Off.
-pub fn compile(policy: &Policy, settings: &CompileSettings) -> Option<Compiled> {
-    let actions = validation_actions(policy.mode)?;
-    let name = object_name(&policy.source);
-    let cel = compile_cel(policy.mode, policy.kind.shape, settings);
-    let rule = NamedRuleWithOperations {
+/// What a policy compiles to: the pair that checks DELETEs, then the pair
+/// that checks UPDATEs; nothing for mode Off.
+pub fn compile(policy: &Policy, settings: &CompileSettings) -> Vec<Compiled> {
+    let Some(actions) = validation_actions(policy.mode) else {
+        return Vec::new();
+    };
+    vec![
+        compile_delete(policy, settings, actions.clone()),
+        compile_update(policy, settings, actions),
+    ]
+}
+
+/// The names of what [`compile`] makes of a policy from `source` (empty for Off).
+pub fn object_names(policy: &Policy) -> Vec<String> {
+    if validation_actions(policy.mode).is_none() {
+        return Vec::new();
+    }
+    vec![
+        object_name(&policy.source),
+        update_object_name(&policy.source),
+    ]
+}
+
+fn rule(policy: &Policy, operation: &str) -> NamedRuleWithOperations {
+    NamedRuleWithOperations {
         api_groups: Some(vec![policy.kind.group.clone()]),
         api_versions: Some(vec!["*".to_string()]),
-        operations: Some(vec!["DELETE".to_string()]),
+        operations: Some(vec![operation.to_string()]),
         resources: Some(vec![policy.kind.plural.clone()]),
         scope: Some(policy.kind.scope.admission_scope().to_string()),
         resource_names: None,
-    };
-    let vap = ValidatingAdmissionPolicy {
-        metadata: metadata(&name, policy),
-        spec: Some(ValidatingAdmissionPolicySpec {
-            failure_policy: Some("Fail".to_string()),
-            match_constraints: Some(MatchResources {
-                resource_rules: Some(vec![rule.clone()]),
-                // Every version is in the rule, and a custom resource has no
-                // equivalent in another group, so Equivalent (the default)
-                // would only add a second pass to every request's matching.
-                match_policy: Some("Exact".to_string()),
-                ..MatchResources::default()
-            }),
+    }
+}
+
+fn compile_delete(policy: &Policy, settings: &CompileSettings, actions: Vec<String>) -> Compiled {
+    let cel = compile_cel(policy.mode, policy.kind.shape, settings);
+    // objectSelector is matched against the stored object's labels on DELETE.
+    assemble(
+        object_name(&policy.source),
+        policy,
+        rule(policy, "DELETE"),
+        actions,
+        ValidatingAdmissionPolicySpec {
             // Refuse and Convert pass safe deletes on this condition alone:
             // the API server then skips the validation and its message (both
             // evaluated on every request otherwise). The validation keeps the
@@ -96,15 +129,7 @@ pub fn compile(policy: &Policy, settings: &CompileSettings) -> Option<Compiled> 
                     expression: cel.refusal_condition.clone(),
                 }]
             }),
-            variables: Some(
-                cel.variables
-                    .into_iter()
-                    .map(|v| Variable {
-                        name: v.name.to_string(),
-                        expression: v.expression,
-                    })
-                    .collect(),
-            ),
+            variables: variables(cel.variables),
             validations: Some(vec![Validation {
                 expression: cel.validation,
                 message: Some(cel.message),
@@ -120,6 +145,67 @@ pub fn compile(policy: &Policy, settings: &CompileSettings) -> Option<Compiled> 
                 }]
             }),
             ..ValidatingAdmissionPolicySpec::default()
+        },
+    )
+}
+
+/// The policy that keeps a cascade's finalizers and an XR's composed
+/// resources from being taken away by an update. Every mode has the match
+/// condition, Warn included: updates are far more frequent than deletes, and
+/// an ordinary one must cost no more than that condition. On UPDATE a
+/// binding's objectSelector matches when the old or the new labels match, so
+/// taking the label off in the same update does not escape it.
+fn compile_update(policy: &Policy, settings: &CompileSettings, actions: Vec<String>) -> Compiled {
+    let cel = compile_update_cel(policy.mode, policy.kind.shape, settings);
+    assemble(
+        update_object_name(&policy.source),
+        policy,
+        rule(policy, "UPDATE"),
+        actions,
+        ValidatingAdmissionPolicySpec {
+            match_conditions: Some(vec![MatchCondition {
+                name: GUARDED_UPDATE_CONDITION.to_string(),
+                expression: cel.match_condition,
+            }]),
+            variables: variables(cel.variables),
+            validations: Some(
+                cel.validations
+                    .into_iter()
+                    .map(|v| Validation {
+                        expression: v.expression,
+                        message: Some(v.message),
+                        message_expression: Some(v.message_expression),
+                        reason: Some(cel.reason.to_string()),
+                    })
+                    .collect(),
+            ),
+            ..ValidatingAdmissionPolicySpec::default()
+        },
+    )
+}
+
+/// A policy with `spec`'s CEL, matching `rule`, failing closed, and its
+/// binding with the policy's selector.
+fn assemble(
+    name: String,
+    policy: &Policy,
+    rule: NamedRuleWithOperations,
+    actions: Vec<String>,
+    spec: ValidatingAdmissionPolicySpec,
+) -> Compiled {
+    let vap = ValidatingAdmissionPolicy {
+        metadata: metadata(&name, policy),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".to_string()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![rule.clone()]),
+                // Every version is in the rule, and a custom resource has no
+                // equivalent in another group, so Equivalent (the default)
+                // would only add a second pass to every request's matching.
+                match_policy: Some("Exact".to_string()),
+                ..MatchResources::default()
+            }),
+            ..spec
         }),
         status: None,
     };
@@ -128,8 +214,6 @@ pub fn compile(policy: &Policy, settings: &CompileSettings) -> Option<Compiled> 
         spec: ValidatingAdmissionPolicyBindingSpec {
             policy_name: name.clone(),
             validation_actions: actions,
-            // objectSelector is matched against the stored object's labels
-            // on DELETE.
             match_resources: Some(MatchResources {
                 resource_rules: Some(vec![rule]),
                 object_selector: policy.selector.clone(),
@@ -138,10 +222,21 @@ pub fn compile(policy: &Policy, settings: &CompileSettings) -> Option<Compiled> 
             param_ref: None,
         },
     };
-    Some(Compiled {
+    Compiled {
         policy: vap,
         binding,
-    })
+    }
+}
+
+fn variables(cel: Vec<super::cel::CelVariable>) -> Option<Vec<Variable>> {
+    Some(
+        cel.into_iter()
+            .map(|v| Variable {
+                name: v.name.to_string(),
+                expression: v.expression,
+            })
+            .collect(),
+    )
 }
 
 fn metadata(name: &str, policy: &Policy) -> ObjectMeta {
@@ -172,10 +267,22 @@ const HASH_HEX: usize = 10;
 /// truncated, with a hash of the source name appended so distinct sources
 /// keep distinct names.
 pub fn object_name(source: &Source) -> String {
-    let (prefix, raw) = match source {
-        Source::Xrd { name, .. } => (XRD_OBJECT_PREFIX, name),
-        Source::CascadePolicy { name } => (CASCADE_POLICY_OBJECT_PREFIX, name),
-    };
+    match source {
+        Source::Xrd { name, .. } => prefixed_name(XRD_OBJECT_PREFIX, name),
+        Source::CascadePolicy { name } => prefixed_name(CASCADE_POLICY_OBJECT_PREFIX, name),
+    }
+}
+
+/// `cascade-guard-update-xrd-<name>` or `cascade-guard-update-policy-<name>`,
+/// cleaned like [`object_name`].
+pub fn update_object_name(source: &Source) -> String {
+    match source {
+        Source::Xrd { name, .. } => prefixed_name(UPDATE_XRD_OBJECT_PREFIX, name),
+        Source::CascadePolicy { name } => prefixed_name(UPDATE_CASCADE_POLICY_OBJECT_PREFIX, name),
+    }
+}
+
+fn prefixed_name(prefix: &str, raw: &str) -> String {
     let plain = format!("{prefix}{raw}");
     if is_dns_subdomain(&plain) {
         return plain;
@@ -219,6 +326,7 @@ mod tests {
     use super::*;
     use crate::policy::kind::{ProtectedKind, Scope, Shape};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use kube::ResourceExt;
 
     fn policy(source: Source, mode: Mode, scope: Scope, selector: Option<LabelSelector>) -> Policy {
         Policy {
@@ -309,12 +417,27 @@ mod tests {
         for (mode, want, audited) in cases {
             let p = policy(xrd_source("x.example.org"), mode, Scope::Cluster, None);
             let compiled = compile(&p, &CompileSettings::default());
+            assert_eq!(compiled.len(), if want.is_some() { 2 } else { 0 });
+            let names: Vec<String> = compiled.iter().map(|c| c.policy.name_any()).collect();
+            assert_eq!(names, object_names(&p), "{mode}");
+            for c in &compiled {
+                assert_eq!(c.binding.name_any(), c.policy.name_any());
+                assert_eq!(c.binding.spec.policy_name, c.policy.name_any());
+            }
             let got = compiled
-                .as_ref()
+                .first()
                 .map(|c| c.binding.spec.validation_actions.clone());
             let want = want.map(|w| w.into_iter().map(String::from).collect::<Vec<_>>());
             assert_eq!(got, want, "{mode}");
-            assert_eq!(validation_actions(mode).is_some(), compiled.is_some());
+            // The UPDATE pair acts like the DELETE pair.
+            assert_eq!(
+                compiled
+                    .last()
+                    .map(|c| c.binding.spec.validation_actions.clone()),
+                want,
+                "{mode}"
+            );
+            assert_eq!(validation_actions(mode).is_some(), !compiled.is_empty());
             let audit_keys: Vec<String> = compiled
                 .iter()
                 .filter_map(|c| c.policy.spec.as_ref()?.audit_annotations.clone())
@@ -322,16 +445,20 @@ mod tests {
                 .map(|a| a.key)
                 .collect();
             assert_eq!(audit_keys == ["decision"], audited, "{mode}");
-            let conditions = compiled
+            let conditions: Vec<String> = compiled
                 .iter()
                 .filter_map(|c| c.policy.spec.as_ref()?.match_conditions.clone())
                 .flatten()
-                .count();
-            assert_eq!(
-                conditions,
-                usize::from(compiled.is_some() && !audited),
-                "{mode}"
-            );
+                .map(|c| c.name)
+                .collect();
+            // Warn's DELETE policy evaluates everything (to audit); every
+            // UPDATE policy stops ordinary updates at its condition.
+            let want_conditions: Vec<&str> = match (compiled.is_empty(), audited) {
+                (true, _) => vec![],
+                (false, true) => vec![GUARDED_UPDATE_CONDITION],
+                (false, false) => vec![UNSAFE_DELETE_CONDITION, GUARDED_UPDATE_CONDITION],
+            };
+            assert_eq!(conditions, want_conditions, "{mode}");
         }
     }
 
@@ -352,7 +479,8 @@ mod tests {
                 scope,
                 sel.clone(),
             );
-            let c = compile(&p, &CompileSettings::default()).unwrap();
+            let all = compile(&p, &CompileSettings::default());
+            let c = &all[0];
             let vap = serde_json::to_value(&c.policy).unwrap();
             let binding = serde_json::to_value(&c.binding).unwrap();
             for obj in [&vap, &binding] {
@@ -409,6 +537,57 @@ mod tests {
                 None => assert!(bspec["matchResources"].get("objectSelector").is_none()),
             }
             assert!(spec["matchConstraints"].get("objectSelector").is_none());
+
+            // The UPDATE pair: the same kind and selector, on UPDATE.
+            let update = &all[1];
+            let uvap = serde_json::to_value(&update.policy).unwrap();
+            let ubinding = serde_json::to_value(&update.binding).unwrap();
+            assert_eq!(uvap["metadata"]["name"], "cascade-guard-update-policy-ic");
+            assert_eq!(
+                uvap["metadata"]["annotations"],
+                vap["metadata"]["annotations"]
+            );
+            assert_eq!(uvap["metadata"]["labels"], vap["metadata"]["labels"]);
+            let mut urule = rule.clone();
+            urule["operations"] = serde_json::json!(["UPDATE"]);
+            assert_eq!(
+                uvap["spec"]["matchConstraints"],
+                serde_json::json!({"resourceRules": [urule.clone()], "matchPolicy": "Exact"})
+            );
+            assert_eq!(uvap["spec"]["matchConditions"][0]["name"], "guarded-change");
+            assert!(uvap["spec"].get("auditAnnotations").is_none());
+            assert_eq!(uvap["spec"]["validations"].as_array().unwrap().len(), 2);
+            assert_eq!(
+                ubinding["spec"]["matchResources"]["resourceRules"][0],
+                urule
+            );
+            assert_eq!(
+                ubinding["spec"]["matchResources"].get("objectSelector"),
+                bspec["matchResources"].get("objectSelector")
+            );
         }
+    }
+
+    #[test]
+    fn update_names_never_equal_delete_names() {
+        let sources = [
+            xrd_source("update-x.example.org"),
+            xrd_source("x.example.org"),
+            Source::CascadePolicy {
+                name: "update-x".into(),
+            },
+            Source::CascadePolicy { name: "x".into() },
+            xrd_source(&"u".repeat(300)),
+        ];
+        let delete: std::collections::BTreeSet<String> = sources.iter().map(object_name).collect();
+        for s in &sources {
+            let name = update_object_name(s);
+            assert!(is_dns_subdomain(&name), "{name}");
+            assert!(!delete.contains(&name), "{name}");
+        }
+        assert_eq!(
+            update_object_name(&xrd_source("x.example.org")),
+            "cascade-guard-update-xrd-x.example.org"
+        );
     }
 }

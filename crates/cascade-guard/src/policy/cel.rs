@@ -106,6 +106,11 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
             ),
         ),
     ]);
+    // The client asked to leave what the object owns behind.
+    variables.push(var(
+        "orphaning",
+        "variables.policy == 'Orphan' || (variables.orphanSent && request.options.orphanDependents == true)",
+    ));
     if mode == Mode::Convert {
         // An explicit Orphan is a request to leave the composed resources
         // behind: not converted (it would race the garbage collector's
@@ -113,7 +118,7 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
         variables.push(var(
             "convertHeld",
             &format!(
-                "{} && !(variables.policy == 'Orphan' || (variables.orphanSent && request.options.orphanDependents == true))",
+                "{} && !variables.orphaning",
                 finalizer_present(FOREGROUND_CASCADE_FINALIZER)
             ),
         ));
@@ -158,10 +163,16 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
         Shape::CompositeResource => "its composed resources",
         Shape::Other => "the objects it owns",
     };
+    // Why the delete is unsafe depends on what it would do: cut a running
+    // foreground cascade short, leave what the object owns behind, or remove
+    // the object before what it owns is gone.
+    let why = format!(
+        "(variables.inForeground ? 'it is already being deleted with foreground cascading, and this delete would cut that cascade short. Nothing more is needed: the cascade ends by itself (follow it: cascade-guard trace ' + variables.target + ')' : variables.orphaning ? 'it would leave {what_it_leaves} behind, orphaned, with nothing to delete them. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground' : 'it would remove it before {what_it_leaves} are gone and leave them to wedge. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground')"
+    );
     let (message_expression, message) = match mode {
         Mode::Warn => (
             format!(
-                "'cascade-guard warning: deleting ' + request.kind.kind + ' ' + oldObject.metadata.name + ' with ' + variables.sent + ' removes it before {what_it_leaves} are gone and can leave them to wedge. Delete it with foreground cascading instead: kubectl delete ' + variables.target + ' --cascade=foreground'"
+                "'cascade-guard warning: deleting ' + request.kind.kind + ' ' + oldObject.metadata.name + ' with ' + variables.sent + ' is unsafe: ' + {why}"
             ),
             format!(
                 "cascade-guard warning: this delete does not cascade in the foreground and can leave {what_it_leaves} to wedge; use kubectl delete --cascade=foreground"
@@ -169,7 +180,7 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
         ),
         _ => (
             format!(
-                "'cascade-guard refused to delete ' + request.kind.kind + ' ' + oldObject.metadata.name + ' with ' + variables.sent + ': it would remove it before {what_it_leaves} are gone and leave them to wedge. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground (to abandon it on purpose, first: kubectl annotate ' + variables.target + ' {BREAK_GLASS_ANNOTATION}=<reason>)'"
+                "'cascade-guard refused to delete ' + request.kind.kind + ' ' + oldObject.metadata.name + ' with ' + variables.sent + ': ' + {why} + '. To abandon it on purpose, first: kubectl annotate ' + variables.target + ' {BREAK_GLASS_ANNOTATION}=\\\"<why>\\\"'"
             ),
             format!(
                 "cascade-guard refused this delete: it would not cascade in the foreground and could leave {what_it_leaves} to wedge. Use kubectl delete --cascade=foreground, or set the annotation {BREAK_GLASS_ANNOTATION} to a reason to abandon the object on purpose"
@@ -185,6 +196,176 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
         message,
         reason: REFUSAL_REASON,
         decision_expression,
+    }
+}
+
+/// One validation of an UPDATE policy: true when the update is allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CelValidation {
+    pub expression: String,
+    pub message_expression: String,
+    /// Used when `message_expression` fails.
+    pub message: String,
+}
+
+/// The CEL of the policy that guards UPDATEs of a protected kind: nobody but
+/// the garbage collector and cascade-guard takes `foregroundDeletion` or
+/// cascade-guard's finalizer off an object, and nobody but Crossplane takes
+/// composed resources out of an XR's `resourceRefs`, unless the object carries
+/// break-glass. Either would let the object go before what it composed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CelUpdatePolicy {
+    /// True only for an update that takes one of those away, sent by someone
+    /// not trusted with it; every other update (nearly all of them) stops
+    /// here. Written without variables (match conditions cannot use them),
+    /// and not through [`inline_variables`], so no username is rewritten.
+    pub match_condition: String,
+    pub variables: Vec<CelVariable>,
+    pub validations: Vec<CelValidation>,
+    pub reason: &'static str,
+}
+
+/// Compiles the UPDATE rules for one mode and shape. The rules are the same
+/// in every mode; Warn only words them as a warning.
+pub fn compile_update_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelUpdatePolicy {
+    let removed = |f: &str| {
+        format!(
+            "(has(oldObject.metadata.finalizers) && '{f}' in oldObject.metadata.finalizers && !(has(object.metadata.finalizers) && '{f}' in object.metadata.finalizers))"
+        )
+    };
+    // The list comparison first: for an ordinary update the finalizers are
+    // unchanged and nothing else is evaluated.
+    let finalizers_changed = "has(oldObject.metadata.finalizers) && (!has(object.metadata.finalizers) || object.metadata.finalizers != oldObject.metadata.finalizers)";
+    let finalizer_removed = format!(
+        "{finalizers_changed} && ({} || {})",
+        removed(FOREGROUND_DELETION_FINALIZER),
+        removed(FOREGROUND_CASCADE_FINALIZER)
+    );
+    // Who may: checked in the match condition before anything costly, so
+    // that the garbage collector's and Crossplane's own updates never reach
+    // the list comparisons below (their cost grows with the square of the
+    // list's length).
+    let may_remove_finalizers = any_user(&[
+        &settings.gc_service_account_user,
+        &settings.gc_controller_manager_user,
+        &settings.controller_user,
+    ]);
+    let is_crossplane = any_user(&[&settings.crossplane_user]);
+    let mut match_condition = format!("(!({may_remove_finalizers}) && {finalizer_removed})");
+    let mut variables = vec![
+        var("foregroundRemoved", &removed(FOREGROUND_DELETION_FINALIZER)),
+        var("holdRemoved", &removed(FOREGROUND_CASCADE_FINALIZER)),
+    ];
+    if shape == Shape::CompositeResource {
+        let modern = refs_lost(
+            "has(oldObject.spec) && has(oldObject.spec.crossplane) && has(oldObject.spec.crossplane.resourceRefs)",
+            "oldObject.spec.crossplane.resourceRefs",
+            "has(object.spec) && has(object.spec.crossplane) && has(object.spec.crossplane.resourceRefs)",
+            "object.spec.crossplane.resourceRefs",
+        );
+        let legacy = refs_lost(
+            "has(oldObject.spec) && has(oldObject.spec.resourceRefs)",
+            "oldObject.spec.resourceRefs",
+            "has(object.spec) && has(object.spec.resourceRefs)",
+            "object.spec.resourceRefs",
+        );
+        let _ = write!(
+            match_condition,
+            " || (!({is_crossplane}) && (({modern}) || ({legacy})))"
+        );
+        variables.push(var("modernRefsLost", &modern));
+        variables.push(var("legacyRefsLost", &legacy));
+    }
+    variables.extend([
+        var("mayRemoveFinalizers", &may_remove_finalizers),
+        var("isCrossplane", &is_crossplane),
+        var(
+            "breakGlass",
+            &format!(
+                "has(object.metadata.annotations) && '{a}' in object.metadata.annotations && object.metadata.annotations['{a}'] != ''",
+                a = BREAK_GLASS_ANNOTATION
+            ),
+        ),
+        var(
+            "objectNamespace",
+            "has(object.metadata.namespace) ? object.metadata.namespace : ''",
+        ),
+        var(
+            "target",
+            "request.resource.resource + (request.resource.group == '' ? '' : '.' + request.resource.group) + ' ' + object.metadata.name + (variables.objectNamespace == '' ? '' : ' -n ' + variables.objectNamespace)",
+        ),
+    ]);
+
+    let lead = match mode {
+        Mode::Warn => "cascade-guard warning: ",
+        _ => "cascade-guard refused ",
+    };
+    let verb = |warn: &str, refuse: &str| -> String {
+        if mode == Mode::Warn { warn } else { refuse }.to_string()
+    };
+    let abandon = format!(
+        "To abandon it on purpose, first: kubectl annotate ' + variables.target + ' {BREAK_GLASS_ANNOTATION}=\\\"<why>\\\"'"
+    );
+    let what_it_leaves = match shape {
+        Shape::CompositeResource => "its composed resources",
+        Shape::Other => "the objects it owns",
+    };
+    let mut validations = vec![CelValidation {
+        expression: "!(variables.foregroundRemoved || variables.holdRemoved) || variables.mayRemoveFinalizers || variables.breakGlass".to_string(),
+        message_expression: format!(
+            "'{lead}{action} ' + (variables.foregroundRemoved && variables.holdRemoved ? '{FOREGROUND_DELETION_FINALIZER} and {FOREGROUND_CASCADE_FINALIZER}' : variables.foregroundRemoved ? '{FOREGROUND_DELETION_FINALIZER}' : '{FOREGROUND_CASCADE_FINALIZER}') + ' from ' + request.kind.kind + ' ' + object.metadata.name + ': only the garbage collector and cascade-guard remove these finalizers, when nothing is left to cascade; without them the object can leave the API before {what_it_leaves} are gone. {abandon}",
+            action = verb("removing", "to remove"),
+        ),
+        message: format!(
+            "{lead}{} the finalizer {FOREGROUND_DELETION_FINALIZER} or {FOREGROUND_CASCADE_FINALIZER}: only the garbage collector and cascade-guard remove them. Set the annotation {BREAK_GLASS_ANNOTATION} to a reason to abandon the object on purpose",
+            verb("removing", "to remove"),
+        ),
+    }];
+    if shape == Shape::CompositeResource {
+        validations.push(CelValidation {
+            expression: "!(variables.modernRefsLost || variables.legacyRefsLost) || variables.isCrossplane || variables.breakGlass".to_string(),
+            message_expression: format!(
+                "'{lead}{action} composed resources from ' + (variables.modernRefsLost ? 'spec.crossplane.resourceRefs' : 'spec.resourceRefs') + ' of ' + request.kind.kind + ' ' + object.metadata.name + ': only Crossplane changes that list (change the composition instead); an XR that lists nothing is deleted without waiting for what it composed. {abandon}",
+                action = verb("removing", "to remove"),
+            ),
+            message: format!(
+                "{lead}{} composed resources from an XR's resourceRefs: only Crossplane changes that list. Set the annotation {BREAK_GLASS_ANNOTATION} to a reason to abandon the object on purpose",
+                verb("removing", "to remove"),
+            ),
+        });
+    }
+    CelUpdatePolicy {
+        match_condition,
+        variables,
+        validations,
+        reason: REFUSAL_REASON,
+    }
+}
+
+/// True when the old list had entries and the new one lacks one of them. The
+/// lists are compared whole first, so an update that leaves the list alone
+/// costs one comparison.
+fn refs_lost(old_has: &str, old: &str, new_has: &str, new: &str) -> String {
+    format!(
+        "{old_has} && size({old}) > 0 && (!({new_has}) || ({new} != {old} && {old}.exists(r, !(r in {new}))))"
+    )
+}
+
+/// The requester is one of `users` (empty ones left out, so they never
+/// match), with each name embedded by [`cel_string_literal`].
+fn any_user(users: &[&String]) -> String {
+    let literals: Vec<String> = users
+        .iter()
+        .filter(|u| !u.is_empty())
+        .map(|u| cel_string_literal(u))
+        .collect();
+    if literals.is_empty() {
+        "false".to_string()
+    } else {
+        format!(
+            "has(request.userInfo.username) && request.userInfo.username in [{}]",
+            literals.join(", ")
+        )
     }
 }
 
@@ -622,6 +803,7 @@ mod tests {
         let settings = CompileSettings {
             gc_service_account_user: "gc' || true || '\"\\\n\u{0}".into(),
             gc_controller_manager_user: "kcm-🦀".into(),
+            ..CompileSettings::default()
         };
         let p = compile_cel(Mode::Refuse, Shape::CompositeResource, &settings);
         let text = all_text(&p);
@@ -668,8 +850,130 @@ mod tests {
             let settings = CompileSettings {
                 gc_service_account_user: sa.into(),
                 gc_controller_manager_user: kcm.into(),
+                ..CompileSettings::default()
             };
             assert_eq!(garbage_collector_expression(&settings), want);
         }
+    }
+
+    #[test]
+    fn update_rules_by_shape_and_mode() {
+        let settings = CompileSettings::default();
+        for mode in [Mode::Refuse, Mode::Convert, Mode::Warn] {
+            for shape in [Shape::CompositeResource, Shape::Other] {
+                let p = compile_update_cel(mode, shape, &settings);
+                let xr = shape == Shape::CompositeResource;
+                let label = format!("{mode} {shape:?}");
+                // The match condition stands alone, and checks who asks
+                // before any list is compared.
+                assert!(!p.match_condition.contains("variables."), "{label}");
+                assert!(
+                    p.match_condition
+                        .starts_with("(!(has(request.userInfo.username)")
+                );
+                let depth = p.match_condition.chars().try_fold(0i32, |d, c| {
+                    let d = d + i32::from(c == '(') - i32::from(c == ')');
+                    (d >= 0).then_some(d)
+                });
+                assert_eq!(depth, Some(0), "{label}");
+                assert_eq!(p.match_condition.contains("resourceRefs"), xr, "{label}");
+                if xr {
+                    let crossplane = p.match_condition.find("crossplane-system").unwrap();
+                    let refs = p.match_condition.find(".exists(").unwrap();
+                    assert!(crossplane < refs, "{label}");
+                }
+                assert_eq!(p.validations.len(), if xr { 2 } else { 1 }, "{label}");
+                let names: Vec<&str> = p.variables.iter().map(|v| v.name).collect();
+                for (i, v) in p.variables.iter().enumerate() {
+                    for used in used_variables(&v.expression) {
+                        assert!(
+                            names[..i].contains(&used.as_str()),
+                            "{} uses {used}",
+                            v.name
+                        );
+                    }
+                }
+                for v in &p.validations {
+                    for e in [&v.expression, &v.message_expression] {
+                        for used in used_variables(e) {
+                            assert!(names.contains(&used.as_str()), "{used} is not declared");
+                        }
+                    }
+                    assert!(!v.message.contains('\n') && !v.message_expression.contains('\n'));
+                    let lead = if mode == Mode::Warn {
+                        "'cascade-guard warning: removing"
+                    } else {
+                        "'cascade-guard refused to remove"
+                    };
+                    assert!(v.message_expression.starts_with(lead), "{label}");
+                    // The break-glass command pastes into a shell as it is.
+                    assert!(
+                        v.message_expression
+                            .contains(&format!("{BREAK_GLASS_ANNOTATION}=\\\"<why>\\\"")),
+                        "{}",
+                        v.message_expression
+                    );
+                }
+                assert_eq!(p.reason, "Forbidden");
+            }
+        }
+    }
+
+    #[test]
+    fn update_users_are_embedded_as_literals_and_empty_ones_never_match() {
+        let hostile = CompileSettings {
+            gc_service_account_user: "variables.x\" || true || \"".into(),
+            gc_controller_manager_user: String::new(),
+            crossplane_user: "cp' || true || '".into(),
+            controller_user: "cg-🦀".into(),
+        };
+        let p = compile_update_cel(Mode::Refuse, Shape::CompositeResource, &hostile);
+        let lit = |s: &str| cel_string_literal(s);
+        assert!(p.match_condition.contains(&format!(
+            "request.userInfo.username in [{}, {}]",
+            lit(&hostile.gc_service_account_user),
+            lit(&hostile.controller_user)
+        )));
+        assert!(p.match_condition.contains(&format!(
+            "request.userInfo.username in [{}]",
+            lit(&hostile.crossplane_user)
+        )));
+        assert!(!p.match_condition.contains("cp' || true"));
+        let nobody = CompileSettings {
+            gc_service_account_user: String::new(),
+            gc_controller_manager_user: String::new(),
+            crossplane_user: String::new(),
+            controller_user: String::new(),
+        };
+        let p = compile_update_cel(Mode::Refuse, Shape::CompositeResource, &nobody);
+        assert!(p.match_condition.starts_with("(!(false) && "));
+        assert!(p.match_condition.contains("|| (!(false) && "));
+    }
+
+    #[test]
+    fn delete_refusals_say_what_the_delete_would_do() {
+        let p = compile_cel(
+            Mode::Refuse,
+            Shape::CompositeResource,
+            &CompileSettings::default(),
+        );
+        let m = &p.message_expression;
+        // Mid-cascade: nothing to do but wait; Orphan: left behind; else: removed first.
+        let cut = m
+            .find("variables.inForeground ? 'it is already being deleted")
+            .unwrap();
+        let orphan = m
+            .find("variables.orphaning ? 'it would leave its composed resources behind")
+            .unwrap();
+        let first = m
+            .find("'it would remove it before its composed resources are gone")
+            .unwrap();
+        assert!(cut < orphan && orphan < first, "{m}");
+        assert!(m.contains("cascade-guard trace ' + variables.target"));
+        assert!(
+            m.contains(&format!("{BREAK_GLASS_ANNOTATION}=\\\"<why>\\\"")),
+            "{m}"
+        );
+        assert!(!m.contains("=<reason>"));
     }
 }

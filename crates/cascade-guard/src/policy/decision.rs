@@ -587,6 +587,7 @@ pub(crate) mod tests {
         let custom = CompileSettings {
             gc_service_account_user: "gc".into(),
             gc_controller_manager_user: String::new(),
+            ..CompileSettings::default()
         };
         let mut req = request(
             Sent::Background,

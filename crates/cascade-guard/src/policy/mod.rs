@@ -9,7 +9,9 @@
 pub mod admission;
 pub mod cel;
 pub mod decision;
+pub mod drift;
 pub mod kind;
+pub mod last_good;
 pub mod mode;
 pub mod names;
 pub mod render;
@@ -17,7 +19,9 @@ pub mod resolve;
 pub mod selector;
 pub mod xrd;
 
-pub use admission::{CompileSettings, Compiled, compile, object_name};
+pub use admission::{
+    CompileSettings, Compiled, compile, object_name, object_names, update_object_name,
+};
 pub use decision::{DeleteRequest, ObjectState, Propagation, Verdict, decide};
 pub use kind::{ProtectedKind, Scope, Shape};
 pub use mode::Mode;

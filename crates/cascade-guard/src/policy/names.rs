@@ -47,12 +47,31 @@ pub const DEFAULT_GC_SERVICE_ACCOUNT_USER: &str =
 /// it is trusted only together with a UID precondition (see the decision table).
 pub const DEFAULT_GC_CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
 
+/// Crossplane's user (its core ServiceAccount in the namespace Crossplane's
+/// Helm chart installs into): the one identity that may take composed
+/// resources out of an XR's `resourceRefs`.
+pub const DEFAULT_CROSSPLANE_USER: &str = "system:serviceaccount:crossplane-system:crossplane";
+
+/// cascade-guard's own user when installed with its chart or manifest
+/// (ServiceAccount `cascade-guard` in `cascade-guard-system`): it removes its
+/// finalizer when a cascade is done.
+pub const DEFAULT_CONTROLLER_USER: &str =
+    "system:serviceaccount:cascade-guard-system:cascade-guard";
+
 /// Crossplane's API group for XRDs.
 pub const CROSSPLANE_APIEXTENSIONS_GROUP: &str = "apiextensions.crossplane.io";
 
 /// Kind of a Crossplane CompositeResourceDefinition.
 pub const XRD_KIND: &str = "CompositeResourceDefinition";
 
-/// Prefixes of generated object names, one per kind of source.
+/// Prefixes of generated object names, one per kind of source: the policy
+/// and binding that check DELETEs.
 pub const XRD_OBJECT_PREFIX: &str = "cascade-guard-xrd-";
 pub const CASCADE_POLICY_OBJECT_PREFIX: &str = "cascade-guard-policy-";
+
+/// The same for the policy and binding that check UPDATEs of the same kind
+/// (no finalizer of a cascade or composed resource taken away). A prefix of
+/// their own, not a suffix, so that no source name can make an UPDATE
+/// object's name equal a DELETE one's.
+pub const UPDATE_XRD_OBJECT_PREFIX: &str = "cascade-guard-update-xrd-";
+pub const UPDATE_CASCADE_POLICY_OBJECT_PREFIX: &str = "cascade-guard-update-policy-";

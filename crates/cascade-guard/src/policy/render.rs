@@ -59,25 +59,24 @@ pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettin
     let mut policies = Vec::new();
     let mut bindings = Vec::new();
     for p in &resolution.policies {
-        let Some(compiled) = compile(p, settings) else {
-            continue;
-        };
-        // Serialising these generated types cannot fail; if it ever did,
-        // say so rather than drop a guard silently.
-        match (
-            serde_json::to_value(&compiled.policy),
-            serde_json::to_value(&compiled.binding),
-        ) {
-            (Ok(vap), Ok(binding)) => {
-                policies.push(vap);
-                bindings.push(binding);
+        for compiled in compile(p, settings) {
+            // Serialising these generated types cannot fail; if it ever did,
+            // say so rather than drop a guard silently.
+            match (
+                serde_json::to_value(&compiled.policy),
+                serde_json::to_value(&compiled.binding),
+            ) {
+                (Ok(vap), Ok(binding)) => {
+                    policies.push(vap);
+                    bindings.push(binding);
+                }
+                (Err(e), _) | (_, Err(e)) => problems.push(Problem {
+                    subject: p.source.subject(),
+                    reason: "InternalError",
+                    message: format!("could not serialise the admission objects: {e}"),
+                    severity: Severity::Error,
+                }),
             }
-            (Err(e), _) | (_, Err(e)) => problems.push(Problem {
-                subject: p.source.subject(),
-                reason: "InternalError",
-                message: format!("could not serialise the admission objects: {e}"),
-                severity: Severity::Error,
-            }),
         }
     }
     policies.extend(bindings);
@@ -402,6 +401,9 @@ mod tests {
         r.objects
             .iter()
             .filter(|o| o["kind"] == "ValidatingAdmissionPolicyBinding")
+            .filter(|o| {
+                o["spec"]["matchResources"]["resourceRules"][0]["operations"][0] == "DELETE"
+            })
             .map(|b| {
                 let rule = &b["spec"]["matchResources"]["resourceRules"][0];
                 let resource = format!(
@@ -560,7 +562,8 @@ mod tests {
             ]
         );
         // The XRD's Off does not stop the CascadePolicy guarding ModelCache.
-        assert_eq!(r.objects.len(), 6);
+        // Three policies, each a DELETE and an UPDATE pair.
+        assert_eq!(r.objects.len(), 12);
     }
 
     #[test]

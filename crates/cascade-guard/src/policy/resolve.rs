@@ -870,8 +870,7 @@ mod tests {
         ));
 
         // Crossplane's own CRDs are readable.
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/fixtures/crossplane-crds");
+        let dir = crate::policy::xrd::tests::fixtures().join("crossplane-crds");
         let text = std::fs::read_to_string(
             dir.join("apiextensions.crossplane.io_compositeresourcedefinitions.yaml"),
         )

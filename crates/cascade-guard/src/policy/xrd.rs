@@ -218,8 +218,17 @@ pub(crate) mod tests {
     use serde_json::json;
     use std::path::PathBuf;
 
+    /// The shared fixtures: `CASCADE_GUARD_FIXTURES` (as for the integration
+    /// tests), else next to the repository.
+    pub(crate) fn fixtures() -> PathBuf {
+        match std::env::var_os("CASCADE_GUARD_FIXTURES") {
+            Some(dir) => PathBuf::from(dir),
+            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
+        }
+    }
+
     pub(crate) fn fixture_dir() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/modelplane/apis")
+        fixtures().join("modelplane/apis")
     }
 
     /// Every Modelplane XRD fixture, parsed, sorted by directory name.

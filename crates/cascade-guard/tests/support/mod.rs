@@ -159,19 +159,24 @@ pub fn leaves() -> ApiResource {
 }
 
 fn leaf_crd() -> CustomResourceDefinition {
+    schemaless_crd("Leaf", "leaves", "leaf")
+}
+
+/// A namespaced kind of [`GROUP`] that keeps whatever it is given.
+pub fn schemaless_crd(kind: &str, plural: &str, singular: &str) -> CustomResourceDefinition {
     serde_json::from_value(json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("leaves.{GROUP}")},
+        "metadata": {"name": format!("{plural}.{GROUP}")},
         "spec": {
             "group": GROUP,
-            "names": {"kind": "Leaf", "plural": "leaves", "singular": "leaf", "listKind": "LeafList"},
+            "names": {"kind": kind, "plural": plural, "singular": singular, "listKind": format!("{kind}List")},
             "scope": "Namespaced",
             "versions": [{"name": "v1", "served": true, "storage": true,
                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
         }
     }))
-    .expect("leaf CRD")
+    .expect("CRD")
 }
 
 pub fn cascade_policy(name: &str, kind: &str, mode: &str, selector: Option<Value>) -> Value {
@@ -416,6 +421,48 @@ pub fn cascade_policy_api(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &ApiResource::erase::<CascadePolicy>(&()))
 }
 
+/// Takes [`HOLD`] off the object and nothing else (a merge patch of the
+/// finalizers as read, guarded by the resourceVersion; retried on conflict).
+pub async fn release_hold(api: &Api<DynamicObject>, name: &str) {
+    for _ in 0..20 {
+        let object = api.get(name).await.expect("get");
+        let rest: Vec<&String> = object
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| *f != HOLD)
+            .collect();
+        let patch = json!({"metadata": {"finalizers": rest,
+            "resourceVersion": object.metadata.resource_version}});
+        match api
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => panic!("cannot release {name}: {e}"),
+        }
+    }
+    panic!("cannot release {name}: conflicts");
+}
+
+/// A CascadePolicy's Ready condition: (status, reason, message).
+pub async fn ready_condition(client: &Client, policy: &str) -> Option<(String, String, String)> {
+    let p = cascade_policy_api(client).get(policy).await.ok()?;
+    let conditions = p.data["status"]["conditions"].as_array()?.clone();
+    let ready = conditions.iter().find(|c| c["type"] == "Ready")?;
+    Some((
+        ready["status"].as_str()?.to_string(),
+        ready["reason"].as_str()?.to_string(),
+        ready["message"].as_str()?.to_string(),
+    ))
+}
+
 pub async fn create(api: &Api<DynamicObject>, value: Value) -> DynamicObject {
     let object: DynamicObject = serde_json::from_value(value).expect("object");
     api.create(&PostParams::default(), &object)
@@ -528,6 +575,42 @@ async fn send_delete(client: &Client, path: &str, spec: &DeleteSpec) -> DeleteOu
         .header("Content-Type", "application/json")
         .body(kube::client::Body::from(body))
         .expect("request");
+    send(client, request).await
+}
+
+/// A JSON merge patch of an object of `resource` (cluster-scoped when
+/// `namespace` is empty), a dry run unless `real`, keeping the status,
+/// message and warnings (as for deletes).
+pub async fn merge_patch(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: &str,
+    name: &str,
+    patch: &Value,
+    real: bool,
+) -> DeleteOutcome {
+    // An empty namespace: a cluster-scoped object.
+    let mut path = if namespace.is_empty() {
+        format!("/apis/{}/{}/{name}", resource.api_version, resource.plural)
+    } else {
+        format!(
+            "/apis/{}/namespaces/{namespace}/{}/{name}",
+            resource.api_version, resource.plural
+        )
+    };
+    if !real {
+        path.push_str("?dryRun=All");
+    }
+    let request = http::Request::patch(path)
+        .header("Content-Type", "application/merge-patch+json")
+        .body(kube::client::Body::from(
+            serde_json::to_vec(patch).expect("patch"),
+        ))
+        .expect("request");
+    send(client, request).await
+}
+
+async fn send(client: &Client, request: http::Request<kube::client::Body>) -> DeleteOutcome {
     let response = client.send(request).await.expect("the API server answered");
     let code = response.status().as_u16();
     let warnings = response
