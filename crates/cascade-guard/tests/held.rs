@@ -14,7 +14,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use local_cluster::audit;
 use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
@@ -66,19 +65,6 @@ async fn timeline(s: &Scope<'_>, kind: &TestKind) -> Timeline {
         ],
     )
     .await
-}
-
-/// The Foreground DELETEs of one object the API server saw from `user`.
-fn foreground_deletes(env: &Env, resource: &str, ns: &str, name: &str, user: &str) -> usize {
-    audit::read(&env.cp.audit_log_path())
-        .iter()
-        .filter(|e| {
-            e.verb == "delete"
-                && e.is_about(resource, ns, name)
-                && e.effective_username() == user
-                && e.propagation_policy() == Some("Foreground")
-        })
-        .count()
 }
 
 /// Relabelled out of a Convert selector: a live object is let go; one deleted
@@ -289,7 +275,7 @@ async fn uninstall_converts_a_waiting_delete_before_letting_go() {
         .expect("still cascading");
     assert!(!holds(&busy), "{:?}", busy.finalizers());
     assert!(
-        foreground_deletes(env, CONVERT.plural, &s.namespace, "busy", "admin") >= 1,
+        foreground_deletes(&env.cp, CONVERT.plural, &s.namespace, "busy", "admin") >= 1,
         "uninstall never converted the delete"
     );
     assert!(vaps.list(&managed).await.expect("list").items.is_empty());
@@ -345,7 +331,13 @@ async fn a_cascade_cut_short_again_and_again_is_converted_with_backoff() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(api.get("cut").await.is_ok(), "cut left mid-cascade");
-    let conversions = foreground_deletes(env, CONVERT.plural, &s.namespace, "cut", CONTROLLER_USER);
+    let conversions = foreground_deletes(
+        &env.cp,
+        CONVERT.plural,
+        &s.namespace,
+        "cut",
+        CONTROLLER_USER,
+    );
     // Every strip the controller saw was answered by a conversion until the
     // backoff set in: without it, conversions follow strips one for one.
     assert!(conversions >= 2, "never converted again: {conversions}");
@@ -412,7 +404,7 @@ async fn an_orphaning_break_glass_delete_is_left_alone() {
     assert!(dependent.owner_references().is_empty());
     assert_eq!(
         foreground_deletes(
-            env,
+            &env.cp,
             CONVERT.plural,
             &s.namespace,
             "abandoned",

@@ -134,9 +134,17 @@ async fn a_dead_holder_is_replaced_only_once_its_lease_expired() {
     // Dropping stops renewal without releasing, as a SIGKILL would.
     drop(a);
     let died = Instant::now();
-    // Let a renewal that was already on the wire land before we read.
-    sleep(Duration::from_millis(300)).await;
-    let last = stored(&s.client, &s.namespace).await;
+    // A renewal may still have been on the wire: read until two reads a
+    // renewal interval apart agree.
+    let mut last = stored(&s.client, &s.namespace).await;
+    loop {
+        sleep(RENEW * 2).await;
+        let now = stored(&s.client, &s.namespace).await;
+        if now.metadata.resource_version == last.metadata.resource_version {
+            break;
+        }
+        last = now;
+    }
     assert_eq!(holder(&last), Some("a"));
     let last_renew = last
         .spec

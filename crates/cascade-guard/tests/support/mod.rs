@@ -413,6 +413,26 @@ impl Drop for StopControllers<'_> {
     }
 }
 
+/// How many Foreground DELETEs of one object `user` sent, from the API
+/// server's audit log.
+pub fn foreground_deletes(
+    cp: &ControlPlane,
+    plural: &str,
+    namespace: &str,
+    name: &str,
+    user: &str,
+) -> usize {
+    local_cluster::audit::read(&cp.audit_log_path())
+        .iter()
+        .filter(|e| {
+            e.verb == "delete"
+                && e.is_about(plural, namespace, name)
+                && e.effective_username() == user
+                && e.propagation_policy() == Some("Foreground")
+        })
+        .count()
+}
+
 pub fn xrd_api(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &local_cluster::crossplane::xrd_resource())
 }
