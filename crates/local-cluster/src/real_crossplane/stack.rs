@@ -13,9 +13,9 @@ use super::manifest;
 use super::netns::NetNamespace;
 use super::provider::{self, ProviderKind};
 use super::{CROSSPLANE_USER, CrossplaneBinaries, Error, io_error};
-use crate::ControlPlane;
 use crate::pki::{self, Pair};
 use crate::process::{Lifetime, Process, Surroundings};
+use crate::{ControlPlane, ProcessState};
 
 /// What to start besides core and the function.
 #[derive(Clone, Debug)]
@@ -38,7 +38,7 @@ impl Default for CrossplaneOptions {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct CrossplaneState {
     pub supervisor_pid: u32,
-    pub processes: Vec<String>,
+    pub processes: Vec<ProcessState>,
     pub logs: PathBuf,
 }
 
@@ -294,13 +294,17 @@ impl Crossplane {
         Ok(format!("http://127.0.0.1:{port}/{name}"))
     }
 
-    /// Each process: name, id and resident memory (kB), from /proc.
-    pub fn processes(&self) -> Vec<(String, u32, Option<u64>)> {
-        let mut out = Vec::new();
-        for p in &self.processes {
-            out.push((p.name.clone(), p.pid, resident_kb(p.pid)));
-        }
-        out
+    /// Each process, in start order.
+    pub fn processes(&self) -> Vec<ProcessState> {
+        self.processes
+            .iter()
+            .map(|p| ProcessState {
+                name: p.name.clone(),
+                pid: p.pid,
+                binary: p.binary.clone(),
+                log: p.log.clone(),
+            })
+            .collect()
     }
 
     /// Whether every process still runs.
@@ -328,7 +332,8 @@ impl Drop for Crossplane {
     }
 }
 
-fn resident_kb(pid: u32) -> Option<u64> {
+/// A process's resident memory in kB, from /proc.
+pub fn resident_kb(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use local_cluster::ControlPlane;
 use local_cluster::process::{self, Lifetime, Process};
-use local_cluster::real_crossplane::{Crossplane, CrossplaneOptions, CrossplaneState};
+use local_cluster::real_crossplane::{Crossplane, CrossplaneOptions, CrossplaneState, resident_kb};
 
 fn state_path(dir: &Path) -> PathBuf {
     dir.join("crossplane-state.json")
@@ -93,10 +93,35 @@ fn describe(state: &CrossplaneState) {
         state.supervisor_pid,
         state.logs.display()
     );
-    for p in &state.processes {
-        eprintln!("  {p}");
+    for line in process_lines(state) {
+        eprintln!("  {line}");
     }
+    eprintln!(
+        "  core and the function share a network namespace, each provider has its own; \
+         loopback ports are forwarded by the supervisor"
+    );
     eprintln!("  stop everything with: cargo run -p local-cluster -- down");
+}
+
+/// One line per recorded process: name, id, whether it runs, its memory now.
+fn process_lines(state: &CrossplaneState) -> Vec<String> {
+    state
+        .processes
+        .iter()
+        .map(|p| {
+            let mut process =
+                Process::adopt(p.name.clone(), p.pid, p.binary.clone(), p.log.clone());
+            let word = if process.is_running() {
+                "running"
+            } else {
+                "stopped"
+            };
+            let rss = resident_kb(p.pid)
+                .map(|kb| format!("{} MB", kb / 1024))
+                .unwrap_or_default();
+            format!("{:<30} pid {:<8} {word:<8} {rss}", p.name, p.pid)
+        })
+        .collect()
 }
 
 /// Stops the supervisor, which stops what it started.
@@ -123,8 +148,8 @@ pub fn status(dir: &Path) {
         "{:<24} pid {:<8} {word}",
         "crossplane-supervisor", state.supervisor_pid
     );
-    for p in &state.processes {
-        println!("  {p}");
+    for line in process_lines(&state) {
+        println!("  {line}");
     }
 }
 
@@ -136,19 +161,9 @@ pub async fn serve(dir: &Path) -> Result<()> {
     let cp_state: local_cluster::State = serde_json::from_str(&text)?;
     let cp = ControlPlane::adopt(dir, cp_state);
     let mut crossplane = Crossplane::start(&cp, CrossplaneOptions::default()).await?;
-    let processes = crossplane
-        .processes()
-        .into_iter()
-        .map(|(name, pid, rss)| {
-            let rss = rss
-                .map(|kb| format!("{} MB", kb / 1024))
-                .unwrap_or_default();
-            format!("{name:<30} pid {pid:<8} {rss}")
-        })
-        .collect();
     let state = CrossplaneState {
         supervisor_pid: std::process::id(),
-        processes,
+        processes: crossplane.processes(),
         logs: dir.join("logs"),
     };
     eprintln!(
