@@ -64,6 +64,17 @@ pub struct ProcessState {
     pub log: PathBuf,
 }
 
+impl From<&Process> for ProcessState {
+    fn from(p: &Process) -> Self {
+        Self {
+            name: p.name.clone(),
+            pid: p.pid,
+            binary: p.binary.clone(),
+            log: p.log.clone(),
+        }
+    }
+}
+
 pub const GC_SERVICE_ACCOUNT_USER: &str =
     "system:serviceaccount:kube-system:generic-garbage-collector";
 pub const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
@@ -238,16 +249,7 @@ impl ControlPlane {
             server: self.server.clone(),
             kubeconfig: self.kubeconfig_path(),
             use_service_account_credentials: self.use_service_account_credentials,
-            processes: self
-                .processes
-                .iter()
-                .map(|p| ProcessState {
-                    name: p.name.clone(),
-                    pid: p.pid,
-                    binary: p.binary.clone(),
-                    log: p.log.clone(),
-                })
-                .collect(),
+            processes: self.processes.iter().map(ProcessState::from).collect(),
         }
     }
 

@@ -296,15 +296,7 @@ impl Crossplane {
 
     /// Each process, in start order.
     pub fn processes(&self) -> Vec<ProcessState> {
-        self.processes
-            .iter()
-            .map(|p| ProcessState {
-                name: p.name.clone(),
-                pid: p.pid,
-                binary: p.binary.clone(),
-                log: p.log.clone(),
-            })
-            .collect()
+        self.processes.iter().map(ProcessState::from).collect()
     }
 
     /// Whether every process still runs.
