@@ -53,36 +53,39 @@ export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 rm -rf "$bin.tmp"
 mkdir -p "$bin.tmp/data"
 
-# The version a wrapper pins for a module, read from its go.mod (the replace
-# target's version when the module is replaced).
+# The version a wrapper pins for a module, read from its go.mod as written
+# (offline: asking the go command would already fetch it).
 pinned_version() {
-  local dir=$1 module=$2
-  (cd "$here/$dir" && go list -m -f '{{if .Replace}}{{.Replace.Path}} {{.Replace.Version}}{{else}}{{.Path}} {{.Version}}{{end}}' "$module")
+  local dir=$1 module=$2 version
+  version=$(awk -v m="$module" '$1 == m {print $2} $1 == "require" && $2 == m {print $3}' \
+    "$here/$dir/go.mod" | head -n1)
+  if [ -z "$version" ]; then
+    echo "build.sh: crossplane/$dir/go.mod does not require $module" >&2
+    return 1
+  fi
+  echo "$version"
 }
 
 # Downloads the pinned module, failing loudly with its name and version when
 # the proxy refuses it (nothing falls back to another version).
 download() {
-  local dir=$1 module=$2 served
-  served=$(pinned_version "$dir" "$module") || {
-    echo "build.sh: cannot resolve $module in $here/$dir/go.mod" >&2
-    return 1
-  }
-  if ! (cd "$here/$dir" && go mod download "$module") >"$bin.tmp/$dir.download.log" 2>&1; then
+  local dir=$1 module=$2 version
+  version=$(pinned_version "$dir" "$module")
+  if ! (cd "$here/$dir" && go mod download "$module@$version") >"$bin.tmp/$dir.download.log" 2>&1; then
     cat "$bin.tmp/$dir.download.log" >&2
-    echo "build.sh: the Go module proxy refused $served (pinned in crossplane/$dir/go.mod)" >&2
+    echo "build.sh: the Go module proxy refused $module $version (pinned in crossplane/$dir/go.mod)" >&2
     return 1
   fi
 }
 
 module_dir() {
   local dir=$1 module=$2
-  (cd "$here/$dir" && go list -m -f '{{if .Replace}}{{.Replace.Dir}}{{else}}{{.Dir}}{{end}}' "$module")
+  (cd "$here/$dir" && go list -m -f '{{.Dir}}' "$module")
 }
 
 build() {
   local name=$1 dir=$2 module=$3 pkg=$4 ldflags="-s -w" version start=$SECONDS
-  version=$(pinned_version "$dir" "$module" | cut -d' ' -f2)
+  version=$(pinned_version "$dir" "$module")
   if [ "$name" = crossplane ]; then
     # Without it `crossplane --version` prints nothing.
     ldflags+=" -X github.com/crossplane/crossplane-runtime/v2/pkg/version.version=$version"

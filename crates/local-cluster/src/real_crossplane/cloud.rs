@@ -96,7 +96,8 @@ pub struct ClusterView {
     pub name: String,
     pub uid: String,
     pub deleting: bool,
-    pub has_finalizer: bool,
+    pub finalizers: Vec<String>,
+    pub resource_version: Option<String>,
     pub secret_name: Option<String>,
     pub deletion_time: Option<Duration>,
 }
@@ -108,12 +109,8 @@ impl ClusterView {
             name: object.metadata.name.clone()?,
             uid: object.metadata.uid.clone()?,
             deleting: object.metadata.deletion_timestamp.is_some(),
-            has_finalizer: object
-                .metadata
-                .finalizers
-                .iter()
-                .flatten()
-                .any(|f| f == FINALIZER),
+            finalizers: object.metadata.finalizers.clone().unwrap_or_default(),
+            resource_version: object.metadata.resource_version.clone(),
             secret_name: object
                 .data
                 .pointer("/spec/writeConnectionSecretToRef/name")
@@ -125,6 +122,10 @@ impl ClusterView {
                 .and_then(Value::as_u64)
                 .map(Duration::from_secs),
         })
+    }
+
+    pub fn has_finalizer(&self) -> bool {
+        self.finalizers.iter().any(|f| f == FINALIZER)
     }
 }
 
@@ -139,7 +140,7 @@ pub enum Step {
 }
 
 pub fn next_step(cluster: &ClusterView, known: bool) -> Step {
-    match (cluster.deleting, cluster.has_finalizer, known) {
+    match (cluster.deleting, cluster.has_finalizer(), known) {
         (false, false, _) => Step::AddFinalizer,
         (false, true, false) => Step::Create,
         (true, true, _) => Step::Delete,
@@ -252,7 +253,13 @@ impl Controller {
             Api::namespaced_with(client.clone(), &view.namespace, &clusters());
         match next_step(&view, known.is_some()) {
             Step::AddFinalizer => {
-                let patch = json!({"metadata": {"finalizers": [FINALIZER]}});
+                // Added to whatever else holds it, as of the version read.
+                let mut finalizers = view.finalizers.clone();
+                finalizers.push(FINALIZER.to_string());
+                let patch = json!({"metadata": {
+                    "finalizers": finalizers,
+                    "resourceVersion": view.resource_version,
+                }});
                 if let Err(e) = api
                     .patch(&view.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -317,9 +324,13 @@ impl Controller {
         let key = Self::key(&view);
         tokio::time::sleep(view.deletion_time.unwrap_or(self.options.deletion_time)).await;
         if let Some(Entry::Running(mut cp)) = entry {
+            let port = super::stack::port_of(cp.server());
             let stopped = tokio::task::spawn_blocking(move || cp.stop()).await;
             if let Err(e) = stopped {
                 self.note(&format!("{key}: stopping the cloud cluster: {e}"));
+            }
+            if let Ok(port) = port {
+                self.forwarding.forget(port);
             }
         }
         self.note(&format!("{key}: cloud cluster deleted"));
@@ -505,7 +516,12 @@ mod tests {
             name: "c".into(),
             uid: "u".into(),
             deleting,
-            has_finalizer,
+            finalizers: if has_finalizer {
+                vec!["other".into(), FINALIZER.into()]
+            } else {
+                vec!["other".into()]
+            },
+            resource_version: None,
             secret_name: None,
             deletion_time: None,
         }

@@ -15,6 +15,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use nix::sched::{CloneFlags, setns, unshare};
+use tokio::task::AbortHandle;
 
 use super::Error;
 
@@ -57,8 +58,13 @@ impl NetNamespace {
     }
 
     /// Carries 127.0.0.1:`port` inside the namespace to 127.0.0.1:`port`
-    /// outside (a server the process inside must reach), on `runtime`.
-    pub fn forward_out(&self, port: u16, runtime: &tokio::runtime::Handle) -> Result<(), Error> {
+    /// outside (a server the process inside must reach), on `runtime`, until
+    /// the returned handle aborts it (then the port is closed inside).
+    pub fn forward_out(
+        &self,
+        port: u16,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<AbortHandle, Error> {
         let listener = self.inside(move || {
             TcpListener::bind((Ipv4Addr::LOCALHOST, port)).map_err(forward_error(port))
         })?;
@@ -76,7 +82,7 @@ impl NetNamespace {
         outside: u16,
         port: u16,
         runtime: &tokio::runtime::Handle,
-    ) -> Result<(), Error> {
+    ) -> Result<AbortHandle, Error> {
         let listener =
             TcpListener::bind((Ipv4Addr::LOCALHOST, outside)).map_err(forward_error(outside))?;
         let namespace = self.clone();
@@ -141,7 +147,7 @@ fn relay<C, F>(
     port: u16,
     runtime: &tokio::runtime::Handle,
     connect: C,
-) -> Result<(), Error>
+) -> Result<AbortHandle, Error>
 where
     C: Fn() -> F + Send + Sync + 'static,
     F: std::future::Future<Output = Option<tokio::net::TcpStream>> + Send + 'static,
@@ -152,7 +158,7 @@ where
     let _guard = runtime.enter();
     let listener = tokio::net::TcpListener::from_std(listener).map_err(forward_error(port))?;
     let connect = Arc::new(connect);
-    runtime.spawn(async move {
+    let task = runtime.spawn(async move {
         loop {
             let Ok((mut accepted, _)) = listener.accept().await else {
                 tokio::time::sleep(ACCEPT_RETRY).await;
@@ -166,7 +172,7 @@ where
             });
         }
     });
-    Ok(())
+    Ok(task.abort_handle())
 }
 
 fn forward_error(port: u16) -> impl Fn(std::io::Error) -> Error {

@@ -1,10 +1,12 @@
 //! The whole stack, started in order against a running control plane.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use tokio::task::AbortHandle;
 
 use super::cloud::{self, CloudOptions, LocalCloud};
 use super::crossplane_core::{self, CoreLayout};
@@ -66,7 +68,8 @@ pub struct Forwarding {
 #[derive(Default)]
 struct ForwardingInner {
     namespaces: Vec<NetNamespace>,
-    ports: Vec<u16>,
+    /// Each port carried, with its forwarders (one per namespace).
+    ports: BTreeMap<u16, Vec<AbortHandle>>,
     runtime: Option<tokio::runtime::Handle>,
 }
 
@@ -77,16 +80,28 @@ impl Forwarding {
             .inner
             .lock()
             .map_err(|_| Error::Namespace("forwarding lock poisoned".into()))?;
-        if inner.ports.contains(&port) {
+        if inner.ports.contains_key(&port) {
             return Ok(());
         }
-        inner.ports.push(port);
+        let mut forwarders = Vec::new();
         if let Some(runtime) = inner.runtime.clone() {
             for ns in &inner.namespaces {
-                ns.forward_out(port, &runtime)?;
+                forwarders.push(ns.forward_out(port, &runtime)?);
             }
         }
+        inner.ports.insert(port, forwarders);
         Ok(())
+    }
+
+    /// Stops carrying `port`: inside the namespaces it is closed again, so a
+    /// connection to it is refused, as to a server that is gone.
+    pub fn forget(&self, port: u16) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        for forwarder in inner.ports.remove(&port).unwrap_or_default() {
+            forwarder.abort();
+        }
     }
 
     fn add_namespace(
@@ -98,8 +113,8 @@ impl Forwarding {
             .inner
             .lock()
             .map_err(|_| Error::Namespace("forwarding lock poisoned".into()))?;
-        for port in &inner.ports {
-            ns.forward_out(*port, runtime)?;
+        for (port, forwarders) in inner.ports.iter_mut() {
+            forwarders.push(ns.forward_out(*port, runtime)?);
         }
         inner.namespaces.push(ns);
         inner.runtime = Some(runtime.clone());
