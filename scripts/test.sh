@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test, from a clean clone on a fresh machine: builds the pinned control
-# plane from the upstream Go modules (cached in ~/.cache/cascade-guard), then
-# checks formatting and lints, and runs the unit and integration tests (the
-# integration tests start real etcd, kube-apiserver and kube-controller-manager).
+# plane and real Crossplane from the upstream Go modules (cached in
+# ~/.cache/cascade-guard), then checks formatting and lints, and runs the unit
+# and integration tests (the integration tests start real etcd, kube-apiserver
+# and kube-controller-manager, and real Crossplane with its providers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,14 @@ step "control plane binaries (controlplane/build.sh)"
 bin=$(controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin
 echo "$bin"
+
+step "real Crossplane (crossplane/build.sh), for tests/real_crossplane.rs"
+# Crossplane core, function-patch-and-transform, provider-kubernetes and
+# provider-helm, built from the Go module proxy and cached like the control
+# plane; with their CRDs and webhook configurations beside them.
+crossplane_bin=$(crossplane/build.sh)
+export LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$crossplane_bin
+echo "$crossplane_bin"
 
 step "helm (scripts/helm.sh), for the chart tests"
 # The pinned Helm, built from the Go module proxy and cached like the control

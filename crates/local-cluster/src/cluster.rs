@@ -64,6 +64,17 @@ pub struct ProcessState {
     pub log: PathBuf,
 }
 
+impl From<&Process> for ProcessState {
+    fn from(p: &Process) -> Self {
+        Self {
+            name: p.name.clone(),
+            pid: p.pid,
+            binary: p.binary.clone(),
+            log: p.log.clone(),
+        }
+    }
+}
+
 pub const GC_SERVICE_ACCOUNT_USER: &str =
     "system:serviceaccount:kube-system:generic-garbage-collector";
 pub const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
@@ -238,16 +249,7 @@ impl ControlPlane {
             server: self.server.clone(),
             kubeconfig: self.kubeconfig_path(),
             use_service_account_credentials: self.use_service_account_credentials,
-            processes: self
-                .processes
-                .iter()
-                .map(|p| ProcessState {
-                    name: p.name.clone(),
-                    pid: p.pid,
-                    binary: p.binary.clone(),
-                    log: p.log.clone(),
-                })
-                .collect(),
+            processes: self.processes.iter().map(ProcessState::from).collect(),
         }
     }
 
@@ -590,7 +592,7 @@ async fn wait_for_tcp(port: u16, component: &str, processes: &mut [Process]) -> 
 
 /// Three distinct free loopback ports. The OS could hand one out again before the
 /// component binds it; the components then fail loudly at start.
-fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     let mut listeners = Vec::with_capacity(N);
     let mut ports = [0u16; N];
     for port in ports.iter_mut() {

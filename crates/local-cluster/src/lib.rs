@@ -17,6 +17,7 @@ mod error;
 pub mod model;
 mod pki;
 pub mod process;
+pub mod real_crossplane;
 pub mod testing;
 pub mod timeline;
 pub mod wait;

@@ -71,14 +71,37 @@ impl Pki {
 /// and 127.0.0.1), such as a test's admission webhook: (CA, serving).
 pub(crate) fn loopback_serving(ca_name: &str, server_name: &str) -> Result<(Pair, Pair), Error> {
     let (ca, issuer) = certificate_authority(ca_name)?;
-    let serving = leaf(
-        &issuer,
-        server_name,
+    Ok((ca, loopback_server(&issuer, server_name)?))
+}
+
+fn loopback_server(issuer: &Issuer<'_, KeyPair>, name: &str) -> Result<Pair, Error> {
+    leaf(
+        issuer,
+        name,
         None,
         &["localhost"],
         ExtendedKeyUsagePurpose::ServerAuth,
+    )
+}
+
+/// A CA, a server certificate for loopback and a client certificate, both
+/// signed by it: the mutual TLS between Crossplane and its functions, where
+/// each side trusts only that CA. (CA, server, client).
+pub(crate) fn loopback_mutual(
+    ca_name: &str,
+    server_name: &str,
+    client_name: &str,
+) -> Result<(Pair, Pair, Pair), Error> {
+    let (ca, issuer) = certificate_authority(ca_name)?;
+    let server = loopback_server(&issuer, server_name)?;
+    let client = leaf(
+        &issuer,
+        client_name,
+        None,
+        &[],
+        ExtendedKeyUsagePurpose::ClientAuth,
     )?;
-    Ok((ca, serving))
+    Ok((ca, server, client))
 }
 
 fn certificate_authority(common_name: &str) -> Result<(Pair, Issuer<'static, KeyPair>), Error> {

@@ -9,11 +9,13 @@
 //!   (`local-cluster up`), in their own session; `local-cluster down` stops them by
 //!   the ids recorded in the state file.
 
+use std::ffi::OsString;
 use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -160,11 +162,33 @@ pub fn spawn(
     log: &Path,
     lifetime: Lifetime,
 ) -> Result<Process, Error> {
+    spawn_with(name, binary, args, log, lifetime, Surroundings::default())
+}
+
+/// What a process gets besides its arguments: extra environment variables,
+/// and a network namespace to run in instead of ours.
+#[derive(Clone, Debug, Default)]
+pub struct Surroundings {
+    pub env: Vec<(OsString, OsString)>,
+    /// An open `/proc/.../ns/net`; the process joins it before it runs.
+    pub network_namespace: Option<Arc<OwnedFd>>,
+}
+
+/// [`spawn`], in the given surroundings.
+pub fn spawn_with(
+    name: &str,
+    binary: &Path,
+    args: &[String],
+    log: &Path,
+    lifetime: Lifetime,
+    surroundings: Surroundings,
+) -> Result<Process, Error> {
     let request = SpawnRequest {
         binary: binary.to_path_buf(),
         args: args.to_vec(),
         log: log.to_path_buf(),
         lifetime,
+        surroundings,
     };
     let child = match lifetime {
         Lifetime::Detached => request.run(),
@@ -196,6 +220,7 @@ struct SpawnRequest {
     args: Vec<String>,
     log: PathBuf,
     lifetime: Lifetime,
+    surroundings: Surroundings,
 }
 
 impl SpawnRequest {
@@ -207,11 +232,13 @@ impl SpawnRequest {
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(err);
+            .stderr(err)
+            .envs(self.surroundings.env.iter().map(|(k, v)| (k, v)));
         let lifetime = self.lifetime;
+        let network_namespace = self.surroundings.network_namespace.clone();
         #[allow(unsafe_code)]
         // SAFETY: the closure runs between fork and exec and only makes
-        // async-signal-safe system calls (prctl, setsid).
+        // async-signal-safe system calls (prctl, setsid, setns).
         unsafe {
             use std::os::unix::process::CommandExt;
             command.pre_exec(move || {
@@ -220,6 +247,9 @@ impl SpawnRequest {
                     Lifetime::Detached => {
                         nix::unistd::setsid()?;
                     }
+                }
+                if let Some(ns) = &network_namespace {
+                    nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
                 }
                 Ok(())
             });

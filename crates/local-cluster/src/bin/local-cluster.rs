@@ -10,6 +10,9 @@ use clap::{Parser, Subcommand};
 use local_cluster::process::{Lifetime, Process};
 use local_cluster::{ControlPlane, Options, State};
 
+#[path = "local-cluster/supervisor.rs"]
+mod supervisor;
+
 #[derive(Parser)]
 #[command(
     name = "local-cluster",
@@ -31,6 +34,11 @@ enum Command {
         /// kube-controller-manager's --use-service-account-credentials.
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         use_service_account_credentials: bool,
+        /// Also run real Crossplane on it: core, function-patch-and-transform,
+        /// provider-kubernetes, provider-helm and the local cloud (built by
+        /// crossplane/build.sh), under a supervisor process in the background.
+        #[arg(long)]
+        crossplane: bool,
     },
     /// Stop the control plane and remove its directory.
     Down,
@@ -38,6 +46,10 @@ enum Command {
     Status,
     /// Print `export KUBECONFIG=...` for a shell to eval.
     Env,
+    /// Run real Crossplane on the control plane in the foreground until
+    /// SIGTERM (what `up --crossplane` starts in the background).
+    #[command(hide = true)]
+    ServeCrossplane,
 }
 
 #[tokio::main]
@@ -55,9 +67,23 @@ async fn main() -> Result<()> {
     match cli.command {
         Command::Up {
             use_service_account_credentials,
-        } => up(&dir, use_service_account_credentials).await,
-        Command::Down => down(&dir),
-        Command::Status => status(&dir),
+            crossplane,
+        } => {
+            up(&dir, use_service_account_credentials).await?;
+            if crossplane {
+                supervisor::up(&dir).await?;
+            }
+            Ok(())
+        }
+        Command::Down => {
+            supervisor::down(&dir);
+            down(&dir)
+        }
+        Command::Status => {
+            supervisor::status(&dir);
+            status(&dir)
+        }
+        Command::ServeCrossplane => supervisor::serve(&dir).await,
         Command::Env => {
             println!("export KUBECONFIG={}", dir.join("kubeconfig").display());
             Ok(())
@@ -107,6 +133,7 @@ async fn up(dir: &Path, use_service_account_credentials: bool) -> Result<()> {
             "local-cluster: replacing the control plane recorded in {}",
             dir.display()
         );
+        supervisor::down(dir);
         stop(processes);
     }
     if dir.exists() {

@@ -1,0 +1,99 @@
+//! Where real Crossplane's binaries and data are: built from the upstream Go
+//! modules by `crossplane/build.sh` and cached outside git.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::Error;
+
+/// Overrides the directory `crossplane/build.sh` prints (the binaries, with
+/// the CRDs and webhook configurations in `data/`).
+pub const CROSSPLANE_BIN_DIR_ENV: &str = "LOCAL_CLUSTER_CROSSPLANE_BIN_DIR";
+
+#[derive(Clone, Debug)]
+pub struct CrossplaneBinaries {
+    pub crossplane: PathBuf,
+    pub function_patch_and_transform: PathBuf,
+    pub provider_kubernetes: PathBuf,
+    pub provider_helm: PathBuf,
+    /// Crossplane core's CRDs, as shipped (`cluster/crds`).
+    pub core_crds: PathBuf,
+    /// Crossplane core's webhook configurations (`cluster/webhookconfigurations`).
+    pub core_webhook_configurations: PathBuf,
+    pub provider_kubernetes_crds: PathBuf,
+    pub provider_helm_crds: PathBuf,
+}
+
+impl CrossplaneBinaries {
+    pub fn locate() -> Result<Self, Error> {
+        let dir = match std::env::var_os(CROSSPLANE_BIN_DIR_ENV) {
+            Some(dir) => PathBuf::from(dir),
+            None => build()?,
+        };
+        Self::in_dir(&dir)
+    }
+
+    fn in_dir(dir: &Path) -> Result<Self, Error> {
+        let data = dir.join("data");
+        let found = Self {
+            crossplane: dir.join("crossplane"),
+            function_patch_and_transform: dir.join("function-patch-and-transform"),
+            provider_kubernetes: dir.join("provider-kubernetes"),
+            provider_helm: dir.join("provider-helm"),
+            core_crds: data.join("core/crds"),
+            core_webhook_configurations: data.join("core/webhookconfigurations"),
+            provider_kubernetes_crds: data.join("provider-kubernetes/crds"),
+            provider_helm_crds: data.join("provider-helm/crds"),
+        };
+        for binary in [
+            &found.crossplane,
+            &found.function_patch_and_transform,
+            &found.provider_kubernetes,
+            &found.provider_helm,
+        ] {
+            if !binary.is_file() {
+                return Err(Error::Missing(binary.clone()));
+            }
+        }
+        for data in [
+            &found.core_crds,
+            &found.core_webhook_configurations,
+            &found.provider_kubernetes_crds,
+            &found.provider_helm_crds,
+        ] {
+            if !data.is_dir() {
+                return Err(Error::Missing(data.clone()));
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// The repository's `crossplane/` directory.
+pub fn crossplane_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crossplane")
+}
+
+/// Runs `crossplane/build.sh` (instant when its cache is warm) and returns the
+/// directory it printed last.
+fn build() -> Result<PathBuf, Error> {
+    let script = crossplane_dir().join("build.sh");
+    let failed = |detail: String| Error::Build {
+        script: script.clone(),
+        detail,
+    };
+    let output = Command::new("bash")
+        .arg(&script)
+        .output()
+        .map_err(|e| failed(e.to_string()))?;
+    if !output.status.success() {
+        return Err(failed(String::from_utf8_lossy(&output.stderr).into_owned()));
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .last()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .map(PathBuf::from)
+        .ok_or_else(|| failed("it printed no directory".into()))
+}

@@ -1,0 +1,543 @@
+//! The local cloud, the one simulated part of the stack: a managed-resource
+//! kind of the project's own, `Cluster` (`cloud.local-cluster.dev`), whose
+//! controller starts a real second control plane for each Cluster and writes
+//! its kubeconfig into the Cluster's connection Secret. Deleting a Cluster
+//! takes a configurable time, as a cloud's does; then the controller stops the
+//! control plane and only then drops its finalizer. As with EKS, once it is
+//! gone nothing that targets that cluster can reach it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Config};
+use serde_json::{Value, json};
+
+use super::manifest;
+use super::stack::Forwarding;
+use super::{Error, api_error, io_error};
+use crate::{ControlPlane, Options};
+
+pub const GROUP: &str = "cloud.local-cluster.dev";
+pub const VERSION: &str = "v1alpha1";
+/// The local cloud's finalizer: the cloud cluster still exists.
+pub const FINALIZER: &str = "cloud.local-cluster.dev/cluster";
+/// The key of the kubeconfig in a Cluster's connection Secret.
+pub const KUBECONFIG_KEY: &str = "kubeconfig";
+
+#[derive(Clone, Debug)]
+pub struct CloudOptions {
+    /// How long deleting a Cluster takes when its spec does not say
+    /// (`spec.deletionSeconds`).
+    pub deletion_time: Duration,
+}
+
+impl Default for CloudOptions {
+    fn default() -> Self {
+        Self {
+            deletion_time: Duration::from_secs(3),
+        }
+    }
+}
+
+pub fn clusters() -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: "Cluster".into(),
+        plural: "clusters".into(),
+    }
+}
+
+/// The Cluster CRD: namespaced, with the connection Secret's name and how long
+/// deletion takes in its spec, and Crossplane-style conditions in its status
+/// (function-patch-and-transform's default readiness check reads `Ready`).
+pub fn crd() -> Result<CustomResourceDefinition, Error> {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("clusters.{GROUP}")},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": "Cluster", "plural": "clusters", "singular": "cluster", "listKind": "ClusterList", "categories": ["managed"]},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": VERSION, "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "READY", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Ready')].status"},
+                    {"name": "SERVER", "type": "string", "jsonPath": ".status.server"},
+                ],
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {
+                        "deletionSeconds": {"type": "integer", "minimum": 0},
+                        "writeConnectionSecretToRef": {"type": "object", "required": ["name"], "properties": {
+                            "name": {"type": "string"},
+                        }},
+                    }},
+                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                }}},
+            }],
+        },
+    }))
+    .map_err(|e| Error::Io(format!("the Cluster CRD: {e}")))
+}
+
+/// What the controller reads from a Cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterView {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub deleting: bool,
+    pub finalizers: Vec<String>,
+    pub resource_version: Option<String>,
+    pub secret_name: Option<String>,
+    pub deletion_time: Option<Duration>,
+}
+
+impl ClusterView {
+    pub fn of(object: &DynamicObject) -> Option<Self> {
+        Some(Self {
+            namespace: object.metadata.namespace.clone()?,
+            name: object.metadata.name.clone()?,
+            uid: object.metadata.uid.clone()?,
+            deleting: object.metadata.deletion_timestamp.is_some(),
+            finalizers: object.metadata.finalizers.clone().unwrap_or_default(),
+            resource_version: object.metadata.resource_version.clone(),
+            secret_name: object
+                .data
+                .pointer("/spec/writeConnectionSecretToRef/name")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            deletion_time: object
+                .data
+                .pointer("/spec/deletionSeconds")
+                .and_then(Value::as_u64)
+                .map(Duration::from_secs),
+        })
+    }
+
+    pub fn has_finalizer(&self) -> bool {
+        self.finalizers.iter().any(|f| f == FINALIZER)
+    }
+}
+
+/// What the controller does next for one Cluster, given whether its cloud
+/// cluster is running (or starting).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    AddFinalizer,
+    Create,
+    Delete,
+    Nothing,
+}
+
+pub fn next_step(cluster: &ClusterView, known: bool) -> Step {
+    match (cluster.deleting, cluster.has_finalizer(), known) {
+        (false, false, _) => Step::AddFinalizer,
+        (false, true, false) => Step::Create,
+        (true, true, _) => Step::Delete,
+        _ => Step::Nothing,
+    }
+}
+
+/// The controller and the cloud clusters it runs.
+pub struct LocalCloud {
+    clusters: Arc<Mutex<BTreeMap<String, Entry>>>,
+}
+
+enum Entry {
+    /// Being created, or deleted (the control plane is owned by that task).
+    Busy,
+    Running(Box<ControlPlane>),
+}
+
+impl LocalCloud {
+    /// Installs the Cluster CRD and starts the controller on `runtime`.
+    pub async fn start(
+        cp: &ControlPlane,
+        dir: &Path,
+        options: CloudOptions,
+        forwarding: Forwarding,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+        let client = cp.admin().await?;
+        manifest::apply_crds(&client, &[crd()?]).await?;
+        let config = cp.admin_config().await?;
+        let clusters = Arc::new(Mutex::new(BTreeMap::new()));
+        let controller = Controller {
+            config,
+            dir: dir.to_path_buf(),
+            options,
+            forwarding,
+            clusters: clusters.clone(),
+            log: cp.log_path("local-cloud"),
+        };
+        runtime.spawn(controller.run());
+        Ok(Self { clusters })
+    }
+
+    /// Stops every cloud cluster.
+    pub fn stop(self) {
+        let running: Vec<Entry> = match self.clusters.lock() {
+            Ok(mut map) => std::mem::take(&mut *map).into_values().collect(),
+            Err(_) => return,
+        };
+        for entry in running {
+            if let Entry::Running(mut cp) = entry {
+                cp.stop();
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Controller {
+    config: Config,
+    dir: PathBuf,
+    options: CloudOptions,
+    forwarding: Forwarding,
+    clusters: Arc<Mutex<BTreeMap<String, Entry>>>,
+    log: PathBuf,
+}
+
+const POLL: Duration = Duration::from_millis(500);
+
+impl Controller {
+    async fn run(self) {
+        let client = match Client::try_from(self.config.clone()) {
+            Ok(c) => c,
+            Err(e) => {
+                self.note(&format!("cannot make a client: {e}"));
+                return;
+            }
+        };
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &clusters());
+        loop {
+            match api.list(&ListParams::default()).await {
+                Ok(list) => {
+                    for object in &list.items {
+                        if let Some(view) = ClusterView::of(object) {
+                            self.reconcile(&client, view).await;
+                        }
+                    }
+                }
+                Err(e) => self.note(&format!("cannot list Clusters: {e}")),
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn key(view: &ClusterView) -> String {
+        format!("{}/{}/{}", view.namespace, view.name, view.uid)
+    }
+
+    /// Whether the cluster is known, and if so whether a task is busy with it.
+    fn known(&self, key: &str) -> Option<bool> {
+        let map = self.clusters.lock().ok()?;
+        map.get(key).map(|e| matches!(e, Entry::Busy))
+    }
+
+    async fn reconcile(&self, client: &Client, view: ClusterView) {
+        let key = Self::key(&view);
+        let known = self.known(&key);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), &view.namespace, &clusters());
+        match next_step(&view, known.is_some()) {
+            Step::AddFinalizer => {
+                // Added to whatever else holds it, as of the version read.
+                let mut finalizers = view.finalizers.clone();
+                finalizers.push(FINALIZER.to_string());
+                let patch = json!({"metadata": {
+                    "finalizers": finalizers,
+                    "resourceVersion": view.resource_version,
+                }});
+                if let Err(e) = api
+                    .patch(&view.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    self.note(&format!("{key}: cannot add the finalizer: {e}"));
+                }
+            }
+            Step::Create => {
+                self.set(&key, Entry::Busy);
+                let this = self.clone();
+                let client = client.clone();
+                tokio::spawn(async move { this.create(client, view).await });
+            }
+            Step::Delete if known != Some(true) => {
+                let entry = self.take(&key);
+                self.set(&key, Entry::Busy);
+                let this = self.clone();
+                let client = client.clone();
+                tokio::spawn(async move { this.delete(client, view, entry).await });
+            }
+            Step::Delete | Step::Nothing => {}
+        }
+    }
+
+    async fn create(self, client: Client, view: ClusterView) {
+        let key = Self::key(&view);
+        let short_uid: String = view.uid.chars().take(8).collect();
+        let dir = self
+            .dir
+            .join(format!("{}-{}-{short_uid}", view.namespace, view.name));
+        let started = ControlPlane::start(Options {
+            dir: Some(dir.clone()),
+            ..Options::default()
+        })
+        .await;
+        let cp = match started {
+            Ok(cp) => cp,
+            Err(e) => {
+                self.note(&format!("{key}: the cloud cluster did not start: {e}"));
+                self.take(&key);
+                return;
+            }
+        };
+        let server = cp.server().to_string();
+        let outcome = async {
+            let port = super::stack::port_of(&server)?;
+            self.forwarding.forward(port)?;
+            if let Some(secret) = &view.secret_name {
+                write_connection_secret(&client, &view.namespace, secret, &cp).await?;
+            }
+            set_ready(&client, &view, &server).await
+        }
+        .await;
+        if let Err(e) = outcome {
+            self.note(&format!("{key}: {e}"));
+        }
+        self.note(&format!("{key}: cloud cluster up at {server}"));
+        self.set(&key, Entry::Running(Box::new(cp)));
+    }
+
+    async fn delete(self, client: Client, view: ClusterView, entry: Option<Entry>) {
+        let key = Self::key(&view);
+        tokio::time::sleep(view.deletion_time.unwrap_or(self.options.deletion_time)).await;
+        if let Some(Entry::Running(mut cp)) = entry {
+            let port = super::stack::port_of(cp.server());
+            let stopped = tokio::task::spawn_blocking(move || cp.stop()).await;
+            if let Err(e) = stopped {
+                self.note(&format!("{key}: stopping the cloud cluster: {e}"));
+            }
+            if let Ok(port) = port {
+                self.forwarding.forget(port);
+            }
+        }
+        self.note(&format!("{key}: cloud cluster deleted"));
+        let api: Api<DynamicObject> = Api::namespaced_with(client, &view.namespace, &clusters());
+        let remove = async {
+            let current = api.get(&view.name).await?;
+            let rest: Vec<String> = current
+                .metadata
+                .finalizers
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|f| f != FINALIZER)
+                .collect();
+            let patch = json!({"metadata": {
+                "finalizers": rest,
+                "resourceVersion": current.metadata.resource_version,
+            }});
+            api.patch(&view.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+        };
+        if let Err(e) = remove.await {
+            self.note(&format!("{key}: cannot drop the finalizer: {e}"));
+        }
+        // Forgotten only now: the next poll sees the Cluster gone (or, had the
+        // patch failed, deletes it again).
+        self.take(&key);
+    }
+
+    fn set(&self, key: &str, entry: Entry) {
+        if let Ok(mut map) = self.clusters.lock() {
+            map.insert(key.to_string(), entry);
+        }
+    }
+
+    fn take(&self, key: &str) -> Option<Entry> {
+        self.clusters.lock().ok()?.remove(key)
+    }
+
+    /// One line in the local cloud's log.
+    fn note(&self, line: &str) {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+async fn set_ready(client: &Client, view: &ClusterView, server: &str) -> Result<(), Error> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &view.namespace, &clusters());
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = json!({"status": {
+        "server": server,
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Available", "lastTransitionTime": now},
+            {"type": "Synced", "status": "True", "reason": "ReconcileSuccess", "lastTransitionTime": now},
+        ],
+    }});
+    api.patch_status(&view.name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(api_error(format!("setting Cluster {} ready", view.name)))?;
+    Ok(())
+}
+
+/// The cloud cluster's admin kubeconfig, certificates inline, in the Secret
+/// the Cluster names (key `kubeconfig`), as a cloud provider writes one.
+async fn write_connection_secret(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    cp: &ControlPlane,
+) -> Result<(), Error> {
+    let pki = cp.dir().join("pki");
+    let read = |file: &str| -> Result<String, Error> {
+        let path = pki.join(file);
+        let bytes = std::fs::read(&path).map_err(io_error(&path))?;
+        Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+    };
+    let kubeconfig = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: local-cloud
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: admin
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: local-cloud
+  context:
+    cluster: local-cloud
+    user: admin
+current-context: local-cloud
+",
+        server = cp.server(),
+        ca = read("ca.crt")?,
+        cert = read("admin.crt")?,
+        key = read("admin.key")?,
+    );
+    let secret = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "stringData": {KUBECONFIG_KEY: kubeconfig},
+    });
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret: Secret =
+        serde_json::from_value(secret).map_err(|e| Error::Io(format!("connection Secret: {e}")))?;
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => api
+            .replace(name, &PostParams::default(), &secret)
+            .await
+            .map(|_| ())
+            .map_err(api_error(format!("replacing Secret {name}"))),
+        Err(e) => Err(Error::Api {
+            what: format!("creating Secret {name}"),
+            source: e,
+        }),
+    }
+}
+
+/// Serves `body` to any GET on a new loopback port, on `runtime`; returns
+/// the port.
+pub fn serve_bytes(body: Vec<u8>, runtime: &tokio::runtime::Handle) -> Result<u16, Error> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.set_nonblocking(true).map(|_| l))
+        .map_err(|e| Error::Io(format!("cannot listen on loopback: {e}")))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| Error::Io(e.to_string()))?
+        .port();
+    let _guard = runtime.enter();
+    let listener = tokio::net::TcpListener::from_std(listener)
+        .map_err(|e| Error::Io(format!("cannot listen on loopback: {e}")))?;
+    let body = Arc::new(body);
+    runtime.spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let body = body.clone();
+            tokio::spawn(async move {
+                // The request is read up to its blank line and not looked at.
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(&body).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    Ok(port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(deleting: bool, has_finalizer: bool) -> ClusterView {
+        ClusterView {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "u".into(),
+            deleting,
+            finalizers: if has_finalizer {
+                vec!["other".into(), FINALIZER.into()]
+            } else {
+                vec!["other".into()]
+            },
+            resource_version: None,
+            secret_name: None,
+            deletion_time: None,
+        }
+    }
+
+    #[test]
+    fn a_new_cluster_gets_the_finalizer_then_its_control_plane() {
+        assert_eq!(next_step(&view(false, false), false), Step::AddFinalizer);
+        assert_eq!(next_step(&view(false, true), false), Step::Create);
+        assert_eq!(next_step(&view(false, true), true), Step::Nothing);
+    }
+
+    #[test]
+    fn a_deleting_cluster_is_deleted_once_and_only_while_it_has_the_finalizer() {
+        assert_eq!(next_step(&view(true, true), true), Step::Delete);
+        assert_eq!(next_step(&view(true, true), false), Step::Delete);
+        assert_eq!(next_step(&view(true, false), false), Step::Nothing);
+    }
+}

@@ -1,0 +1,242 @@
+//! Crossplane core out of cluster: `crossplane core init` (the CRDs, the Usage
+//! webhook's configuration, the Lock), then `crossplane core start` with the
+//! External package runtime, as its own service account.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use super::manifest::{self, FIELD_MANAGER};
+use super::{CROSSPLANE_NAMESPACE, CrossplaneBinaries, Error, api_error, io_error};
+use crate::process::{self, Lifetime, Process, Surroundings};
+
+/// The ValidatingWebhookConfiguration `core init` installs for Usages.
+pub const USAGE_WEBHOOK: &str = "crossplane-no-usages";
+const INIT_ATTEMPTS: u32 = 5;
+
+/// Where core's certificates and caches are, and the ports it serves on
+/// (inside its network namespace; the webhook and health ports are forwarded
+/// to the same ports on this machine's loopback).
+pub struct CoreLayout {
+    pub kubeconfig: PathBuf,
+    pub server_certs: PathBuf,
+    pub client_certs: PathBuf,
+    pub cache: PathBuf,
+    pub webhook_port: u16,
+    pub metrics_port: u16,
+    pub health_port: u16,
+    pub ca_pem: String,
+}
+
+/// Runs `crossplane core init` until it succeeds: it can fail at once with
+/// `no matches for kind "Lock"`, when its REST mapper has not yet seen a CRD
+/// it has just created (in a cluster, the init container restarts). It is
+/// idempotent.
+pub async fn init(
+    binaries: &CrossplaneBinaries,
+    layout: &CoreLayout,
+    log: &Path,
+) -> Result<(), Error> {
+    let args = [
+        "core".to_string(),
+        "init".to_string(),
+        format!("--namespace={CROSSPLANE_NAMESPACE}"),
+        "--service-account=crossplane".to_string(),
+        // kong's spelling of the flags for CRDsPath and TLSCASecretName.
+        format!("--cr-ds-path={}", binaries.core_crds.display()),
+        format!(
+            "--webhook-configurations-path={}",
+            binaries.core_webhook_configurations.display()
+        ),
+        "--webhook-service-name=crossplane-webhooks".to_string(),
+        format!("--webhook-service-namespace={CROSSPLANE_NAMESPACE}"),
+        format!("--webhook-service-port={}", layout.webhook_port),
+        "--tlsca-secret-name=crossplane-root-ca".to_string(),
+        "--tls-server-secret-name=crossplane-tls-server".to_string(),
+        "--tls-client-secret-name=crossplane-tls-client".to_string(),
+    ];
+    let mut last = String::new();
+    for attempt in 1..=INIT_ATTEMPTS {
+        let out = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(io_error(log))?;
+        let err = out.try_clone().map_err(io_error(log))?;
+        let status = tokio::process::Command::new(&binaries.crossplane)
+            .args(&args)
+            .env("KUBECONFIG", &layout.kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .status()
+            .await
+            .map_err(|e| Error::Io(format!("{}: {e}", binaries.crossplane.display())))?;
+        if status.success() {
+            return Ok(());
+        }
+        last = format!(
+            "attempt {attempt}: {status}; {}",
+            process::log_tail(log, 3).replace('\n', " | ")
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(Error::Init {
+        attempts: INIT_ATTEMPTS,
+        detail: last,
+    })
+}
+
+/// The API server cannot reach a webhook by Service here (no kube-proxy, and
+/// Endpoints refuse loopback addresses): the Usage webhook and the conversion
+/// webhooks of core's CRDs get loopback URLs instead.
+pub async fn webhooks_on_loopback(
+    client: &Client,
+    binaries: &CrossplaneBinaries,
+    layout: &CoreLayout,
+) -> Result<(), Error> {
+    let base = format!("https://127.0.0.1:{}", layout.webhook_port);
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let mut config = configs
+        .get(USAGE_WEBHOOK)
+        .await
+        .map_err(api_error(format!("reading {USAGE_WEBHOOK}")))?;
+    for webhook in config.webhooks.iter_mut().flatten() {
+        let path = webhook
+            .client_config
+            .service
+            .as_ref()
+            .and_then(|s| s.path.clone())
+            .unwrap_or_else(|| "/validate-no-usages".into());
+        webhook.client_config = WebhookClientConfig {
+            url: Some(format!("{base}{path}")),
+            ca_bundle: Some(ByteString(layout.ca_pem.as_bytes().to_vec())),
+            service: None,
+        };
+    }
+    configs
+        .replace(USAGE_WEBHOOK, &PostParams::default(), &config)
+        .await
+        .map_err(api_error(format!("pointing {USAGE_WEBHOOK} at loopback")))?;
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in manifest::read_crds(&binaries.core_crds)? {
+        if !manifest::has_conversion_webhook(&crd) {
+            continue;
+        }
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let mut live = crds
+            .get(&name)
+            .await
+            .map_err(api_error(format!("reading CRD {name}")))?;
+        manifest::convert_on_loopback(&mut live, &format!("{base}/convert"), &layout.ca_pem);
+        crds.replace(&name, &PostParams::default(), &live)
+            .await
+            .map_err(api_error(format!(
+                "pointing CRD {name}'s conversion at loopback"
+            )))?;
+    }
+    Ok(())
+}
+
+/// The namespace Crossplane keeps its Secrets in; `core init` expects it.
+pub async fn ensure_namespace(client: &Client) -> Result<(), Error> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CROSSPLANE_NAMESPACE}});
+    namespaces
+        .patch(
+            CROSSPLANE_NAMESPACE,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(&ns),
+        )
+        .await
+        .map_err(api_error(format!(
+            "creating namespace {CROSSPLANE_NAMESPACE}"
+        )))?;
+    Ok(())
+}
+
+/// Starts `crossplane core start` in `surroundings` (its network namespace).
+pub fn start(
+    binaries: &CrossplaneBinaries,
+    layout: &CoreLayout,
+    log: &Path,
+    lifetime: Lifetime,
+    mut surroundings: Surroundings,
+) -> Result<Process, Error> {
+    let args = vec![
+        "core".to_string(),
+        "start".to_string(),
+        format!("--namespace={CROSSPLANE_NAMESPACE}"),
+        // Crossplane installs packages but runs none: the harness runs the
+        // function and the providers as processes.
+        "--package-runtime=External".to_string(),
+        format!("--webhook-port={}", layout.webhook_port),
+        format!("--metrics-port={}", layout.metrics_port),
+        format!("--health-probe-port={}", layout.health_port),
+        format!("--tls-server-certs-dir={}", layout.server_certs.display()),
+        format!("--tls-client-certs-dir={}", layout.client_certs.display()),
+        format!("--xpkg-cache-dir={}", layout.cache.join("xpkg").display()),
+        format!("--xfn-cache-dir={}", layout.cache.join("xfn").display()),
+    ];
+    for dir in ["xpkg", "xfn"] {
+        let path = layout.cache.join(dir);
+        std::fs::create_dir_all(&path).map_err(io_error(&path))?;
+    }
+    surroundings.env.push((
+        OsString::from("KUBECONFIG"),
+        layout.kubeconfig.clone().into_os_string(),
+    ));
+    Ok(process::spawn_with(
+        "crossplane",
+        &binaries.crossplane,
+        &args,
+        log,
+        lifetime,
+        surroundings,
+    )?)
+}
+
+/// Waits until core's health endpoint says ready (`/readyz`, plain HTTP).
+pub async fn wait_ready(port: u16, process: &mut Process) -> Result<(), Error> {
+    super::wait_for(process, || async move {
+        match http_get(port, "/readyz").await {
+            Ok(200) => Ok(()),
+            Ok(status) => Err(format!("/readyz answered {status}")),
+            Err(e) => Err(e),
+        }
+    })
+    .await
+}
+
+/// The status code of a plain HTTP GET on loopback.
+async fn http_get(port: u16, path: &str) -> Result<u16, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
+        .await
+        .map_err(|_| "no answer in 5 s".to_string())?
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&response);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("not an HTTP answer: {}", text.lines().next().unwrap_or("")))
+}
