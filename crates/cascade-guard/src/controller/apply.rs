@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::inputs::{Known, Watched};
+use super::type_check::{self, TypeCheck};
 use super::{MANAGER, Managed};
 use crate::Error;
 use crate::policy::names::{
@@ -30,6 +31,8 @@ pub struct Outcome {
     pub compiled: BTreeMap<Source, String>,
     /// Sources whose objects could not be applied, with the error.
     pub failed: BTreeMap<Source, String>,
+    /// What the API server's type check says of each compiled policy.
+    pub type_checks: BTreeMap<Source, (String, TypeCheck)>,
     pub known: Known,
 }
 
@@ -75,10 +78,12 @@ pub async fn apply(
     if let Err(e) = prune(&policies, POLICY, &wanted, known, &managed.policies).await {
         tracing::error!(error = %e, "cannot remove stale policies");
     }
+    let type_checks = type_check::collect(&compiled, &managed.policies);
     Outcome {
         resolution,
         compiled,
         failed,
+        type_checks,
         known: *known,
     }
 }

@@ -11,6 +11,7 @@ pub mod convert;
 mod inputs;
 mod intake;
 mod report;
+pub mod type_check;
 mod uninstall;
 
 use std::sync::Arc;
@@ -76,6 +77,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
         },
     );
     let mut report = report::Reporting::new(client.clone(), recorder.clone());
+    let mut type_checks = type_check::Reporting::new(recorder.clone(), metrics.clone());
     let mut converter = convert::Converter::new(client.clone(), recorder, metrics.clone());
     tracing::info!(
         xrd_default_mode = %settings.xrd_default_mode,
@@ -99,6 +101,13 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
         .await;
         report
             .publish(&outcome, &gathered.cascade_policies, &gathered.xrd_refs)
+            .await;
+        type_checks
+            .publish(
+                &outcome.type_checks,
+                &gathered.cascade_policies,
+                &gathered.xrd_refs,
+            )
             .await;
         let complete = outcome.known.xrds && outcome.known.cascade_policies;
         converter
