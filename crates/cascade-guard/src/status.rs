@@ -183,6 +183,8 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
         .await
         .map_err(list("ValidatingAdmissionPolicyBindings"))?
         .items;
+    // What the API server's type check found wrong with the live policies.
+    problems.extend(crate::controller::type_check::problems(&live_policies));
     let admission = admission_sync(
         &resolution,
         &settings.compile,

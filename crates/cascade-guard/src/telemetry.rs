@@ -52,6 +52,11 @@ struct InputLabel {
     input: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabel {
+    policy: String,
+}
+
 /// A fn pointer (not a closure) so that the family's type can be named.
 fn teardown_histogram() -> Histogram {
     // 0.1 s doubling to ~55 min: a teardown takes from moments to an hour.
@@ -70,6 +75,7 @@ pub struct Metrics {
     policies: Gauge,
     leader: Gauge,
     inputs: Family<InputLabel, Gauge>,
+    type_check_warnings: Family<PolicyLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -91,6 +97,7 @@ impl Metrics {
         let policies = Gauge::default();
         let leader = Gauge::default();
         let inputs = Family::<InputLabel, Gauge>::default();
+        let type_check_warnings = Family::<PolicyLabel, Gauge>::default();
         // Families share their state with these clones.
         registry.register(
             "cascade_guard_protected_objects",
@@ -133,6 +140,11 @@ impl Metrics {
             "1 when an API cascade-guard reads policies from is installed (input=CascadePolicy), else 0",
             inputs.clone(),
         );
+        registry.register(
+            "cascade_guard_admission_policy_type_check_warnings",
+            "Expressions of an admission policy that the API server could not type-check (status.typeChecking)",
+            type_check_warnings.clone(),
+        );
         Self {
             registry,
             protected,
@@ -143,6 +155,7 @@ impl Metrics {
             policies,
             leader,
             inputs,
+            type_check_warnings,
         }
     }
 
@@ -205,6 +218,18 @@ impl Metrics {
             .set(i64::from(available));
     }
 
+    /// How many type-check warnings the API server recorded for a policy.
+    pub fn set_type_check_warnings(&self, policy: &str, n: usize) {
+        self.type_check_warnings
+            .get_or_create(&policy_label(policy))
+            .set(saturate(n));
+    }
+
+    /// A policy that is gone has no series.
+    pub fn forget_type_check_warnings(&self, policy: &str) {
+        self.type_check_warnings.remove(&policy_label(policy));
+    }
+
     /// The OpenMetrics text exposition of every family.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -220,6 +245,12 @@ impl Metrics {
 fn kind_label(kind: &str) -> KindLabel {
     KindLabel {
         kind: kind.to_owned(),
+    }
+}
+
+fn policy_label(policy: &str) -> PolicyLabel {
+    PolicyLabel {
+        policy: policy.to_owned(),
     }
 }
 
@@ -381,6 +412,7 @@ mod tests {
         m.error("AddFinalizer");
         m.set_policies(7);
         m.set_leader(true);
+        m.set_type_check_warnings("cascade-guard-xrd-x", 2);
         let text = m.encode();
         let k = r#"kind="InferenceCluster.modelplane.ai""#;
         for line in [
@@ -394,6 +426,8 @@ mod tests {
             r#"cascade_guard_errors_total{reason="AddFinalizer"} 1"#.to_owned(),
             "cascade_guard_admission_policies 7".to_owned(),
             "cascade_guard_leader 1".to_owned(),
+            r#"cascade_guard_admission_policy_type_check_warnings{policy="cascade-guard-xrd-x"} 2"#
+                .to_owned(),
             "# TYPE cascade_guard_cascade_duration_seconds histogram".to_owned(),
             "# UNIT cascade_guard_cascade_duration_seconds seconds".to_owned(),
         ] {
@@ -405,6 +439,8 @@ mod tests {
         assert!(text.ends_with("# EOF\n"), "{text}");
         m.set_leader(false);
         assert!(m.encode().lines().any(|l| l == "cascade_guard_leader 0"));
+        m.forget_type_check_warnings("cascade-guard-xrd-x");
+        assert!(!m.encode().contains("cascade-guard-xrd-x"));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! A local control plane: etcd, kube-apiserver and kube-controller-manager
-//! (garbage-collector and namespace controllers only), on loopback.
+//! (garbage-collector, namespace and admission-policy status controllers only), on loopback.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -209,7 +209,9 @@ impl ControlPlane {
             format!("--kubeconfig={}", kcm_kubeconfig.display()),
             format!("--authentication-kubeconfig={}", kcm_kubeconfig.display()),
             format!("--authorization-kubeconfig={}", kcm_kubeconfig.display()),
-            "--controllers=garbage-collector-controller,namespace-controller".to_string(),
+            // The status controller type-checks admission policies and fills in
+            // their status.typeChecking, as on a real cluster.
+            "--controllers=garbage-collector-controller,namespace-controller,validatingadmissionpolicy-status-controller".to_string(),
             "--leader-elect=false".to_string(),
             format!(
                 "--use-service-account-credentials={}",

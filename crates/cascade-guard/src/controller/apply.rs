@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::inputs::{Known, Watched};
+use super::type_check::{self, TypeCheck};
 use super::{MANAGER, Managed};
 use crate::Error;
 use crate::policy::drift::first_difference;
@@ -36,6 +37,8 @@ pub struct Outcome {
     pub compiled: BTreeMap<Source, Vec<String>>,
     /// Sources whose objects could not be applied, with the error.
     pub failed: BTreeMap<Source, String>,
+    /// What the API server's type check says of each compiled policy.
+    pub type_checks: BTreeMap<Source, (String, TypeCheck)>,
     pub known: Known,
 }
 
@@ -90,10 +93,12 @@ pub async fn apply(
     if let Err(e) = prune(&policies, POLICY, &wanted, known, &managed.policies).await {
         tracing::error!(error = %e, "cannot remove stale policies");
     }
+    let type_checks = type_check::collect(&compiled, &managed.policies);
     Outcome {
         resolution,
         compiled,
         failed,
+        type_checks,
         known: *known,
     }
 }

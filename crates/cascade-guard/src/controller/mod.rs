@@ -13,6 +13,7 @@ pub mod held;
 mod inputs;
 mod intake;
 mod report;
+pub mod type_check;
 mod uninstall;
 
 use std::sync::{Arc, Mutex};
@@ -79,6 +80,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     };
     let recorder = Recorder::new(client.clone(), reporter.clone());
     let mut report = report::Reporting::new(client.clone(), reporter);
+    let mut type_checks = type_check::Reporting::new(recorder.clone(), metrics.clone());
     let mut converter = convert::Converter::new(client.clone(), recorder, metrics.clone());
     // Objects held of kinds no policy names (found once, after the first
     // complete pass): handed to the converter to finish.
@@ -110,6 +112,13 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
         .await;
         report
             .publish(&outcome, &gathered.cascade_policies, &gathered.xrd_refs)
+            .await;
+        type_checks
+            .publish(
+                &outcome.type_checks,
+                &gathered.cascade_policies,
+                &gathered.xrd_refs,
+            )
             .await;
         let complete = outcome.known.xrds && outcome.known.cascade_policies;
         if complete && !scanned {

@@ -184,14 +184,18 @@ pub fn status_for(policy: &CascadePolicy, outcome: &Outcome) -> CascadePolicySta
     }
     CascadePolicyStatus {
         observed_generation: policy.meta().generation,
-        conditions: vec![Condition {
+        conditions: std::iter::once(Condition {
             type_: READY.into(),
             status: status.into(),
             reason,
             message: truncate(&message, 32 * 1024),
             observed_generation: policy.meta().generation,
             last_transition_time: Time(Timestamp::now()),
-        }],
+        })
+        .chain(outcome.type_checks.get(&source).map(|(name, check)| {
+            super::type_check::condition(name, check, policy.meta().generation)
+        }))
+        .collect(),
         compiled_to: compiled.cloned().unwrap_or_default(),
     }
 }
@@ -225,7 +229,7 @@ fn keep_transition_times(
     wanted
 }
 
-fn truncate(s: &str, max: usize) -> String {
+pub(super) fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
