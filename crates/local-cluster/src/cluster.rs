@@ -594,7 +594,7 @@ async fn wait_for_tcp(port: u16, component: &str, processes: &mut [Process]) -> 
 
 /// Three distinct free loopback ports. The OS could hand one out again before the
 /// component binds it; the components then fail loudly at start.
-pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     let mut listeners = Vec::with_capacity(N);
     let mut ports = [0u16; N];
     for port in ports.iter_mut() {

@@ -24,14 +24,16 @@ pub const USAGE_WEBHOOK: &str = "crossplane-no-usages";
 const INIT_ATTEMPTS: u32 = 5;
 
 /// Where core's certificates and caches are, and the ports it serves on
-/// (inside its network namespace; the webhook and health ports are forwarded
-/// to the same ports on this machine's loopback).
+/// inside its network namespace.
 pub struct CoreLayout {
     pub kubeconfig: PathBuf,
     pub server_certs: PathBuf,
     pub client_certs: PathBuf,
     pub cache: PathBuf,
     pub webhook_port: u16,
+    /// Where the API server reaches the webhooks: a port on this machine's
+    /// loopback, forwarded to `webhook_port` inside.
+    pub webhook_url: String,
     pub metrics_port: u16,
     pub health_port: u16,
     pub ca_pem: String,
@@ -104,7 +106,7 @@ pub async fn webhooks_on_loopback(
     binaries: &CrossplaneBinaries,
     layout: &CoreLayout,
 ) -> Result<(), Error> {
-    let base = format!("https://127.0.0.1:{}", layout.webhook_port);
+    let base = &layout.webhook_url;
     let configs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let mut config = configs
         .get(USAGE_WEBHOOK)

@@ -75,18 +75,18 @@ impl NetNamespace {
         })
     }
 
-    /// Carries 127.0.0.1:`outside` to 127.0.0.1:`port` inside the namespace
-    /// (a server the process inside offers), on `runtime`.
+    /// Carries a new loopback port outside to 127.0.0.1:`port` inside the
+    /// namespace (a server the process inside offers), on `runtime`. Returns
+    /// the outside port: the system picks it, so nothing else can hold it.
     pub fn forward_in(
         &self,
-        outside: u16,
         port: u16,
         runtime: &tokio::runtime::Handle,
-    ) -> Result<AbortHandle, Error> {
-        let listener =
-            TcpListener::bind((Ipv4Addr::LOCALHOST, outside)).map_err(forward_error(outside))?;
+    ) -> Result<(u16, AbortHandle), Error> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(forward_error(port))?;
+        let outside = listener.local_addr().map_err(forward_error(port))?.port();
         let namespace = self.clone();
-        relay(listener, port, runtime, move || {
+        let forwarder = relay(listener, port, runtime, move || {
             let namespace = namespace.clone();
             async move {
                 // The connection must be made from a thread inside.
@@ -102,7 +102,8 @@ impl NetNamespace {
                 .await;
                 tokio::net::TcpStream::from_std(connected.ok()?.ok()?).ok()
             }
-        })
+        })?;
+        Ok((outside, forwarder))
     }
 
     /// Whether something in the namespace accepts connections on

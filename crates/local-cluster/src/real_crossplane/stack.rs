@@ -19,6 +19,15 @@ use crate::pki::{self, Pair};
 use crate::process::{Lifetime, Process, Surroundings};
 use crate::{ControlPlane, ProcessState};
 
+/// Ports inside core's network namespace. The function SDK takes :8080 for
+/// its metrics, so core's go elsewhere.
+const CORE_WEBHOOK_PORT: u16 = 9443;
+const CORE_HEALTH_PORT: u16 = 8081;
+const CORE_METRICS_PORT: u16 = 8082;
+const FUNCTION_PORT: u16 = 9444;
+/// provider-kubernetes' webhook server, fixed (no flag), inside its namespace.
+const PROVIDER_WEBHOOK_PORT: u16 = 9443;
+
 /// What to start besides core and the function.
 #[derive(Clone, Debug)]
 pub struct CrossplaneOptions {
@@ -178,17 +187,25 @@ impl Crossplane {
         cp.write_kubeconfig_as(&kubeconfig, CROSSPLANE_USER, &["system:masters"])?;
         let client = cp.admin().await?;
         let api_port = port_of(cp.server())?;
-        let [webhook_port, metrics_port, health_port, function_port] =
-            crate::cluster::free_ports()?;
-        self.webhook_port = webhook_port;
+
+        // Core and the function share a namespace: the function SDK binds
+        // :8080 on every interface, and core reaches it on the inside. Ports
+        // inside are fixed (nothing else is there); the forwarded ones outside
+        // are whatever the system hands out.
+        let ns = NetNamespace::create()?;
+        ns.forward_out(api_port, &runtime)?;
+        let (webhook_outside, _) = ns.forward_in(CORE_WEBHOOK_PORT, &runtime)?;
+        let (health_outside, _) = ns.forward_in(CORE_HEALTH_PORT, &runtime)?;
+        self.webhook_port = webhook_outside;
         let layout = CoreLayout {
             kubeconfig,
             server_certs: certs.server.clone(),
             client_certs: certs.client.clone(),
             cache: dir.join("cache"),
-            webhook_port,
-            metrics_port,
-            health_port,
+            webhook_port: CORE_WEBHOOK_PORT,
+            webhook_url: format!("https://127.0.0.1:{webhook_outside}"),
+            metrics_port: CORE_METRICS_PORT,
+            health_port: CORE_HEALTH_PORT,
             ca_pem: certs.ca_pem.clone(),
         };
 
@@ -196,25 +213,19 @@ impl Crossplane {
         crossplane_core::init(binaries, &layout, &cp.log_path("crossplane-init")).await?;
         crossplane_core::webhooks_on_loopback(&client, binaries, &layout).await?;
 
-        // Core and the function share a namespace: the function SDK binds
-        // :8080 on every interface, and core reaches it on the inside.
-        let ns = NetNamespace::create()?;
-        ns.forward_out(api_port, &runtime)?;
-        ns.forward_in(webhook_port, webhook_port, &runtime)?;
-        ns.forward_in(health_port, health_port, &runtime)?;
         let inside = Surroundings {
             network_namespace: Some(ns.handle()),
             ..Surroundings::default()
         };
         let mut function = function::start(
             binaries,
-            function_port,
+            FUNCTION_PORT,
             &certs.server,
             &cp.log_path(function::FUNCTION_NAME),
             Lifetime::Owned,
             inside.clone(),
         )?;
-        function::wait_listening(&ns, function_port, &mut function).await?;
+        function::wait_listening(&ns, FUNCTION_PORT, &mut function).await?;
         self.processes.push(function);
         let mut core = crossplane_core::start(
             binaries,
@@ -223,9 +234,9 @@ impl Crossplane {
             Lifetime::Owned,
             inside,
         )?;
-        crossplane_core::wait_ready(health_port, &mut core).await?;
+        crossplane_core::wait_ready(health_outside, &mut core).await?;
         self.processes.push(core);
-        function::register(&client, function_port).await?;
+        function::register(&client, FUNCTION_PORT).await?;
 
         if options.providers {
             self.start_providers(cp, binaries, &certs, &dir, api_port, &runtime)
@@ -258,8 +269,7 @@ impl Crossplane {
             ns.forward_out(api_port, runtime)?;
             // provider-kubernetes serves the conversion webhook of its legacy
             // (cluster-scoped) Object on :9443 in its namespace.
-            let [webhook_port] = crate::cluster::free_ports()?;
-            ns.forward_in(webhook_port, 9443, runtime)?;
+            let (webhook_port, _) = ns.forward_in(PROVIDER_WEBHOOK_PORT, runtime)?;
             let mut crds = manifest::read_crds(kind.crds(binaries))?;
             let url = format!("https://127.0.0.1:{webhook_port}/convert");
             for crd in &mut crds {
