@@ -85,6 +85,10 @@ pub struct Memory {
     pub conversions: u32,
     /// When it issued the last one.
     pub last_conversion: Option<Instant>,
+    /// It was seen being deleted with Orphan: once the garbage collector has
+    /// orphaned the dependents it drops `orphan`, and the object must still
+    /// not be converted.
+    pub orphaned: bool,
 }
 
 /// What is known of an XR's blocking dependents: its composed resources
@@ -186,7 +190,7 @@ pub fn next_step(
             Carry::ToTheGarbageCollector => Step::LetGo(LetGo::HandedOver),
         };
     }
-    if observed.orphaning {
+    if observed.orphaning || memory.orphaned {
         return Step::LetGo(LetGo::Orphaning);
     }
     if memory.conversions == 0 {
@@ -256,7 +260,7 @@ mod tests {
         let now = Instant::now();
         let m = |conversions| Memory {
             conversions,
-            last_conversion: Option::None,
+            ..Memory::default()
         };
         // (deleting, held, foreground, shape, conversions, dependents) -> step
         let cases = [
@@ -348,7 +352,7 @@ mod tests {
         };
         let m = |conversions| Memory {
             conversions,
-            last_conversion: Option::None,
+            ..Memory::default()
         };
         let cases = [
             (
@@ -384,7 +388,7 @@ mod tests {
         for conversions in [0, 1, 3] {
             let memory = Memory {
                 conversions,
-                last_conversion: Option::None,
+                ..Memory::default()
             };
             assert_eq!(
                 next_step(
@@ -397,6 +401,25 @@ mod tests {
                 Step::LetGo(LetGo::Orphaning)
             );
         }
+        // Seen orphaning before: still left alone once `orphan` is gone.
+        let orphaned = Memory {
+            orphaned: true,
+            ..Memory::default()
+        };
+        let done = Observed {
+            orphaning: false,
+            ..orphaning
+        };
+        assert_eq!(
+            next_step(
+                done,
+                orphaned,
+                Dependents::NotLookedUp,
+                now,
+                Carry::ToTheEnd
+            ),
+            Step::LetGo(LetGo::Orphaning)
+        );
         // Not held: not ours to touch.
         let unheld = Observed {
             held: false,
@@ -452,6 +475,7 @@ mod tests {
             let memory = Memory {
                 conversions,
                 last_conversion: Some(start),
+                ..Memory::default()
             };
             next_step(
                 xr,

@@ -111,6 +111,12 @@ struct RunArgs {
     http_address: std::net::SocketAddr,
     #[command(flatten)]
     leader: LeaderArgs,
+    /// A cascade cascade-guard holds with no progress (none of what it waits
+    /// for gone, nothing more being deleted) for this long is reported: a
+    /// CascadeStalled Warning Event naming what is left and what holds it, and
+    /// cascade_guard_stalled_cascades.
+    #[arg(long, env = "CASCADE_GUARD_STALL_AFTER", value_parser = humantime_duration, default_value = "10m")]
+    stall_after: Duration,
     /// Seconds between full passes when nothing changes.
     #[arg(long, env = "CASCADE_GUARD_RESYNC_SECONDS", default_value_t = 300)]
     resync_seconds: u64,
@@ -299,6 +305,7 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
         xrd_default_mode: args.policy.xrd_default_mode,
         compile: args.policy.compile_settings(),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
+        stall_after: args.stall_after,
         ..Settings::default()
     };
     let metrics = Arc::new(Metrics::new());

@@ -135,6 +135,12 @@ pub struct Cascading {
     pub foreground: bool,
     /// Every finalizer still on it: what its deletion waits for.
     pub finalizers: Vec<String>,
+    /// The controller reported its cascade stalled (its last such Event
+    /// says so, not a later `CascadeResumed`): what the Event said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<String>,
+    #[serde(skip)]
+    pub uid: String,
 }
 
 impl Cascading {
@@ -232,6 +238,16 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
             "cannot look for held objects of kinds no policy names: {e}"
         )),
     }
+    match stalled_cascades(client).await {
+        Ok(stalled) => {
+            for c in &mut cascading {
+                c.stalled = stalled.get(&c.uid).cloned();
+            }
+        }
+        Err(e) => problems.push(format!(
+            "cannot read the controller's CascadeStalled events: {e}"
+        )),
+    }
     cascading.sort_by(|a, b| {
         b.age_seconds
             .cmp(&a.age_seconds)
@@ -266,6 +282,49 @@ async fn deleting(client: &Client, kind: &ProtectedKind) -> Result<Vec<ObjectMet
         .list_metadata(&ListParams::default())
         .await?;
     Ok(objects.items.into_iter().map(|o| o.metadata).collect())
+}
+
+/// The objects whose latest stall Event is `CascadeStalled` (not a later
+/// `CascadeResumed`), by UID, with what the Event said.
+async fn stalled_cascades(
+    client: &Client,
+) -> Result<std::collections::BTreeMap<String, String>, kube::Error> {
+    use k8s_openapi::api::core::v1::Event;
+    let events: Api<Event> = Api::all(client.clone());
+    let mut latest: std::collections::BTreeMap<String, (Timestamp, bool, String)> =
+        Default::default();
+    for reason in ["CascadeStalled", "CascadeResumed"] {
+        let found = events
+            .list(&ListParams::default().fields(&format!("reason={reason}")))
+            .await?;
+        for e in found.items {
+            let Some(uid) = e.involved_object.uid.clone() else {
+                continue;
+            };
+            let at = [
+                e.series
+                    .as_ref()
+                    .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0)),
+                e.event_time.as_ref().map(|t| t.0),
+                e.last_timestamp.as_ref().map(|t| t.0),
+            ]
+            .into_iter()
+            .flatten()
+            .max();
+            let Some(at) = at else { continue };
+            let stalled = reason == "CascadeStalled";
+            let note = e.message.clone().unwrap_or_default();
+            let newer = latest.get(&uid).is_none_or(|(seen, _, _)| at >= *seen);
+            if newer {
+                latest.insert(uid, (at, stalled, note));
+            }
+        }
+    }
+    Ok(latest
+        .into_iter()
+        .filter(|(_, (_, stalled, _))| *stalled)
+        .map(|(uid, (_, _, note))| (uid, note))
+        .collect())
 }
 
 /// Each kind once: several policies may name the same kind.
@@ -453,6 +512,8 @@ pub fn cascading_objects(kind: &str, objects: &[ObjectMeta], now: Timestamp) -> 
                 held: has(FOREGROUND_CASCADE_FINALIZER),
                 foreground: has(FOREGROUND_DELETION_FINALIZER),
                 finalizers,
+                stalled: None,
+                uid: m.uid.clone().unwrap_or_default(),
             })
         })
         .collect()
@@ -565,15 +626,24 @@ pub fn render_text(report: &Report) -> String {
                 Some(ns) => format!("{ns}/{}", c.name),
                 None => c.name.clone(),
             };
+            let state = match &c.stalled {
+                Some(_) => format!("STALLED: {}", c.state()),
+                None => c.state().to_string(),
+            };
             rows.push(vec![
                 c.kind.clone(),
                 object,
                 age(c.age_seconds),
-                c.state().to_string(),
+                state,
                 c.finalizers.join(","),
             ]);
         }
         table(&mut out, &rows);
+        for c in &report.cascading {
+            if let Some(note) = &c.stalled {
+                let _ = writeln!(out, "  {} {} stalled: {note}", c.kind, c.name);
+            }
+        }
     }
 
     if !report.problems.is_empty() {

@@ -70,6 +70,7 @@ pub struct Metrics {
     protected: Family<KindLabel, Gauge>,
     conversions: Family<KindLabel, Counter>,
     in_progress: Family<KindLabel, Gauge>,
+    stalled: Family<KindLabel, Gauge>,
     durations: Family<KindLabel, Histogram, fn() -> Histogram>,
     errors: Family<ReasonLabel, Counter>,
     policies: Gauge,
@@ -90,6 +91,7 @@ impl Metrics {
         let protected = Family::<KindLabel, Gauge>::default();
         let conversions = Family::<KindLabel, Counter>::default();
         let in_progress = Family::<KindLabel, Gauge>::default();
+        let stalled = Family::<KindLabel, Gauge>::default();
         let durations = Family::<KindLabel, Histogram, fn() -> Histogram>::new_with_constructor(
             teardown_histogram,
         );
@@ -113,6 +115,11 @@ impl Metrics {
             "cascade_guard_cascades_in_progress",
             "Foreground cascades started and not yet finished",
             in_progress.clone(),
+        );
+        registry.register(
+            "cascade_guard_stalled_cascades",
+            "Cascades held by cascade-guard with no progress for the stall time (--stall-after)",
+            stalled.clone(),
         );
         registry.register_with_unit(
             "cascade_guard_cascade_duration",
@@ -150,6 +157,7 @@ impl Metrics {
             protected,
             conversions,
             in_progress,
+            stalled,
             durations,
             errors,
             policies,
@@ -180,6 +188,13 @@ impl Metrics {
     /// started/finished pairs missed across a restart.
     pub fn set_in_progress(&self, kind: &str, n: usize) {
         self.in_progress
+            .get_or_create(&kind_label(kind))
+            .set(saturate(n));
+    }
+
+    /// Cascades of `kind` stalled now (a recount).
+    pub fn set_stalled(&self, kind: &str, n: usize) {
+        self.stalled
             .get_or_create(&kind_label(kind))
             .set(saturate(n));
     }

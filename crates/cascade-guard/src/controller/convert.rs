@@ -33,8 +33,10 @@ use super::MANAGER;
 use super::backoff::{WatchBackoff, step_retry};
 use super::intake::{self, Census};
 use crate::cascade::{Carry, Dependents, LetGo, Memory, Observed, Reach, Step, next_step};
+use crate::holders::{IN_USE_LABEL, describe_dependent};
 use crate::policy::names::FOREGROUND_CASCADE_FINALIZER;
 use crate::policy::{Mode, Policy, ProtectedKind, Shape};
+use crate::stall::{Clock, Left, Turn, stalled_note};
 use crate::telemetry::Metrics;
 
 type Meta = PartialObjectMeta<DynamicObject>;
@@ -120,7 +122,11 @@ pub struct Converter {
     running: BTreeMap<String, Running>,
     holds: Arc<Semaphore>,
     carry: Carry,
+    stall_after: Duration,
 }
+
+/// How long a cascade may make no progress before it is reported stalled.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(600);
 
 impl Converter {
     pub fn new(client: Client, recorder: Recorder, metrics: Arc<Metrics>) -> Self {
@@ -131,7 +137,14 @@ impl Converter {
             running: BTreeMap::new(),
             holds: Arc::new(Semaphore::new(HOLDS_AT_ONCE)),
             carry: Carry::ToTheEnd,
+            stall_after: DEFAULT_STALL_AFTER,
         }
+    }
+
+    /// Cascades with no progress for this long are reported stalled.
+    pub fn with_stall_after(mut self, stall_after: Duration) -> Self {
+        self.stall_after = stall_after;
+        self
     }
 
     /// For `uninstall`: deleting objects are let go once the garbage
@@ -253,6 +266,8 @@ impl Converter {
             shape: kind.kind.shape,
             reach: kind.reach.clone(),
             carry: self.carry,
+            stall_after: self.stall_after,
+            clocks: Mutex::new(HashMap::new()),
             label: kind.kind.to_string(),
             memory: Mutex::new(HashMap::new()),
             recorder: self.recorder.clone(),
@@ -341,6 +356,9 @@ struct Context {
     shape: Shape,
     reach: Reach,
     carry: Carry,
+    stall_after: Duration,
+    /// Each cascade's progress, by UID.
+    clocks: Mutex<HashMap<String, Clock>>,
     label: String,
     memory: Mutex<HashMap<String, Memory>>,
     recorder: Recorder,
@@ -390,6 +408,48 @@ impl Context {
         if let Ok(mut m) = self.memory.lock() {
             m.remove(uid);
         }
+        if let Ok(mut c) = self.clocks.lock() {
+            c.remove(uid);
+        }
+    }
+
+    /// How often a cascade is looked at: often enough to tell a stall
+    /// within a third of the stall time, and to catch a missed event.
+    fn look_interval(&self) -> Duration {
+        (self.stall_after / 3).clamp(Duration::from_secs(1), Duration::from_secs(30))
+    }
+
+    /// Moves the cascade's clock on with what it waits for now; says so in
+    /// an Event when it stalls and when it moves again.
+    async fn watch_progress(&self, object: &Meta, uid: &str, left: Vec<Left>) {
+        let now = Instant::now();
+        let turn = match self.clocks.lock() {
+            Ok(mut clocks) => match clocks.get_mut(uid) {
+                Some(clock) => {
+                    let turn = clock.look(left, now, self.stall_after);
+                    Some((turn, clock.still_for(now), clock.left().to_vec()))
+                }
+                None => {
+                    clocks.insert(uid.to_string(), Clock::start(left, now));
+                    None
+                }
+            },
+            Err(_) => None,
+        };
+        let shows = self.shape == Shape::CompositeResource;
+        match turn {
+            Some((Turn::Stalled, still_for, left)) => {
+                let note = stalled_note(still_for, &left, shows);
+                tracing::warn!(kind = %self.label, name = %object.name_any(), %note, "cascade stalled");
+                publish(self, object, EventType::Warning, "CascadeStalled", &note).await;
+            }
+            Some((Turn::Resumed, _, left)) => {
+                let note = format!("progress again; {} left", left.len());
+                tracing::info!(kind = %self.label, name = %object.name_any(), "cascade moving again");
+                publish(self, object, EventType::Normal, "CascadeResumed", &note).await;
+            }
+            _ => {}
+        }
     }
 
     /// Protected objects and cascades in progress, for the metrics; forgets
@@ -406,6 +466,11 @@ impl Context {
         }
         if let Ok(mut f) = self.failures.lock() {
             f.retain(|uid, _| cached.contains(uid));
+        }
+        if let Ok(mut c) = self.clocks.lock() {
+            c.retain(|uid, _| cached.contains(uid));
+            let stalled = c.values().filter(|clock| clock.is_stalled()).count();
+            self.metrics.set_stalled(&self.label, stalled);
         }
         if let Ok(census) = self.census.lock() {
             self.metrics.set_protected(&self.label, census.len());
@@ -515,16 +580,27 @@ async fn step(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepError>
     let now = Instant::now();
     let decide = |dependents| next_step(observed, ctx.memory(&uid), dependents, now, ctx.carry);
     let mut step = decide(Dependents::NotLookedUp);
-    if step == Step::LookUpDependents {
-        step = decide(blocking_dependents(&ctx, &object, &uid).await);
+    // A cascade cascade-guard holds: what it waits for, for the stall clock
+    // (and for the decision, when that needs it).
+    let in_cascade = observed.deleting && observed.held && !observed.orphaning;
+    if step == Step::LookUpDependents || (in_cascade && ctx.shape == Shape::CompositeResource) {
+        let (dependents, left) = look_up_dependents(&ctx, &object, &uid).await;
+        if step == Step::LookUpDependents {
+            step = decide(dependents);
+        }
+        if in_cascade && !matches!(step, Step::Release | Step::LetGo(_)) {
+            ctx.watch_progress(&object, &uid, left).await;
+        }
+    } else if in_cascade {
+        ctx.watch_progress(&object, &uid, Vec::new()).await;
     }
     let name = object.name_any();
     let api = object_api(&ctx, &object);
     match step {
-        Step::Wait | Step::LookUpDependents => Ok(if observed.deleting && observed.held {
-            // A cascade is running; look again now and then in case an event
-            // was missed.
-            Action::requeue(Duration::from_secs(30))
+        Step::Wait | Step::LookUpDependents => Ok(if in_cascade {
+            // A cascade is running: look at its progress now and then (and
+            // catch an event that was missed).
+            Action::requeue(ctx.look_interval())
         } else {
             Action::await_change()
         }),
@@ -593,13 +669,24 @@ async fn step(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Action, StepError>
                     "cascade-guard is being uninstalled: the garbage collector's foreground cascade holds it until its dependents are gone",
                 ),
             };
-            // Tested against the version seen: if it started deleting since,
-            // the newer version is decided afresh.
-            let rv = object.resource_version();
+            // A live object is released as seen: if it started deleting since,
+            // the newer version is decided afresh. An orphaning one is let go
+            // whatever else changed (the garbage collector dropping `orphan`),
+            // and remembered as such until it is gone.
+            let rv = match why {
+                LetGo::OutOfReach => object.resource_version(),
+                LetGo::Orphaning => {
+                    ctx.remember(&uid, |m| m.orphaned = true);
+                    None
+                }
+                LetGo::HandedOver => None,
+            };
             release(&api, &object, &uid, rv.as_deref())
                 .await
                 .map_err(failed("release", &name))?;
-            ctx.forget(&uid);
+            if why != LetGo::Orphaning {
+                ctx.forget(&uid);
+            }
             publish(&ctx, &object, EventType::Normal, reason, note).await;
             tracing::info!(kind = %ctx.label, %name, ?why, "released without a cascade");
             Ok(Action::await_change())
@@ -721,9 +808,10 @@ async fn json_patch(api: &Api<Meta>, name: &str, patch: Value) -> Result<(), kub
     }
 }
 
-/// How many of the XR's composed resources still exist with a blocking owner
-/// reference to it: the ones the garbage collector waits for.
-async fn blocking_dependents(ctx: &Context, object: &Meta, uid: &str) -> Dependents {
+/// The XR's composed resources that still exist with a blocking owner
+/// reference to it (the ones the garbage collector waits for), counted for
+/// the decision and described for the stall clock.
+async fn look_up_dependents(ctx: &Context, object: &Meta, uid: &str) -> (Dependents, Vec<Left>) {
     let namespace = object.namespace();
     let full: Api<DynamicObject> = match &namespace {
         Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &ctx.resource),
@@ -731,9 +819,9 @@ async fn blocking_dependents(ctx: &Context, object: &Meta, uid: &str) -> Depende
     };
     let xr = match full.get_opt(&object.name_any()).await {
         Ok(Some(xr)) if xr.uid().as_deref() == Some(uid) => xr,
-        Ok(_) => return Dependents::None,
+        Ok(_) => return (Dependents::None, Vec::new()),
         // Unknown counts as remaining: converting again is always safe.
-        Err(_) => return Dependents::Remaining(1),
+        Err(_) => return (Dependents::Remaining(1), Vec::new()),
     };
     let refs = xr
         .data
@@ -750,12 +838,20 @@ async fn blocking_dependents(ctx: &Context, object: &Meta, uid: &str) -> Depende
         .buffer_unordered(LOOKUPS_AT_ONCE)
         .collect()
         .await;
+    let mut left: Vec<Left> = states
+        .iter()
+        .filter_map(|s| match s {
+            Dependent::Blocking(l) => Some(l.clone()),
+            _ => None,
+        })
+        .collect();
+    left.sort();
     if states.contains(&Dependent::Unknowable) {
-        return Dependents::Unknowable;
+        return (Dependents::Unknowable, left);
     }
-    match states.iter().filter(|s| **s == Dependent::Blocking).count() {
-        0 => Dependents::None,
-        n => Dependents::Remaining(n),
+    match left.len() {
+        0 => (Dependents::None, left),
+        n => (Dependents::Remaining(n), left),
     }
 }
 
@@ -766,8 +862,8 @@ const LOOKUPS_AT_ONCE: usize = 8;
 enum Dependent {
     /// Exists with a blocking owner reference to the XR (or cannot be read
     /// for a reason other than permissions: counted, since converting again
-    /// is always safe).
-    Blocking,
+    /// is always safe), and what holds it.
+    Blocking(Left),
     /// Gone, or no longer blocks the XR; or the reference is incomplete.
     Clear,
     /// Its kind cannot be found, or cascade-guard may not read it.
@@ -790,24 +886,40 @@ async fn dependent(ctx: &Context, r: &Value, namespace: Option<&str>, uid: &str)
         (Some(ns), true) => Api::namespaced_with(ctx.client.clone(), ns, &resource),
         _ => Api::all_with(ctx.client.clone(), &resource),
     };
+    let object = match (ns, namespaced) {
+        (Some(ns), true) => format!("{kind}/{name} -n {ns}"),
+        _ => format!("{kind}/{name}"),
+    };
     match api.get_metadata_opt(name).await {
         Ok(Some(dependent)) => {
             let blocking = dependent
                 .owner_references()
                 .iter()
                 .any(|o| o.uid == uid && o.block_owner_deletion == Some(true));
-            if blocking {
-                Dependent::Blocking
-            } else {
-                Dependent::Clear
+            if !blocking {
+                return Dependent::Clear;
             }
+            let deleting = dependent.metadata.deletion_timestamp.is_some();
+            let in_use = dependent
+                .labels()
+                .get(IN_USE_LABEL)
+                .is_some_and(|v| v == "true");
+            Dependent::Blocking(Left {
+                object,
+                deleting,
+                holder: describe_dependent(deleting, dependent.finalizers(), in_use),
+            })
         }
         Ok(None) => Dependent::Clear,
         Err(kube::Error::Api(s)) if s.code == 403 => {
             tracing::warn!(%api_version, %kind, "no permission to read composed resources; relying on the garbage collector's confirmation");
             Dependent::Unknowable
         }
-        Err(_) => Dependent::Blocking,
+        Err(e) => Dependent::Blocking(Left {
+            object,
+            deleting: false,
+            holder: format!("cannot be read: {e}"),
+        }),
     }
 }
 

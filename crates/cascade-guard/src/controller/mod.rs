@@ -56,6 +56,9 @@ pub struct Settings {
     pub resync: Duration,
     /// Changes within this window are handled in one pass.
     pub debounce: Duration,
+    /// A cascade cascade-guard holds with no progress for this long gets a
+    /// `CascadeStalled` Warning Event and counts in the stalled gauge.
+    pub stall_after: Duration,
 }
 
 impl Default for Settings {
@@ -65,6 +68,7 @@ impl Default for Settings {
             compile: CompileSettings::default(),
             resync: Duration::from_secs(300),
             debounce: Duration::from_millis(100),
+            stall_after: convert::DEFAULT_STALL_AFTER,
         }
     }
 }
@@ -81,7 +85,8 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     let recorder = Recorder::new(client.clone(), reporter.clone());
     let mut report = report::Reporting::new(client.clone(), reporter);
     let mut type_checks = type_check::Reporting::new(recorder.clone(), metrics.clone());
-    let mut converter = convert::Converter::new(client.clone(), recorder, metrics.clone());
+    let mut converter = convert::Converter::new(client.clone(), recorder, metrics.clone())
+        .with_stall_after(settings.stall_after);
     // Objects held of kinds no policy names (found once, after the first
     // complete pass): handed to the converter to finish.
     let found: Arc<Mutex<Option<Vec<ProtectedKind>>>> = Arc::new(Mutex::new(None));

@@ -7,30 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-/// Finalizers that say who is doing what, in words a person can act on.
-fn describe_finalizer(f: &str) -> String {
-    match f {
-        "foregroundDeletion" => "waiting for its dependents (foreground cascade)".into(),
-        "orphan" => "orphaning its dependents".into(),
-        "cascade-guard.dev/foreground-cascade" => {
-            "held by cascade-guard until nothing is left to cascade".into()
-        }
-        "kubernetes" => "namespace content being deleted".into(),
-        f if f.starts_with("finalizer.managedresource.crossplane.io") => {
-            format!("provider finalizer {f} (the provider is deleting the external resource)")
-        }
-        f => format!("finalizer {f}"),
-    }
-}
-
-/// A deleting object and what holds it.
-fn describe_deleting(finalizers: &[String]) -> String {
-    if finalizers.is_empty() {
-        return "deleting".to_string();
-    }
-    let held: Vec<String> = finalizers.iter().map(|f| describe_finalizer(f)).collect();
-    format!("deleting: {}", held.join("; "))
-}
+use crate::holders::describe_deleting;
 
 /// One object of the tree, by `apiVersion/kind/namespace/name`.
 #[derive(Clone, Debug, PartialEq, Eq, Ord, PartialOrd, Hash, Serialize)]
@@ -481,17 +458,5 @@ mod tests {
         }
         let text = t.summary(Duration::from_secs(2)).render();
         assert_eq!(text.matches("(same look)").count(), 2, "{text}");
-    }
-
-    #[test]
-    fn finalizers_are_described_for_people() {
-        for (f, want) in [
-            ("foregroundDeletion", "dependents"),
-            ("cascade-guard.dev/foreground-cascade", "cascade-guard"),
-            ("finalizer.managedresource.crossplane.io", "provider"),
-            ("example.org/other", "finalizer example.org/other"),
-        ] {
-            assert!(describe_finalizer(f).contains(want), "{f}");
-        }
     }
 }
