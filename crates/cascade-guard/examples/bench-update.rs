@@ -91,7 +91,12 @@ async fn main() -> Result<()> {
         &serde_json::from_value(protected_xrd)?,
     )
     .await?;
-    wait_for(&admin, ns, &protected, true).await?;
+    // The admin is the user cascade-guard runs as here, and trusted: probe as
+    // someone else.
+    let person = cp
+        .client_as("alice@example.com", &["system:masters"])
+        .await?;
+    wait_for(&person, ns, &protected, true).await?;
     let after = measure(&admin, ns, &plain, &protected, "after").await?;
     report("cascade-guard's policies installed", &after);
 
@@ -106,7 +111,7 @@ async fn main() -> Result<()> {
         .delete_collection(&Default::default(), &ours)
         .await?;
     vaps.delete_collection(&Default::default(), &ours).await?;
-    wait_for(&admin, ns, &protected, false).await?;
+    wait_for(&person, ns, &protected, false).await?;
     let again = measure(&admin, ns, &plain, &protected, "again").await?;
     report("policies removed", &again);
     for q in [50.0, 99.0] {
@@ -126,8 +131,8 @@ async fn main() -> Result<()> {
 
 /// Until a person's dry-run update that drops cascade-guard's finalizer is
 /// refused (`guarded`) or not.
-async fn wait_for(admin: &Client, ns: &str, r: &ApiResource, guarded: bool) -> Result<()> {
-    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
+async fn wait_for(person: &Client, ns: &str, r: &ApiResource, guarded: bool) -> Result<()> {
+    let api: Api<DynamicObject> = Api::namespaced_with(person.clone(), ns, r);
     let params = kube::api::PatchParams {
         dry_run: true,
         ..Default::default()

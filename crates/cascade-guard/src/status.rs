@@ -26,14 +26,15 @@ use crate::Error;
 use crate::controller::convert::served_resource;
 use crate::controller::read_once;
 use crate::policy::drift::first_difference;
-use crate::policy::last_good::{LastGood, keep_last_good};
+use crate::policy::last_good::{LastGood, keep_last_good, recall};
 use crate::policy::names::{
     FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, MANAGED_BY_LABEL,
     MANAGED_BY_VALUE, MODE_ANNOTATION,
 };
 use crate::policy::selector::query_string;
 use crate::policy::{
-    CompileSettings, Compiled, Mode, Policy, ProtectedKind, Resolution, Source, compile, resolve,
+    CompileSettings, Compiled, Mode, Policy, ProtectedKind, Resolution, Source, compile,
+    object_name, resolve,
 };
 
 const POLICY: &str = "ValidatingAdmissionPolicy";
@@ -169,33 +170,51 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
                 .to_string(),
         );
     }
-    // As the controller does after a restart: the objects of a CascadePolicy
-    // that now names an unknown kind are its last good compilation, not extra.
+    let managed = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
+    let live_policies = values(
+        &Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .list(&managed)
+            .await
+            .map_err(list("ValidatingAdmissionPolicies"))?
+            .items,
+    );
+    let live_bindings = values(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .list(&managed)
+            .await
+            .map_err(list("ValidatingAdmissionPolicyBindings"))?
+            .items,
+    );
+    // As the controller does after a restart: a CascadePolicy that now names
+    // an unknown kind keeps what its admission objects say.
+    let named = |live: &[Value], name: &str| {
+        live.iter()
+            .find(|v| v.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
+            .cloned()
+    };
     let (resolution, kept) = keep_last_good(
         resolve(&read.inputs),
         &mut LastGood::default(),
         read.kinds_complete,
+        |name| {
+            let object = object_name(&Source::CascadePolicy {
+                name: name.to_string(),
+            });
+            recall(name, &named(&live_policies, &object)?)
+        },
     );
     problems.extend(resolution.problems.iter().map(ToString::to_string));
-
-    let managed = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
-    let live_policies = Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .list(&managed)
-        .await
-        .map_err(list("ValidatingAdmissionPolicies"))?
-        .items;
-    let live_bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .list(&managed)
-        .await
-        .map_err(list("ValidatingAdmissionPolicyBindings"))?
-        .items;
     // What the API server's type check found wrong with the live policies.
-    problems.extend(crate::controller::type_check::problems(&live_policies));
+    let typed: Vec<ValidatingAdmissionPolicy> = live_policies
+        .iter()
+        .filter_map(|v| serde_json::from_value(v.clone()).ok())
+        .collect();
+    problems.extend(crate::controller::type_check::problems(&typed));
     let admission = admission_sync(
         &resolution,
         &settings.compile,
-        &values(&live_policies),
-        &values(&live_bindings),
+        &live_policies,
+        &live_bindings,
         &kept,
     );
 

@@ -594,6 +594,11 @@ async fn cascade_guard_runs_with_exactly_the_charts_rbac() {
         !log.to_lowercase().contains("forbidden"),
         "a replica was refused something the chart should grant:\n{log}"
     );
+    // And it runs as the user the chart tells it its UPDATE policies trust.
+    assert!(
+        !log.contains("runs as another user") && !log.contains("cannot tell which user"),
+        "{log}"
+    );
     for r in &mut replicas {
         r.stop();
     }

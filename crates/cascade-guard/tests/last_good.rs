@@ -7,7 +7,9 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -126,16 +128,41 @@ async fn a_typo_in_the_kind_keeps_the_last_good_protection_until_fixed_or_delete
     assert!(objects_exist().await, "the admission objects were removed");
     assert!(refused().await, "the typo lifted protection");
 
-    // A restart: what is in the cluster is the last good compilation.
+    // A restart: what is in the cluster is the last good compilation, read
+    // back, kept, and repaired like any other policy's objects.
     env.kill_controller(0);
+    // Edited while no controller runs: a selector that selects nothing.
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(c.clone());
+    bindings
+        .patch(
+            "cascade-guard-policy-buckets",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"matchResources": {
+                "objectSelector": {"matchLabels": {"nothing": "here"}}}}})),
+        )
+        .await
+        .expect("edit the binding");
+    let lifted = wait::until(Duration::from_secs(30), || async {
+        (!refused().await).then_some(())
+    })
+    .await;
+    assert!(lifted.is_some(), "the edit did not take effect");
     env.start_controller(&["--no-leader-election"]);
-    condition_says(c, "stay as they are").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let repaired = wait::until(Duration::from_secs(30), || async {
+        refused().await.then_some(())
+    })
+    .await;
+    assert!(
+        repaired.is_some(),
+        "the restarted controller did not repair the kept objects:\n{}",
+        env.cp.log_tails(20)
+    );
+    let (_, reason, message) = condition_says(c, "keeps guarding").await;
+    assert_eq!(reason, "UnknownKind", "{message}");
     assert!(
         objects_exist().await,
         "the restarted controller removed them"
     );
-    assert!(refused().await, "the restart lifted protection");
 
     // Fixed: compiled as usual; a typo again keeps guarding.
     set_kind("Bucket").await;

@@ -17,12 +17,12 @@ use super::{MANAGER, Managed};
 use crate::Error;
 use crate::policy::drift::first_difference;
 pub use crate::policy::last_good::LastGood;
-use crate::policy::last_good::keep_last_good;
+use crate::policy::last_good::{keep_last_good, recall};
 use crate::policy::names::{
     CASCADE_POLICY_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
     UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
 };
-use crate::policy::{CompileSettings, Resolution, Source, compile};
+use crate::policy::{CompileSettings, Resolution, Source, compile, object_name};
 
 const POLICY: &str = "ValidatingAdmissionPolicy";
 const BINDING: &str = "ValidatingAdmissionPolicyBinding";
@@ -52,7 +52,16 @@ pub async fn apply(
 ) -> Outcome {
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let (resolution, untouched) = keep_last_good(resolution, last_good, known.cascade_policies);
+    // After a restart: what a CascadePolicy's objects in the cluster say.
+    let read_back = |name: &str| {
+        let object = object_name(&Source::CascadePolicy {
+            name: name.to_string(),
+        });
+        let vap = serde_json::to_value(managed.policies.get(&object)?.as_ref()).ok()?;
+        recall(name, &vap)
+    };
+    let (resolution, untouched) =
+        keep_last_good(resolution, last_good, known.cascade_policies, read_back);
     let mut compiled = BTreeMap::new();
     let mut failed = BTreeMap::new();
     for policy in &resolution.policies {

@@ -1,10 +1,19 @@
 //! A CascadePolicy that guarded a kind keeps guarding it when it comes to
 //! name a kind no CRD defines (a typo: `Bucket` → `bucket`), with the policy
 //! it last resolved to, until it names a kind that exists or is deleted.
+//!
+//! The controller remembers each CascadePolicy's policy while it runs; after
+//! a restart it reads the policy back from the admission objects that policy
+//! compiled to ([`recall`]), which are its last good compilation.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde_json::Value;
+
 use super::admission::{object_name, update_object_name};
+use super::kind::{ProtectedKind, Scope, Shape};
+use super::mode::Mode;
+use super::names::{MODE_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION};
 use super::resolve::reasons::UNKNOWN_KIND;
 use super::resolve::{Policy, Resolution, Source, Subject};
 
@@ -17,15 +26,17 @@ pub struct LastGood(BTreeMap<String, Policy>);
 /// name a kind no CRD defines (a typo: `Bucket` → `bucket`), until it names
 /// one that exists or is deleted. Remembers each CascadePolicy's resolved
 /// policy; returns the resolution with the remembered ones of the unknown
-/// kinds added (their problem says so), and the admission object names of
-/// unknown-kind CascadePolicies with nothing remembered (after a restart):
-/// what is in the cluster is their last good compilation, left untouched.
-/// Forgets a CascadePolicy only when the list of them is `complete` and it
-/// is not in it.
+/// kinds added (their problem says so). For an unknown-kind CascadePolicy
+/// with nothing remembered (after a restart) it asks `read_back` (by
+/// CascadePolicy name) for the policy its admission objects in the cluster
+/// say; when they say nothing readable, it returns their names: they are
+/// left as they are. Forgets a CascadePolicy only when the list of them is
+/// `complete` and it is not in it.
 pub fn keep_last_good(
     mut resolution: Resolution,
     last_good: &mut LastGood,
     complete: bool,
+    read_back: impl Fn(&str) -> Option<Policy>,
 ) -> (Resolution, BTreeSet<String>) {
     let mut resolved = BTreeSet::new();
     for p in &resolution.policies {
@@ -45,6 +56,11 @@ pub fn keep_last_good(
         }
         unknown.insert(name.clone());
         let source = Source::CascadePolicy { name: name.clone() };
+        if !last_good.0.contains_key(name)
+            && let Some(p) = read_back(name)
+        {
+            last_good.0.insert(name.clone(), p);
+        }
         let kept = match last_good.0.get(name) {
             Some(p) => format!(
                 "it keeps guarding {} ({} mode) as it last compiled, until it names a kind that exists or is deleted",
@@ -76,6 +92,60 @@ pub fn keep_last_good(
             .retain(|name, _| resolved.contains(name) || unknown.contains(name));
     }
     (resolution, untouched)
+}
+
+/// The policy a CascadePolicy's DELETE ValidatingAdmissionPolicy was
+/// compiled from, read back from it (as JSON): the kind from its rule and
+/// annotations, the mode from its annotation, the shape from the rules it
+/// holds. Not the selector: it lives on the binding, which anyone who could
+/// edit it may have narrowed, so the policy read back guards every object of
+/// its kind (wider, and so safer). None when the object is not the
+/// CascadePolicy's or cannot be read.
+pub fn recall(name: &str, policy: &Value) -> Option<Policy> {
+    let annotation = |key: &str| policy.pointer("/metadata/annotations")?.get(key)?.as_str();
+    let source = Source::CascadePolicy {
+        name: name.to_string(),
+    };
+    if annotation(SOURCE_ANNOTATION)? != source.to_string() {
+        return None;
+    }
+    let mode: Mode = annotation(MODE_ANNOTATION)?.parse().ok()?;
+    let rule = policy.pointer("/spec/matchConstraints/resourceRules/0")?;
+    let group = rule.pointer("/apiGroups/0")?.as_str()?;
+    let plural = rule.pointer("/resources/0")?.as_str()?;
+    let scope = match rule.get("scope").and_then(Value::as_str) {
+        Some("Namespaced") => Scope::Namespaced,
+        Some("Cluster") => Scope::Cluster,
+        _ => Scope::Unknown,
+    };
+    let protected = annotation(PROTECTED_KIND_ANNOTATION)?;
+    let kind = if group.is_empty() {
+        protected
+    } else {
+        protected.strip_suffix(&format!(".{group}"))?
+    };
+    // Only composite resources get the nothing-to-cascade rule.
+    let composite = policy
+        .pointer("/spec/variables")?
+        .as_array()?
+        .iter()
+        .any(|v| v.get("name").and_then(Value::as_str) == Some("nothingToCascade"));
+    Some(Policy {
+        kind: ProtectedKind {
+            group: group.to_string(),
+            kind: kind.to_string(),
+            plural: plural.to_string(),
+            scope,
+            shape: if composite {
+                Shape::CompositeResource
+            } else {
+                Shape::Other
+            },
+        },
+        mode,
+        selector: None,
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -126,12 +196,12 @@ mod tests {
             policies: vec![],
             problems: vec![unknown_kind("buckets")],
         };
-        let (r, untouched) = keep_last_good(good.clone(), &mut memory, true);
+        let (r, untouched) = keep_last_good(good.clone(), &mut memory, true, nothing);
         assert_eq!(r, good);
         assert!(untouched.is_empty());
 
         // The typo: still Bucket, and the problem says so.
-        let (r, untouched) = keep_last_good(typo.clone(), &mut memory, true);
+        let (r, untouched) = keep_last_good(typo.clone(), &mut memory, true, nothing);
         assert_eq!(
             names(&r),
             [("CascadePolicy/buckets".to_string(), "Bucket".to_string())]
@@ -145,7 +215,7 @@ mod tests {
             "{message}"
         );
         // Again (a later pass): the same.
-        let (again, _) = keep_last_good(typo.clone(), &mut memory, true);
+        let (again, _) = keep_last_good(typo.clone(), &mut memory, true, nothing);
         assert_eq!(again, r);
 
         // Fixed to another kind that exists: that one, and remembered.
@@ -153,19 +223,19 @@ mod tests {
             policies: vec![policy("buckets", "Vault", Mode::Warn)],
             problems: vec![],
         };
-        let (r, _) = keep_last_good(other, &mut memory, true);
+        let (r, _) = keep_last_good(other, &mut memory, true, nothing);
         assert_eq!(names(&r)[0].1, "Vault");
-        let (r, _) = keep_last_good(typo.clone(), &mut memory, true);
+        let (r, _) = keep_last_good(typo.clone(), &mut memory, true, nothing);
         assert_eq!(names(&r)[0].1, "Vault");
 
         // Deleted while the list is incomplete: not forgotten.
         let empty = Resolution::default();
-        keep_last_good(empty.clone(), &mut memory, false);
-        let (r, _) = keep_last_good(typo.clone(), &mut memory, true);
+        keep_last_good(empty.clone(), &mut memory, false, nothing);
+        let (r, _) = keep_last_good(typo.clone(), &mut memory, true, nothing);
         assert_eq!(names(&r).len(), 1);
         // Deleted: forgotten; the same name with a typo later guards nothing.
-        keep_last_good(empty, &mut memory, true);
-        let (r, untouched) = keep_last_good(typo, &mut memory, true);
+        keep_last_good(empty, &mut memory, true, nothing);
+        let (r, untouched) = keep_last_good(typo.clone(), &mut memory, true, nothing);
         assert!(r.policies.is_empty());
         // Nothing remembered (as after a restart): the objects stay as they are.
         assert_eq!(
@@ -176,5 +246,81 @@ mod tests {
             ])
         );
         assert!(r.problems[0].message.contains("stay as they are"));
+
+        // After a restart with the objects readable: read back and kept.
+        let mut fresh = LastGood::default();
+        let back = |name: &str| Some(policy(name, "Bucket", Mode::Convert));
+        let (r, untouched) = keep_last_good(typo, &mut fresh, true, back);
+        assert!(untouched.is_empty());
+        assert_eq!(names(&r)[0].1, "Bucket");
+        assert_eq!(r.policies[0].mode, Mode::Convert);
+        assert!(
+            r.problems[0]
+                .message
+                .contains("keeps guarding Bucket.example.org (Convert mode)")
+        );
+    }
+
+    fn nothing(_: &str) -> Option<Policy> {
+        None
+    }
+
+    #[test]
+    fn a_policy_is_read_back_from_what_it_compiled_to() {
+        use crate::policy::admission::{CompileSettings, compile};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+        let selector = LabelSelector {
+            match_labels: Some([("tier".to_string(), "prod".to_string())].into()),
+            match_expressions: None,
+        };
+        for (group, scope, shape, mode, selector) in [
+            (
+                "example.org",
+                Scope::Namespaced,
+                Shape::CompositeResource,
+                Mode::Refuse,
+                None,
+            ),
+            (
+                "db.example.org",
+                Scope::Cluster,
+                Shape::Other,
+                Mode::Convert,
+                Some(selector),
+            ),
+            (
+                "example.org",
+                Scope::Unknown,
+                Shape::Other,
+                Mode::Warn,
+                None,
+            ),
+        ] {
+            let compiled_from = Policy {
+                kind: ProtectedKind {
+                    group: group.into(),
+                    kind: "Bucket".into(),
+                    plural: "buckets".into(),
+                    scope,
+                    shape,
+                },
+                mode,
+                selector,
+                source: Source::CascadePolicy { name: "b".into() },
+            };
+            let compiled = compile(&compiled_from, &CompileSettings::default());
+            let vap = serde_json::to_value(&compiled[0].policy).unwrap();
+            // All of it but the selector: every object of the kind.
+            let want = Policy {
+                selector: None,
+                ..compiled_from.clone()
+            };
+            assert_eq!(recall("b", &vap).as_ref(), Some(&want));
+            // Another CascadePolicy's object, or a mangled one: nothing.
+            assert_eq!(recall("c", &vap), None);
+            let mut mangled = vap.clone();
+            mangled["metadata"]["annotations"]["cascade-guard.dev/mode"] = serde_json::json!("Of");
+            assert_eq!(recall("b", &mangled), None);
+        }
     }
 }
