@@ -13,6 +13,7 @@ mod error;
 pub mod leader;
 pub mod policy;
 pub mod render;
+pub mod server_version;
 pub mod status;
 pub mod telemetry;
 pub mod trace;
