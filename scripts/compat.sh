@@ -81,7 +81,11 @@ for v in "${versions[@]}"; do
   start=$SECONDS
   for check in "${checks[@]}"; do
     if [ -z "$bin" ]; then
-      result[$release,$check]="fail: $(first_failure "$logs/build-$v.log")"
+      if [ "$check" = "${checks[0]}" ]; then
+        result[$release,$check]="fail: $(first_failure "$logs/build-$v.log")"
+      else
+        result[$release,$check]="not run"
+      fi
       failed=1
       continue
     fi

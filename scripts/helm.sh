@@ -9,8 +9,9 @@
 #   CASCADE_GUARD_CACHE=/some/dir    where to cache (default ~/.cache/cascade-guard)
 set -euo pipefail
 
-# Helm 3.19 is built against the Kubernetes 1.34 libraries, the release the
-# local control plane runs. `go list -m -versions helm.sh/helm/v3` lists others.
+# Helm 3.19 is built against the Kubernetes 1.34 libraries (its own go.mod);
+# the chart it renders has nothing specific to a release, and the tests apply
+# it to the newest pinned one. `go list -m -versions helm.sh/helm/v3` lists others.
 version=v3.19.5
 k8s_minor=34
 

@@ -14,6 +14,7 @@ pub mod holders;
 pub mod leader;
 pub mod policy;
 pub mod render;
+pub mod server_version;
 pub mod stall;
 pub mod status;
 pub mod telemetry;

@@ -301,6 +301,7 @@ async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client> {
 async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
     init_logging(args.log_json);
     let client = client(kubeconfig).await?;
+    report_server_version(&client).await;
     let settings = Settings {
         xrd_default_mode: args.policy.xrd_default_mode,
         compile: args.policy.compile_settings(),
@@ -369,6 +370,21 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
             leadership.release().await;
             Ok(())
         }
+    }
+}
+
+/// Logs the API server's release against the proven ones; an unreadable
+/// version is only logged, never fatal.
+async fn report_server_version(client: &kube::Client) {
+    use cascade_guard::server_version::{Support, support};
+    match client.apiserver_version().await {
+        Ok(info) => match support(&info) {
+            Support::Proven => {
+                tracing::info!(version = %info.git_version, "API server: {}", Support::Proven)
+            }
+            other => tracing::warn!(version = %info.git_version, "API server: {other}"),
+        },
+        Err(e) => tracing::warn!(error = %e, "cannot read the API server's version"),
     }
 }
 

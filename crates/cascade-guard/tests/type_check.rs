@@ -87,6 +87,13 @@ async fn type_check_warnings_are_reported() {
             policy.status
         );
     }
+    // The controller placed the release among the proven ones.
+    let log = std::fs::read_to_string(env.cp.log_path(&format!("cascade-guard-{controller}")))
+        .expect("controller log");
+    assert!(
+        log.contains("API server: a release cascade-guard is proven on"),
+        "{log}"
+    );
     let clean = wait::until(Duration::from_secs(30), || async {
         let c = condition(&client, "leaves", type_check::CONDITION).await?;
         (c.0 == "True").then_some(c)
