@@ -409,25 +409,11 @@ async fn an_orphaning_break_glass_delete_is_left_alone() {
     // deleted the dependent, checked above.)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// The controller's /metrics, read with a plain HTTP GET on loopback.
+/// The controller's /metrics.
 fn metrics(port: u16) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ =
-        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response
+    http_get(port, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default()
 }
 
 /// The notes of the Events `reason` about object `name` in `ns`.

@@ -17,30 +17,6 @@ use serde_json::json;
 use support::tree::{create_tree, wait_held};
 use support::*;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// The status code and body of a plain HTTP GET on loopback (blocking, and
-/// short: the controller's own server answers at once).
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let code = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())?;
-    Some((code, body))
-}
-
 fn log(env: &Env) -> String {
     std::fs::read_to_string(env.cp.log_path("cascade-guard-0")).unwrap_or_default()
 }
@@ -65,11 +41,11 @@ async fn ready_without_the_cascade_policy_crd_and_using_it_once_installed() {
     ]);
     env.wait_for_protection(&s.client, &REFUSE.resource()).await;
     let ready = wait::until(Duration::from_secs(30), || async {
-        (get(port, "/readyz").await?.0 == 200).then_some(())
+        (http_get(port, "/readyz")?.0 == 200).then_some(())
     })
     .await;
     assert!(ready.is_some(), "never ready:\n{}", log(&env));
-    let (_, metrics) = get(port, "/metrics").await.expect("metrics");
+    let (_, metrics) = http_get(port, "/metrics").expect("metrics");
     assert!(
         metrics.contains(r#"cascade_guard_input_available{input="CascadePolicy"} 0"#),
         "{metrics}"
@@ -103,7 +79,7 @@ async fn ready_without_the_cascade_policy_crd_and_using_it_once_installed() {
     )
     .await;
     env.wait_for_protection(&s.client, &leaves()).await;
-    let (_, metrics) = get(port, "/metrics").await.expect("metrics");
+    let (_, metrics) = http_get(port, "/metrics").expect("metrics");
     assert!(
         metrics.contains(r#"cascade_guard_input_available{input="CascadePolicy"} 1"#),
         "{metrics}"
