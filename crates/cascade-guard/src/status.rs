@@ -745,6 +745,7 @@ mod tests {
                 scope: Scope::Cluster,
             }],
             xrd_default_mode: default,
+            undiscovered_groups: Default::default(),
         })
     }
 

@@ -239,13 +239,13 @@ impl Sources {
             PolicySource::NotInstalled => (Some(Vec::new()), false),
             PolicySource::Watching(w) => (w.snapshot(), true),
         };
-        let (crds, kinds_known) = match &policies {
+        let (crds, undiscovered_groups) = match &policies {
             Some(policies) => discover_kinds(client, policies).await,
-            None => (Vec::new(), false),
+            None => (Vec::new(), BTreeSet::new()),
         };
         let known = Known {
             xrds: xrds.is_some(),
-            cascade_policies: policies.is_some() && kinds_known,
+            cascade_policies: policies.is_some() && undiscovered_groups.is_empty(),
         };
         let cascade_policies = policies.unwrap_or_default();
         let mut policy_inputs: Vec<CascadePolicyInput> = cascade_policies
@@ -259,6 +259,7 @@ impl Sources {
                 cascade_policies: policy_inputs,
                 crds,
                 xrd_default_mode,
+                undiscovered_groups,
             },
             known,
             cascade_policies,
@@ -283,15 +284,15 @@ pub(crate) async fn xrd_resource(client: &Client) -> Result<Option<ApiResource>,
         .map(|(r, _)| r))
 }
 
-/// The kinds of the groups CascadePolicies name, from discovery. The bool is
-/// false when a group could not be read for any reason but its absence.
+/// The kinds of the groups CascadePolicies name, from discovery, and the
+/// groups that could not be read for any reason but their absence.
 pub(crate) async fn discover_kinds(
     client: &Client,
     policies: &[Arc<CascadePolicy>],
-) -> (Vec<CrdInfo>, bool) {
+) -> (Vec<CrdInfo>, BTreeSet<String>) {
     let groups: BTreeSet<&str> = policies.iter().map(|p| p.spec.group.as_str()).collect();
     let mut kinds = Vec::new();
-    let mut complete = true;
+    let mut undiscovered = BTreeSet::new();
     for group in groups {
         if group.is_empty() {
             continue;
@@ -313,11 +314,11 @@ pub(crate) async fn discover_kinds(
             Err(e) if is_not_found(&e) => {}
             Err(e) => {
                 tracing::warn!(%group, error = %e, "cannot discover API group");
-                complete = false;
+                undiscovered.insert(group.to_string());
             }
         }
     }
-    (kinds, complete)
+    (kinds, undiscovered)
 }
 
 fn is_not_found(e: &kube::Error) -> bool {
@@ -365,7 +366,8 @@ pub(crate) async fn read_once(
             Err(kube::Error::Api(s)) if s.code == 404 => (Vec::new(), false),
             Err(e) => return Err(list("CascadePolicies")(e)),
         };
-    let (crds, kinds_complete) = discover_kinds(client, &cascade_policies).await;
+    let (crds, undiscovered_groups) = discover_kinds(client, &cascade_policies).await;
+    let kinds_complete = undiscovered_groups.is_empty();
     let inputs = Inputs {
         xrds,
         cascade_policies: cascade_policies
@@ -374,6 +376,7 @@ pub(crate) async fn read_once(
             .collect(),
         crds,
         xrd_default_mode,
+        undiscovered_groups,
     };
     Ok(ReadOnce {
         inputs,

@@ -14,7 +14,7 @@ use super::admission::{object_name, update_object_name};
 use super::kind::{ProtectedKind, Scope, Shape};
 use super::mode::Mode;
 use super::names::{MODE_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION};
-use super::resolve::reasons::UNKNOWN_KIND;
+use super::resolve::reasons::{KIND_NOT_DISCOVERED, UNKNOWN_KIND};
 use super::resolve::{Policy, Resolution, Source, Subject};
 
 /// The last policy each CascadePolicy resolved to, by CascadePolicy name, so
@@ -51,7 +51,8 @@ pub fn keep_last_good(
         let Subject::CascadePolicy { name } = &problem.subject else {
             continue;
         };
-        if problem.reason != UNKNOWN_KIND || resolved.contains(name) {
+        let unknown_now = problem.reason == UNKNOWN_KIND || problem.reason == KIND_NOT_DISCOVERED;
+        if !unknown_now || resolved.contains(name) {
             continue;
         }
         unknown.insert(name.clone());
@@ -183,6 +184,36 @@ mod tests {
             .iter()
             .map(|p| (p.source.to_string(), p.kind.kind.clone()))
             .collect()
+    }
+
+    /// Discovery failing for a pass is no reason to drop a policy either.
+    #[test]
+    fn a_group_not_discovered_keeps_the_last_good_policy() {
+        let mut memory = LastGood::default();
+        let good = Resolution {
+            policies: vec![policy("buckets", "Bucket", Mode::Refuse)],
+            problems: vec![],
+        };
+        let unreadable = Resolution {
+            policies: vec![],
+            problems: vec![Problem {
+                reason: KIND_NOT_DISCOVERED,
+                severity: Severity::Warning,
+                message: "API group \"example.org\" could not be read from discovery just now, so kind \"Bucket\" is not known for this pass".into(),
+                ..unknown_kind("buckets")
+            }],
+        };
+        keep_last_good(good, &mut memory, true, nothing);
+        let (r, _) = keep_last_good(unreadable, &mut memory, false, nothing);
+        assert_eq!(
+            names(&r),
+            vec![("CascadePolicy/buckets".into(), "Bucket".into())]
+        );
+        assert!(
+            r.problems[0].message.contains("keeps guarding"),
+            "{}",
+            r.problems[0].message
+        );
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettin
         cascade_policies,
         crds,
         xrd_default_mode,
+        undiscovered_groups: Default::default(),
     });
     problems.extend(resolution.problems);
 

@@ -4,6 +4,7 @@
 //! stricter or report a problem, but must never leave a kind unguarded that
 //! someone asked to guard.
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -156,6 +157,10 @@ pub struct Inputs {
     pub crds: Vec<CrdInfo>,
     /// Mode for XRDs without the deletion-policy annotation.
     pub xrd_default_mode: Mode,
+    /// API groups CascadePolicies name whose kinds could not be read from
+    /// discovery (API unavailable, not absent): a kind missing from `crds` in
+    /// one of these is not known to be absent.
+    pub undiscovered_groups: BTreeSet<String>,
 }
 
 /// What asked for a policy.
@@ -246,6 +251,8 @@ impl fmt::Display for Problem {
 pub mod reasons {
     pub const UNKNOWN_MODE: &str = "UnknownMode";
     pub const UNKNOWN_KIND: &str = "UnknownKind";
+    /// The kind's API group could not be read from discovery just now.
+    pub const KIND_NOT_DISCOVERED: &str = "KindNotDiscovered";
     pub const INVALID_SELECTOR: &str = "InvalidSelector";
     pub const OVERLAP: &str = "Overlap";
     pub const DUPLICATE_NAME: &str = "DuplicateName";
@@ -291,7 +298,7 @@ pub fn resolve(inputs: &Inputs) -> Resolution {
         resolve_xrd(xrd, inputs.xrd_default_mode, &mut out);
     }
     for cp in &cps {
-        resolve_cascade_policy(cp, &xrds, &inputs.crds, &mut out);
+        resolve_cascade_policy(cp, &xrds, inputs, &mut out);
     }
     report_overlaps(&mut out);
     out
@@ -371,9 +378,10 @@ fn resolve_xrd(xrd: &XrdInput, default_mode: Mode, out: &mut Resolution) {
 fn resolve_cascade_policy(
     cp: &CascadePolicyInput,
     xrds: &[&XrdInput],
-    crds: &[CrdInfo],
+    inputs: &Inputs,
     out: &mut Resolution,
 ) {
+    let crds = &inputs.crds;
     let subject = Subject::CascadePolicy {
         name: cp.name.clone(),
     };
@@ -395,6 +403,18 @@ fn resolve_cascade_policy(
             })
     });
     let Some(kind) = kind else {
+        if inputs.undiscovered_groups.contains(&cp.group) {
+            out.problems.push(Problem {
+                subject,
+                reason: reasons::KIND_NOT_DISCOVERED,
+                message: format!(
+                    "API group {:?} could not be read from discovery just now, so kind {:?} is not known for this pass",
+                    cp.group, cp.kind
+                ),
+                severity: Severity::Warning,
+            });
+            return;
+        }
         let message = if cp.group.is_empty() {
             format!(
                 "spec.group is empty: CascadePolicy guards custom resources only, so name the API group of kind {:?}; nothing is guarded for this policy",
@@ -532,6 +552,7 @@ mod tests {
             cascade_policies: cps,
             crds,
             xrd_default_mode: Mode::Warn,
+            undiscovered_groups: BTreeSet::new(),
         }
     }
 
@@ -639,6 +660,29 @@ mod tests {
                 .contains("still guarded in Refuse mode")
         );
         assert!(r.problems[1].message.contains("guards nothing"));
+    }
+
+    /// A group that discovery could not read (the API server busy or
+    /// restarting) does not make its kinds "unknown": the policy says the
+    /// kind is not known for now, as a warning, and the last good policy stays.
+    #[test]
+    fn an_undiscovered_group_is_not_an_unknown_kind() {
+        let mut i = inputs(
+            vec![],
+            vec![cp("p", "db.example.org", "Database", Mode::Refuse)],
+            vec![],
+        );
+        i.undiscovered_groups.insert("db.example.org".into());
+        let r = resolve(&i);
+        assert!(r.policies.is_empty());
+        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+        assert_eq!(r.problems[0].reason, reasons::KIND_NOT_DISCOVERED);
+        assert_eq!(r.problems[0].severity, Severity::Warning);
+        assert!(
+            r.problems[0]
+                .message
+                .contains("could not be read from discovery")
+        );
     }
 
     #[test]
