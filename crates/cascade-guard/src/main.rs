@@ -85,6 +85,11 @@ struct PolicyArgs {
     /// its finalizer and foregroundDeletion like the garbage collector.
     #[arg(long, env = "CASCADE_GUARD_CONTROLLER_USER", default_value = DEFAULT_CONTROLLER_USER)]
     controller_user: String,
+    /// Let break-glass count for anyone who can set the annotation, as before
+    /// 0.2. By default it counts only for users allowed to `use`
+    /// breakglass.cascade-guard.dev (the chart's break-glass ClusterRole).
+    #[arg(long, env = "CASCADE_GUARD_BREAK_GLASS_WITHOUT_PERMISSION")]
+    break_glass_without_permission: bool,
 }
 
 impl PolicyArgs {
@@ -94,6 +99,7 @@ impl PolicyArgs {
             gc_controller_manager_user: self.gc_controller_manager_user.clone(),
             crossplane_user: self.crossplane_user.clone(),
             controller_user: self.controller_user.clone(),
+            break_glass_needs_permission: !self.break_glass_without_permission,
         }
     }
 }

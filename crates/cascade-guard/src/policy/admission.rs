@@ -44,6 +44,9 @@ pub struct CompileSettings {
     /// cascade-guard itself: may remove its finalizer and `foregroundDeletion`
     /// (UPDATE), like the garbage collector.
     pub controller_user: String,
+    /// Break-glass counts only for users the API server authorizes to `use`
+    /// `breakglass.cascade-guard.dev`; false: for anyone who can annotate.
+    pub break_glass_needs_permission: bool,
 }
 
 impl Default for CompileSettings {
@@ -53,6 +56,7 @@ impl Default for CompileSettings {
             gc_controller_manager_user: DEFAULT_GC_CONTROLLER_MANAGER_USER.to_string(),
             crossplane_user: DEFAULT_CROSSPLANE_USER.to_string(),
             controller_user: DEFAULT_CONTROLLER_USER.to_string(),
+            break_glass_needs_permission: true,
         }
     }
 }

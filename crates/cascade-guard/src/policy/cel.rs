@@ -19,7 +19,8 @@ use super::decision::AllowReason;
 use super::kind::Shape;
 use super::mode::Mode;
 use super::names::{
-    BREAK_GLASS_ANNOTATION, FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER,
+    BREAK_GLASS_ANNOTATION, BREAK_GLASS_RESOURCE, BREAK_GLASS_VERB, FOREGROUND_CASCADE_FINALIZER,
+    FOREGROUND_DELETION_FINALIZER, GROUP,
 };
 
 /// The audit annotation key saying which rule allowed a delete, or that it
@@ -98,13 +99,8 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
             "has(request.options) && has(request.options.preconditions) && has(request.options.preconditions.uid) && string(request.options.preconditions.uid) != ''",
         ),
         var("isGarbageCollector", &garbage_collector_expression(settings)),
-        var(
-            "breakGlass",
-            &format!(
-                "has(oldObject.metadata.annotations) && '{a}' in oldObject.metadata.annotations && oldObject.metadata.annotations['{a}'] != ''",
-                a = BREAK_GLASS_ANNOTATION
-            ),
-        ),
+        var("breakGlassAnnotated", &break_glass_annotated("oldObject")),
+        var("breakGlass", &break_glass(settings)),
     ]);
     // The client asked to leave what the object owns behind.
     variables.push(var(
@@ -168,6 +164,13 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
     // the object before what it owns is gone.
     let why = format!(
         "(variables.inForeground ? 'it is already being deleted with foreground cascading, and this delete would cut that cascade short. Nothing more is needed: the cascade ends by itself (follow it: cascade-guard trace ' + variables.target + ')' : variables.orphaning ? 'it would leave {what_it_leaves} behind, orphaned, with nothing to delete them. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground' : 'it would remove it before {what_it_leaves} are gone and leave them to wedge. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground')"
+    );
+    // Break-glass set, and still refused: it does not count for this user.
+    // (A message expression cannot use the authorizer, so it cannot read
+    // variables.breakGlass; with the permission not needed, an annotated
+    // object is never refused.)
+    let why = format!(
+        "(variables.breakGlassAnnotated ? '{BREAK_GLASS_ANNOTATION} is set, but ' + variables.username + ' may not use break-glass (it needs {BREAK_GLASS_VERB} on {BREAK_GLASS_RESOURCE}.{GROUP}, which the ClusterRole cascade-guard-break-glass grants), so it does not count; ' : '') + {why}"
     );
     let (message_expression, message) = match mode {
         Mode::Warn => (
@@ -279,13 +282,8 @@ pub fn compile_update_cel(mode: Mode, shape: Shape, settings: &CompileSettings) 
     variables.extend([
         var("mayRemoveFinalizers", &may_remove_finalizers),
         var("isCrossplane", &is_crossplane),
-        var(
-            "breakGlass",
-            &format!(
-                "has(object.metadata.annotations) && '{a}' in object.metadata.annotations && object.metadata.annotations['{a}'] != ''",
-                a = BREAK_GLASS_ANNOTATION
-            ),
-        ),
+        var("breakGlassAnnotated", &break_glass_annotated("object")),
+        var("breakGlass", &break_glass_for(settings, "object")),
         var(
             "objectNamespace",
             "has(object.metadata.namespace) ? object.metadata.namespace : ''",
@@ -431,6 +429,33 @@ fn substitute(expression: &str, written: &[(&str, String)]) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// The break-glass annotation is on `object` (`oldObject` for a DELETE).
+fn break_glass_annotated(object: &str) -> String {
+    format!(
+        "has({object}.metadata.annotations) && '{a}' in {object}.metadata.annotations && {object}.metadata.annotations['{a}'] != ''",
+        a = BREAK_GLASS_ANNOTATION
+    )
+}
+
+/// Break-glass counts for this request: the annotation is on the object and,
+/// unless the settings say anyone who can annotate may, the user may `use`
+/// `breakglass.cascade-guard.dev` (the API server's authorizer, asked only
+/// when the annotation is there).
+fn break_glass(settings: &CompileSettings) -> String {
+    break_glass_for(settings, "oldObject")
+}
+
+fn break_glass_for(settings: &CompileSettings, object: &str) -> String {
+    let annotated = break_glass_annotated(object);
+    if settings.break_glass_needs_permission {
+        format!(
+            "{annotated} && authorizer.group('{GROUP}').resource('{BREAK_GLASS_RESOURCE}').check('{BREAK_GLASS_VERB}').allowed()"
+        )
+    } else {
+        annotated
+    }
 }
 
 fn var(name: &'static str, expression: &str) -> CelVariable {
@@ -919,6 +944,43 @@ mod tests {
         }
     }
 
+    /// Break-glass asks the API server's authorizer, unless told not to; the
+    /// refusal says when the annotation was there but did not count.
+    #[test]
+    fn break_glass_needs_the_permission_unless_told_otherwise() {
+        let strict = CompileSettings::default();
+        let lax = CompileSettings {
+            break_glass_needs_permission: false,
+            ..CompileSettings::default()
+        };
+        let asks =
+            "authorizer.group('cascade-guard.dev').resource('breakglass').check('use').allowed()";
+        let variable = |vars: &[CelVariable], name: &str| {
+            vars.iter()
+                .find(|v| v.name == name)
+                .map(|v| v.expression.clone())
+                .unwrap_or_default()
+        };
+        for (settings, needs) in [(&strict, true), (&lax, false)] {
+            let delete = compile_cel(Mode::Refuse, Shape::CompositeResource, settings);
+            assert_eq!(
+                variable(&delete.variables, "breakGlass").contains(asks),
+                needs
+            );
+            assert_eq!(delete.refusal_condition.contains(asks), needs);
+            assert!(
+                delete
+                    .message_expression
+                    .contains("may not use break-glass")
+            );
+            let update = compile_update_cel(Mode::Refuse, Shape::CompositeResource, settings);
+            assert_eq!(
+                variable(&update.variables, "breakGlass").contains(asks),
+                needs
+            );
+        }
+    }
+
     #[test]
     fn update_users_are_embedded_as_literals_and_empty_ones_never_match() {
         let hostile = CompileSettings {
@@ -926,6 +988,7 @@ mod tests {
             gc_controller_manager_user: String::new(),
             crossplane_user: "cp' || true || '".into(),
             controller_user: "cg-🦀".into(),
+            break_glass_needs_permission: true,
         };
         let p = compile_update_cel(Mode::Refuse, Shape::CompositeResource, &hostile);
         let lit = |s: &str| cel_string_literal(s);
@@ -944,6 +1007,7 @@ mod tests {
             gc_controller_manager_user: String::new(),
             crossplane_user: String::new(),
             controller_user: String::new(),
+            break_glass_needs_permission: true,
         };
         let p = compile_update_cel(Mode::Refuse, Shape::CompositeResource, &nobody);
         assert!(p.match_condition.starts_with("(!(false) && "));

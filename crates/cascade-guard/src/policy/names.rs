@@ -15,6 +15,13 @@ pub const DELETION_POLICY_ANNOTATION: &str = "cascade-guard.dev/deletion-policy"
 /// abandoned on purpose.
 pub const BREAK_GLASS_ANNOTATION: &str = "cascade-guard.dev/break-glass";
 
+/// Break-glass counts only for a user who may `use` this resource of
+/// cascade-guard's group ([`GROUP`]): a permission no built-in role grants, so
+/// that the protection is not only as strong as the weakest patch permission.
+/// The chart's `<release>-break-glass` ClusterRole grants it.
+pub const BREAK_GLASS_RESOURCE: &str = "breakglass";
+pub const BREAK_GLASS_VERB: &str = "use";
+
 /// Finalizer cascade-guard holds on objects of Convert-mode kinds while it
 /// turns a refused delete into a foreground one; while it is present, any
 /// delete is allowed.
