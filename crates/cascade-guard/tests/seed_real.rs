@@ -15,6 +15,15 @@
 //! concurrently); the mode, an annotation on the XRDs, is cluster-wide, so the
 //! deletes take turns.
 //!
+//! And a legacy XRD with a claim, in each mode (its own XRD per mode, so
+//! concurrently): deleting the claim ends with everything gone (in order,
+//! except under Off), and under Refuse the claim waits terminating, its Synced
+//! condition carrying cascade-guard's refusal of Crossplane's delete of the XR
+//! (Crossplane sends no propagationPolicy for the default
+//! `compositeDeletePolicy: Background`) with the command that works, which the
+//! test runs. It is not refused at the claim itself: cascade-guard has no
+//! policy for claims.
+//!
 //! Timing that real parts impose (tests/real_crossplane.rs in local-cluster
 //! has the findings): a composed Usage re-checks its user every 30 s, a
 //! managed resource deleted within 30 s of its create keeps its finalizer until
@@ -562,4 +571,288 @@ async fn convert_tears_a_plain_delete_down_in_order() {
         "cascade-guard never converted the delete\n{}",
         tree.timeline.describe()
     );
+}
+
+const CLAIM_GROUP: &str = "claims.seed.local-cluster.dev";
+const CLAIM_NAMESPACE: &str = "seed-claims";
+
+/// A legacy (`apiextensions.crossplane.io/v1`) XRD `X<Mode>App` with claim
+/// `<Mode>App`, annotated with `mode`, and a Composition of one ConfigMap.
+async fn install_claim_kind(client: &Client, mode: Mode) -> (ApiResource, ApiResource) {
+    let kind = format!("{}App", mode.as_str());
+    let plural = format!("{}apps", mode.as_str().to_lowercase());
+    let xrd = json!({
+        "apiVersion": "apiextensions.crossplane.io/v1",
+        "kind": "CompositeResourceDefinition",
+        "metadata": {
+            "name": format!("x{plural}.{CLAIM_GROUP}"),
+            "annotations": {POLICY_ANNOTATION: mode.as_str()},
+        },
+        "spec": {
+            "group": CLAIM_GROUP,
+            "names": {"kind": format!("X{kind}"), "plural": format!("x{plural}")},
+            "claimNames": {"kind": kind, "plural": plural},
+            "versions": [{
+                "name": "v1", "served": true, "referenceable": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"note": {"type": "string"}}},
+                }}},
+            }],
+        },
+    });
+    let xrds = modelplane::resource(
+        "apiextensions.crossplane.io",
+        "v1",
+        "CompositeResourceDefinition",
+        "compositeresourcedefinitions",
+    );
+    let params = PatchParams::apply("seed-real").force();
+    let name = format!("x{plural}.{CLAIM_GROUP}");
+    api(client, &xrds, None)
+        .patch(&name, &params, &Patch::Apply(&xrd))
+        .await
+        .unwrap_or_else(|e| panic!("apply XRD {name}: {e}"));
+    let composition = json!({
+        "apiVersion": "apiextensions.crossplane.io/v1",
+        "kind": "Composition",
+        "metadata": {"name": format!("x{plural}")},
+        "spec": {
+            "compositeTypeRef": {"apiVersion": format!("{CLAIM_GROUP}/v1"), "kind": format!("X{kind}")},
+            "mode": "Pipeline",
+            "pipeline": [{
+                "step": "patch-and-transform",
+                "functionRef": {"name": local_cluster::real_crossplane::FUNCTION_NAME},
+                "input": {
+                    "apiVersion": "pt.fn.crossplane.io/v1beta1",
+                    "kind": "Resources",
+                    "resources": [{
+                        "name": "config",
+                        "base": {"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"namespace": CLAIM_NAMESPACE}, "data": {"part": "config"}},
+                        "readinessChecks": [{"type": "None"}],
+                    }],
+                },
+            }],
+        },
+    });
+    let compositions = modelplane::resource(
+        "apiextensions.crossplane.io",
+        "v1",
+        "Composition",
+        "compositions",
+    );
+    api(client, &compositions, None)
+        .patch(&format!("x{plural}"), &params, &Patch::Apply(&composition))
+        .await
+        .unwrap_or_else(|e| panic!("apply Composition x{plural}: {e}"));
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    for crd in [
+        format!("x{plural}.{CLAIM_GROUP}"),
+        format!("{plural}.{CLAIM_GROUP}"),
+    ] {
+        let found = wait::until(BUILD_TIMEOUT, || async {
+            crds.get_opt(&crd).await.ok().flatten()
+        })
+        .await;
+        assert!(found.is_some(), "Crossplane never created the CRD {crd}");
+        wait::crd_established(client, &crd, BUILD_TIMEOUT)
+            .await
+            .expect("CRD established");
+    }
+    (
+        modelplane::resource(
+            CLAIM_GROUP,
+            "v1",
+            &format!("X{kind}"),
+            &format!("x{plural}"),
+        ),
+        modelplane::resource(CLAIM_GROUP, "v1", &kind, &plural),
+    )
+}
+
+/// Deletes a claim with a plain `kubectl delete` under `mode`: Ok(what was
+/// said) when the claim, its XR and the composed ConfigMap end up gone, the
+/// ConfigMap before the XR (after it, under Off: the seed's failure). Under
+/// Refuse the claim waits, saying why and giving the command that works,
+/// which is then run.
+async fn claim_outcome(stack: &Stack, mode: Mode) -> Result<String, String> {
+    let client = stack.cp.admin().await.expect("admin client");
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": CLAIM_NAMESPACE}}))
+                .expect("namespace"),
+        )
+        .await;
+    let (xrs, claims) = install_claim_kind(&client, mode).await;
+    let name = "app";
+    let claim = json!({
+        "apiVersion": format!("{CLAIM_GROUP}/v1"),
+        "kind": claims.kind,
+        "metadata": {"name": name, "namespace": CLAIM_NAMESPACE},
+        "spec": {},
+    });
+    let claim_api = api(&client, &claims, Some(CLAIM_NAMESPACE));
+    claim_api
+        .patch(
+            name,
+            &PatchParams::apply("seed-real").force(),
+            &Patch::Apply(&claim),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create the claim: {e}"));
+    let xr_name = wait::until(BUILD_TIMEOUT, || async {
+        let c = claim_api.get_opt(name).await.ok().flatten()?;
+        if !is_ready(&c) {
+            return None;
+        }
+        c.data
+            .pointer("/spec/resourceRef/name")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    })
+    .await
+    .ok_or_else(|| format!("{} never became Ready", claims.kind))?;
+    let xr_api = api(&client, &xrs, None);
+    let xr = xr_api.get(&xr_name).await.expect("the XR");
+    let composed: Vec<String> = xr
+        .data
+        .pointer("/spec/resourceRefs")
+        .and_then(Value::as_array)
+        .map(|refs| {
+            refs.iter()
+                .filter_map(|r| r.get("name").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let timeline = Timeline::start(
+        &client,
+        &[
+            (claims.clone(), Some(CLAIM_NAMESPACE.to_string())),
+            (xrs.clone(), None),
+            (
+                ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+                Some(CLAIM_NAMESPACE.to_string()),
+            ),
+        ],
+    )
+    .await;
+    // Protection in effect for the XR kind (Convert holds the XR).
+    if mode == Mode::Convert {
+        let held = wait::until(Duration::from_secs(60), || async {
+            let x = xr_api.get_opt(&xr_name).await.ok().flatten()?;
+            x.finalizers()
+                .iter()
+                .any(|f| f == HOLD_FINALIZER)
+                .then_some(())
+        })
+        .await;
+        assert!(held.is_some(), "cascade-guard never held {xr_name}");
+    }
+    let out = tokio::process::Command::new(&stack.kubectl)
+        .args([
+            "delete",
+            &format!("{}.{CLAIM_GROUP}", claims.plural),
+            name,
+            "-n",
+            CLAIM_NAMESPACE,
+            "--wait=false",
+        ])
+        .env("KUBECONFIG", stack.cp.kubeconfig_path())
+        .output()
+        .await
+        .expect("kubectl runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        return Err(format!("the claim's delete was refused: {said}"));
+    }
+    let mut said = format!("kubectl said: {}", said.trim());
+    if mode == Mode::Refuse {
+        // Crossplane's delete of the XR (no propagationPolicy, for the default
+        // compositeDeletePolicy Background) is refused: the claim stays
+        // terminating, and its Synced condition says why and what works.
+        let message = wait::until(Duration::from_secs(60), || async {
+            let c = claim_api.get_opt(name).await.ok().flatten()?;
+            let m = condition(&c, "Synced")?
+                .get("message")?
+                .as_str()?
+                .to_string();
+            m.contains("cascade-guard refused").then_some(m)
+        })
+        .await
+        .ok_or_else(|| format!("the claim never said why it waits\n{}", timeline.describe()))?;
+        let command = message
+            .split("Delete it with foreground cascading: ")
+            .nth(1)
+            .and_then(|rest| rest.split(". ").next())
+            .ok_or_else(|| format!("no command in: {message}"))?;
+        let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+        let out = tokio::process::Command::new(&stack.kubectl)
+            .args(&args)
+            .arg("--wait=false")
+            .env("KUBECONFIG", stack.cp.kubeconfig_path())
+            .output()
+            .await
+            .expect("kubectl runs");
+        if !out.status.success() {
+            return Err(format!(
+                "the claim's command `{command}` failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        said = format!("the claim said: {message}; ran: {command}");
+    }
+    let gone = wait::until(Duration::from_secs(120), || async {
+        timeline.gone(&claims.kind, name)?;
+        let xr = timeline.gone(&xrs.kind, &xr_name)?;
+        let maps: Option<Vec<_>> = composed
+            .iter()
+            .map(|m| timeline.gone("ConfigMap", m))
+            .collect();
+        Some((xr, maps?))
+    })
+    .await;
+    let Some((xr, maps)) = gone else {
+        let claim = claim_api.get_opt(name).await.ok().flatten();
+        return Err(format!(
+            "not all gone after 120 s; the claim: {:?}\n{}",
+            claim.map(|c| (c.finalizers().to_vec(), c.data.pointer("/status").cloned())),
+            timeline.describe()
+        ));
+    };
+    let in_order = maps.iter().all(|m| m.seq < xr.seq);
+    // Off is the seed's failure: the XR goes first and leaves its resources
+    // to the garbage collector.
+    if in_order == (mode != Mode::Off) {
+        Ok(said)
+    } else {
+        Err(format!(
+            "the XR left {} its composed ConfigMap\n{}",
+            if in_order { "after" } else { "before" },
+            timeline.describe()
+        ))
+    }
+}
+
+#[tokio::test]
+async fn deleting_a_legacy_claim_ends_gone_in_order_or_says_which_command_works() {
+    let stack = stack().await;
+    let (off, refuse, convert) = tokio::join!(
+        claim_outcome(stack, Mode::Off),
+        claim_outcome(stack, Mode::Refuse),
+        claim_outcome(stack, Mode::Convert)
+    );
+    for (mode, outcome) in [("Off", &off), ("Refuse", &refuse), ("Convert", &convert)] {
+        eprintln!("claim under {mode}: {outcome:?}");
+    }
+    for (mode, outcome) in [("Off", off), ("Refuse", refuse), ("Convert", convert)] {
+        if let Err(why) = outcome {
+            panic!("claim under {mode}: {why}");
+        }
+    }
 }
