@@ -1,12 +1,14 @@
-//! The demo (scripts/demo.sh runs it against the local control plane): the
-//! seed's InferenceCluster on a model of Crossplane, deleted with a plain
+//! The demo (scripts/demo.sh runs it against the local control plane with real
+//! Crossplane and the seed's platform, `local-cluster up --crossplane
+//! --modelplane`): the seed's InferenceCluster, deleted with a plain
 //! `kubectl delete`, with cascade-guard in Convert mode, followed live by
 //! `cascade-guard trace`.
 //!
 //!   demo --kubeconfig PATH [--mode Convert|Refuse|Off]
 //!
-//! Off shows the failure the seed reports: the cluster goes while the Helm
-//! releases still uninstall, and they wedge.
+//! Off shows the failure the seed reports: the cloud cluster goes while the
+//! gateway's load balancer is still being deleted, its Object wedges on the
+//! provider's finalizer, and the load balancer leaks.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -14,16 +16,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use cascade_guard::api::CascadePolicy;
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, CustomResourceExt, ResourceExt};
-use local_cluster::model::{Model, Options as ModelOptions, modelplane};
+use local_cluster::real_crossplane::modelplane::{self, SYSTEM_NAMESPACE};
 use local_cluster::{Binaries, wait};
-use serde_json::json;
+use serde_json::{Value, json};
 
 const NAME: &str = "prod";
+const HOLD_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -44,37 +46,30 @@ async fn main() -> Result<()> {
         &KubeConfigOptions::default(),
     )
     .await?;
-    let client = Client::try_from(config.clone())?;
+    let client = Client::try_from(config)?;
     let logs = kubeconfig
         .parent()
         .map(|d| d.join("logs"))
         .unwrap_or_default();
 
-    say(
-        "installing the CRDs: Crossplane's, Modelplane's XRDs as Crossplane generates them, cascade-guard's",
-    );
-    install_crds(&client).await?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces
-        .get_opt(modelplane::SYSTEM_NAMESPACE)
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    if crds
+        .get_opt("inferenceclusters.modelplane.ai")
         .await?
         .is_none()
     {
-        namespaces
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(
-                    json!({"metadata": {"name": modelplane::SYSTEM_NAMESPACE}}),
-                )?,
-            )
+        bail!(
+            "the seed's platform is not installed: run `cargo run -p local-cluster -- down`, then scripts/demo.sh again"
+        );
+    }
+    if crds
+        .get_opt(&CascadePolicy::crd().name_any())
+        .await?
+        .is_none()
+    {
+        crds.create(&PostParams::default(), &CascadePolicy::crd())
             .await?;
     }
-
-    say(
-        "starting the model of Crossplane: composite finalizers, Usages and their webhook, providers",
-    );
-    let model = Model::start(config, ModelOptions::modelplane()).await?;
-
     say(&format!(
         "annotating Modelplane's XRDs: cascade-guard.dev/deletion-policy: {mode}"
     ));
@@ -102,22 +97,27 @@ async fn main() -> Result<()> {
         .spawn()
         .context("starting cascade-guard")?;
 
-    let result = run(&client, &cascade_guard, &kubeconfig, &mode).await;
+    let result = run(&client, &cascade_guard, &kubeconfig, &logs, &mode).await;
     let _ = controller.kill();
     let _ = controller.wait();
-    drop(model);
     println!();
     say(&format!(
-        "the control plane is still running: export KUBECONFIG={}; stop it with: cargo run -p local-cluster -- down",
+        "the control plane and Crossplane are still running: export KUBECONFIG={}; stop them with: cargo run -p local-cluster -- down",
         kubeconfig.display()
     ));
     result
 }
 
-async fn run(client: &Client, cascade_guard: &Path, kubeconfig: &Path, mode: &str) -> Result<()> {
+async fn run(
+    client: &Client,
+    cascade_guard: &Path,
+    kubeconfig: &Path,
+    logs: &Path,
+    mode: &str,
+) -> Result<()> {
     let ics: Api<DynamicObject> = Api::all_with(client.clone(), &modelplane::inference_clusters());
     if ics.get_opt(NAME).await?.is_some() {
-        say("removing the InferenceCluster left by an earlier run");
+        say("removing the InferenceCluster left by an earlier run (a minute or two)");
         let _ = ics
             .patch(
                 NAME,
@@ -126,8 +126,9 @@ async fn run(client: &Client, cascade_guard: &Path, kubeconfig: &Path, mode: &st
             )
             .await;
         let _ = ics.delete(NAME, &DeleteParams::foreground()).await;
-        let gone = wait::until(Duration::from_secs(120), || async {
-            ics.get_opt(NAME).await.ok()?.is_none().then_some(())
+        let gone = wait::until(Duration::from_secs(300), || async {
+            abandon_wedged(client).await;
+            tree_left(client).await.is_empty().then_some(())
         })
         .await;
         if gone.is_none() {
@@ -140,24 +141,32 @@ async fn run(client: &Client, cascade_guard: &Path, kubeconfig: &Path, mode: &st
         wait_for_protection(client).await?;
     }
 
+    say("creating InferenceCluster prod on real Crossplane, as the seed report describes it:");
     say(
-        "creating InferenceCluster prod: an EKSCluster (its cloud cluster takes 3 s to delete), a ServingStack",
+        "  an EKSCluster: a local-cloud Cluster (a real control plane; 3 s to delete) and the ProviderConfigs",
     );
     say(
-        "with three Helm releases (each takes 6 s to uninstall, and needs the cluster), and a Usage of the",
+        "  that reach it through its connection Secret; a ServingStack: three provider-helm Releases and a",
     );
     say(
-        "EKSCluster by the ServingStack, as Modelplane's compose-inference-cluster function composes them",
+        "  provider-kubernetes Object for the gateway's LoadBalancer Service (its load balancer takes 40 s",
     );
-    let ic =
-        modelplane::InferenceCluster::new(NAME, Duration::from_secs(3), Duration::from_secs(6));
-    ic.tree().create(client).await?;
+    say(
+        "  to delete); and a Usage of the EKSCluster by the ServingStack that replays a refused delete",
+    );
+    ics.patch(
+        NAME,
+        &PatchParams::apply("cascade-guard-demo").force(),
+        &Patch::Apply(modelplane::inference_cluster(NAME)),
+    )
+    .await?;
+    wait_built(client).await?;
     if mode == "Convert" {
-        let held = wait::until(Duration::from_secs(30), || async {
+        let held = wait::until(Duration::from_secs(60), || async {
             let o = ics.get(NAME).await.ok()?;
             o.finalizers()
                 .iter()
-                .any(|f| f == "cascade-guard.dev/foreground-cascade")
+                .any(|f| f == HOLD_FINALIZER)
                 .then_some(())
         })
         .await;
@@ -165,7 +174,6 @@ async fn run(client: &Client, cascade_guard: &Path, kubeconfig: &Path, mode: &st
             bail!("cascade-guard did not hold the InferenceCluster");
         }
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
 
     let kubectl = Binaries::locate()?.kubectl;
     let mut delete_args = vec!["delete", "inferencecluster", NAME, "--wait=false"];
@@ -182,7 +190,7 @@ async fn run(client: &Client, cascade_guard: &Path, kubeconfig: &Path, mode: &st
     }
     // trace first: without cascade-guard the InferenceCluster is gone at once.
     println!("$ cascade-guard trace inferencecluster {NAME}");
-    let timeout = if mode == "Off" { "30" } else { "120" };
+    let timeout = if mode == "Off" { "60" } else { "300" };
     let started = Instant::now();
     let mut trace = Command::new(cascade_guard)
         .args([
@@ -190,7 +198,7 @@ async fn run(client: &Client, cascade_guard: &Path, kubeconfig: &Path, mode: &st
             "inferencecluster",
             NAME,
             "--interval-ms",
-            "250",
+            "500",
             "--timeout",
             timeout,
             "--kubeconfig",
@@ -216,34 +224,32 @@ async fn run(client: &Client, cascade_guard: &Path, kubeconfig: &Path, mode: &st
     );
     if mode == "Off" {
         println!();
-        if trace.success() {
-            say("this time the releases finished before the cluster went: the race went well");
+        let leaked = leaked(logs);
+        if trace.success() && leaked.is_empty() {
+            say("this time everything finished before the cluster went: the race went well");
         } else {
             say(&format!(
-                "without cascade-guard the teardown wedged after {:.0}s: the cloud cluster went while the Helm",
+                "without cascade-guard the teardown wedged within {:.0}s: the InferenceCluster went at once, the",
                 started.elapsed().as_secs_f64()
             ));
             say(
-                "releases were still uninstalling, and they can never finish. This is the seed report's failure.",
+                "Usage let go of the EKSCluster as soon as the ServingStack object left, and the cloud cluster was",
             );
+            say(
+                "deleted while the gateway's load balancer was still being deleted. Its Object can never finish:",
+            );
+            for (kind, name, message) in wedged(client).await {
+                say(&format!("  {kind}/{name}: {message}"));
+            }
+            say("and the local cloud recorded what was left behind:");
+            for line in leaked {
+                say(&format!("  {line}"));
+            }
+            say("This is the seed report's failure.");
         }
         // So that the demo can run again: abandon the wedged objects on purpose,
         // as an operator would have to by hand.
-        for kind in local_cluster::model::provider::ProviderKind::all() {
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), modelplane::SYSTEM_NAMESPACE, &kind.resource);
-            for o in api.list(&Default::default()).await?.items {
-                if o.metadata.deletion_timestamp.is_some() {
-                    let _ = api
-                        .patch(
-                            &o.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                        )
-                        .await;
-                }
-            }
-        }
+        abandon_wedged(client).await;
         return Ok(());
     }
     if !trace.success() {
@@ -256,93 +262,163 @@ fn say(line: &str) {
     println!("demo: {line}");
 }
 
-async fn install_crds(client: &Client) -> Result<()> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut crds = modelplane::crds()?;
-    crds.push(CascadePolicy::crd());
-    let mut created = false;
-    for crd in &crds {
-        let name = crd.name_any();
-        if api.get_opt(&name).await?.is_none() {
-            api.create(&PostParams::default(), crd).await?;
-            created = true;
-        }
-    }
-    for crd in &crds {
-        local_cluster::wait::crd_established(client, &crd.name_any(), Duration::from_secs(30))
-            .await?;
-    }
-    if created {
-        say("waiting for the garbage collector to watch the new kinds (it looks every 30 s)");
-        wait_for_garbage_collector(client).await?;
-    }
-    Ok(())
-}
-
-/// A foreground delete of a ServingStack with a blocking dependent completes
-/// only once the garbage collector watches the new kinds.
-async fn wait_for_garbage_collector(client: &Client) -> Result<()> {
-    let ns = modelplane::SYSTEM_NAMESPACE;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces.get_opt(ns).await?.is_none() {
-        namespaces
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-            )
-            .await?;
-    }
-    let stacks: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), ns, &modelplane::serving_stacks());
-    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let mut attempt = 0;
+/// Waits until the InferenceCluster is Ready and its Usage guards the
+/// EKSCluster, saying what is still coming up.
+async fn wait_built(client: &Client) -> Result<()> {
+    let started = Instant::now();
+    let mut last = String::new();
     loop {
-        attempt += 1;
-        let name = format!("gc-probe-{attempt}");
-        let probe = DynamicObject::new(&name, &modelplane::serving_stacks())
-            .within(ns)
-            .data(
-                json!({"spec": modelplane::minimal_spec(&modelplane::serving_stacks(), "probe")}),
-            );
-        let probe = stacks.create(&PostParams::default(), &probe).await?;
-        maps.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": [{
-                "apiVersion": probe.types.as_ref().map(|t| t.api_version.clone()).unwrap_or_default(),
-                "kind": "ServingStack", "name": name, "uid": probe.uid(), "blockOwnerDeletion": true}]}}))?,
-        )
-        .await?;
-        stacks.delete(&name, &DeleteParams::foreground()).await?;
-        let gone = wait::until(Duration::from_secs(5), || async {
-            stacks.get_opt(&name).await.ok()?.is_none().then_some(())
-        })
-        .await;
-        if gone.is_some() {
+        let mut waiting = Vec::new();
+        for (r, ns, n) in modelplane::tree(NAME) {
+            if r.kind == "ProviderConfig" || r.kind == "Usage" {
+                continue;
+            }
+            let api: Api<DynamicObject> = match &ns {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, &r),
+                None => Api::all_with(client.clone(), &r),
+            };
+            match api.get_opt(&n).await {
+                Ok(Some(o)) if is_ready(&o) => {}
+                Ok(Some(_)) => waiting.push(format!("{}/{n} (not ready)", r.kind)),
+                _ => waiting.push(format!("{}/{n} (not there yet)", r.kind)),
+            }
+        }
+        let eks: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            SYSTEM_NAMESPACE,
+            &modelplane::eks_clusters(),
+        );
+        let in_use = eks.get_opt(NAME).await.ok().flatten().is_some_and(|o| {
+            o.labels().get("crossplane.io/in-use").map(String::as_str) == Some("true")
+        });
+        if waiting.is_empty() && in_use {
+            say(&format!(
+                "the tree is ready after {:.0}s",
+                started.elapsed().as_secs_f64()
+            ));
             return Ok(());
         }
-        if Instant::now() > deadline {
-            bail!("the garbage collector did not start watching the new kinds");
+        let now = if waiting.is_empty() {
+            "the Usage to take hold of the EKSCluster".to_string()
+        } else {
+            waiting.join(", ")
+        };
+        if now != last {
+            say(&format!(
+                "{:>4.0}s waiting for {now}",
+                started.elapsed().as_secs_f64()
+            ));
+            last = now;
+        }
+        if started.elapsed() > Duration::from_secs(400) {
+            bail!("the tree did not become ready; see .local-cluster/logs/");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+fn is_ready(object: &DynamicObject) -> bool {
+    conditions(object).iter().any(|c| {
+        c.get("type").and_then(Value::as_str) == Some("Ready")
+            && c.get("status").and_then(Value::as_str) == Some("True")
+    })
+}
+
+fn conditions(object: &DynamicObject) -> Vec<Value> {
+    object
+        .data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The objects of the demo's tree still in the API.
+async fn tree_left(client: &Client) -> Vec<String> {
+    let mut left = Vec::new();
+    for (r, ns, n) in modelplane::tree(NAME) {
+        let api: Api<DynamicObject> = match &ns {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &r),
+            None => Api::all_with(client.clone(), &r),
+        };
+        if let Ok(Some(_)) = api.get_opt(&n).await {
+            left.push(format!("{}/{n}", r.kind));
         }
     }
+    left
+}
+
+/// The tree's managed resources that are being deleted, each with its API.
+async fn deleting_managed(client: &Client) -> Vec<(Api<DynamicObject>, DynamicObject)> {
+    let mut deleting = Vec::new();
+    for (r, _, n) in modelplane::tree(NAME) {
+        if r.kind != "Release" && r.kind != "Object" {
+            continue;
+        }
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), SYSTEM_NAMESPACE, &r);
+        if let Ok(Some(o)) = api.get_opt(&n).await
+            && o.metadata.deletion_timestamp.is_some()
+        {
+            deleting.push((api, o));
+        }
+    }
+    deleting
+}
+
+/// Deleted managed resources of the tree held by their provider, with the
+/// provider's words.
+async fn wedged(client: &Client) -> Vec<(String, String, String)> {
+    let mut wedged = Vec::new();
+    for (_, o) in deleting_managed(client).await {
+        let message = conditions(&o)
+            .iter()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some("Synced"))
+            .and_then(|c| c.get("message").and_then(Value::as_str))
+            .unwrap_or("held by finalizer.managedresource.crossplane.io")
+            .to_string();
+        let kind = o.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
+        wedged.push((kind, o.name_any(), message));
+    }
+    wedged
+}
+
+/// Removes the providers' finalizer from deleted managed resources of the tree.
+async fn abandon_wedged(client: &Client) {
+    for (api, o) in deleting_managed(client).await {
+        let _ = api
+            .patch(
+                &o.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+    }
+}
+
+/// What the local cloud logged as leaked for the demo's cluster.
+fn leaked(logs: &Path) -> Vec<String> {
+    let log = std::fs::read_to_string(logs.join("local-cloud.log")).unwrap_or_default();
+    modelplane::leaked(&log, NAME)
 }
 
 async fn annotate_xrds(client: &Client, mode: &str) -> Result<()> {
     let xrds: Api<DynamicObject> =
         Api::all_with(client.clone(), &local_cluster::crossplane::xrd_resource());
-    for mut xrd in modelplane::xrds()? {
-        xrd["metadata"]["annotations"] = json!({"cascade-guard.dev/deletion-policy": mode});
-        let name = xrd["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let object: DynamicObject = serde_json::from_value(xrd)?;
+    for r in [
+        modelplane::inference_clusters(),
+        modelplane::eks_clusters(),
+        modelplane::serving_stacks(),
+    ] {
+        let name = format!("{}.{}", r.plural, r.group);
         xrds.patch(
             &name,
-            &PatchParams::apply("cascade-guard-demo").force(),
-            &Patch::Apply(&object),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"cascade-guard.dev/deletion-policy": mode}}}),
+            ),
         )
-        .await?;
+        .await
+        .with_context(|| format!("annotating {name}"))?;
     }
     Ok(())
 }

@@ -3,14 +3,21 @@
 //! webhook and its providers (local_cluster::model), and prevented by each of
 //! cascade-guard's modes.
 //!
-//! Three scenarios, each without cascade-guard (mode Off: no policies, nothing
+//! Why this still runs on the model: the InferenceCluster scenario has moved
+//! to real Crossplane (tests/seed_real.rs) and was retired here; these have not
+//! yet, because they need Modelplane's ModelDeployment, ModelReplica and
+//! InferenceGateway trees and the replica guard (a ClusterUsage the
+//! InferenceCluster composes while replicas exist), which the project's
+//! Compositions for function-patch-and-transform do not compose yet, and the
+//! randomized test runs far more trees, cascade-guard restarts and delays than
+//! real Crossplane's 30-second timers allow in CI.
+//!
+//! Scenarios, each without cascade-guard (mode Off: no policies, nothing
 //! held), with Refuse and with Convert:
-//! 1. an InferenceCluster: an EKSCluster (a slow cloud cluster), a ServingStack
-//!    whose Helm releases install onto that cluster, and a Usage of the
-//!    EKSCluster by the ServingStack;
-//! 2. a ModelDeployment whose ModelReplicas' Objects run on that cluster, the
-//!    InferenceCluster's reason-only ClusterUsage while they exist, and the
-//!    InferenceCluster deleted while the ModelDeployment is going away;
+//! 2. a ModelDeployment whose ModelReplicas' Objects run on an
+//!    InferenceCluster's cluster, the InferenceCluster's reason-only
+//!    ClusterUsage while they exist, and the InferenceCluster deleted while the
+//!    ModelDeployment is going away;
 //! 3. an InferenceGateway on the cluster, likewise.
 //!
 //! Order is asserted from a watch: no cluster leaves the API while anything
@@ -120,62 +127,6 @@ fn replayed_by_crossplane(p: &Platform, name: &str, policy: &str) -> bool {
     })
 }
 
-// ---------------------------------------------------------------------------
-// Scenario 1: an InferenceCluster.
-
-async fn inference_cluster(mode: Mode) {
-    let p = platform().await;
-    let _gate = p.enter([mode; 6]).await;
-    let client = p.admin().await;
-    let name = format!("s1-{}", lower(mode));
-    let ic = InferenceCluster::new(&name, Duration::from_secs(1), Duration::from_secs(5));
-    let tree = ic.tree();
-    let mut run = Run::default();
-    run.add(&tree);
-    let tl = timeline(&client).await;
-    tree.create(&client).await.expect("create the tree");
-    wait_in_use(
-        &client,
-        &modelplane::eks_clusters(),
-        Some(SYSTEM_NAMESPACE),
-        &name,
-    )
-    .await;
-    let ics = modelplane::inference_clusters();
-    let start = Instant::now();
-    match mode {
-        Mode::Off => {
-            let (ok, stderr) = kubectl_delete(p, &ics, None, &name, false).await;
-            assert!(ok, "kubectl delete: {stderr}");
-            let wedged =
-                assert_wedged(&client, &run, &tl, &ic.cluster(), Duration::from_secs(5)).await;
-            eprintln!(
-                "scenario 1 without cascade-guard: the cluster was gone after {:?}; wedged: {wedged:?}",
-                tl.gone("Cluster", &name).map(|e| e.at - start)
-            );
-            run.clean_up(&client, &tl).await;
-        }
-        Mode::Refuse => {
-            let refused = kubectl_delete(p, &ics, None, &name, false).await;
-            assert_refused(&refused, "InferenceCluster", &name);
-            let (ok, stderr) = kubectl_delete(p, &ics, None, &name, true).await;
-            assert!(ok, "kubectl delete --cascade=foreground: {stderr}");
-            finish(p, &run, &tl, "scenario 1 (Refuse)", start).await;
-            assert!(was_foreground(&tl, "InferenceCluster", &name));
-        }
-        Mode::Convert => {
-            let (ok, stderr) = kubectl_delete(p, &ics, None, &name, false).await;
-            assert!(ok, "kubectl delete: {stderr}");
-            finish(p, &run, &tl, "scenario 1 (Convert)", start).await;
-            assert!(
-                was_foreground(&tl, "InferenceCluster", &name),
-                "cascade-guard never converted the delete\n{}",
-                run.describe(&tl)
-            );
-        }
-    }
-}
-
 /// Waits for the whole run to leave the API and asserts the order.
 async fn finish(
     p: &Platform,
@@ -196,21 +147,6 @@ async fn finish(
         "{what}: everything gone, in order, in {:?}",
         start.elapsed()
     );
-}
-
-#[tokio::test]
-async fn off_inference_cluster_a_plain_delete_wedges_the_releases() {
-    inference_cluster(Mode::Off).await;
-}
-
-#[tokio::test]
-async fn refuse_inference_cluster_the_plain_delete_is_refused_and_foreground_is_ordered() {
-    inference_cluster(Mode::Refuse).await;
-}
-
-#[tokio::test]
-async fn convert_inference_cluster_a_plain_delete_is_ordered() {
-    inference_cluster(Mode::Convert).await;
 }
 
 // ---------------------------------------------------------------------------

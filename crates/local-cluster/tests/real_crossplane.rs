@@ -42,6 +42,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
 use kube::{Api, Client};
+use local_cluster::real_crossplane::modelplane::resource;
 use local_cluster::real_crossplane::{self, CROSSPLANE_USER, Crossplane, CrossplaneOptions};
 use local_cluster::testing::{self, Scope};
 use local_cluster::timeline::Timeline;
@@ -70,20 +71,6 @@ fn xapps() -> ApiResource {
 
 fn config_maps() -> ApiResource {
     ApiResource::erase::<ConfigMap>(&())
-}
-
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: if group.is_empty() {
-            version.into()
-        } else {
-            format!("{group}/{version}")
-        },
-        kind: kind.into(),
-        plural: plural.into(),
-    }
 }
 
 fn compositions() -> ApiResource {

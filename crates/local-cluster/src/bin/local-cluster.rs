@@ -39,6 +39,10 @@ enum Command {
         /// crossplane/build.sh), under a supervisor process in the background.
         #[arg(long)]
         crossplane: bool,
+        /// With --crossplane: also install the seed's platform (Modelplane's
+        /// XRDs, the project's Compositions and charts, crossplane/modelplane/).
+        #[arg(long, requires = "crossplane")]
+        modelplane: bool,
     },
     /// Stop the control plane and remove its directory.
     Down,
@@ -49,7 +53,10 @@ enum Command {
     /// Run real Crossplane on the control plane in the foreground until
     /// SIGTERM (what `up --crossplane` starts in the background).
     #[command(hide = true)]
-    ServeCrossplane,
+    ServeCrossplane {
+        #[arg(long)]
+        modelplane: bool,
+    },
 }
 
 #[tokio::main]
@@ -68,10 +75,11 @@ async fn main() -> Result<()> {
         Command::Up {
             use_service_account_credentials,
             crossplane,
+            modelplane,
         } => {
             up(&dir, use_service_account_credentials).await?;
             if crossplane {
-                supervisor::up(&dir).await?;
+                supervisor::up(&dir, modelplane).await?;
             }
             Ok(())
         }
@@ -83,7 +91,7 @@ async fn main() -> Result<()> {
             supervisor::status(&dir);
             status(&dir)
         }
-        Command::ServeCrossplane => supervisor::serve(&dir).await,
+        Command::ServeCrossplane { modelplane } => supervisor::serve(&dir, modelplane).await,
         Command::Env => {
             println!("export KUBECONFIG={}", dir.join("kubeconfig").display());
             Ok(())

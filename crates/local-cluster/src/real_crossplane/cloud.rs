@@ -18,6 +18,7 @@ use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, Post
 use kube::{Api, Client, Config};
 use serde_json::{Value, json};
 
+use super::load_balancer;
 use super::manifest;
 use super::stack::Forwarding;
 use super::{Error, api_error, io_error};
@@ -156,7 +157,8 @@ pub struct LocalCloud {
 enum Entry {
     /// Being created, or deleted (the control plane is owned by that task).
     Busy,
-    Running(Box<ControlPlane>),
+    /// With the task that runs its load balancers.
+    Running(Box<ControlPlane>, tokio::task::AbortHandle),
 }
 
 impl LocalCloud {
@@ -192,7 +194,8 @@ impl LocalCloud {
             Err(_) => return,
         };
         for entry in running {
-            if let Entry::Running(mut cp) = entry {
+            if let Entry::Running(mut cp, load_balancers) = entry {
+                load_balancers.abort();
                 cp.stop();
             }
         }
@@ -317,13 +320,35 @@ impl Controller {
             self.note(&format!("{key}: {e}"));
         }
         self.note(&format!("{key}: cloud cluster up at {server}"));
-        self.set(&key, Entry::Running(Box::new(cp)));
+        let load_balancers = match cp.admin().await {
+            Ok(cloud) => {
+                let this = self.clone();
+                tokio::spawn(load_balancer::run(cloud, view.name.clone(), move |line| {
+                    this.note(line)
+                }))
+                .abort_handle()
+            }
+            Err(e) => {
+                self.note(&format!("{key}: no load balancers: {e}"));
+                tokio::spawn(async {}).abort_handle()
+            }
+        };
+        self.set(&key, Entry::Running(Box::new(cp), load_balancers));
     }
 
     async fn delete(self, client: Client, view: ClusterView, entry: Option<Entry>) {
         let key = Self::key(&view);
         tokio::time::sleep(view.deletion_time.unwrap_or(self.options.deletion_time)).await;
-        if let Some(Entry::Running(mut cp)) = entry {
+        if let Some(Entry::Running(mut cp, load_balancers)) = entry {
+            load_balancers.abort();
+            // What a cloud leaks when a cluster goes before its load balancers.
+            if let Ok(cloud) = cp.admin().await {
+                for service in load_balancer::live(&cloud).await {
+                    self.note(&format!(
+                        "{key}: leaked the load balancer of Service {service}"
+                    ));
+                }
+            }
             let port = super::stack::port_of(cp.server());
             let stopped = tokio::task::spawn_blocking(move || cp.stop()).await;
             if let Err(e) = stopped {

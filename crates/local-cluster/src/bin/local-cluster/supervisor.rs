@@ -38,7 +38,7 @@ fn supervisor(state: &CrossplaneState) -> Result<Process> {
 }
 
 /// Starts the supervisor (unless one runs) and waits until the stack is up.
-pub async fn up(dir: &Path) -> Result<()> {
+pub async fn up(dir: &Path, modelplane: bool) -> Result<()> {
     if let Some(state) = read_state(dir)
         && supervisor(&state)?.is_running()
     {
@@ -49,10 +49,13 @@ pub async fn up(dir: &Path) -> Result<()> {
     let _ = std::fs::remove_file(state_path(dir));
     let exe = std::env::current_exe().context("finding local-cluster's own binary")?;
     let log = log_path(dir);
-    let args = vec![
+    let mut args = vec![
         format!("--dir={}", dir.display()),
         "serve-crossplane".to_string(),
     ];
+    if modelplane {
+        args.push("--modelplane".to_string());
+    }
     let started = Instant::now();
     let mut child = process::spawn(
         "crossplane-supervisor",
@@ -155,12 +158,25 @@ pub fn status(dir: &Path) {
 
 /// The supervisor: starts the stack, records it, waits for SIGTERM or
 /// SIGINT, stops it.
-pub async fn serve(dir: &Path) -> Result<()> {
+pub async fn serve(dir: &Path, modelplane: bool) -> Result<()> {
     let text = std::fs::read_to_string(dir.join("state.json"))
         .with_context(|| format!("no control plane recorded in {}", dir.display()))?;
     let cp_state: local_cluster::State = serde_json::from_str(&text)?;
     let cp = ControlPlane::adopt(dir, cp_state);
     let mut crossplane = Crossplane::start(&cp, CrossplaneOptions::default()).await?;
+    if modelplane {
+        // The charts are served by this process, so the platform is installed
+        // here, and its XRDs carry no deletion policy until someone sets one.
+        let client = cp.admin().await?;
+        local_cluster::real_crossplane::modelplane::install(
+            &client,
+            &crossplane,
+            &dir.join("crossplane").join("charts"),
+            &serde_json::json!({}),
+        )
+        .await?;
+        eprintln!("crossplane-supervisor: the seed's platform installed");
+    }
     let state = CrossplaneState {
         supervisor_pid: std::process::id(),
         processes: crossplane.processes(),

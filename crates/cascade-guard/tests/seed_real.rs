@@ -1,0 +1,858 @@
+//! The seed's failure (../shared/seed/background-deletion-issue.txt) on real
+//! Crossplane, and cascade-guard preventing it: Crossplane core,
+//! function-patch-and-transform, provider-helm and provider-kubernetes as
+//! built by `crossplane/build.sh`, a local cloud whose clusters are real
+//! control planes, Modelplane's real XRDs and the project's Compositions
+//! (`crossplane/modelplane/`, `local_cluster::real_crossplane::modelplane`).
+//!
+//! The InferenceCluster scenario, in each mode: Off, a plain `kubectl delete`
+//! reproduces the failure (the XR gone at once, the cloud cluster deleted while
+//! the gateway's load balancer and maybe the releases still uninstall, which
+//! then wedge on their provider's finalizer and leak the load balancer);
+//! Refuse, the plain delete is refused with its message and
+//! `--cascade=foreground` tears down in order; Convert, the plain delete tears
+//! down in order. Each test builds its own tree at once (they run
+//! concurrently); the mode, an annotation on the XRDs, is cluster-wide, so the
+//! deletes take turns.
+//!
+//! And a legacy XRD with a claim, in each mode (its own XRD per mode, so
+//! concurrently): deleting the claim ends with everything gone (in order,
+//! except under Off), and under Refuse the claim waits terminating, its Synced
+//! condition carrying cascade-guard's refusal of Crossplane's delete of the XR
+//! (Crossplane sends no propagationPolicy for the default
+//! `compositeDeletePolicy: Background`) with the command that works, which the
+//! test runs. It is not refused at the claim itself: cascade-guard has no
+//! policy for claims.
+//!
+//! Timing that real parts impose (tests/real_crossplane.rs in local-cluster
+//! has the findings): a composed Usage re-checks its user every 30 s, a
+//! managed resource deleted within 30 s of its create keeps its finalizer until
+//! then, and the gateway's load balancer takes 40 s to delete (the
+//! Composition's annotation), longer than the Usage can hold the cluster after
+//! a background delete.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Mutex as StdMutex;
+use std::time::{Duration, Instant};
+
+use cascade_guard::api::CascadePolicy;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
+use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use local_cluster::process::{self, Lifetime, Process};
+use local_cluster::real_crossplane::modelplane::{self, SYSTEM_NAMESPACE};
+use local_cluster::real_crossplane::{Crossplane, CrossplaneOptions};
+use local_cluster::timeline::Timeline;
+use local_cluster::{Binaries, ControlPlane, Options, wait};
+use serde_json::{Value, json};
+use tokio::sync::OnceCell;
+
+const POLICY_ANNOTATION: &str = "cascade-guard.dev/deletion-policy";
+const HOLD_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
+const MANAGED_FINALIZER: &str = "finalizer.managedresource.crossplane.io";
+const IN_USE_LABEL: &str = "crossplane.io/in-use";
+/// A tree takes a cloud cluster's start and Crossplane's steps to build.
+const BUILD_TIMEOUT: Duration = Duration::from_secs(240);
+/// A teardown waits for the Usage's 30 s re-check, the load balancer's 40 s
+/// and the creation grace period.
+const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Off,
+    Refuse,
+    Convert,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Off => "Off",
+            Mode::Refuse => "Refuse",
+            Mode::Convert => "Convert",
+        }
+    }
+}
+
+struct Stack {
+    cp: ControlPlane,
+    // Kept for its processes' lifetime: they stop when it is dropped.
+    _crossplane: Crossplane,
+    kubectl: PathBuf,
+    _controller: StdMutex<Process>,
+    /// Held by the test whose mode is in effect.
+    turn: tokio::sync::Mutex<()>,
+}
+
+async fn stack() -> &'static Stack {
+    static STACK: OnceCell<Stack> = OnceCell::const_new();
+    STACK.get_or_init(start).await
+}
+
+async fn start() -> Stack {
+    local_cluster::testing::init_tracing();
+    let cp = ControlPlane::start(Options {
+        crds: vec![CascadePolicy::crd()],
+        ..Options::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("cannot start the control plane: {e}"));
+    let crossplane = Crossplane::start(&cp, CrossplaneOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("cannot start Crossplane: {e}"));
+    eprintln!("real Crossplane started in {:?}", crossplane.started_in());
+    let client = cp.admin().await.expect("admin client");
+    modelplane::install(
+        &client,
+        &crossplane,
+        &cp.dir().join("charts"),
+        &json!({ POLICY_ANNOTATION: "Off" }),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cannot install the platform: {e}"));
+    let kubeconfig = cp.dir().join("cascade-guard.kubeconfig");
+    cp.write_kubeconfig_as(&kubeconfig, support::CONTROLLER_USER, &["system:masters"])
+        .expect("controller kubeconfig");
+    let args = vec![
+        "run".to_string(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--xrd-default-mode=Off".to_string(),
+        "--resync-seconds=20".to_string(),
+        "--http-address=127.0.0.1:0".to_string(),
+        "--no-leader-election".to_string(),
+    ];
+    let controller = process::spawn(
+        "cascade-guard",
+        std::path::Path::new(env!("CARGO_BIN_EXE_cascade-guard")),
+        &args,
+        &cp.log_path("cascade-guard"),
+        Lifetime::Owned,
+    )
+    .unwrap_or_else(|e| panic!("cannot start cascade-guard: {e}"));
+    let kubectl = Binaries::locate().expect("binaries").kubectl;
+    Stack {
+        cp,
+        _crossplane: crossplane,
+        kubectl,
+        _controller: StdMutex::new(controller),
+        turn: tokio::sync::Mutex::new(()),
+    }
+}
+
+fn api(client: &Client, resource: &ApiResource, ns: Option<&str>) -> Api<DynamicObject> {
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+        None => Api::all_with(client.clone(), resource),
+    }
+}
+
+fn condition<'a>(object: &'a DynamicObject, kind: &str) -> Option<&'a Value> {
+    object
+        .data
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))
+}
+
+fn is_ready(object: &DynamicObject) -> bool {
+    condition(object, "Ready").and_then(|c| c.get("status")) == Some(&json!("True"))
+}
+
+/// The provider's Synced=False message, once it has reported one.
+fn sync_failure(object: &DynamicObject) -> Option<String> {
+    let c = condition(object, "Synced")?;
+    (c.get("status")? == "False").then(|| {
+        c.get("message")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    })
+}
+
+/// One InferenceCluster's tree, watched from before it exists.
+struct Tree {
+    name: String,
+    client: Client,
+    timeline: Timeline,
+}
+
+impl Tree {
+    /// Creates InferenceCluster `name` and waits until it is Ready and its
+    /// Usage guards the EKSCluster.
+    async fn build(stack: &Stack, name: &str) -> Self {
+        let client = stack.cp.admin().await.expect("admin client");
+        let mut watched: Vec<(ApiResource, Option<String>)> = Vec::new();
+        for (r, ns, _) in modelplane::tree(name) {
+            if !watched.iter().any(|(w, _)| w == &r) {
+                watched.push((r, ns));
+            }
+        }
+        let timeline = Timeline::start(&client, &watched).await;
+        let ics = api(&client, &modelplane::inference_clusters(), None);
+        ics.patch(
+            name,
+            &PatchParams::apply("seed-real").force(),
+            &Patch::Apply(modelplane::inference_cluster(name)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create InferenceCluster {name}: {e}"));
+        let started = Instant::now();
+        let tree = Self {
+            name: name.to_string(),
+            client,
+            timeline,
+        };
+        let ready = wait::until(BUILD_TIMEOUT, || async {
+            is_ready(&ics.get_opt(name).await.ok().flatten()?).then_some(())
+        })
+        .await;
+        assert!(
+            ready.is_some(),
+            "InferenceCluster {name} never became Ready: {}\n{}",
+            tree.states().await,
+            stack.cp.log_tails(20)
+        );
+        let eks = api(
+            &tree.client,
+            &modelplane::eks_clusters(),
+            Some(SYSTEM_NAMESPACE),
+        );
+        let in_use = wait::until(Duration::from_secs(60), || async {
+            let o = eks.get_opt(name).await.ok().flatten()?;
+            (o.labels().get(IN_USE_LABEL).map(String::as_str) == Some("true")).then_some(())
+        })
+        .await;
+        assert!(in_use.is_some(), "EKSCluster {name} never became in use");
+        eprintln!("{name}: the tree was ready in {:?}", started.elapsed());
+        tree
+    }
+
+    fn objects(&self) -> Vec<(ApiResource, Option<String>, String)> {
+        modelplane::tree(&self.name)
+    }
+
+    fn stack_name(&self) -> String {
+        format!("{}-serving-stack", self.name)
+    }
+
+    /// The managed resources that need the cloud cluster: the releases and
+    /// the gateway's Object.
+    fn on_the_cluster(&self) -> Vec<(ApiResource, String)> {
+        self.objects()
+            .into_iter()
+            .filter(|(r, _, _)| r.kind == "Release" || r.kind == "Object")
+            .map(|(r, _, n)| (r, n))
+            .collect()
+    }
+
+    /// Each object's state, for failure messages.
+    async fn states(&self) -> String {
+        let mut lines = Vec::new();
+        for (r, ns, n) in self.objects() {
+            let line = match api(&self.client, &r, ns.as_deref()).get_opt(&n).await {
+                Ok(Some(o)) => format!(
+                    "{}/{n}: ready={} finalizers={:?} deleting={} synced={:?}",
+                    r.kind,
+                    is_ready(&o),
+                    o.finalizers(),
+                    o.metadata.deletion_timestamp.is_some(),
+                    sync_failure(&o)
+                ),
+                Ok(None) => format!("{}/{n}: gone", r.kind),
+                Err(e) => format!("{}/{n}: {e}", r.kind),
+            };
+            lines.push(line);
+        }
+        lines.join("\n")
+    }
+
+    async fn left(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        for (r, ns, n) in self.objects() {
+            if let Ok(Some(_)) = api(&self.client, &r, ns.as_deref()).get_opt(&n).await {
+                left.push(format!("{}/{n}", r.kind));
+            }
+        }
+        left
+    }
+
+    async fn wait_all_gone(&self, timeout: Duration) -> bool {
+        wait::until(timeout, || async {
+            self.left().await.is_empty().then_some(())
+        })
+        .await
+        .is_some()
+    }
+
+    fn gone_seq(&self, kind: &str, name: &str) -> u64 {
+        match self.timeline.gone(kind, name) {
+            Some(e) => e.seq,
+            None => panic!(
+                "{kind}/{name} never seen leaving the API\n{}",
+                self.timeline.describe()
+            ),
+        }
+    }
+
+    /// The order that prevents the seed's failure: everything on the cloud
+    /// cluster left before it, the ServingStack before the EKSCluster the
+    /// Usage guards, and the InferenceCluster last (a foreground cascade).
+    fn assert_order(&self, what: &str) {
+        let cluster = self.gone_seq("Cluster", &self.name);
+        for (r, n) in self.on_the_cluster() {
+            let needer = self.gone_seq(&r.kind, &n);
+            assert!(
+                needer < cluster,
+                "{what}: Cluster/{} left (#{cluster}) before {}/{n} (#{needer})\n{}",
+                self.name,
+                r.kind,
+                self.timeline.describe()
+            );
+        }
+        let eks = self.gone_seq("EKSCluster", &self.name);
+        let stack = self.gone_seq("ServingStack", &self.stack_name());
+        let ic = self.gone_seq("InferenceCluster", &self.name);
+        assert!(
+            stack < eks && cluster < eks && eks < ic,
+            "{what}: ServingStack #{stack}, Cluster #{cluster}, EKSCluster #{eks}, InferenceCluster #{ic}\n{}",
+            self.timeline.describe()
+        );
+    }
+
+    /// What the local cloud logged as leaked for this tree's cluster.
+    fn leaked(&self, stack: &Stack) -> Vec<String> {
+        let log = std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default();
+        modelplane::leaked(&log, &self.name)
+    }
+
+    /// Removes the providers' finalizer from whatever is left, as an operator
+    /// does with a wedged resource, and waits for the tree to go.
+    async fn clean_up(&self) {
+        for (r, n) in self.on_the_cluster() {
+            let api = api(&self.client, &r, Some(SYSTEM_NAMESPACE));
+            let _ = api
+                .patch(
+                    &n,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await;
+        }
+        assert!(
+            self.wait_all_gone(Duration::from_secs(120)).await,
+            "clean-up left {:?}",
+            self.left().await
+        );
+    }
+}
+
+impl Stack {
+    /// Waits for its turn, then puts `mode` on the three XRDs and waits until
+    /// it is in effect for InferenceCluster `name`.
+    async fn enter(&self, mode: Mode, name: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        let turn = self.turn.lock().await;
+        let client = self.cp.admin().await.expect("admin client");
+        let xrds = api(
+            &client,
+            &modelplane::resource(
+                "apiextensions.crossplane.io",
+                "v2",
+                "CompositeResourceDefinition",
+                "compositeresourcedefinitions",
+            ),
+            None,
+        );
+        for r in [
+            modelplane::inference_clusters(),
+            modelplane::eks_clusters(),
+            modelplane::serving_stacks(),
+        ] {
+            let xrd = format!("{}.{}", r.plural, r.group);
+            xrds.patch(
+                &xrd,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {POLICY_ANNOTATION: mode.as_str()}}}),
+                ),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("annotate {xrd}: {e}"));
+        }
+        let ics = api(&client, &modelplane::inference_clusters(), None);
+        let dry_run = DeleteParams {
+            dry_run: true,
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..DeleteParams::default()
+        };
+        let effective = wait::until(Duration::from_secs(60), || async {
+            let ic = ics.get_opt(name).await.ok().flatten()?;
+            let held = ic.finalizers().iter().any(|f| f == HOLD_FINALIZER);
+            let refused = matches!(
+                ics.delete(name, &dry_run).await,
+                Err(kube::Error::Api(ref s)) if s.code == 403
+            );
+            let ok = match mode {
+                Mode::Off => !held && !refused,
+                Mode::Refuse => refused,
+                Mode::Convert => held && !refused,
+            };
+            ok.then_some(())
+        })
+        .await;
+        assert!(
+            effective.is_some(),
+            "{} never in effect for InferenceCluster {name}; logs:\n{}",
+            mode.as_str(),
+            self.cp.log_tails(30)
+        );
+        turn
+    }
+
+    /// `kubectl delete inferencecluster <name>`: (succeeded, stderr).
+    async fn kubectl_delete(&self, name: &str, foreground: bool) -> (bool, String) {
+        let mut args = vec![
+            "delete",
+            "inferenceclusters.modelplane.ai",
+            name,
+            "--wait=false",
+        ];
+        if foreground {
+            args.push("--cascade=foreground");
+        }
+        let out = tokio::process::Command::new(&self.kubectl)
+            .args(&args)
+            .env("KUBECONFIG", self.cp.kubeconfig_path())
+            .output()
+            .await
+            .expect("kubectl runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+/// Waits for the tree to go, then asserts its order and that nothing leaked.
+async fn assert_torn_down_in_order(stack: &Stack, tree: &Tree, what: &str, started: Instant) {
+    assert!(
+        tree.wait_all_gone(TEARDOWN_TIMEOUT).await,
+        "{what}: left {:?}\n{}\n{}",
+        tree.left().await,
+        tree.states().await,
+        tree.timeline.describe()
+    );
+    tree.assert_order(what);
+    assert!(
+        tree.leaked(stack).is_empty(),
+        "{what}: {:?}",
+        tree.leaked(stack)
+    );
+    eprintln!(
+        "{what}: everything gone, in order, in {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn without_cascade_guard_a_plain_delete_wedges_the_serving_stack_and_leaks_its_load_balancer()
+{
+    let stack = stack().await;
+    let tree = Tree::build(stack, "seed-off").await;
+    let _turn = stack.enter(Mode::Off, &tree.name).await;
+    let started = Instant::now();
+    let (ok, stderr) = stack.kubectl_delete(&tree.name, false).await;
+    assert!(ok, "kubectl delete: {stderr}");
+
+    // The XR is gone at once: Crossplane drops its finalizer, and nothing
+    // else holds it.
+    let ic = tree
+        .timeline
+        .wait_gone("InferenceCluster", &tree.name, Duration::from_secs(30))
+        .await;
+    assert!(ic.is_some(), "{}", tree.timeline.describe());
+    eprintln!(
+        "Off: the InferenceCluster was gone after {:?}",
+        started.elapsed()
+    );
+    // The cloud cluster goes once the Usage lets go of the EKSCluster...
+    let cluster = tree
+        .timeline
+        .wait_gone("Cluster", &tree.name, TEARDOWN_TIMEOUT)
+        .await;
+    assert!(
+        cluster.is_some(),
+        "the cloud cluster never went\n{}\n{}",
+        tree.states().await,
+        tree.timeline.describe()
+    );
+    eprintln!(
+        "Off: the cloud cluster was gone after {:?}",
+        started.elapsed()
+    );
+    // ...while the gateway's load balancer was still being deleted: its
+    // Object wedges on the provider's finalizer, unable to reach the cluster.
+    let mut wedged = Vec::new();
+    for (r, n) in tree.on_the_cluster() {
+        if tree.timeline.gone(&r.kind, &n).is_some() {
+            continue;
+        }
+        let objects = api(&tree.client, &r, Some(SYSTEM_NAMESPACE));
+        let failure = wait::until(Duration::from_secs(90), || async {
+            let o = objects.get_opt(&n).await.ok().flatten()?;
+            o.metadata.deletion_timestamp.as_ref()?;
+            let held = o.finalizers().iter().any(|f| f == MANAGED_FINALIZER);
+            held.then(|| sync_failure(&o)).flatten()
+        })
+        .await;
+        if let Some(message) = failure {
+            eprintln!("Off: {}/{n} wedged: {message}", r.kind);
+            wedged.push(format!("{}/{n}", r.kind));
+        }
+    }
+    let gateway = format!("Object/{}-gateway", tree.stack_name());
+    assert!(
+        wedged.contains(&gateway),
+        "{gateway} did not wedge (wedged: {wedged:?})\n{}\n{}",
+        tree.states().await,
+        tree.timeline.describe()
+    );
+    // Still wedged well after: nothing will ever let it go.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(tree.left().await.contains(&gateway));
+    let leaked = tree.leaked(stack);
+    assert!(
+        leaked.iter().any(|l| l.contains(&format!(
+            "load balancer of Service default/{}-gateway",
+            tree.stack_name()
+        ))),
+        "the local cloud recorded no leaked load balancer: {leaked:?}"
+    );
+    eprintln!("Off: wedged {wedged:?}; {leaked:?}");
+    tree.clean_up().await;
+}
+
+#[tokio::test]
+async fn refuse_refuses_the_plain_delete_and_a_foreground_delete_tears_down_in_order() {
+    let stack = stack().await;
+    let tree = Tree::build(stack, "seed-refuse").await;
+    let _turn = stack.enter(Mode::Refuse, &tree.name).await;
+    let (ok, stderr) = stack.kubectl_delete(&tree.name, false).await;
+    assert!(!ok, "the plain delete was allowed");
+    assert!(
+        stderr.contains("(Forbidden)")
+            && stderr.contains(&format!(
+                "cascade-guard refused to delete InferenceCluster {}",
+                tree.name
+            ))
+            && stderr.contains("--cascade=foreground"),
+        "unexpected refusal: {stderr}"
+    );
+    eprintln!("Refuse: kubectl said: {}", stderr.trim());
+    let started = Instant::now();
+    let (ok, stderr) = stack.kubectl_delete(&tree.name, true).await;
+    assert!(ok, "kubectl delete --cascade=foreground: {stderr}");
+    assert_torn_down_in_order(stack, &tree, "Refuse", started).await;
+}
+
+#[tokio::test]
+async fn convert_tears_a_plain_delete_down_in_order() {
+    let stack = stack().await;
+    let tree = Tree::build(stack, "seed-convert").await;
+    let _turn = stack.enter(Mode::Convert, &tree.name).await;
+    let started = Instant::now();
+    let (ok, stderr) = stack.kubectl_delete(&tree.name, false).await;
+    assert!(ok, "kubectl delete: {stderr}");
+    assert_torn_down_in_order(stack, &tree, "Convert", started).await;
+    assert!(
+        tree.timeline
+            .seen_with_finalizer("InferenceCluster", &tree.name, "foregroundDeletion"),
+        "cascade-guard never converted the delete\n{}",
+        tree.timeline.describe()
+    );
+}
+
+const CLAIM_GROUP: &str = "claims.seed.local-cluster.dev";
+const CLAIM_NAMESPACE: &str = "seed-claims";
+
+/// A legacy (`apiextensions.crossplane.io/v1`) XRD `X<Mode>App` with claim
+/// `<Mode>App`, annotated with `mode`, and a Composition of one ConfigMap.
+async fn install_claim_kind(client: &Client, mode: Mode) -> (ApiResource, ApiResource) {
+    let kind = format!("{}App", mode.as_str());
+    let plural = format!("{}apps", mode.as_str().to_lowercase());
+    let xrd = json!({
+        "apiVersion": "apiextensions.crossplane.io/v1",
+        "kind": "CompositeResourceDefinition",
+        "metadata": {
+            "name": format!("x{plural}.{CLAIM_GROUP}"),
+            "annotations": {POLICY_ANNOTATION: mode.as_str()},
+        },
+        "spec": {
+            "group": CLAIM_GROUP,
+            "names": {"kind": format!("X{kind}"), "plural": format!("x{plural}")},
+            "claimNames": {"kind": kind, "plural": plural},
+            "versions": [{
+                "name": "v1", "served": true, "referenceable": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"note": {"type": "string"}}},
+                }}},
+            }],
+        },
+    });
+    let xrds = modelplane::resource(
+        "apiextensions.crossplane.io",
+        "v1",
+        "CompositeResourceDefinition",
+        "compositeresourcedefinitions",
+    );
+    let params = PatchParams::apply("seed-real").force();
+    let name = format!("x{plural}.{CLAIM_GROUP}");
+    api(client, &xrds, None)
+        .patch(&name, &params, &Patch::Apply(&xrd))
+        .await
+        .unwrap_or_else(|e| panic!("apply XRD {name}: {e}"));
+    let composition = json!({
+        "apiVersion": "apiextensions.crossplane.io/v1",
+        "kind": "Composition",
+        "metadata": {"name": format!("x{plural}")},
+        "spec": {
+            "compositeTypeRef": {"apiVersion": format!("{CLAIM_GROUP}/v1"), "kind": format!("X{kind}")},
+            "mode": "Pipeline",
+            "pipeline": [{
+                "step": "patch-and-transform",
+                "functionRef": {"name": local_cluster::real_crossplane::FUNCTION_NAME},
+                "input": {
+                    "apiVersion": "pt.fn.crossplane.io/v1beta1",
+                    "kind": "Resources",
+                    "resources": [{
+                        "name": "config",
+                        "base": {"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"namespace": CLAIM_NAMESPACE}, "data": {"part": "config"}},
+                        "readinessChecks": [{"type": "None"}],
+                    }],
+                },
+            }],
+        },
+    });
+    let compositions = modelplane::resource(
+        "apiextensions.crossplane.io",
+        "v1",
+        "Composition",
+        "compositions",
+    );
+    api(client, &compositions, None)
+        .patch(&format!("x{plural}"), &params, &Patch::Apply(&composition))
+        .await
+        .unwrap_or_else(|e| panic!("apply Composition x{plural}: {e}"));
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    for crd in [
+        format!("x{plural}.{CLAIM_GROUP}"),
+        format!("{plural}.{CLAIM_GROUP}"),
+    ] {
+        let found = wait::until(BUILD_TIMEOUT, || async {
+            crds.get_opt(&crd).await.ok().flatten()
+        })
+        .await;
+        assert!(found.is_some(), "Crossplane never created the CRD {crd}");
+        wait::crd_established(client, &crd, BUILD_TIMEOUT)
+            .await
+            .expect("CRD established");
+    }
+    (
+        modelplane::resource(
+            CLAIM_GROUP,
+            "v1",
+            &format!("X{kind}"),
+            &format!("x{plural}"),
+        ),
+        modelplane::resource(CLAIM_GROUP, "v1", &kind, &plural),
+    )
+}
+
+/// Deletes a claim with a plain `kubectl delete` under `mode`: Ok(what was
+/// said) when the claim, its XR and the composed ConfigMap end up gone, the
+/// ConfigMap before the XR (after it, under Off: the seed's failure). Under
+/// Refuse the claim waits, saying why and giving the command that works,
+/// which is then run.
+async fn claim_outcome(stack: &Stack, mode: Mode) -> Result<String, String> {
+    let client = stack.cp.admin().await.expect("admin client");
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": CLAIM_NAMESPACE}}))
+                .expect("namespace"),
+        )
+        .await;
+    let (xrs, claims) = install_claim_kind(&client, mode).await;
+    let name = "app";
+    let claim = json!({
+        "apiVersion": format!("{CLAIM_GROUP}/v1"),
+        "kind": claims.kind,
+        "metadata": {"name": name, "namespace": CLAIM_NAMESPACE},
+        "spec": {},
+    });
+    let claim_api = api(&client, &claims, Some(CLAIM_NAMESPACE));
+    claim_api
+        .patch(
+            name,
+            &PatchParams::apply("seed-real").force(),
+            &Patch::Apply(&claim),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create the claim: {e}"));
+    let xr_name = wait::until(BUILD_TIMEOUT, || async {
+        let c = claim_api.get_opt(name).await.ok().flatten()?;
+        if !is_ready(&c) {
+            return None;
+        }
+        c.data
+            .pointer("/spec/resourceRef/name")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    })
+    .await
+    .ok_or_else(|| format!("{} never became Ready", claims.kind))?;
+    let xr_api = api(&client, &xrs, None);
+    let xr = xr_api.get(&xr_name).await.expect("the XR");
+    let composed: Vec<String> = xr
+        .data
+        .pointer("/spec/resourceRefs")
+        .and_then(Value::as_array)
+        .map(|refs| {
+            refs.iter()
+                .filter_map(|r| r.get("name").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let timeline = Timeline::start(
+        &client,
+        &[
+            (claims.clone(), Some(CLAIM_NAMESPACE.to_string())),
+            (xrs.clone(), None),
+            (
+                ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+                Some(CLAIM_NAMESPACE.to_string()),
+            ),
+        ],
+    )
+    .await;
+    // Protection in effect for the XR kind (Convert holds the XR).
+    if mode == Mode::Convert {
+        let held = wait::until(Duration::from_secs(60), || async {
+            let x = xr_api.get_opt(&xr_name).await.ok().flatten()?;
+            x.finalizers()
+                .iter()
+                .any(|f| f == HOLD_FINALIZER)
+                .then_some(())
+        })
+        .await;
+        assert!(held.is_some(), "cascade-guard never held {xr_name}");
+    }
+    let out = tokio::process::Command::new(&stack.kubectl)
+        .args([
+            "delete",
+            &format!("{}.{CLAIM_GROUP}", claims.plural),
+            name,
+            "-n",
+            CLAIM_NAMESPACE,
+            "--wait=false",
+        ])
+        .env("KUBECONFIG", stack.cp.kubeconfig_path())
+        .output()
+        .await
+        .expect("kubectl runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        return Err(format!("the claim's delete was refused: {said}"));
+    }
+    let mut said = format!("kubectl said: {}", said.trim());
+    if mode == Mode::Refuse {
+        // Crossplane's delete of the XR (no propagationPolicy, for the default
+        // compositeDeletePolicy Background) is refused: the claim stays
+        // terminating, and its Synced condition says why and what works.
+        let message = wait::until(Duration::from_secs(60), || async {
+            let c = claim_api.get_opt(name).await.ok().flatten()?;
+            let m = condition(&c, "Synced")?
+                .get("message")?
+                .as_str()?
+                .to_string();
+            m.contains("cascade-guard refused").then_some(m)
+        })
+        .await
+        .ok_or_else(|| format!("the claim never said why it waits\n{}", timeline.describe()))?;
+        let command = message
+            .split("Delete it with foreground cascading: ")
+            .nth(1)
+            .and_then(|rest| rest.split(". ").next())
+            .ok_or_else(|| format!("no command in: {message}"))?;
+        let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+        let out = tokio::process::Command::new(&stack.kubectl)
+            .args(&args)
+            .arg("--wait=false")
+            .env("KUBECONFIG", stack.cp.kubeconfig_path())
+            .output()
+            .await
+            .expect("kubectl runs");
+        if !out.status.success() {
+            return Err(format!(
+                "the claim's command `{command}` failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        said = format!("the claim said: {message}; ran: {command}");
+    }
+    let gone = wait::until(Duration::from_secs(120), || async {
+        timeline.gone(&claims.kind, name)?;
+        let xr = timeline.gone(&xrs.kind, &xr_name)?;
+        let maps: Option<Vec<_>> = composed
+            .iter()
+            .map(|m| timeline.gone("ConfigMap", m))
+            .collect();
+        Some((xr, maps?))
+    })
+    .await;
+    let Some((xr, maps)) = gone else {
+        let claim = claim_api.get_opt(name).await.ok().flatten();
+        return Err(format!(
+            "not all gone after 120 s; the claim: {:?}\n{}",
+            claim.map(|c| (c.finalizers().to_vec(), c.data.pointer("/status").cloned())),
+            timeline.describe()
+        ));
+    };
+    let in_order = maps.iter().all(|m| m.seq < xr.seq);
+    // Off is the seed's failure: the XR goes first and leaves its resources
+    // to the garbage collector.
+    if in_order == (mode != Mode::Off) {
+        Ok(said)
+    } else {
+        Err(format!(
+            "the XR left {} its composed ConfigMap\n{}",
+            if in_order { "after" } else { "before" },
+            timeline.describe()
+        ))
+    }
+}
+
+#[tokio::test]
+async fn deleting_a_legacy_claim_ends_gone_in_order_or_says_which_command_works() {
+    let stack = stack().await;
+    let (off, refuse, convert) = tokio::join!(
+        claim_outcome(stack, Mode::Off),
+        claim_outcome(stack, Mode::Refuse),
+        claim_outcome(stack, Mode::Convert)
+    );
+    for (mode, outcome) in [("Off", &off), ("Refuse", &refuse), ("Convert", &convert)] {
+        eprintln!("claim under {mode}: {outcome:?}");
+    }
+    for (mode, outcome) in [("Off", off), ("Refuse", refuse), ("Convert", convert)] {
+        if let Err(why) = outcome {
+            panic!("claim under {mode}: {why}");
+        }
+    }
+}

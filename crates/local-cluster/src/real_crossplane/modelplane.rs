@@ -1,0 +1,306 @@
+//! The seed's platform on real Crossplane: Modelplane's real XRDs
+//! (InferenceCluster, EKSCluster, ServingStack, from the fixtures) with the
+//! project's own Compositions for function-patch-and-transform
+//! (`crossplane/modelplane/compositions/`; Modelplane's call its own
+//! functions) and the small charts the ServingStack installs
+//! (`crossplane/modelplane/charts/`), packed with `tar` and served on loopback.
+//!
+//! An InferenceCluster `<n>` composes, in `modelplane-system`: EKSCluster `<n>`
+//! (a local-cloud Cluster `<n>` writing Secret `<n>-kubeconfig`, and the
+//! provider-helm and provider-kubernetes ProviderConfigs `<n>-kubeconfig`),
+//! ServingStack `<n>-serving-stack` (Releases `<n>-serving-stack-<chart>` and
+//! Object `<n>-serving-stack-gateway`, a LoadBalancer Service on the cloud
+//! cluster) and Usage `<n>-usage-eks-by-backend`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use super::manifest::FIELD_MANAGER;
+use super::{Crossplane, Error, api_error, io_error};
+
+pub const SYSTEM_NAMESPACE: &str = "modelplane-system";
+/// The charts a ServingStack installs, as its Composition names them.
+pub const CHARTS: [&str; 3] = ["cert-manager", "envoy-gateway", "kube-prometheus-stack"];
+/// The XRDs of the fixtures this platform composes.
+pub const XRD_DIRS: [&str; 3] = ["inferenceclusters", "eksclusters", "servingstacks"];
+const COMPOSITIONS: [&str; 3] = [
+    "inferencecluster.yaml",
+    "ekscluster.yaml",
+    "servingstack.yaml",
+];
+
+/// `crossplane/modelplane` in the repository.
+pub fn dir() -> PathBuf {
+    crate::controlplane_dir().join("../crossplane/modelplane")
+}
+
+pub fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: if group.is_empty() {
+            version.into()
+        } else {
+            format!("{group}/{version}")
+        },
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+pub fn inference_clusters() -> ApiResource {
+    resource(
+        "modelplane.ai",
+        "v1alpha1",
+        "InferenceCluster",
+        "inferenceclusters",
+    )
+}
+pub fn eks_clusters() -> ApiResource {
+    resource(
+        "infrastructure.modelplane.ai",
+        "v1alpha1",
+        "EKSCluster",
+        "eksclusters",
+    )
+}
+pub fn serving_stacks() -> ApiResource {
+    resource(
+        "infrastructure.modelplane.ai",
+        "v1alpha1",
+        "ServingStack",
+        "servingstacks",
+    )
+}
+pub fn usages() -> ApiResource {
+    resource("protection.crossplane.io", "v1beta1", "Usage", "usages")
+}
+pub fn releases() -> ApiResource {
+    resource("helm.m.crossplane.io", "v1beta1", "Release", "releases")
+}
+pub fn objects() -> ApiResource {
+    resource(
+        "kubernetes.m.crossplane.io",
+        "v1alpha1",
+        "Object",
+        "objects",
+    )
+}
+pub fn helm_provider_configs() -> ApiResource {
+    resource(
+        "helm.m.crossplane.io",
+        "v1beta1",
+        "ProviderConfig",
+        "providerconfigs",
+    )
+}
+pub fn kubernetes_provider_configs() -> ApiResource {
+    resource(
+        "kubernetes.m.crossplane.io",
+        "v1alpha1",
+        "ProviderConfig",
+        "providerconfigs",
+    )
+}
+
+/// Every object of InferenceCluster `name`'s tree: (kind, namespace, name),
+/// top first.
+pub fn tree(name: &str) -> Vec<(ApiResource, Option<String>, String)> {
+    let ns = Some(SYSTEM_NAMESPACE.to_string());
+    let stack = format!("{name}-serving-stack");
+    let config = format!("{name}-kubeconfig");
+    let mut objects = vec![
+        (inference_clusters(), None, name.to_string()),
+        (eks_clusters(), ns.clone(), name.to_string()),
+        (super::cloud::clusters(), ns.clone(), name.to_string()),
+        (helm_provider_configs(), ns.clone(), config.clone()),
+        (kubernetes_provider_configs(), ns.clone(), config),
+        (serving_stacks(), ns.clone(), stack.clone()),
+        (objects(), ns.clone(), format!("{stack}-gateway")),
+        (usages(), ns.clone(), format!("{name}-usage-eks-by-backend")),
+    ];
+    for chart in CHARTS {
+        objects.push((releases(), ns.clone(), format!("{stack}-{chart}")));
+    }
+    objects
+}
+
+/// What the local cloud's log (`local-cloud.log`) says InferenceCluster
+/// `name`'s cloud cluster leaked when it was deleted: one line each.
+pub fn leaked(log: &str, name: &str) -> Vec<String> {
+    let prefix = format!("{SYSTEM_NAMESPACE}/{name}/");
+    log.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| rest.split_once(": "))
+        .filter(|(_, what)| what.starts_with("leaked"))
+        .map(|(_, what)| what.to_string())
+        .collect()
+}
+
+/// The InferenceCluster `name`, on EKS.
+pub fn inference_cluster(name: &str) -> Value {
+    json!({
+        "apiVersion": "modelplane.ai/v1alpha1",
+        "kind": "InferenceCluster",
+        "metadata": {"name": name},
+        "spec": {
+            "cluster": {"source": "EKS", "eks": {"region": "us-west-2"}},
+            "crossplane": {"compositionRef": {"name": "inferenceclusters-local"}},
+        },
+    })
+}
+
+/// Installs the platform on a running stack: the namespace, the charts
+/// (served), the XRDs (each with `annotations` added) and the Compositions,
+/// and waits until Crossplane has established the XRs' CRDs. `scratch` is a
+/// directory for the packed charts.
+pub async fn install(
+    client: &Client,
+    crossplane: &Crossplane,
+    scratch: &Path,
+    annotations: &Value,
+) -> Result<(), Error> {
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": SYSTEM_NAMESPACE}}))
+            .map_err(|e| Error::Io(format!("namespace: {e}")))?;
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(api_error("creating modelplane-system")(e)),
+    }
+    let mut urls = Vec::new();
+    for chart in CHARTS {
+        let packed = pack_chart(&dir().join("charts").join(chart), scratch)?;
+        let name = format!("{chart}-0.1.0.tgz");
+        urls.push((chart, crossplane.serve(&name, packed)?));
+    }
+    let xrds = resource(
+        "apiextensions.crossplane.io",
+        "v2",
+        "CompositeResourceDefinition",
+        "compositeresourcedefinitions",
+    );
+    for d in XRD_DIRS {
+        let path =
+            crate::crossplane::fixtures_dir().join(format!("modelplane/apis/{d}/definition.yaml"));
+        let mut xrd = read_yaml(&path)?;
+        xrd["metadata"]["annotations"] = annotations.clone();
+        apply(client, &xrds, &xrd).await?;
+    }
+    let compositions = resource(
+        "apiextensions.crossplane.io",
+        "v1",
+        "Composition",
+        "compositions",
+    );
+    for file in COMPOSITIONS {
+        let path = dir().join("compositions").join(file);
+        let mut text = std::fs::read_to_string(&path).map_err(io_error(&path))?;
+        for (chart, url) in &urls {
+            text = text.replace(&format!("{{{{chart:{chart}}}}}"), url);
+        }
+        let composition: Value = serde_yaml::from_str(&text).map_err(|e| Error::Manifest {
+            path: path.clone(),
+            detail: e.to_string(),
+        })?;
+        apply(client, &compositions, &composition).await?;
+    }
+    for r in [inference_clusters(), eks_clusters(), serving_stacks()] {
+        let name = format!("{}.{}", r.plural, r.group);
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let found = crate::wait::until(Duration::from_secs(120), || async {
+            crds.get_opt(&name).await.ok().flatten()
+        })
+        .await;
+        if found.is_none() {
+            return Err(Error::NotReady {
+                component: format!("the CRD Crossplane generates for {name}"),
+                last: "never created".into(),
+            });
+        }
+        crate::wait::crd_established(client, &name, Duration::from_secs(60))
+            .await
+            .map_err(api_error(format!("waiting for CRD {name}")))?;
+    }
+    Ok(())
+}
+
+fn read_yaml(path: &Path) -> Result<Value, Error> {
+    let text = std::fs::read_to_string(path).map_err(io_error(path))?;
+    serde_yaml::from_str(&text).map_err(|e| Error::Manifest {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })
+}
+
+/// Server-side apply of a cluster-scoped object.
+async fn apply(client: &Client, ar: &ApiResource, object: &Value) -> Result<(), Error> {
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .map_err(api_error(format!("applying {} {name}", ar.kind)))?;
+    Ok(())
+}
+
+/// A chart directory packed as Helm reads it: a gzipped tar whose one top
+/// folder is the chart's name.
+fn pack_chart(chart: &Path, scratch: &Path) -> Result<Vec<u8>, Error> {
+    std::fs::create_dir_all(scratch).map_err(io_error(scratch))?;
+    let name = chart
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::Io(format!("no chart name in {}", chart.display())))?;
+    let parent = chart
+        .parent()
+        .ok_or_else(|| Error::Io(format!("no parent of {}", chart.display())))?;
+    let tgz = scratch.join(format!("{name}-0.1.0.tgz"));
+    let output = std::process::Command::new("tar")
+        .arg("-czf")
+        .arg(&tgz)
+        .arg("-C")
+        .arg(parent)
+        .arg(name)
+        .output()
+        .map_err(|e| Error::Io(format!("cannot run tar: {e}")))?;
+    if !output.status.success() {
+        return Err(Error::Io(format!(
+            "tar {}: {}",
+            chart.display(),
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    std::fs::read(&tgz).map_err(io_error(&tgz))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn leaked_reads_only_the_named_clusters_leaks() {
+        let log = "modelplane-system/prod/u1: cloud cluster up at https://127.0.0.1:1
+modelplane-system/prod/u1: leaked the load balancer of Service default/gw
+modelplane-system/prod-2/u2: leaked the load balancer of Service default/other
+";
+        assert_eq!(
+            super::leaked(log, "prod"),
+            vec!["leaked the load balancer of Service default/gw".to_string()]
+        );
+    }
+}
