@@ -80,7 +80,11 @@ pub fn template_text(values: &str) -> Result<String, String> {
 pub fn template_text_with(values: &str, api_versions: &[&str]) -> Result<String, String> {
     let dir = std::env::temp_dir().join(format!("cascade-guard-values-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("values dir");
-    let file = dir.join(format!("values-{:x}.yaml", hash(values)));
+    // One file per call: parallel tests may render the same values, and each
+    // removes its file when helm is done.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = dir.join(format!("values-{call}.yaml"));
     std::fs::write(&file, values).expect("values file");
     let out = Command::new(helm())
         .args(["template", RELEASE])
@@ -96,13 +100,6 @@ pub fn template_text_with(values: &str, api_versions: &[&str]) -> Result<String,
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
-}
-
-fn hash(s: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    s.hash(&mut h);
-    h.finish()
 }
 
 /// The objects `helm template` renders with `values`.
