@@ -31,6 +31,15 @@ HELM_BIN=$(scripts/helm.sh)
 export HELM_BIN
 echo "$HELM_BIN"
 
+step "promtool (scripts/promtool.sh), for the chart's alerts"
+# The pinned promtool, built from the Go module proxy and cached like helm,
+# with prometheus-operator's PrometheusRule CRD from its module zip beside it;
+# tests/prometheus_rule.rs runs `promtool test rules` on the rules the chart
+# renders and applies the rendered PrometheusRule against that CRD.
+PROMTOOL_BIN=$(scripts/promtool.sh)
+export PROMTOOL_BIN
+echo "$PROMTOOL_BIN"
+
 step "rustfmt"
 cargo fmt --all -- --check
 

@@ -34,44 +34,64 @@ pub fn manifest_path() -> PathBuf {
 /// (which scripts/test.sh runs and exports as HELM_BIN; without it, the
 /// script is run here, which is instant once cached).
 pub fn helm() -> PathBuf {
-    if let Some(path) = std::env::var_os("HELM_BIN") {
+    pinned_tool("HELM_BIN", "helm.sh")
+}
+
+/// A tool that a script under scripts/ builds from the Go module proxy and
+/// caches, printing its path on its last line: `env_var` when set (as
+/// scripts/test.sh exports it), else the script's answer.
+pub fn pinned_tool(env_var: &str, script: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env_var) {
         let path = PathBuf::from(path);
         assert!(
             path.is_file(),
-            "HELM_BIN={} is not a file; run scripts/helm.sh",
+            "{env_var}={} is not a file; run scripts/{script}",
             path.display()
         );
         return path;
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/helm.sh");
+    let script_path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(script);
     let output = std::process::Command::new("bash")
-        .arg(&script)
+        .arg(&script_path)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script_path.display()));
     assert!(
         output.status.success(),
         "{} failed: {}",
-        script.display(),
+        script_path.display(),
         String::from_utf8_lossy(&output.stderr)
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
-    assert!(path.is_file(), "scripts/helm.sh printed no helm binary");
+    assert!(path.is_file(), "scripts/{script} printed no binary");
     path
 }
 
 /// `helm template` of the chart with `values` (a values file's YAML, or
 /// empty for the defaults): the raw text, or helm's error output.
 pub fn template_text(values: &str) -> Result<String, String> {
+    template_text_with(values, &[])
+}
+
+/// The same, as if the cluster also served `api_versions` (helm's
+/// `--api-versions`, what `.Capabilities.APIVersions.Has` sees).
+pub fn template_text_with(values: &str, api_versions: &[&str]) -> Result<String, String> {
     let dir = std::env::temp_dir().join(format!("cascade-guard-values-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("values dir");
-    let file = dir.join(format!("values-{:x}.yaml", hash(values)));
+    // One file per call: parallel tests may render the same values, and each
+    // removes its file when helm is done.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = dir.join(format!("values-{call}.yaml"));
     std::fs::write(&file, values).expect("values file");
     let out = Command::new(helm())
         .args(["template", RELEASE])
         .arg(chart_dir())
         .args(["--namespace", NAMESPACE, "--values"])
         .arg(&file)
+        .args(api_versions.iter().flat_map(|v| ["--api-versions", v]))
         .output()
         .expect("helm runs");
     let _ = std::fs::remove_file(&file);
@@ -80,13 +100,6 @@ pub fn template_text(values: &str) -> Result<String, String> {
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
-}
-
-fn hash(s: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    s.hash(&mut h);
-    h.finish()
 }
 
 /// The objects `helm template` renders with `values`.
