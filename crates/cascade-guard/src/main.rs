@@ -434,7 +434,7 @@ async fn uninstall(kubeconfig: Option<PathBuf>, args: UninstallArgs) -> Result<(
         eprintln!("cascade-guard uninstall: cannot tell whether objects are held: {kind}");
     }
     out(&format!(
-        "removed {} admission objects; let go of {} live objects; carried {} deleting objects through their foreground cascade\n",
+        "removed {} admission objects; let go of {} live objects; handed {} deleting objects to the garbage collector's foreground cascade\n",
         summary.admission_objects, summary.released, summary.cascaded
     ))?;
     if !summary.left.is_empty() {

@@ -2,10 +2,11 @@
 //! cluster, so that nothing is left refused or stuck, and nothing leaves early:
 //! its admission objects first (deletes are no longer checked), then its
 //! finalizer from every object that carries it, whatever its kind. A live
-//! object is let go at once; a deleting one is first carried through its
-//! foreground cascade by the same state machine the controller runs, since
-//! with the controller stopped a plain delete of a held object was let through
-//! and waits on cascade-guard to convert it.
+//! object is let go at once; a deleting one is first made a foreground
+//! cascade and let go once the garbage collector's `foregroundDeletion` holds
+//! it, by the same state machine the controller runs: with the controller
+//! stopped, a plain delete of a held object was let through and waits on
+//! cascade-guard to convert it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,7 +42,7 @@ pub struct Summary {
     pub admission_objects: usize,
     /// Live objects let go.
     pub released: usize,
-    /// Deleting objects carried through their cascade, then let go.
+    /// Deleting objects made foreground cascades, then let go.
     pub cascaded: usize,
     /// Kinds still holding objects when the time ran out.
     pub left: Vec<String>,
@@ -96,7 +97,7 @@ pub async fn uninstall(
         return Ok(summary);
     }
     progress(&format!(
-        "letting go of {} live objects; carrying {} deleting objects through their foreground cascade first",
+        "letting go of {} live objects; making {} deleting objects foreground cascades first",
         summary.released, summary.cascaded
     ));
     let recorder = Recorder::new(
