@@ -16,7 +16,7 @@ bin=$(controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin
 echo "$bin"
 
-step "real Crossplane (crossplane/build.sh), for tests/real_crossplane.rs"
+step "real Crossplane (crossplane/build.sh), for tests/real_crossplane.rs and tests/seed_real.rs"
 # Crossplane core, function-patch-and-transform, provider-kubernetes and
 # provider-helm, built from the Go module proxy and cached like the control
 # plane; with their CRDs and webhook configurations beside them.
