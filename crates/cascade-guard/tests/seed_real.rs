@@ -310,9 +310,12 @@ impl Tree {
         .is_some()
     }
 
+    /// When it left the API: etcd's revision of its delete (ordered across
+    /// kinds; arrival order across separate watches is not, for deletes
+    /// milliseconds apart), else the order the test saw it.
     fn gone_seq(&self, kind: &str, name: &str) -> u64 {
         match self.timeline.gone(kind, name) {
-            Some(e) => e.seq,
+            Some(e) => e.revision.unwrap_or(e.seq),
             None => panic!(
                 "{kind}/{name} never seen leaving the API\n{}",
                 self.timeline.describe()

@@ -32,6 +32,11 @@ pub struct Entry {
     pub name: String,
     pub uid: String,
     pub change: Change,
+    /// The object's resourceVersion in this event, as a number: etcd's
+    /// revision, ordered across kinds (a deletion's is the revision of the
+    /// delete). Arrival order (`seq`) across separate watches is not the
+    /// API server's order for changes milliseconds apart.
+    pub revision: Option<u64>,
 }
 
 #[derive(Default)]
@@ -78,6 +83,10 @@ impl Timeline {
                         Ok(Event::Init) | Err(_) => continue,
                     };
                     let meta = object.metadata;
+                    let revision = meta
+                        .resource_version
+                        .as_deref()
+                        .and_then(|rv| rv.parse().ok());
                     let change = if gone {
                         Change::Gone
                     } else {
@@ -97,6 +106,7 @@ impl Timeline {
                             name: meta.name.unwrap_or_default(),
                             uid: meta.uid.unwrap_or_default(),
                             change,
+                            revision,
                         });
                     }
                 }
