@@ -171,13 +171,12 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
         );
     }
     let managed = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
-    let live_policies = values(
-        &Api::<ValidatingAdmissionPolicy>::all(client.clone())
-            .list(&managed)
-            .await
-            .map_err(list("ValidatingAdmissionPolicies"))?
-            .items,
-    );
+    let typed_policies = Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .list(&managed)
+        .await
+        .map_err(list("ValidatingAdmissionPolicies"))?
+        .items;
+    let live_policies = values(&typed_policies);
     let live_bindings = values(
         &Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
             .list(&managed)
@@ -205,11 +204,7 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
     );
     problems.extend(resolution.problems.iter().map(ToString::to_string));
     // What the API server's type check found wrong with the live policies.
-    let typed: Vec<ValidatingAdmissionPolicy> = live_policies
-        .iter()
-        .filter_map(|v| serde_json::from_value(v.clone()).ok())
-        .collect();
-    problems.extend(crate::controller::type_check::problems(&typed));
+    problems.extend(crate::controller::type_check::problems(&typed_policies));
     let admission = admission_sync(
         &resolution,
         &settings.compile,
