@@ -46,6 +46,18 @@ cargo fmt --all -- --check
 step "clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "the policy crate stays pure"
+# The domain may not grow I/O: no Kubernetes client, async runtime or network
+# library among cascade-guard-policy's dependencies, however indirect.
+impure=$(cargo tree -p cascade-guard-policy -e normal --prefix none --locked |
+  grep -E '^(kube-client|kube-runtime|kube |tokio|hyper|reqwest|tower|mio|rustls|openssl) ' || true)
+if [ -n "$impure" ]; then
+  echo "cascade-guard-policy depends on I/O crates:" >&2
+  echo "$impure" >&2
+  exit 1
+fi
+echo "cascade-guard-policy: no kube client, tokio, hyper or TLS"
+
 step "tests"
 cargo test --workspace --locked
 

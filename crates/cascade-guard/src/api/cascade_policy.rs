@@ -7,6 +7,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::policy::CascadePolicyInput;
 use crate::policy::mode::Mode;
 
 /// Guards deletes of one custom resource kind.
@@ -62,10 +63,48 @@ pub struct CascadePolicyStatus {
     pub compiled_to: Vec<String>,
 }
 
+impl CascadePolicy {
+    /// What policy resolution needs of this object; None for an unnamed one,
+    /// which the API server never returns.
+    pub fn resolution_input(&self) -> Option<CascadePolicyInput> {
+        let name = self.metadata.name.clone().filter(|n| !n.is_empty())?;
+        Some(CascadePolicyInput {
+            name,
+            group: self.spec.group.clone(),
+            kind: self.spec.kind.clone(),
+            mode: self.spec.mode,
+            selector: self.spec.selector.clone(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use kube::CustomResourceExt;
+
+    #[test]
+    fn resolution_input_takes_what_resolution_needs() {
+        let spec = CascadePolicySpec {
+            group: "db.example.org".into(),
+            kind: "Database".into(),
+            mode: Mode::Convert,
+            selector: None,
+        };
+        let mut policy = CascadePolicy::new("p", spec);
+        assert_eq!(
+            policy.resolution_input(),
+            Some(CascadePolicyInput {
+                name: "p".into(),
+                group: "db.example.org".into(),
+                kind: "Database".into(),
+                mode: Mode::Convert,
+                selector: None,
+            })
+        );
+        policy.metadata.name = None;
+        assert_eq!(policy.resolution_input(), None);
+    }
 
     #[test]
     fn crd_serialises_to_yaml() {

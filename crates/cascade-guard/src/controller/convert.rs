@@ -1,7 +1,7 @@
 //! Convert mode at run time: for each Convert kind, a metadata-only controller
 //! that holds every object with cascade-guard's finalizer, turns its deletion
 //! into a foreground cascade, and lets go when nothing is left to cascade. The
-//! decisions are [`crate::cascade::next_step`]; this module only does what it
+//! decisions are [`crate::policy::cascade::next_step`]; this module only does what it
 //! says, with UID preconditions on every write so that a newer object reusing a
 //! name is never touched.
 //!
@@ -32,11 +32,11 @@ use tokio::task::JoinHandle;
 use super::MANAGER;
 use super::backoff::{WatchBackoff, step_retry};
 use super::intake::{self, Census};
-use crate::cascade::{Carry, Dependents, LetGo, Memory, Observed, Reach, Step, next_step};
-use crate::holders::{IN_USE_LABEL, describe_dependent};
+use crate::policy::cascade::{Carry, Dependents, LetGo, Memory, Observed, Reach, Step, next_step};
+use crate::policy::holders::{IN_USE_LABEL, describe_dependent};
 use crate::policy::names::FOREGROUND_CASCADE_FINALIZER;
-use crate::policy::{Mode, Policy, ProtectedKind, Shape};
-use crate::stall::{Clock, Left, Turn, stalled_note};
+use crate::policy::stall::{Clock, Left, Turn, stalled_note};
+use crate::policy::{ComposedResource, Mode, Policy, ProtectedKind, Shape, composed_resources};
 use crate::telemetry::Metrics;
 
 type Meta = PartialObjectMeta<DynamicObject>;
@@ -823,18 +823,11 @@ async fn look_up_dependents(ctx: &Context, object: &Meta, uid: &str) -> (Depende
         // Unknown counts as remaining: converting again is always safe.
         Err(_) => return (Dependents::Remaining(1), Vec::new()),
     };
-    let refs = xr
-        .data
-        .pointer("/spec/crossplane/resourceRefs")
-        .or_else(|| xr.data.pointer("/spec/resourceRefs"))
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let refs = composed_resources(&xr.data, namespace.as_deref()).resources;
     // Looked up side by side: this sits between the garbage collector's last
     // delete and the XR leaving, so its round trips are the teardown's.
-    let namespace = namespace.as_deref();
     let states: Vec<Dependent> = futures::stream::iter(refs)
-        .map(|r| async move { dependent(ctx, &r, namespace, uid).await })
+        .map(|r| async move { dependent(ctx, &r, uid).await })
         .buffer_unordered(LOOKUPS_AT_ONCE)
         .collect()
         .await;
@@ -864,24 +857,18 @@ enum Dependent {
     /// for a reason other than permissions: counted, since converting again
     /// is always safe), and what holds it.
     Blocking(Left),
-    /// Gone, or no longer blocks the XR; or the reference is incomplete.
+    /// Gone, or no longer blocks the XR.
     Clear,
     /// Its kind cannot be found, or cascade-guard may not read it.
     Unknowable,
 }
 
-async fn dependent(ctx: &Context, r: &Value, namespace: Option<&str>, uid: &str) -> Dependent {
-    let (Some(api_version), Some(kind), Some(name)) = (
-        r["apiVersion"].as_str(),
-        r["kind"].as_str(),
-        r["name"].as_str(),
-    ) else {
-        return Dependent::Clear;
-    };
+async fn dependent(ctx: &Context, r: &ComposedResource, uid: &str) -> Dependent {
+    let (api_version, kind, name) = (r.api_version.as_str(), r.kind.as_str(), r.name.as_str());
     let Some((resource, namespaced)) = discover(ctx, api_version, kind).await else {
         return Dependent::Unknowable;
     };
-    let ns = r["namespace"].as_str().or(namespace);
+    let ns = r.namespace.as_deref();
     let api: Api<Meta> = match (ns, namespaced) {
         (Some(ns), true) => Api::namespaced_with(ctx.client.clone(), ns, &resource),
         _ => Api::all_with(ctx.client.clone(), &resource),

@@ -250,7 +250,7 @@ impl Sources {
         let cascade_policies = policies.unwrap_or_default();
         let mut policy_inputs: Vec<CascadePolicyInput> = cascade_policies
             .iter()
-            .filter_map(|p| CascadePolicyInput::from_resource(p))
+            .filter_map(|p| p.resolution_input())
             .collect();
         policy_inputs.sort_by(|a, b| a.name.cmp(&b.name));
         Gathered {
@@ -372,7 +372,7 @@ pub(crate) async fn read_once(
         xrds,
         cascade_policies: cascade_policies
             .iter()
-            .filter_map(|p| CascadePolicyInput::from_resource(p))
+            .filter_map(|p| p.resolution_input())
             .collect(),
         crds,
         xrd_default_mode,

@@ -17,7 +17,7 @@ use std::collections::HashSet;
 
 use kube::runtime::watcher::Event;
 
-use crate::cascade::{Observed, Step, live_step};
+use crate::policy::cascade::{Observed, Step, live_step};
 
 /// What to do with one watch event.
 #[derive(Debug)]

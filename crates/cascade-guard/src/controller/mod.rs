@@ -31,7 +31,7 @@ use backoff::WatchBackoff;
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
-use crate::policy::admission::CompileSettings;
+use crate::policy::CompileSettings;
 use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::policy::{Mode, ProtectedKind};
 use crate::telemetry::{Health, Metrics};

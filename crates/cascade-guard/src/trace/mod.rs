@@ -16,6 +16,7 @@ use kube::discovery::{Discovery, Scope};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
+use crate::policy::composed_resources;
 use view::{Key, Seen, State, Summary, Trace};
 
 #[derive(Debug, thiserror::Error)]
@@ -288,26 +289,14 @@ async fn read(client: &Client, kinds: &Kinds, key: &Key, usages: &[Usage]) -> Se
 
 /// The composed resources Crossplane recorded on an XR.
 fn composed(object: &DynamicObject, key: &Key) -> Vec<Key> {
-    let refs = object
-        .data
-        .pointer("/spec/crossplane/resourceRefs")
-        .or_else(|| object.data.pointer("/spec/resourceRefs"))
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    refs.iter()
-        .filter_map(|r| {
-            Some(Key {
-                api_version: r["apiVersion"].as_str()?.to_string(),
-                kind: r["kind"].as_str()?.to_string(),
-                // A namespaced XR's composed resources live in its namespace;
-                // a cluster-scoped XR's name theirs (or are cluster-scoped).
-                namespace: r["namespace"]
-                    .as_str()
-                    .map(str::to_string)
-                    .or_else(|| key.namespace.clone()),
-                name: r["name"].as_str()?.to_string(),
-            })
+    composed_resources(&object.data, key.namespace.as_deref())
+        .resources
+        .into_iter()
+        .map(|r| Key {
+            api_version: r.api_version,
+            kind: r.kind,
+            namespace: r.namespace,
+            name: r.name,
         })
         .collect()
 }

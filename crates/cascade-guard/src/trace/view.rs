@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::holders::describe_deleting;
+use crate::policy::holders::describe_deleting;
 
 /// One object of the tree, by `apiVersion/kind/namespace/name`.
 #[derive(Clone, Debug, PartialEq, Eq, Ord, PartialOrd, Hash, Serialize)]

@@ -5,8 +5,8 @@
 
 use serde_json::Value;
 
-use super::kind::{ProtectedKind, Scope, Shape};
-use super::names::{CROSSPLANE_APIEXTENSIONS_GROUP, DELETION_POLICY_ANNOTATION, XRD_KIND};
+use crate::kind::{ProtectedKind, Scope, Shape};
+use crate::names::{CROSSPLANE_APIEXTENSIONS_GROUP, DELETION_POLICY_ANNOTATION, XRD_KIND};
 
 /// The parts of an XRD that decide what is protected.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,14 +4,15 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::admission::{CompileSettings, compile};
-use super::mode::Mode;
-use super::names::GROUP;
-use super::resolve::{
+use crate::admission::compile;
+use crate::mode::Mode;
+use crate::names::GROUP;
+use crate::resolve::{
     CascadePolicyInput, CrdInfo, Inputs, Policy, Problem, Severity, Subject, XrdInput,
     read_crd_info, reasons, resolve,
 };
-use super::xrd::looks_like_xrd;
+use crate::settings::CompileSettings;
+use crate::xrd::looks_like_xrd;
 
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Rendered {
@@ -388,8 +389,8 @@ fn yaml_quoted(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::names::DELETION_POLICY_ANNOTATION;
-    use crate::policy::xrd::tests::modelplane_xrds;
+    use crate::names::DELETION_POLICY_ANNOTATION;
+    use crate::xrd::tests::modelplane_xrds;
     use serde_json::json;
     use std::collections::BTreeMap;
 
@@ -452,7 +453,7 @@ mod tests {
             for p in &r.policies {
                 let name = p.kind.resource();
                 let mode = match annotated.get(&name) {
-                    Some(m) => crate::policy::mode::read_mode_annotation(m).0,
+                    Some(m) => crate::mode::read_mode_annotation(m).0,
                     None => default_mode,
                 };
                 let actions = match mode {
@@ -607,9 +608,8 @@ mod tests {
     }
     #[test]
     fn yaml_stream_round_trips_and_quotes_every_string() {
-        let crd =
-            serde_json::to_value(<crate::api::CascadePolicy as kube::CustomResourceExt>::crd())
-                .unwrap();
+        // As a CRD states an enum of modes.
+        let crd = json!({"enum": ["Refuse", "Convert", "Warn", "Off"]});
         let mut docs: Vec<Value> = modelplane_xrds().into_iter().map(|(_, v)| v).collect();
         let rendered = render(docs.clone(), Mode::Warn, &CompileSettings::default());
         docs.extend(rendered.objects);
@@ -627,7 +627,7 @@ mod tests {
             .map(|d| Value::deserialize(d).unwrap())
             .collect();
         assert_eq!(back, docs);
-        // The CRD's mode enum, and every other string, is quoted.
+        // The mode enum, and every other string, is quoted.
         assert!(text.contains("- \"Off\"\n"));
         assert!(!text.contains(": Off\n") && !text.contains("- Off\n"));
         assert!(text.contains("\"on\": \"Off\""));

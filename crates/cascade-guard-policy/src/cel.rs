@@ -14,14 +14,14 @@
 
 use std::fmt::Write as _;
 
-use super::admission::CompileSettings;
-use super::decision::AllowReason;
-use super::kind::Shape;
-use super::mode::Mode;
-use super::names::{
+use crate::decision::AllowReason;
+use crate::kind::Shape;
+use crate::mode::Mode;
+use crate::names::{
     BREAK_GLASS_ANNOTATION, BREAK_GLASS_RESOURCE, BREAK_GLASS_VERB, FOREGROUND_CASCADE_FINALIZER,
     FOREGROUND_DELETION_FINALIZER, GROUP,
 };
+use crate::settings::CompileSettings;
 
 /// The audit annotation key saying which rule allowed a delete, or that it
 /// was refused (useful in Warn mode, whose binding audits).

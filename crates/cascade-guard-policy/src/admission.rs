@@ -9,16 +9,16 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::cel::{DECISION_AUDIT_KEY, compile_cel, compile_update_cel};
-use super::mode::Mode;
-use super::names::{
-    CASCADE_POLICY_OBJECT_PREFIX, DEFAULT_CONTROLLER_USER, DEFAULT_CROSSPLANE_USER,
-    DEFAULT_GC_CONTROLLER_MANAGER_USER, DEFAULT_GC_SERVICE_ACCOUNT_USER, MANAGED_BY_LABEL,
-    MANAGED_BY_VALUE, MODE_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION,
-    UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
+use crate::cel::{DECISION_AUDIT_KEY, compile_cel, compile_update_cel};
+use crate::mode::Mode;
+use crate::names::{
+    CASCADE_POLICY_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODE_ANNOTATION,
+    PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION, UPDATE_CASCADE_POLICY_OBJECT_PREFIX,
+    UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
 };
-use super::resolve::{Policy, Source};
-use super::selector::is_dns_subdomain;
+use crate::resolve::{Policy, Source};
+use crate::selector::is_dns_subdomain;
+use crate::settings::CompileSettings;
 
 /// The match condition of Refuse and Convert policies: true for exactly the
 /// deletes the policy refuses.
@@ -27,39 +27,6 @@ pub const UNSAFE_DELETE_CONDITION: &str = "unsafe-delete";
 /// The match condition of every UPDATE policy: true for exactly the updates
 /// that take a cascade's finalizer or a composed resource away.
 pub const GUARDED_UPDATE_CONDITION: &str = "guarded-change";
-
-/// Who counts as the garbage collector, Crossplane and cascade-guard. An
-/// empty string disables that identity (it never matches, rather than
-/// matching everyone).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompileSettings {
-    /// Trusted on its own.
-    pub gc_service_account_user: String,
-    /// Trusted only with a UID precondition (the namespace controller shares
-    /// this identity and never sends one) on DELETE; on UPDATE on its own, as
-    /// the namespace controller removes no finalizers.
-    pub gc_controller_manager_user: String,
-    /// May take entries out of an XR's `resourceRefs` (UPDATE).
-    pub crossplane_user: String,
-    /// cascade-guard itself: may remove its finalizer and `foregroundDeletion`
-    /// (UPDATE), like the garbage collector.
-    pub controller_user: String,
-    /// Break-glass counts only for users the API server authorizes to `use`
-    /// `breakglass.cascade-guard.dev`; false: for anyone who can annotate.
-    pub break_glass_needs_permission: bool,
-}
-
-impl Default for CompileSettings {
-    fn default() -> Self {
-        CompileSettings {
-            gc_service_account_user: DEFAULT_GC_SERVICE_ACCOUNT_USER.to_string(),
-            gc_controller_manager_user: DEFAULT_GC_CONTROLLER_MANAGER_USER.to_string(),
-            crossplane_user: DEFAULT_CROSSPLANE_USER.to_string(),
-            controller_user: DEFAULT_CONTROLLER_USER.to_string(),
-            break_glass_needs_permission: true,
-        }
-    }
-}
 
 /// One ValidatingAdmissionPolicy and its binding (same name).
 #[derive(Debug, Clone, PartialEq)]
@@ -328,9 +295,9 @@ fn fnv1a_64(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::kind::{ProtectedKind, Scope, Shape};
+    use crate::kind::{ProtectedKind, Scope, Shape};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-    use kube::ResourceExt;
+    use kube_core::ResourceExt;
 
     fn policy(source: Source, mode: Mode, scope: Scope, selector: Option<LabelSelector>) -> Policy {
         Policy {

@@ -7,7 +7,7 @@
 pub const GROUP: &str = "cascade-guard.dev";
 
 /// XRD annotation choosing how deletes of the XRD's composite resources are
-/// treated. Values: see [`crate::policy::mode::Mode`].
+/// treated. Values: see [`crate::mode::Mode`].
 pub const DELETION_POLICY_ANNOTATION: &str = "cascade-guard.dev/deletion-policy";
 
 /// Annotation on a protected object: any non-empty value (the operator's

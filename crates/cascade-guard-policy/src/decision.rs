@@ -8,12 +8,13 @@ use std::fmt;
 
 use serde_json::Value;
 
-use super::admission::CompileSettings;
-use super::kind::Shape;
-use super::mode::Mode;
-use super::names::{
+use crate::composed::composed_resources;
+use crate::kind::Shape;
+use crate::mode::Mode;
+use crate::names::{
     BREAK_GLASS_ANNOTATION, FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER,
 };
+use crate::settings::CompileSettings;
 
 /// `DeleteOptions.propagationPolicy` as sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -37,8 +38,8 @@ impl Propagation {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ObjectState {
     pub finalizers: Vec<String>,
-    /// Entries in `spec.crossplane.resourceRefs` plus legacy
-    /// `spec.resourceRefs`; None for [`Shape::Other`].
+    /// Entries in `spec.crossplane.resourceRefs` and legacy
+    /// `spec.resourceRefs` ([`composed_resources`]); None for [`Shape::Other`].
     pub composed_count: Option<usize>,
     /// The break-glass annotation is present with a non-empty value.
     pub break_glass: bool,
@@ -57,16 +58,8 @@ impl ObjectState {
                     .collect()
             })
             .unwrap_or_default();
-        let list_len = |p: &str| {
-            object
-                .pointer(p)
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len)
-        };
         let composed_count = match shape {
-            Shape::CompositeResource => {
-                Some(list_len("/spec/crossplane/resourceRefs") + list_len("/spec/resourceRefs"))
-            }
+            Shape::CompositeResource => Some(composed_resources(object, None).count()),
             Shape::Other => None,
         };
         let break_glass = object

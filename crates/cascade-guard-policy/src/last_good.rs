@@ -10,12 +10,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use super::admission::{object_name, update_object_name};
-use super::kind::{ProtectedKind, Scope, Shape};
-use super::mode::Mode;
-use super::names::{MODE_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION};
-use super::resolve::reasons::{KIND_NOT_DISCOVERED, UNKNOWN_KIND};
-use super::resolve::{Policy, Resolution, Source, Subject};
+use crate::admission::{object_name, update_object_name};
+use crate::kind::{ProtectedKind, Scope, Shape};
+use crate::mode::Mode;
+use crate::names::{MODE_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION};
+use crate::resolve::reasons::{KIND_NOT_DISCOVERED, UNKNOWN_KIND};
+use crate::resolve::{Policy, Resolution, Source, Subject};
 
 /// The last policy each CascadePolicy resolved to, by CascadePolicy name, so
 /// that a typo in its kind does not lift the protection it gave.
@@ -152,8 +152,8 @@ pub fn recall(name: &str, policy: &Value) -> Option<Policy> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::kind::{ProtectedKind, Scope, Shape};
-    use crate::policy::{Mode, Problem, Severity};
+    use crate::kind::{ProtectedKind, Scope, Shape};
+    use crate::{Mode, Problem, Severity};
 
     fn policy(name: &str, kind: &str, mode: Mode) -> Policy {
         Policy {
@@ -298,7 +298,8 @@ mod tests {
 
     #[test]
     fn a_policy_is_read_back_from_what_it_compiled_to() {
-        use crate::policy::admission::{CompileSettings, compile};
+        use crate::admission::compile;
+        use crate::settings::CompileSettings;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
         let selector = LabelSelector {
             match_labels: Some([("tier".to_string(), "prod".to_string())].into()),

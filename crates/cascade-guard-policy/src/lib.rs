@@ -1,15 +1,22 @@
-//! What a deletion policy means, with no I/O.
+//! What a deletion policy means and what a delete may do, with no I/O: this
+//! crate depends on no Kubernetes client, async runtime or network library,
+//! so the rules can only be pure functions of their inputs.
 //!
 //! Flow: [`xrd`] and [`resolve`] turn XRDs, CascadePolicies and CRDs into
 //! [`resolve::Policy`]s; [`decision`] says which deletes each allows;
 //! [`cel`] states the same rules in CEL and [`admission`] wraps them in a
 //! ValidatingAdmissionPolicy and binding; [`render`] does all of it for a set
-//! of documents.
+//! of documents. [`cascade`] is Convert's state machine, [`stall`] tells a
+//! stalled cascade from a slow one, [`holders`] says what holds an object,
+//! and [`composed`] reads what an XR composes.
 
 pub mod admission;
+pub mod cascade;
 pub mod cel;
+pub mod composed;
 pub mod decision;
 pub mod drift;
+pub mod holders;
 pub mod kind;
 pub mod last_good;
 pub mod mode;
@@ -17,11 +24,12 @@ pub mod names;
 pub mod render;
 pub mod resolve;
 pub mod selector;
+pub mod settings;
+pub mod stall;
 pub mod xrd;
 
-pub use admission::{
-    CompileSettings, Compiled, compile, object_name, object_names, update_object_name,
-};
+pub use admission::{Compiled, compile, object_name, object_names, update_object_name};
+pub use composed::{ComposedResource, ComposedResources, composed_resources};
 pub use decision::{DeleteRequest, ObjectState, Propagation, Verdict, decide};
 pub use kind::{ProtectedKind, Scope, Shape};
 pub use mode::Mode;
@@ -30,3 +38,4 @@ pub use resolve::{
     CascadePolicyInput, CrdInfo, Inputs, Policy, Problem, Resolution, Severity, Source, Subject,
     XrdInput, resolve,
 };
+pub use settings::CompileSettings;

@@ -2,9 +2,7 @@
 //! (pure): `trace` shows it for every object of a tree, and a stalled cascade
 //! names it for each dependent left.
 
-use crate::policy::names::{
-    FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, ORPHAN_FINALIZER,
-};
+use crate::names::{FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, ORPHAN_FINALIZER};
 
 /// The label Crossplane's Usage controller puts on a resource a Usage protects.
 pub const IN_USE_LABEL: &str = "crossplane.io/in-use";

@@ -10,11 +10,10 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::Value;
 
-use super::kind::{ProtectedKind, Scope, Shape};
-use super::mode::{Mode, read_mode_annotation};
-use super::selector::validate_label_selector;
-use super::xrd::{SalvagedXrd, Xrd, XrdError, read_xrd, salvage_xrd};
-use crate::api::CascadePolicy;
+use crate::kind::{ProtectedKind, Scope, Shape};
+use crate::mode::{Mode, read_mode_annotation};
+use crate::selector::validate_label_selector;
+use crate::xrd::{SalvagedXrd, Xrd, XrdError, read_xrd, salvage_xrd};
 
 /// One XRD as resolution sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,20 +73,6 @@ pub struct CascadePolicyInput {
     pub kind: String,
     pub mode: Mode,
     pub selector: Option<LabelSelector>,
-}
-
-impl CascadePolicyInput {
-    /// None for an unnamed object, which the API server never returns.
-    pub fn from_resource(policy: &CascadePolicy) -> Option<CascadePolicyInput> {
-        let name = policy.metadata.name.clone().filter(|n| !n.is_empty())?;
-        Some(CascadePolicyInput {
-            name,
-            group: policy.spec.group.clone(),
-            kind: policy.spec.kind.clone(),
-            mode: policy.spec.mode,
-            selector: policy.spec.selector.clone(),
-        })
-    }
 }
 
 /// What a CustomResourceDefinition says about its kind.
@@ -914,7 +899,7 @@ mod tests {
         ));
 
         // Crossplane's own CRDs are readable.
-        let dir = crate::policy::xrd::tests::fixtures().join("crossplane-crds");
+        let dir = crate::xrd::tests::fixtures().join("crossplane-crds");
         let text = std::fs::read_to_string(
             dir.join("apiextensions.crossplane.io_compositeresourcedefinitions.yaml"),
         )
@@ -935,22 +920,5 @@ mod tests {
                 Scope::Cluster
             )
         );
-    }
-
-    #[test]
-    fn cascade_policy_input_from_resource() {
-        let mut policy = CascadePolicy::new(
-            "p",
-            crate::api::CascadePolicySpec {
-                group: "db.example.org".into(),
-                kind: "Database".into(),
-                mode: Mode::Convert,
-                selector: None,
-            },
-        );
-        let input = CascadePolicyInput::from_resource(&policy).unwrap();
-        assert_eq!(input, cp("p", "db.example.org", "Database", Mode::Convert));
-        policy.metadata.name = None;
-        assert_eq!(CascadePolicyInput::from_resource(&policy), None);
     }
 }

@@ -18,12 +18,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use kube::core::{Selector, SelectorExt};
+use kube_core::{Selector, SelectorExt};
 
-use crate::policy::Shape;
-use crate::policy::names::{
-    FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, ORPHAN_FINALIZER,
-};
+use crate::Shape;
+use crate::names::{FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, ORPHAN_FINALIZER};
 
 /// Which live objects of a kind cascade-guard holds.
 #[derive(Clone, Debug, PartialEq)]
