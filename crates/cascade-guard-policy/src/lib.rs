@@ -21,6 +21,7 @@ pub mod kind;
 pub mod last_good;
 pub mod mode;
 pub mod names;
+pub mod plan;
 pub mod render;
 pub mod resolve;
 pub mod selector;

@@ -1,12 +1,14 @@
 //! Rendering admission objects from documents (files, or `kubectl get -o
 //! yaml` output) without a cluster.
 
+use std::collections::BTreeSet;
+
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::admission::compile;
 use crate::mode::Mode;
 use crate::names::GROUP;
+use crate::plan::plan;
 use crate::resolve::{
     CascadePolicyInput, CrdInfo, Inputs, Policy, Problem, Severity, Subject, XrdInput,
     read_crd_info, reasons, resolve,
@@ -56,12 +58,15 @@ pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettin
         xrd_default_mode,
         undiscovered_groups: Default::default(),
     });
-    problems.extend(resolution.problems);
+    problems.extend(resolution.problems.iter().cloned());
 
+    // Offline there is no last good compilation to keep.
+    let plan = plan(&resolution, settings, BTreeSet::new());
     let mut policies = Vec::new();
     let mut bindings = Vec::new();
-    for p in &resolution.policies {
-        for compiled in compile(p, settings) {
+    for planned in &plan.planned {
+        let p = &planned.policy;
+        for compiled in &planned.objects {
             // Serialising these generated types cannot fail; if it ever did,
             // say so rather than drop a guard silently.
             match (

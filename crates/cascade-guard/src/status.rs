@@ -9,7 +9,7 @@
 //! controller's flags, and says so when a difference looks like a different
 //! default mode.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -25,20 +25,14 @@ use serde_json::Value;
 use crate::Error;
 use crate::controller::convert::served_resource;
 use crate::controller::read_once;
-use crate::policy::drift::first_difference;
 use crate::policy::last_good::{LastGood, keep_last_good, recall};
 use crate::policy::names::{
     FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, MANAGED_BY_LABEL,
     MANAGED_BY_VALUE, MODE_ANNOTATION,
 };
+use crate::policy::plan::{self, Known, Live, Plan, plan};
 use crate::policy::selector::query_string;
-use crate::policy::{
-    CompileSettings, Compiled, Mode, Policy, ProtectedKind, Resolution, Source, compile,
-    object_name, resolve,
-};
-
-const POLICY: &str = "ValidatingAdmissionPolicy";
-const BINDING: &str = "ValidatingAdmissionPolicyBinding";
+use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, Source, object_name, resolve};
 
 /// What the controller compiles with; status must use the same to compare.
 #[derive(Clone, Debug, Default)]
@@ -205,12 +199,16 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
     problems.extend(resolution.problems.iter().map(ToString::to_string));
     // What the API server's type check found wrong with the live policies.
     problems.extend(crate::controller::type_check::problems(&typed_policies));
+    let plan = plan(&resolution, &settings.compile, kept);
+    // What the controller could read completely, read the same way.
+    let known = Known {
+        xrds: true,
+        cascade_policies: read.kinds_complete,
+    };
     let admission = admission_sync(
-        &resolution,
-        &settings.compile,
-        &live_policies,
-        &live_bindings,
-        &kept,
+        &plan,
+        &Live::from_lists(&live_policies, &live_bindings),
+        known,
     );
 
     let now = Timestamp::now();
@@ -270,7 +268,7 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
 
     Ok(Report {
         xrd_default_mode: settings.xrd_default_mode,
-        protected: protected(&resolution, &settings.compile),
+        protected: protected(&plan),
         admission,
         cascading,
         problems,
@@ -353,11 +351,11 @@ fn distinct_kinds(policies: &[Policy]) -> Vec<ProtectedKind> {
 }
 
 /// One row per policy.
-pub fn protected(resolution: &Resolution, settings: &CompileSettings) -> Vec<Protected> {
-    resolution
-        .policies
+pub fn protected(plan: &Plan) -> Vec<Protected> {
+    plan.planned
         .iter()
-        .map(|p| {
+        .map(|planned| {
+            let p = &planned.policy;
             let (source, from) = match &p.source {
                 Source::Xrd { name, annotated } => (
                     if *annotated {
@@ -379,101 +377,55 @@ pub fn protected(resolution: &Resolution, settings: &CompileSettings) -> Vec<Pro
                     .selector
                     .as_ref()
                     .map(|s| query_string(s).unwrap_or_else(|e| format!("(invalid: {e})"))),
-                admission_objects: Some(
-                    compile(p, settings)
-                        .iter()
-                        .map(|c| name_of(&c.policy.metadata))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                )
-                .filter(|names| !names.is_empty()),
+                admission_objects: Some(planned.names().join(", ")).filter(|n| !n.is_empty()),
             }
         })
         .collect()
 }
 
-fn name_of(meta: &ObjectMeta) -> String {
-    meta.name.clone().unwrap_or_default()
-}
-
-/// Compares what the policies compile to with the managed admission objects
-/// in the cluster (`live_*`: listed by cascade-guard's label, as JSON). Objects
-/// named in `kept` (the last good compilation of a CascadePolicy that names an
-/// unknown kind) are wanted as they are.
-pub fn admission_sync(
-    resolution: &Resolution,
-    settings: &CompileSettings,
-    live_policies: &[Value],
-    live_bindings: &[Value],
-    kept: &BTreeSet<String>,
-) -> AdmissionSync {
-    let mut wanted: Vec<(&Policy, Compiled)> = Vec::new();
-    for p in &resolution.policies {
-        for c in compile(p, settings) {
-            wanted.push((p, c));
-        }
-    }
-    let by_name = |live: &[Value]| -> BTreeMap<String, Value> {
-        live.iter()
-            .filter_map(|v| {
-                let name = v.pointer("/metadata/name")?.as_str()?.to_string();
-                Some((name, v.clone()))
-            })
-            .collect()
-    };
-    let live_policies = by_name(live_policies);
-    let live_bindings = by_name(live_bindings);
-    let mut differences = Vec::new();
-    let mut wanted_names = kept.clone();
-    for (policy, compiled) in &wanted {
-        let name = name_of(&compiled.policy.metadata);
-        wanted_names.insert(name.clone());
-        let pairs = [
-            (
-                POLICY,
-                serde_json::to_value(&compiled.policy),
-                live_policies.get(&name),
-            ),
-            (
-                BINDING,
-                serde_json::to_value(&compiled.binding),
-                live_bindings.get(&name),
-            ),
-        ];
-        for (kind, desired, live) in pairs {
-            let Ok(desired) = desired else { continue };
-            let Some(live) = live else {
-                differences.push(Difference {
-                    state: Drift::Missing,
-                    kind,
-                    name: name.clone(),
-                    detail: None,
-                });
-                continue;
+/// The plan's diff against the managed admission objects in the cluster,
+/// for people: the same diff the controller writes from.
+pub fn admission_sync(plan: &Plan, live: &Live, known: Known) -> AdmissionSync {
+    let differences: Vec<Difference> = plan::diff(plan, live, known)
+        .into_iter()
+        .map(|d| {
+            let kind = d.kind.as_str();
+            let (state, detail) = match d.drift {
+                plan::Drift::Missing => (Drift::Missing, None),
+                plan::Drift::Differs { path } => {
+                    let policy = plan.compiled(&d.name).map(|(p, _)| p);
+                    let live = match d.kind {
+                        plan::ObjectKind::Policy => live.policies.get(&d.name),
+                        plan::ObjectKind::Binding => live.bindings.get(&d.name),
+                    };
+                    let detail = match (policy, live) {
+                        (Some(policy), Some(live)) => differs_detail(policy, &path, live),
+                        _ => format!("{path} differs"),
+                    };
+                    (Drift::Differs, Some(detail))
+                }
+                plan::Drift::Extra { removable: true } => {
+                    (Drift::Extra, Some("no policy compiles to it".to_string()))
+                }
+                plan::Drift::Extra { removable: false } => (
+                    Drift::Extra,
+                    Some(
+                        "no policy compiles to it; the controller keeps it while the input it came from cannot be read completely"
+                            .to_string(),
+                    ),
+                ),
             };
-            if let Some(path) = first_difference(&desired, live) {
-                differences.push(Difference {
-                    state: Drift::Differs,
-                    kind,
-                    name: name.clone(),
-                    detail: Some(differs_detail(policy, &path, live)),
-                });
-            }
-        }
-    }
-    for (kind, live) in [(POLICY, &live_policies), (BINDING, &live_bindings)] {
-        for name in live.keys().filter(|n| !wanted_names.contains(*n)) {
-            differences.push(Difference {
-                state: Drift::Extra,
+            Difference {
+                state,
                 kind,
-                name: name.clone(),
-                detail: Some("no policy compiles to it".to_string()),
-            });
-        }
-    }
+                name: d.name,
+                detail,
+            }
+        })
+        .collect();
     AdmissionSync {
         in_sync: differences.is_empty(),
-        wanted: wanted.len() * 2,
+        wanted: plan.object_count(),
         differences,
     }
 }
@@ -695,6 +647,9 @@ fn table(out: &mut String, rows: &[Vec<String>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
+    use crate::policy::Resolution;
     use crate::policy::names::DELETION_POLICY_ANNOTATION;
     use crate::policy::{CascadePolicyInput, Inputs, XrdInput};
     use crate::policy::{CrdInfo, Scope};
@@ -751,7 +706,7 @@ mod tests {
         let mut policies = Vec::new();
         let mut bindings = Vec::new();
         for p in &resolution.policies {
-            for c in compile(p, &settings) {
+            for c in crate::policy::compile(p, &settings) {
                 let mut vap = serde_json::to_value(&c.policy).unwrap();
                 vap["metadata"]["uid"] = json!("u1");
                 vap["metadata"]["resourceVersion"] = json!("7");
@@ -766,9 +721,23 @@ mod tests {
         (policies, bindings)
     }
 
+    /// status's comparison, with every input read.
+    fn sync(r: &Resolution, policies: &[Value], bindings: &[Value]) -> AdmissionSync {
+        let plan = plan(r, &CompileSettings::default(), BTreeSet::new());
+        let known = Known {
+            xrds: true,
+            cascade_policies: true,
+        };
+        admission_sync(&plan, &Live::from_lists(policies, bindings), known)
+    }
+
     #[test]
     fn protected_says_where_each_policy_comes_from() {
-        let rows = protected(&resolution(Mode::Refuse), &CompileSettings::default());
+        let rows = protected(&plan(
+            &resolution(Mode::Refuse),
+            &CompileSettings::default(),
+            BTreeSet::new(),
+        ));
         let got: Vec<Protected> = rows;
         let row = |kind: &str,
                    mode,
@@ -848,13 +817,7 @@ mod tests {
     fn in_sync_when_the_cluster_has_what_the_policies_compile_to() {
         let r = resolution(Mode::Refuse);
         let (policies, bindings) = live(&r);
-        let sync = admission_sync(
-            &r,
-            &CompileSettings::default(),
-            &policies,
-            &bindings,
-            &BTreeSet::new(),
-        );
+        let sync = sync(&r, &policies, &bindings);
         assert!(sync.in_sync, "{sync:?}");
         // Three policies compile (Off does not), to a DELETE and an UPDATE
         // pair of a policy and a binding each.
@@ -876,13 +839,7 @@ mod tests {
         let mut stale = policies[0].clone();
         stale["metadata"]["name"] = json!("cascade-guard-xrd-gone.example.org");
         policies.push(stale);
-        let sync = admission_sync(
-            &r,
-            &CompileSettings::default(),
-            &policies,
-            &bindings,
-            &BTreeSet::new(),
-        );
+        let sync = sync(&r, &policies, &bindings);
         let got: Vec<(Drift, &str, &str, Option<&str>)> = sync
             .differences
             .iter()
@@ -893,19 +850,19 @@ mod tests {
             [
                 (
                     Drift::Missing,
-                    BINDING,
+                    "ValidatingAdmissionPolicyBinding",
                     "cascade-guard-xrd-clusters.example.org",
                     None
                 ),
                 (
                     Drift::Differs,
-                    POLICY,
+                    "ValidatingAdmissionPolicy",
                     "cascade-guard-policy-releases",
                     Some("spec.validations[0].expression differs")
                 ),
                 (
                     Drift::Extra,
-                    POLICY,
+                    "ValidatingAdmissionPolicy",
                     "cascade-guard-xrd-gone.example.org",
                     Some("no policy compiles to it")
                 ),
@@ -918,13 +875,7 @@ mod tests {
     fn another_default_mode_is_named_as_the_likely_cause() {
         // The controller runs with Warn; status assumed Refuse.
         let (policies, bindings) = live(&resolution(Mode::Warn));
-        let sync = admission_sync(
-            &resolution(Mode::Refuse),
-            &CompileSettings::default(),
-            &policies,
-            &bindings,
-            &BTreeSet::new(),
-        );
+        let sync = sync(&resolution(Mode::Refuse), &policies, &bindings);
         let differs: Vec<&Difference> = sync
             .differences
             .iter()
@@ -1046,14 +997,8 @@ mod tests {
         let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
         let report = Report {
             xrd_default_mode: Mode::Refuse,
-            protected: protected(&r, &CompileSettings::default()),
-            admission: admission_sync(
-                &r,
-                &CompileSettings::default(),
-                &policies,
-                &bindings[1..],
-                &BTreeSet::new(),
-            ),
+            protected: protected(&plan(&r, &CompileSettings::default(), BTreeSet::new())),
+            admission: sync(&r, &policies, &bindings[1..]),
             cascading: cascading_objects(
                 "Cluster.example.org",
                 &[meta(

@@ -1,7 +1,9 @@
-//! Applying the compiled admission objects (server-side apply, forced, so that
-//! edits by anyone else are reverted) and removing the ones no policy wants.
+//! Bringing the cluster to the plan: the admission objects the policies
+//! compile to are applied (server-side apply, forced, so that edits by anyone
+//! else are reverted) and the ones no policy wants are removed. What to write
+//! is the plan's diff against the watch cache, the same diff `status` shows.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -10,22 +12,18 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
-use super::inputs::{Known, Watched};
+use super::inputs::Watched;
 use super::type_check::{self, TypeCheck};
 use super::{MANAGER, Managed};
 use crate::Error;
 use crate::policy::drift::first_difference;
 pub use crate::policy::last_good::LastGood;
 use crate::policy::last_good::{keep_last_good, recall};
-use crate::policy::names::{
-    CASCADE_POLICY_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
-    UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
-};
-use crate::policy::{CompileSettings, Resolution, Source, compile, object_name};
-
-const POLICY: &str = "ValidatingAdmissionPolicy";
-const BINDING: &str = "ValidatingAdmissionPolicyBinding";
+use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::policy::plan::{Drift, Known, Live, ObjectKind, Plan, diff, plan};
+use crate::policy::{CompileSettings, Resolution, Source, object_name};
 
 /// What a pass did, for status, events and logs.
 pub struct Outcome {
@@ -60,48 +58,43 @@ pub async fn apply(
         let vap = serde_json::to_value(managed.policies.get(&object)?.as_ref()).ok()?;
         recall(name, &vap)
     };
-    let (resolution, untouched) =
+    let (resolution, kept) =
         keep_last_good(resolution, last_good, known.cascade_policies, read_back);
-    let mut compiled = BTreeMap::new();
-    let mut failed = BTreeMap::new();
-    for policy in &resolution.policies {
-        let mut names = Vec::new();
-        let mut error = None;
-        for objects in compile(policy, settings) {
-            let name = objects.policy.name_any();
-            names.push(name);
-            if error.is_some() {
-                continue;
+    let plan = plan(&resolution, settings, kept);
+    let (live, complete) = live(&policies, &bindings, managed).await;
+    // Nothing is removed on a partial view of what is there.
+    let removable_for = if complete { *known } else { Known::default() };
+    let mut failed: BTreeMap<Source, String> = BTreeMap::new();
+    for change in diff(&plan, &live, removable_for) {
+        let result = match (&change.drift, &change.source) {
+            (Drift::Missing | Drift::Differs { .. }, Some(source)) => {
+                // After a failed write, the rest of its source waits for the next pass.
+                if failed.contains_key(source) {
+                    continue;
+                }
+                match write(&policies, &bindings, &plan, change.kind, &change.name).await {
+                    Ok(()) => continue,
+                    Err(e) => {
+                        tracing::error!(%source, error = %e, "cannot apply admission objects");
+                        failed.insert(source.clone(), e.to_string());
+                        continue;
+                    }
+                }
             }
-            // The policy first: a binding to a policy that does not exist yet
-            // does nothing, but the other order is the honest one. Only what is
-            // missing or differs from the watch cache is written.
-            let result = match ensure(&policies, POLICY, &objects.policy, &managed.policies).await {
-                Ok(()) => ensure(&bindings, BINDING, &objects.binding, &managed.bindings).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = result {
-                tracing::error!(source = %policy.source, error = %e, "cannot apply admission objects");
-                error = Some(e.to_string());
+            (Drift::Extra { removable: true }, _) => {
+                tracing::info!(kind = change.kind.as_str(), name = %change.name, "removing admission object no policy wants");
+                match change.kind {
+                    ObjectKind::Policy => remove(&policies, change.kind, &change.name).await,
+                    ObjectKind::Binding => remove(&bindings, change.kind, &change.name).await,
+                }
             }
+            _ => continue,
+        };
+        if let Err(e) = result {
+            tracing::error!(error = %e, "cannot remove a stale admission object");
         }
-        if names.is_empty() {
-            continue;
-        }
-        if let Some(e) = error {
-            failed.insert(policy.source.clone(), e);
-        }
-        // Wanted even when applying failed: pruning must not remove what is there.
-        compiled.insert(policy.source.clone(), names);
     }
-    let mut wanted: BTreeSet<String> = compiled.values().flatten().cloned().collect();
-    wanted.extend(untouched);
-    if let Err(e) = prune(&bindings, BINDING, &wanted, known, &managed.bindings).await {
-        tracing::error!(error = %e, "cannot remove stale bindings");
-    }
-    if let Err(e) = prune(&policies, POLICY, &wanted, known, &managed.policies).await {
-        tracing::error!(error = %e, "cannot remove stale policies");
-    }
+    let compiled = plan.compiled_names();
     let type_checks = type_check::collect(&compiled, &managed.policies);
     Outcome {
         resolution,
@@ -109,6 +102,63 @@ pub async fn apply(
         failed,
         type_checks,
         known: *known,
+    }
+}
+
+/// cascade-guard's admission objects in the cluster, from the watch caches,
+/// or listed while a cache has not synced yet; false when neither could be
+/// read (then every wanted object is written, and nothing removed).
+async fn live(
+    policies: &Api<ValidatingAdmissionPolicy>,
+    bindings: &Api<ValidatingAdmissionPolicyBinding>,
+    managed: &Managed,
+) -> (Live, bool) {
+    let (policy_values, policies_read) = values(policies, &managed.policies).await;
+    let (binding_values, bindings_read) = values(bindings, &managed.bindings).await;
+    (
+        Live::from_lists(&policy_values, &binding_values),
+        policies_read && bindings_read,
+    )
+}
+
+async fn values<K>(api: &Api<K>, cache: &Watched<K>) -> (Vec<Value>, bool)
+where
+    K: Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let to_values = |objects: Vec<&K>| -> Vec<Value> {
+        objects
+            .into_iter()
+            .filter_map(|o| serde_json::to_value(o).ok())
+            .collect()
+    };
+    if let Some(objects) = cache.snapshot() {
+        return (to_values(objects.iter().map(AsRef::as_ref).collect()), true);
+    }
+    let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
+    match api.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => (to_values(list.items.iter().collect()), true),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list cascade-guard's admission objects; writing every one");
+            (Vec::new(), false)
+        }
+    }
+}
+
+/// Writes the plan's object of `kind` named `name`.
+async fn write(
+    policies: &Api<ValidatingAdmissionPolicy>,
+    bindings: &Api<ValidatingAdmissionPolicyBinding>,
+    plan: &Plan,
+    kind: ObjectKind,
+    name: &str,
+) -> Result<(), Error> {
+    let Some((_, compiled)) = plan.compiled(name) else {
+        return Ok(());
+    };
+    match kind {
+        ObjectKind::Policy => server_side_apply(policies, kind, &compiled.policy).await,
+        ObjectKind::Binding => server_side_apply(bindings, kind, &compiled.binding).await,
     }
 }
 
@@ -141,42 +191,19 @@ pub async fn check_own_username(client: &Client, settings: &CompileSettings) {
     }
 }
 
-/// Applies `object` unless the watch cache shows the API server already has
-/// it as wanted.
-async fn ensure<K>(
-    api: &Api<K>,
-    kind: &'static str,
-    object: &K,
-    cache: &Watched<K>,
-) -> Result<(), Error>
-where
-    K: Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    let name = object.name_any();
-    if let Some(live) = cache.get(&name) {
-        let desired = serde_json::to_value(object).unwrap_or_default();
-        let live = serde_json::to_value(live.as_ref()).unwrap_or_default();
-        if first_difference(&desired, &live).is_none() {
-            return Ok(());
-        }
-    }
-    server_side_apply(api, kind, object).await
-}
-
 /// Server-side apply, forced. That takes back every field someone else changed
 /// with an apply, but not fields others added with an update (a binding's
 /// `objectSelector`) nor elements added to set-typed lists (a binding's
 /// `validationActions` would become `[Warn, Deny]`, which is invalid), so when
 /// the live object still differs from ours, it is replaced outright.
-async fn server_side_apply<K>(api: &Api<K>, kind: &'static str, object: &K) -> Result<(), Error>
+async fn server_side_apply<K>(api: &Api<K>, kind: ObjectKind, object: &K) -> Result<(), Error>
 where
     K: Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
     K::DynamicType: Default,
 {
     let name = object.name_any();
     let error = |source| Error::Apply {
-        kind,
+        kind: kind.as_str(),
         name: name.clone(),
         source,
     };
@@ -198,7 +225,7 @@ where
     let Some(field) = difference else {
         return Ok(());
     };
-    tracing::info!(kind, %name, %field, "replacing an admission object someone changed");
+    tracing::info!(kind = kind.as_str(), %name, %field, "replacing an admission object someone changed");
     let mut replacement = object.clone();
     replacement.meta_mut().resource_version = live.meta().resource_version.clone();
     let params = PostParams {
@@ -211,81 +238,19 @@ where
         .map_err(error)
 }
 
-/// Deletes our objects that no policy wants, but only those whose source was
-/// read completely: an input we could not read must not lift protection.
-async fn prune<K>(
-    api: &Api<K>,
-    kind: &'static str,
-    wanted: &BTreeSet<String>,
-    known: &Known,
-    cache: &Watched<K>,
-) -> Result<(), Error>
+/// Deletes one of our objects that no policy wants (gone already is fine).
+async fn remove<K>(api: &Api<K>, kind: ObjectKind, name: &str) -> Result<(), Error>
 where
-    K: Resource + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    K: Resource + DeserializeOwned + Clone + std::fmt::Debug,
+    K::DynamicType: Default,
 {
-    let names: Vec<String> = match cache.snapshot() {
-        Some(objects) => objects.iter().map(|o| o.name_any()).collect(),
-        None => {
-            let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
-            api.list_metadata(&ListParams::default().labels(&selector))
-                .await
-                .map_err(|source| Error::List { what: kind, source })?
-                .items
-                .iter()
-                .map(|o| o.name_any())
-                .collect()
-        }
-    };
-    for name in names {
-        if wanted.contains(&name) || !prunable(&name, known) {
-            continue;
-        }
-        tracing::info!(kind, %name, "removing admission object no policy wants");
-        match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(source) => {
-                return Err(Error::Delete { kind, name, source });
-            }
-        }
-    }
-    Ok(())
-}
-
-fn prunable(name: &str, known: &Known) -> bool {
-    if name.starts_with(XRD_OBJECT_PREFIX) || name.starts_with(UPDATE_XRD_OBJECT_PREFIX) {
-        known.xrds
-    } else if name.starts_with(CASCADE_POLICY_OBJECT_PREFIX)
-        || name.starts_with(UPDATE_CASCADE_POLICY_OBJECT_PREFIX)
-    {
-        known.cascade_policies
-    } else {
-        known.xrds && known.cascade_policies
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn update_objects_are_pruned_with_their_source() {
-        let cases = [
-            ("cascade-guard-update-xrd-x.example.org", true, false, true),
-            ("cascade-guard-update-xrd-x.example.org", false, true, false),
-            ("cascade-guard-update-policy-x", false, true, true),
-            ("cascade-guard-update-policy-x", true, false, false),
-            ("cascade-guard-xrd-x.example.org", true, false, true),
-            ("cascade-guard-policy-x", true, false, false),
-            ("cascade-guard-other", true, false, false),
-        ];
-        for (name, xrds, cascade_policies, want) in cases {
-            let known = Known {
-                xrds,
-                cascade_policies,
-            };
-            assert_eq!(prunable(name, &known), want, "{name}");
-        }
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Delete {
+            kind: kind.as_str(),
+            name: name.to_string(),
+            source,
+        }),
     }
 }

@@ -24,16 +24,10 @@ use crate::api::CascadePolicy;
 use crate::policy::Mode;
 use crate::policy::kind::Scope;
 use crate::policy::names::CROSSPLANE_APIEXTENSIONS_GROUP;
+use crate::policy::plan::Known;
 use crate::policy::resolve::{CascadePolicyInput, CrdInfo, Inputs, XrdInput};
 
 const XRD_PLURAL: &str = "compositeresourcedefinitions";
-
-/// What a pass could read completely.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Known {
-    pub xrds: bool,
-    pub cascade_policies: bool,
-}
 
 pub struct Gathered {
     pub inputs: Inputs,
