@@ -390,8 +390,8 @@ fn rules(mode: Mode, shape: Shape) -> Vec<(AllowReason, &'static str)> {
 }
 
 /// `expression` with every `variables.NAME` replaced by NAME's expression
-/// (itself written out), in parentheses. Only for our own expressions, where
-/// `variables.` never occurs inside a string literal.
+/// (itself written out), in parentheses. String literals are copied as they
+/// are: a username or annotation value may well contain `variables.`.
 pub fn inline_variables(expression: &str, variables: &[CelVariable]) -> String {
     let mut written: Vec<(&str, String)> = Vec::new();
     for v in variables {
@@ -405,30 +405,61 @@ fn substitute(expression: &str, written: &[(&str, String)]) -> String {
     const PREFIX: &str = "variables.";
     let mut out = String::with_capacity(expression.len());
     let mut rest = expression;
-    while let Some(at) = rest.find(PREFIX) {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + PREFIX.len()..];
-        let end = after
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(after.len());
-        let name = &after[..end];
-        match written.iter().find(|(n, _)| *n == name) {
-            Some((_, e)) => {
-                out.push('(');
-                out.push_str(e);
-                out.push(')');
-            }
-            // Not one of ours (cannot happen): left as it was, so the API
-            // server rejects the policy loudly rather than it meaning less.
-            None => {
-                out.push_str(PREFIX);
-                out.push_str(name);
-            }
+    while !rest.is_empty() {
+        // Copied as they are: literals, and identifiers that merely end in
+        // `variables` (`myvariables.x`).
+        if let Some(len) = literal_len(rest) {
+            out.push_str(&rest[..len]);
+            rest = &rest[len..];
+            continue;
         }
-        rest = &after[end..];
+        let ident_before = out
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+        if !ident_before && rest.starts_with(PREFIX) {
+            let after = &rest[PREFIX.len()..];
+            let end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            let name = &after[..end];
+            match written.iter().find(|(n, _)| *n == name) {
+                Some((_, e)) => {
+                    out.push('(');
+                    out.push_str(e);
+                    out.push(')');
+                }
+                // Not one of ours (cannot happen): left as it was, so the API
+                // server rejects the policy loudly rather than it meaning less.
+                None => {
+                    out.push_str(PREFIX);
+                    out.push_str(name);
+                }
+            }
+            rest = &after[end..];
+            continue;
+        }
+        let c = rest.chars().next().map_or(1, char::len_utf8);
+        out.push_str(&rest[..c]);
+        rest = &rest[c..];
     }
-    out.push_str(rest);
     out
+}
+
+/// The length in bytes of the CEL string literal `text` starts with (quoted
+/// with ' or ", escapes skipped; an unterminated one runs to the end), or
+/// None when it does not start with one.
+fn literal_len(text: &str) -> Option<usize> {
+    let quote = text.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+    let mut chars = text.char_indices().skip(1);
+    while let Some((i, c)) = chars.next() {
+        if c == '\\' {
+            chars.next();
+        } else if c == quote {
+            return Some(i + c.len_utf8());
+        }
+    }
+    Some(text.len())
 }
 
 /// The break-glass annotation is on `object` (`oldObject` for a DELETE).
@@ -551,10 +582,34 @@ mod tests {
             ),
             ("variables.unknown", "variables.unknown"),
             ("no variables", "no variables"),
+            // Literals and longer identifiers are left alone.
+            (
+                "variables.a == 'variables.a' || \"x\\\" variables.ab\" == myvariables.a",
+                "(request.x) == 'variables.a' || \"x\\\" variables.ab\" == myvariables.a",
+            ),
+            (
+                "'it\\'s variables.a' + variables.a",
+                "'it\\'s variables.a' + (request.x)",
+            ),
         ];
         for (input, want) in cases {
             assert_eq!(inline_variables(input, &vars), want, "{input}");
         }
+    }
+
+    #[test]
+    fn a_username_that_reads_like_a_variable_is_not_rewritten() {
+        let settings = CompileSettings {
+            gc_service_account_user: "system:serviceaccount:variables.policy:gc".into(),
+            ..CompileSettings::default()
+        };
+        let p = compile_cel(Mode::Refuse, Shape::CompositeResource, &settings);
+        assert!(
+            p.refusal_condition
+                .contains(&cel_string_literal("system:serviceaccount:variables.policy:gc")),
+            "{}",
+            p.refusal_condition
+        );
     }
 
     #[test]
