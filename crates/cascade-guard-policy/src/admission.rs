@@ -13,8 +13,8 @@ use crate::cel::{DECISION_AUDIT_KEY, compile_cel, compile_update_cel};
 use crate::mode::Mode;
 use crate::names::{
     CASCADE_POLICY_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODE_ANNOTATION,
-    PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION, UPDATE_CASCADE_POLICY_OBJECT_PREFIX,
-    UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
+    MODE_FROM_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION,
+    UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
 };
 use crate::resolve::{Policy, Source};
 use crate::selector::is_dns_subdomain;
@@ -224,8 +224,26 @@ fn metadata(name: &str, policy: &Policy) -> ObjectMeta {
                 policy.kind.to_string(),
             ),
             (MODE_ANNOTATION.to_string(), policy.mode.to_string()),
+            (
+                MODE_FROM_ANNOTATION.to_string(),
+                mode_from(&policy.source).to_string(),
+            ),
         ])),
         ..ObjectMeta::default()
+    }
+}
+
+/// The value of [`MODE_FROM_ANNOTATION`]: so the objects themselves say
+/// whether an XRD's protection is its own or the default's.
+pub fn mode_from(source: &Source) -> &'static str {
+    match source {
+        Source::Xrd {
+            annotated: true, ..
+        } => "xrd-annotation",
+        Source::Xrd {
+            annotated: false, ..
+        } => "xrd-default-mode",
+        Source::CascadePolicy { .. } => "cascadepolicy",
     }
 }
 
@@ -468,6 +486,7 @@ mod tests {
                     "InferenceCluster.modelplane.ai"
                 );
                 assert_eq!(ann["cascade-guard.dev/mode"], "Refuse");
+                assert_eq!(ann["cascade-guard.dev/mode-from"], "cascadepolicy");
             }
             assert_eq!(vap["kind"], "ValidatingAdmissionPolicy");
             assert_eq!(binding["kind"], "ValidatingAdmissionPolicyBinding");

@@ -605,8 +605,9 @@ mod tests {
         };
         let p = compile_cel(Mode::Refuse, Shape::CompositeResource, &settings);
         assert!(
-            p.refusal_condition
-                .contains(&cel_string_literal("system:serviceaccount:variables.policy:gc")),
+            p.refusal_condition.contains(&cel_string_literal(
+                "system:serviceaccount:variables.policy:gc"
+            )),
             "{}",
             p.refusal_condition
         );

@@ -43,6 +43,9 @@ pub const MANAGED_BY_VALUE: &str = "cascade-guard";
 pub const SOURCE_ANNOTATION: &str = "cascade-guard.dev/source";
 pub const PROTECTED_KIND_ANNOTATION: &str = "cascade-guard.dev/protected-kind";
 pub const MODE_ANNOTATION: &str = "cascade-guard.dev/mode";
+/// Where the mode comes from: the XRD's annotation, the controller's default
+/// for XRDs without one, or a CascadePolicy's spec.
+pub const MODE_FROM_ANNOTATION: &str = "cascade-guard.dev/mode-from";
 
 /// The garbage collector's user when kube-controller-manager runs with
 /// `--use-service-account-credentials=true` (kubeadm's default).

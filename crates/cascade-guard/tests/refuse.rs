@@ -870,7 +870,18 @@ async fn policies_follow_xrd_changes_and_are_restored_after_edits() {
     )
     .await
     .expect("remove annotation");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The controller has seen the change once its policy says the mode now
+    // comes from the default; only then does "still refused" show anything.
+    let seen = wait::until(Duration::from_secs(30), || async {
+        let p = policies.get_opt(&name).await.ok()??;
+        (p.annotations().get("cascade-guard.dev/mode-from")? == "xrd-default-mode").then_some(())
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "the controller never took the annotation's removal in:\n{}",
+        env.cp.log_tails(20)
+    );
     assert!(refused().await, "removing the annotation lifted protection");
 }
 
