@@ -12,9 +12,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::cel::{DECISION_AUDIT_KEY, compile_cel, compile_update_cel};
 use crate::mode::Mode;
 use crate::names::{
-    CASCADE_POLICY_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODE_ANNOTATION,
-    MODE_FROM_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION,
-    UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
+    CASCADE_POLICY_OBJECT_PREFIX, CLAIM_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
+    MODE_ANNOTATION, MODE_FROM_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION,
+    UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_CLAIM_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX,
+    XRD_OBJECT_PREFIX,
 };
 use crate::resolve::{Policy, Source};
 use crate::selector::is_dns_subdomain;
@@ -257,6 +258,9 @@ const HASH_HEX: usize = 10;
 /// keep distinct names.
 pub fn object_name(source: &Source) -> String {
     match source {
+        Source::Xrd {
+            name, claim: true, ..
+        } => prefixed_name(CLAIM_OBJECT_PREFIX, name),
         Source::Xrd { name, .. } => prefixed_name(XRD_OBJECT_PREFIX, name),
         Source::CascadePolicy { name } => prefixed_name(CASCADE_POLICY_OBJECT_PREFIX, name),
     }
@@ -266,6 +270,9 @@ pub fn object_name(source: &Source) -> String {
 /// cleaned like [`object_name`].
 pub fn update_object_name(source: &Source) -> String {
     match source {
+        Source::Xrd {
+            name, claim: true, ..
+        } => prefixed_name(UPDATE_CLAIM_OBJECT_PREFIX, name),
         Source::Xrd { name, .. } => prefixed_name(UPDATE_XRD_OBJECT_PREFIX, name),
         Source::CascadePolicy { name } => prefixed_name(UPDATE_CASCADE_POLICY_OBJECT_PREFIX, name),
     }
@@ -336,6 +343,7 @@ mod tests {
         Source::Xrd {
             name: name.into(),
             annotated: true,
+            claim: false,
         }
     }
 

@@ -201,7 +201,8 @@ pub fn next_step(
             Dependents::None => Step::Release,
             Dependents::Unknowable => confirmed(memory),
         },
-        Shape::Other => confirmed(memory),
+        // Claims are never Convert kinds; like any other kind if one were.
+        Shape::Other | Shape::Claim => confirmed(memory),
     };
     match (step, memory.last_conversion) {
         (Step::Convert, Some(last)) => {

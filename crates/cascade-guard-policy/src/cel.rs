@@ -81,13 +81,26 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
             &finalizer_present(FOREGROUND_DELETION_FINALIZER),
         ),
     ];
-    if shape == Shape::CompositeResource {
+    match shape {
         // Modern XRs list composed resources in spec.crossplane.resourceRefs,
         // legacy ones in spec.resourceRefs.
-        variables.push(var(
+        Shape::CompositeResource => variables.push(var(
             "nothingToCascade",
             "!(has(oldObject.spec) && has(oldObject.spec.crossplane) && has(oldObject.spec.crossplane.resourceRefs) && size(oldObject.spec.crossplane.resourceRefs) > 0) && !(has(oldObject.spec) && has(oldObject.spec.resourceRefs) && size(oldObject.spec.resourceRefs) > 0)",
-        ));
+        )),
+        // A claim cascades to the composite resource it is bound to, in the
+        // way its compositeDeletePolicy says.
+        Shape::Claim => variables.extend([
+            var(
+                "nothingToCascade",
+                "!(has(oldObject.spec) && has(oldObject.spec.resourceRef))",
+            ),
+            var(
+                "compositeInForeground",
+                "has(oldObject.spec) && has(oldObject.spec.compositeDeletePolicy) && oldObject.spec.compositeDeletePolicy == 'Foreground'",
+            ),
+        ]),
+        Shape::Other => {}
     }
     variables.extend([
         var(
@@ -155,16 +168,19 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
     }
     decision_expression.push_str("'refused: ' + variables.sent");
 
-    let what_it_leaves = match shape {
-        Shape::CompositeResource => "its composed resources",
-        Shape::Other => "the objects it owns",
-    };
+    let what_it_leaves = what_it_leaves(shape);
     // Why the delete is unsafe depends on what it would do: cut a running
     // foreground cascade short, leave what the object owns behind, or remove
-    // the object before what it owns is gone.
-    let why = format!(
-        "(variables.inForeground ? 'it is already being deleted with foreground cascading, and this delete would cut that cascade short. Nothing more is needed: the cascade ends by itself (follow it: cascade-guard trace ' + variables.target + ')' : variables.orphaning ? 'it would leave {what_it_leaves} behind, orphaned, with nothing to delete them. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground' : 'it would remove it before {what_it_leaves} are gone and leave them to wedge. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground')"
-    );
+    // the object before what it owns is gone. A claim's own propagation does
+    // not matter: what it sets off is Crossplane's delete of its composite.
+    let why = match shape {
+        Shape::Claim => format!(
+            "'Crossplane would then delete its composite resource with background propagation (the claim\\'s spec.compositeDeletePolicy is not Foreground), which removes the composite before {what_it_leaves} are gone and leaves them to wedge. Have the claim delete it in the foreground, then delete the claim: kubectl patch ' + variables.target + ' --type merge -p \\'{{\"spec\":{{\"compositeDeletePolicy\":\"Foreground\"}}}}\\' && kubectl delete ' + variables.target"
+        ),
+        _ => format!(
+            "(variables.inForeground ? 'it is already being deleted with foreground cascading, and this delete would cut that cascade short. Nothing more is needed: the cascade ends by itself (follow it: cascade-guard trace ' + variables.target + ')' : variables.orphaning ? 'it would leave {what_it_leaves} behind, orphaned, with nothing to delete them. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground' : 'it would remove it before {what_it_leaves} are gone and leave them to wedge. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground')"
+        ),
+    };
     // Break-glass set, and still refused: it does not count for this user.
     // (A message expression cannot use the authorizer, so it cannot read
     // variables.breakGlass; with the permission not needed, an annotated
@@ -172,13 +188,18 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
     let why = format!(
         "(variables.breakGlassAnnotated ? '{BREAK_GLASS_ANNOTATION} is set, but ' + variables.username + ' may not use break-glass (it needs {BREAK_GLASS_VERB} on {BREAK_GLASS_RESOURCE}.{GROUP}, which the ClusterRole cascade-guard-break-glass grants), so it does not count; ' : '') + {why}"
     );
+    // The fixed message, for when the expression cannot be evaluated.
+    let fix = match shape {
+        Shape::Claim => "set the claim's spec.compositeDeletePolicy to Foreground, then delete it",
+        _ => "use kubectl delete --cascade=foreground",
+    };
     let (message_expression, message) = match mode {
         Mode::Warn => (
             format!(
                 "'cascade-guard warning: deleting ' + request.kind.kind + ' ' + oldObject.metadata.name + ' with ' + variables.sent + ' is unsafe: ' + {why}"
             ),
             format!(
-                "cascade-guard warning: this delete does not cascade in the foreground and can leave {what_it_leaves} to wedge; use kubectl delete --cascade=foreground"
+                "cascade-guard warning: this delete does not cascade in the foreground and can leave {what_it_leaves} to wedge; {fix}"
             ),
         ),
         _ => (
@@ -186,7 +207,7 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
                 "'cascade-guard refused to delete ' + request.kind.kind + ' ' + oldObject.metadata.name + ' with ' + variables.sent + ': ' + {why} + '. To abandon it on purpose, first: kubectl annotate ' + variables.target + ' {BREAK_GLASS_ANNOTATION}=\\\"<why>\\\"'"
             ),
             format!(
-                "cascade-guard refused this delete: it would not cascade in the foreground and could leave {what_it_leaves} to wedge. Use kubectl delete --cascade=foreground, or set the annotation {BREAK_GLASS_ANNOTATION} to a reason to abandon the object on purpose"
+                "cascade-guard refused this delete: it would not cascade in the foreground and could leave {what_it_leaves} to wedge: {fix}, or set the annotation {BREAK_GLASS_ANNOTATION} to a reason to abandon the object on purpose"
             ),
         ),
     };
@@ -304,10 +325,7 @@ pub fn compile_update_cel(mode: Mode, shape: Shape, settings: &CompileSettings) 
     let abandon = format!(
         "To abandon it on purpose, first: kubectl annotate ' + variables.target + ' {BREAK_GLASS_ANNOTATION}=\\\"<why>\\\"'"
     );
-    let what_it_leaves = match shape {
-        Shape::CompositeResource => "its composed resources",
-        Shape::Other => "the objects it owns",
-    };
+    let what_it_leaves = what_it_leaves(shape);
     let mut validations = vec![CelValidation {
         expression: "!(variables.foregroundRemoved || variables.holdRemoved) || variables.mayRemoveFinalizers || variables.breakGlass".to_string(),
         message_expression: format!(
@@ -369,15 +387,30 @@ fn any_user(users: &[&String]) -> String {
 
 /// The allow rules of a variant, in [`AllowReason::ORDER`], as CEL over the
 /// variables.
+/// What a delete of the kind may leave to wedge, in the messages.
+fn what_it_leaves(shape: Shape) -> &'static str {
+    match shape {
+        Shape::CompositeResource => "its composed resources",
+        Shape::Claim => "the resources it composes",
+        Shape::Other => "the objects it owns",
+    }
+}
+
 fn rules(mode: Mode, shape: Shape) -> Vec<(AllowReason, &'static str)> {
+    let claim = shape == Shape::Claim;
     AllowReason::ORDER
         .into_iter()
         .filter_map(|r| {
             let cond = match r {
-                AllowReason::ForegroundAsked => "variables.foregroundAsked",
-                AllowReason::AlreadyInForeground => "variables.noPolicy && variables.inForeground",
-                AllowReason::NothingToCascade if shape == Shape::CompositeResource => {
+                AllowReason::ForegroundAsked if !claim => "variables.foregroundAsked",
+                AllowReason::AlreadyInForeground if !claim => {
+                    "variables.noPolicy && variables.inForeground"
+                }
+                AllowReason::NothingToCascade if shape != Shape::Other => {
                     "variables.nothingToCascade"
+                }
+                AllowReason::CompositeDeletedInForeground if claim => {
+                    "variables.compositeInForeground"
                 }
                 AllowReason::GarbageCollector => "variables.isGarbageCollector",
                 AllowReason::BreakGlass => "variables.breakGlass",
@@ -859,23 +892,41 @@ mod tests {
 
     #[test]
     fn rules_follow_the_decision_order() {
-        let p = compile_cel(
-            Mode::Convert,
-            Shape::CompositeResource,
-            &CompileSettings::default(),
-        );
-        let positions: Vec<usize> = AllowReason::ORDER
-            .iter()
-            .map(|r| {
+        let cases = [
+            (Mode::Convert, Shape::CompositeResource),
+            (Mode::Refuse, Shape::Claim),
+        ];
+        for (mode, shape) in cases {
+            let p = compile_cel(mode, shape, &CompileSettings::default());
+            let ours: Vec<AllowReason> = rules(mode, shape).into_iter().map(|(r, _)| r).collect();
+            let positions: Vec<usize> = AllowReason::ORDER
+                .iter()
+                .filter(|r| ours.contains(r))
+                .map(|r| {
+                    p.decision_expression
+                        .find(&format!("'allowed: {}'", r.as_str()))
+                        .unwrap_or_else(|| panic!("{mode} {shape:?}: {r:?} not in the expression"))
+                })
+                .collect();
+            assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+            assert!(
                 p.decision_expression
-                    .find(&format!("'allowed: {}'", r.as_str()))
-                    .unwrap()
-            })
+                    .ends_with("'refused: ' + variables.sent")
+            );
+        }
+        // Which rules a claim has: its own propagation counts for nothing.
+        let claim: Vec<AllowReason> = rules(Mode::Refuse, Shape::Claim)
+            .into_iter()
+            .map(|(r, _)| r)
             .collect();
-        assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
-        assert!(
-            p.decision_expression
-                .ends_with("'refused: ' + variables.sent")
+        assert_eq!(
+            claim,
+            [
+                AllowReason::NothingToCascade,
+                AllowReason::CompositeDeletedInForeground,
+                AllowReason::GarbageCollector,
+                AllowReason::BreakGlass,
+            ]
         );
     }
 

@@ -39,8 +39,13 @@ impl Propagation {
 pub struct ObjectState {
     pub finalizers: Vec<String>,
     /// Entries in `spec.crossplane.resourceRefs` and legacy
-    /// `spec.resourceRefs` ([`composed_resources`]); None for [`Shape::Other`].
+    /// `spec.resourceRefs` ([`composed_resources`]); for a claim, 1 when it
+    /// names its composite resource (`spec.resourceRef`), else 0; None for
+    /// [`Shape::Other`].
     pub composed_count: Option<usize>,
+    /// A claim whose `spec.compositeDeletePolicy` is Foreground: Crossplane
+    /// deletes its composite resource with foreground cascading.
+    pub composite_delete_foreground: bool,
     /// The break-glass annotation is present with a non-empty value.
     pub break_glass: bool,
 }
@@ -60,8 +65,14 @@ impl ObjectState {
             .unwrap_or_default();
         let composed_count = match shape {
             Shape::CompositeResource => Some(composed_resources(object, None).count()),
+            Shape::Claim => Some(usize::from(object.pointer("/spec/resourceRef").is_some())),
             Shape::Other => None,
         };
+        let composite_delete_foreground = shape == Shape::Claim
+            && object
+                .pointer("/spec/compositeDeletePolicy")
+                .and_then(Value::as_str)
+                == Some("Foreground");
         let break_glass = object
             .pointer("/metadata/annotations")
             .and_then(|a| a.get(BREAK_GLASS_ANNOTATION))
@@ -70,6 +81,7 @@ impl ObjectState {
         ObjectState {
             finalizers,
             composed_count,
+            composite_delete_foreground,
             break_glass,
         }
     }
@@ -99,8 +111,12 @@ pub enum AllowReason {
     /// No policy sent at all, and the object is already in a foreground
     /// cascade: the API server keeps `foregroundDeletion` in that case only.
     AlreadyInForeground,
-    /// A composite resource that lists no composed resources.
+    /// A composite resource that lists no composed resources, or a claim
+    /// bound to no composite resource.
     NothingToCascade,
+    /// A claim that makes Crossplane delete its composite resource with
+    /// foreground cascading (`spec.compositeDeletePolicy: Foreground`).
+    CompositeDeletedInForeground,
     /// The Kubernetes garbage collector, which must be free to finish cascades.
     GarbageCollector,
     /// An operator set the break-glass annotation.
@@ -113,10 +129,11 @@ pub enum AllowReason {
 
 impl AllowReason {
     /// The order rules are checked in, here and in the CEL.
-    pub const ORDER: [AllowReason; 6] = [
+    pub const ORDER: [AllowReason; 7] = [
         AllowReason::ForegroundAsked,
         AllowReason::AlreadyInForeground,
         AllowReason::NothingToCascade,
+        AllowReason::CompositeDeletedInForeground,
         AllowReason::GarbageCollector,
         AllowReason::BreakGlass,
         AllowReason::ConvertHeld,
@@ -127,6 +144,7 @@ impl AllowReason {
             AllowReason::ForegroundAsked => "ForegroundAsked",
             AllowReason::AlreadyInForeground => "AlreadyInForeground",
             AllowReason::NothingToCascade => "NothingToCascade",
+            AllowReason::CompositeDeletedInForeground => "CompositeDeletedInForeground",
             AllowReason::GarbageCollector => "GarbageCollector",
             AllowReason::BreakGlass => "BreakGlass",
             AllowReason::ConvertHeld => "ConvertHeld",
@@ -144,6 +162,8 @@ pub enum RefuseReason {
     NoPropagationPolicy,
     Background,
     Orphan,
+    /// Foreground, on a claim: it does not reach the composite resource.
+    Foreground,
     /// The legacy field, whatever its value (and whatever else was sent).
     OrphanDependents(bool),
 }
@@ -155,6 +175,7 @@ impl fmt::Display for RefuseReason {
             RefuseReason::NoPropagationPolicy => f.write_str("no propagationPolicy"),
             RefuseReason::Background => f.write_str("propagationPolicy Background"),
             RefuseReason::Orphan => f.write_str("propagationPolicy Orphan"),
+            RefuseReason::Foreground => f.write_str("propagationPolicy Foreground"),
             RefuseReason::OrphanDependents(v) => write!(f, "orphanDependents={v}"),
         }
     }
@@ -205,9 +226,12 @@ pub fn decide(
         (Reason::Refused(r), Mode::Warn) => Verdict {
             allowed: true,
             reason,
-            warning: Some(format!(
-                "cascade-guard would refuse this delete in Refuse mode: it was sent with {r}, not as a foreground cascade"
-            )),
+            warning: Some(match shape {
+                Shape::Claim => "cascade-guard would refuse this delete in Refuse mode: the claim's spec.compositeDeletePolicy is not Foreground, so Crossplane would delete its composite resource in the background".to_string(),
+                _ => format!(
+                    "cascade-guard would refuse this delete in Refuse mode: it was sent with {r}, not as a foreground cascade"
+                ),
+            }),
         },
         (Reason::Refused(_), _) => Verdict {
             allowed: false,
@@ -225,15 +249,23 @@ fn rule_holds(
     req: &DeleteRequest,
 ) -> bool {
     let no_policy = req.propagation.is_none() && req.orphan_dependents.is_none();
+    // What a claim's own delete asks for does not reach its composite
+    // resource: Crossplane deletes that as the claim's spec says.
+    let claim = shape == Shape::Claim;
     match rule {
         AllowReason::ForegroundAsked => {
-            req.propagation == Some(Propagation::Foreground) && req.orphan_dependents.is_none()
+            !claim
+                && req.propagation == Some(Propagation::Foreground)
+                && req.orphan_dependents.is_none()
         }
         AllowReason::AlreadyInForeground => {
-            no_policy && req.object.has_finalizer(FOREGROUND_DELETION_FINALIZER)
+            !claim && no_policy && req.object.has_finalizer(FOREGROUND_DELETION_FINALIZER)
         }
         AllowReason::NothingToCascade => {
-            shape == Shape::CompositeResource && req.object.composed_count == Some(0)
+            shape != Shape::Other && req.object.composed_count == Some(0)
+        }
+        AllowReason::CompositeDeletedInForeground => {
+            claim && req.object.composite_delete_foreground
         }
         AllowReason::GarbageCollector => is_garbage_collector(settings, req),
         AllowReason::BreakGlass => req.object.break_glass,
@@ -263,9 +295,9 @@ fn what_was_sent(req: &DeleteRequest) -> RefuseReason {
         (Some(v), _) => RefuseReason::OrphanDependents(v),
         (None, Some(Propagation::Background)) => RefuseReason::Background,
         (None, Some(Propagation::Orphan)) => RefuseReason::Orphan,
-        // Foreground without orphanDependents is always allowed, so only
-        // "nothing sent" is left.
-        (None, Some(Propagation::Foreground) | None) => RefuseReason::NoPropagationPolicy,
+        // Refused only for a claim, where it does not reach the composite.
+        (None, Some(Propagation::Foreground)) => RefuseReason::Foreground,
+        (None, None) => RefuseReason::NoPropagationPolicy,
     }
 }
 
@@ -301,6 +333,9 @@ pub(crate) mod tests {
     pub(crate) enum State {
         LiveWithComposed,
         LiveWithNone,
+        /// A claim says compositeDeletePolicy: Foreground (other kinds have
+        /// no such field: the same as LiveWithComposed for them).
+        LiveComposingInForeground,
         TerminatingForeground,
         TerminatingBackground,
     }
@@ -320,9 +355,10 @@ pub(crate) mod tests {
         Requester::NamespaceController,
         Requester::Crossplane,
     ];
-    pub(crate) const STATES: [State; 4] = [
+    pub(crate) const STATES: [State; 5] = [
         State::LiveWithComposed,
         State::LiveWithNone,
+        State::LiveComposingInForeground,
         State::TerminatingForeground,
         State::TerminatingBackground,
     ];
@@ -364,7 +400,13 @@ pub(crate) mod tests {
             uid_precondition,
             object: ObjectState {
                 finalizers,
-                composed_count: (shape == Shape::CompositeResource).then_some(composed),
+                composed_count: match shape {
+                    Shape::CompositeResource => Some(composed),
+                    Shape::Claim => Some(composed.min(1)),
+                    Shape::Other => None,
+                },
+                composite_delete_foreground: shape == Shape::Claim
+                    && state == State::LiveComposingInForeground,
                 break_glass: false,
             },
         }
@@ -373,25 +415,33 @@ pub(crate) mod tests {
     /// The table in words: a delete of a guarded object goes through when
     /// the client asked for foreground, or sent nothing while a foreground
     /// cascade is already running; when a composite resource composed
-    /// nothing; or when the garbage collector itself deletes. Everything
-    /// else would not cascade in the foreground and is refused.
+    /// nothing; or when the garbage collector itself deletes. A claim's own
+    /// propagation does not count: it goes through when it is bound to no
+    /// composite resource, or says to delete that in the foreground.
+    /// Everything else would not cascade in the foreground and is refused.
     pub(crate) fn expected_allowed(sent: Sent, who: Requester, state: State, shape: Shape) -> bool {
-        let asked_foreground = sent == Sent::Foreground;
+        let claim = shape == Shape::Claim;
+        let asked_foreground = !claim && sent == Sent::Foreground;
         let keeps_running_foreground =
-            sent == Sent::Nothing && state == State::TerminatingForeground;
-        let composed_nothing = shape == Shape::CompositeResource && state == State::LiveWithNone;
+            !claim && sent == Sent::Nothing && state == State::TerminatingForeground;
+        let composed_nothing = shape != Shape::Other && state == State::LiveWithNone;
+        let composite_in_foreground = claim && state == State::LiveComposingInForeground;
         let garbage_collector = matches!(
             who,
             Requester::GcServiceAccount | Requester::ControllerManagerWithPrecondition
         );
-        asked_foreground || keeps_running_foreground || composed_nothing || garbage_collector
+        asked_foreground
+            || keeps_running_foreground
+            || composed_nothing
+            || composite_in_foreground
+            || garbage_collector
     }
 
     #[test]
     fn full_table() {
         let settings = CompileSettings::default();
         let mut cells = 0;
-        for shape in [Shape::CompositeResource, Shape::Other] {
+        for shape in [Shape::CompositeResource, Shape::Other, Shape::Claim] {
             for mode in [Mode::Refuse, Mode::Warn, Mode::Off] {
                 for sent in SENT {
                     for who in REQUESTERS {
@@ -428,7 +478,7 @@ pub(crate) mod tests {
                 }
             }
         }
-        assert_eq!(cells, 2 * 3 * 6 * 5 * 4);
+        assert_eq!(cells, 3 * 3 * 6 * 5 * 5);
     }
 
     #[test]
@@ -567,6 +617,7 @@ pub(crate) mod tests {
                 object: ObjectState {
                     finalizers: vec![FOREGROUND_CASCADE_FINALIZER.into()],
                     composed_count: Some(2),
+                    composite_delete_foreground: false,
                     break_glass: false,
                 },
             };
@@ -638,8 +689,41 @@ pub(crate) mod tests {
             ObjectState {
                 finalizers: vec![],
                 composed_count: Some(0),
+                composite_delete_foreground: false,
                 break_glass: false
             }
+        );
+
+        // A claim: bound or not, and how Crossplane deletes its composite.
+        let claim = |spec: Value| ObjectState::from_object(&json!({"spec": spec}), Shape::Claim);
+        let bound =
+            json!({"resourceRef": {"apiVersion": "example.org/v1", "kind": "XApp", "name": "a-x"}});
+        let cases = [
+            (json!({}), Some(0), false),
+            (bound.clone(), Some(1), false),
+            (
+                json!({"resourceRef": bound["resourceRef"], "compositeDeletePolicy": "Foreground"}),
+                Some(1),
+                true,
+            ),
+            (
+                json!({"compositeDeletePolicy": "Background"}),
+                Some(0),
+                false,
+            ),
+        ];
+        for (spec, count, foreground) in cases {
+            let state = claim(spec.clone());
+            assert_eq!(
+                (state.composed_count, state.composite_delete_foreground),
+                (count, foreground),
+                "{spec}"
+            );
+        }
+        // Only a claim reads compositeDeletePolicy.
+        let xr = json!({"spec": {"compositeDeletePolicy": "Foreground"}});
+        assert!(
+            !ObjectState::from_object(&xr, Shape::CompositeResource).composite_delete_foreground
         );
     }
 }

@@ -34,6 +34,11 @@ pub enum Shape {
     CompositeResource,
     /// Any other custom resource: what it owns is not visible on the object.
     Other,
+    /// A legacy Crossplane claim (an XRD's `claimNames`). Deleting it makes
+    /// Crossplane delete its composite resource (`spec.resourceRef`) with the
+    /// propagation its `spec.compositeDeletePolicy` names (Background unless
+    /// it says Foreground), whatever propagation the claim's own delete asked.
+    Claim,
 }
 
 /// A kind whose deletes cascade-guard guards.

@@ -78,6 +78,8 @@ pub const XRD_KIND: &str = "CompositeResourceDefinition";
 /// and binding that check DELETEs.
 pub const XRD_OBJECT_PREFIX: &str = "cascade-guard-xrd-";
 pub const CASCADE_POLICY_OBJECT_PREFIX: &str = "cascade-guard-policy-";
+/// The claim kind of a legacy XRD, named after the XRD.
+pub const CLAIM_OBJECT_PREFIX: &str = "cascade-guard-claim-";
 
 /// The same for the policy and binding that check UPDATEs of the same kind
 /// (no finalizer of a cascade or composed resource taken away). A prefix of
@@ -85,3 +87,4 @@ pub const CASCADE_POLICY_OBJECT_PREFIX: &str = "cascade-guard-policy-";
 /// object's name equal a DELETE one's.
 pub const UPDATE_XRD_OBJECT_PREFIX: &str = "cascade-guard-update-xrd-";
 pub const UPDATE_CASCADE_POLICY_OBJECT_PREFIX: &str = "cascade-guard-update-policy-";
+pub const UPDATE_CLAIM_OBJECT_PREFIX: &str = "cascade-guard-update-claim-";

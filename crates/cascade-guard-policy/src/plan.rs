@@ -9,8 +9,8 @@ use serde_json::Value;
 use crate::admission::{Compiled, compile};
 use crate::drift::first_difference;
 use crate::names::{
-    CASCADE_POLICY_OBJECT_PREFIX, UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX,
-    XRD_OBJECT_PREFIX,
+    CASCADE_POLICY_OBJECT_PREFIX, CLAIM_OBJECT_PREFIX, UPDATE_CASCADE_POLICY_OBJECT_PREFIX,
+    UPDATE_CLAIM_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
 };
 use crate::resolve::{Policy, Resolution, Source};
 use crate::settings::CompileSettings;
@@ -227,7 +227,13 @@ pub fn diff(plan: &Plan, live: &Live, known: Known) -> Vec<Difference> {
 /// Whether an extra object may be removed: only when the input its name says
 /// it came from was read completely (an object of unknown origin, when both were).
 fn removable(name: &str, known: Known) -> bool {
-    if name.starts_with(XRD_OBJECT_PREFIX) || name.starts_with(UPDATE_XRD_OBJECT_PREFIX) {
+    let from_xrd = [
+        XRD_OBJECT_PREFIX,
+        UPDATE_XRD_OBJECT_PREFIX,
+        CLAIM_OBJECT_PREFIX,
+        UPDATE_CLAIM_OBJECT_PREFIX,
+    ];
+    if from_xrd.iter().any(|p| name.starts_with(p)) {
         known.xrds
     } else if name.starts_with(CASCADE_POLICY_OBJECT_PREFIX)
         || name.starts_with(UPDATE_CASCADE_POLICY_OBJECT_PREFIX)
@@ -263,6 +269,7 @@ mod tests {
         Source::Xrd {
             name: name.into(),
             annotated: true,
+            claim: false,
         }
     }
 
@@ -454,6 +461,13 @@ mod tests {
             ("cascade-guard-policy-x", true, false, false),
             ("cascade-guard-other", true, false, false),
             ("cascade-guard-other", true, true, true),
+            ("cascade-guard-claim-x.example.org", true, false, true),
+            (
+                "cascade-guard-update-claim-x.example.org",
+                false,
+                true,
+                false,
+            ),
         ];
         for (name, xrds, cascade_policies, want) in cases {
             let known = Known {

@@ -151,8 +151,16 @@ pub struct Inputs {
 /// What asked for a policy.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Source {
-    Xrd { name: String, annotated: bool },
-    CascadePolicy { name: String },
+    /// An XRD: for its composite resource kind, or (`claim`) for the claim
+    /// kind a legacy XRD offers.
+    Xrd {
+        name: String,
+        annotated: bool,
+        claim: bool,
+    },
+    CascadePolicy {
+        name: String,
+    },
 }
 
 impl Source {
@@ -166,7 +174,11 @@ impl Source {
 
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.subject().fmt(f)
+        self.subject().fmt(f)?;
+        match self {
+            Source::Xrd { claim: true, .. } => f.write_str(" (its claims)"),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -321,8 +333,26 @@ fn resolve_xrd(xrd: &XrdInput, default_mode: Mode, out: &mut Resolution) {
                 source: Source::Xrd {
                     name: x.name.clone(),
                     annotated: x.deletion_policy.is_some(),
+                    claim: false,
                 },
             });
+            // Under Refuse and Warn, Crossplane's Background delete of the
+            // XR that a claim's delete sets off would be refused after the
+            // claim is already terminating; so the claim's delete is judged
+            // at the claim, where the user can still choose. Under Convert
+            // that delete is converted like any other, and Off guards nothing.
+            if let (Some(claim), Mode::Refuse | Mode::Warn) = (x.claim_kind(), mode) {
+                out.policies.push(Policy {
+                    kind: claim,
+                    mode,
+                    selector: None,
+                    source: Source::Xrd {
+                        name: x.name.clone(),
+                        annotated: x.deletion_policy.is_some(),
+                        claim: true,
+                    },
+                });
+            }
         }
         XrdInput::Broken {
             name,
@@ -353,6 +383,7 @@ fn resolve_xrd(xrd: &XrdInput, default_mode: Mode, out: &mut Resolution) {
                     source: Source::Xrd {
                         name: name.clone(),
                         annotated: salvaged.deletion_policy.is_some(),
+                        claim: false,
                     },
                 });
             }
@@ -509,6 +540,7 @@ mod tests {
             plural: name_plural.into(),
             scope: Scope::Cluster,
             deletion_policy: annotation.map(str::to_string),
+            claim_names: None,
         })
     }
 
@@ -557,6 +589,62 @@ mod tests {
     }
 
     #[test]
+    fn a_legacy_xrd_guards_its_claims_under_refuse_and_warn() {
+        let legacy = |annotation: &str| {
+            XrdInput::from_value(&json!({
+                "apiVersion": "apiextensions.crossplane.io/v1",
+                "kind": "CompositeResourceDefinition",
+                "metadata": {"name": "xapps.example.org",
+                             "annotations": {"cascade-guard.dev/deletion-policy": annotation}},
+                "spec": {"group": "example.org",
+                         "names": {"kind": "XApp", "plural": "xapps"},
+                         "claimNames": {"kind": "App", "plural": "apps"},
+                         "versions": [{"name": "v1"}]}
+            }))
+        };
+        for (mode, claims) in [
+            ("Refuse", true),
+            ("Warn", true),
+            ("Convert", false),
+            ("Off", false),
+        ] {
+            let r = resolve(&inputs(vec![legacy(mode)], vec![], vec![]));
+            let kinds: Vec<(String, Shape, Scope)> = r
+                .policies
+                .iter()
+                .map(|p| (p.kind.to_string(), p.kind.shape, p.kind.scope))
+                .collect();
+            let mut want = vec![(
+                "XApp.example.org".to_string(),
+                Shape::CompositeResource,
+                Scope::Cluster,
+            )];
+            if claims {
+                want.push((
+                    "App.example.org".to_string(),
+                    Shape::Claim,
+                    Scope::Namespaced,
+                ));
+            }
+            assert_eq!(kinds, want, "{mode}");
+            if claims {
+                let claim = &r.policies[1];
+                assert_eq!(
+                    claim.source.to_string(),
+                    "CompositeResourceDefinition/xapps.example.org (its claims)"
+                );
+                assert_eq!(
+                    crate::admission::object_names(claim),
+                    [
+                        "cascade-guard-claim-xapps.example.org",
+                        "cascade-guard-update-claim-xapps.example.org"
+                    ]
+                );
+            }
+        }
+    }
+
+    #[test]
     fn xrd_modes() {
         // (annotation, mode, problem reason)
         let cases: &[(Option<&str>, Mode, Option<&str>)] = &[
@@ -581,7 +669,8 @@ mod tests {
                 p.source,
                 Source::Xrd {
                     name: "widgets.example.org".into(),
-                    annotated: annotation.is_some()
+                    annotated: annotation.is_some(),
+                    claim: false,
                 }
             );
             assert_eq!(

@@ -20,9 +20,23 @@ pub struct Xrd {
     pub scope: Scope,
     /// The raw `cascade-guard.dev/deletion-policy` annotation, if set.
     pub deletion_policy: Option<String>,
+    /// `spec.claimNames` (kind, plural) of a legacy XRD that offers a claim.
+    pub claim_names: Option<(String, String)>,
 }
 
 impl Xrd {
+    /// The claim kind it defines, if any: namespaced, in the XRD's group.
+    pub fn claim_kind(&self) -> Option<ProtectedKind> {
+        let (kind, plural) = self.claim_names.clone()?;
+        Some(ProtectedKind {
+            group: self.group.clone(),
+            kind,
+            plural,
+            scope: Scope::Namespaced,
+            shape: Shape::Claim,
+        })
+    }
+
     pub fn protected_kind(&self) -> ProtectedKind {
         ProtectedKind {
             group: self.group.clone(),
@@ -126,6 +140,9 @@ pub fn read_xrd(value: &Value) -> Result<Xrd, XrdError> {
         plural: plural.to_string(),
         scope,
         deletion_policy: deletion_policy_annotation(value),
+        claim_names: str_at(value, "/spec/claimNames/kind")
+            .zip(str_at(value, "/spec/claimNames/plural"))
+            .map(|(k, p)| (k.to_string(), p.to_string())),
     })
 }
 

@@ -357,7 +357,9 @@ pub fn protected(plan: &Plan) -> Vec<Protected> {
         .map(|planned| {
             let p = &planned.policy;
             let (source, from) = match &p.source {
-                Source::Xrd { name, annotated } => (
+                Source::Xrd {
+                    name, annotated, ..
+                } => (
                     if *annotated {
                         SourceKind::XrdAnnotation
                     } else {

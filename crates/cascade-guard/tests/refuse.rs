@@ -1653,3 +1653,180 @@ async fn break_glass_counts_only_for_users_allowed_to_use_it() {
     .await;
     assert!(allowed.is_some(), "still refused with the permission");
 }
+
+/// A legacy XRD's claims, under Refuse: a claim's own propagation does not
+/// reach its composite resource (Crossplane deletes that as
+/// `spec.compositeDeletePolicy` says, Background unless it says Foreground), so
+/// the claim's delete is judged on that. The API server agrees with the
+/// decision table for each claim state, propagation and requester, a refusal
+/// gives the commands that work, and they do.
+#[tokio::test]
+async fn a_claim_is_refused_unless_it_deletes_its_composite_in_the_foreground() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "claims").await;
+    let c = &s.client;
+    let mut legacy = xrd("XClaimedApp", "xclaimedapps", Some("Refuse"));
+    legacy["apiVersion"] = json!("apiextensions.crossplane.io/v1");
+    legacy["spec"]["scope"] = json!("LegacyCluster");
+    legacy["spec"]["claimNames"] = json!({"kind": "ClaimedApp", "plural": "claimedapps"});
+    let v1_xrds: Api<DynamicObject> = Api::all_with(
+        c.clone(),
+        &ApiResource {
+            group: "apiextensions.crossplane.io".into(),
+            version: "v1".into(),
+            api_version: "apiextensions.crossplane.io/v1".into(),
+            kind: "CompositeResourceDefinition".into(),
+            plural: "compositeresourcedefinitions".into(),
+        },
+    );
+    create(&v1_xrds, legacy).await;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(c.clone());
+    let _ = crds
+        .create(
+            &PostParams::default(),
+            &schemaless_crd("ClaimedApp", "claimedapps", "claimedapp"),
+        )
+        .await;
+    let resource = ApiResource {
+        group: GROUP.into(),
+        version: "v1".into(),
+        api_version: format!("{GROUP}/v1"),
+        kind: "ClaimedApp".into(),
+        plural: "claimedapps".into(),
+    };
+    let claims: Api<DynamicObject> = Api::namespaced_with(c.clone(), &s.namespace, &resource);
+    let bound =
+        json!({"apiVersion": format!("{GROUP}/v1"), "kind": "XClaimedApp", "name": "bound-x"});
+    // (name, spec): unbound, bound in the default way, bound and Foreground.
+    let states = [
+        ("unbound", json!({})),
+        ("background", json!({"resourceRef": bound})),
+        (
+            "foreground",
+            json!({"resourceRef": bound, "compositeDeletePolicy": "Foreground"}),
+        ),
+    ];
+    let stored = wait::until(Duration::from_secs(60), || async {
+        let mut stored = Vec::new();
+        for (name, spec) in &states {
+            let object = json!({"apiVersion": format!("{GROUP}/v1"), "kind": "ClaimedApp",
+                "metadata": {"name": name}, "spec": spec});
+            let o = claims
+                .patch(
+                    name,
+                    &PatchParams::apply("test").force(),
+                    &Patch::Apply(&object),
+                )
+                .await
+                .ok()?;
+            stored.push(o);
+        }
+        Some(stored)
+    })
+    .await
+    .expect("the claim CRD never served");
+    // The controller compiled the claim policy once a bound claim's plain
+    // delete is refused.
+    let protected = wait::until(Duration::from_secs(60), || async {
+        let got = delete(
+            c,
+            &resource,
+            &s.namespace,
+            "background",
+            &DeleteSpec::dry_run_background(),
+        )
+        .await;
+        (got.code == 403).then_some(())
+    })
+    .await;
+    assert!(
+        protected.is_some(),
+        "claims never protected:\n{}",
+        env.cp.log_tails(30)
+    );
+
+    let settings = CompileSettings::default();
+    let mut mismatches = Vec::new();
+    let mut cells = 0;
+    for r in REQUESTERS {
+        let client = as_user(&env.cp, r.username).await;
+        for object in &stored {
+            let name = object.name_any();
+            let value = serde_json::to_value(object).expect("json");
+            for (label, propagation, orphan) in POLICIES {
+                cells += 1;
+                let spec = DeleteSpec {
+                    propagation,
+                    orphan_dependents: orphan,
+                    uid: r.sends_uid.then(|| object.uid().unwrap_or_default()),
+                    dry_run: true,
+                };
+                let got = delete(&client, &resource, &s.namespace, &name, &spec).await;
+                let expected = decide(
+                    Mode::Refuse,
+                    Shape::Claim,
+                    &settings,
+                    &DeleteRequest {
+                        propagation: propagation.map(|p| match p {
+                            "Foreground" => Propagation::Foreground,
+                            "Background" => Propagation::Background,
+                            _ => Propagation::Orphan,
+                        }),
+                        orphan_dependents: orphan,
+                        username: r.username.into(),
+                        uid_precondition: r.sends_uid,
+                        object: ObjectState::from_object(&value, Shape::Claim),
+                    },
+                );
+                let cell = format!("{name} / {} / {label}", r.label);
+                if got.allowed() != expected.allowed {
+                    mismatches.push(format!(
+                        "{cell}: API server {} ({}), table says {expected:?}",
+                        got.code, got.message
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} of {cells} cells disagree:\n{}",
+        mismatches.len(),
+        mismatches.join("\n")
+    );
+
+    // Even a foreground delete of the claim is refused, saying what works.
+    let refused = delete(
+        c,
+        &resource,
+        &s.namespace,
+        "background",
+        &DeleteSpec::propagation("Foreground"),
+    )
+    .await;
+    let target = format!("claimedapps.{GROUP} background -n {}", s.namespace);
+    let patch = format!(
+        "kubectl patch {target} --type merge -p '{{\"spec\":{{\"compositeDeletePolicy\":\"Foreground\"}}}}' && kubectl delete {target}"
+    );
+    assert_eq!(refused.code, 403, "{}", refused.message);
+    assert!(refused.message.contains(&patch), "{}", refused.message);
+    // And the commands work: the claim patched, its plain delete goes through.
+    claims
+        .patch(
+            "background",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"compositeDeletePolicy": "Foreground"}})),
+        )
+        .await
+        .expect("patch the claim");
+    let plain = delete(
+        c,
+        &resource,
+        &s.namespace,
+        "background",
+        &DeleteSpec::default(),
+    )
+    .await;
+    assert!(plain.allowed(), "{} {}", plain.code, plain.message);
+}

@@ -188,6 +188,7 @@ async fn type_check_warnings_are_reported() {
     let source = Source::Xrd {
         name: REFUSE.xrd_name(),
         annotated: true,
+        claim: false,
     };
     let metrics = Arc::new(Metrics::new());
     let recorder = Recorder::new(
