@@ -117,26 +117,21 @@ pub(crate) fn is_dns_subdomain(s: &str) -> bool {
         })
 }
 
-/// A selector in the API's query syntax (`kubectl get -l`, `labelSelector=`);
-/// an operator the API does not know is an error naming it.
+/// A selector in the API's query syntax (`kubectl get -l`, `labelSelector=`),
+/// as kube writes it; an operator the API does not know is an error naming it.
 pub fn query_string(s: &LabelSelector) -> Result<String, String> {
-    let mut parts: Vec<String> = s
-        .match_labels
-        .iter()
-        .flatten()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    for e in s.match_expressions.iter().flatten() {
-        let values = e.values.clone().unwrap_or_default().join(",");
-        parts.push(match e.operator.as_str() {
-            "In" => format!("{} in ({values})", e.key),
-            "NotIn" => format!("{} notin ({values})", e.key),
-            "Exists" => e.key.clone(),
-            "DoesNotExist" => format!("!{}", e.key),
-            other => return Err(format!("unknown operator {other:?}")),
-        });
+    // kube's error does not say which operator it did not know.
+    if let Some(e) = s.match_expressions.iter().flatten().find(|e| {
+        !matches!(
+            e.operator.as_str(),
+            "In" | "NotIn" | "Exists" | "DoesNotExist"
+        )
+    }) {
+        return Err(format!("unknown operator {:?}", e.operator));
     }
-    Ok(parts.join(","))
+    kube_core::Selector::try_from(s.clone())
+        .map(|selector| selector.to_string())
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -261,5 +256,28 @@ mod tests {
             "a".repeat(200),
             "b".repeat(60)
         )));
+    }
+
+    #[test]
+    fn query_strings_as_kubectl_reads_them() {
+        let mut both = labels(&[("app", "web")]);
+        both.match_expressions = expr("tier", "NotIn", Some(&["db", "cache"])).match_expressions;
+        let cases = [
+            (labels(&[("app", "web"), ("team", "a")]), "app=web,team=a"),
+            (expr("tier", "In", Some(&["a", "b"])), "tier in (a,b)"),
+            (expr("tier", "Exists", None), "tier"),
+            (expr("tier", "DoesNotExist", None), "!tier"),
+            (LabelSelector::default(), ""),
+        ];
+        for (selector, want) in cases {
+            assert_eq!(query_string(&selector).as_deref(), Ok(want), "{selector:?}");
+        }
+        let got = query_string(&both).unwrap_or_default();
+        assert!(
+            got.contains("app=web") && got.contains("tier notin (cache,db)"),
+            "{got}"
+        );
+        let bad = query_string(&expr("tier", "Near", Some(&["a"])));
+        assert!(bad.as_ref().is_err_and(|e| e.contains("Near")), "{bad:?}");
     }
 }
