@@ -17,12 +17,10 @@
 //!
 //! And a legacy XRD with a claim, in each mode (its own XRD per mode, so
 //! concurrently): deleting the claim ends with everything gone (in order,
-//! except under Off), and under Refuse the claim waits terminating, its Synced
-//! condition carrying cascade-guard's refusal of Crossplane's delete of the XR
-//! (Crossplane sends no propagationPolicy for the default
-//! `compositeDeletePolicy: Background`) with the command that works, which the
-//! test runs. It is not refused at the claim itself: cascade-guard has no
-//! policy for claims.
+//! except under Off); under Refuse the plain delete is refused at the claim
+//! (Crossplane would delete the XR with no propagationPolicy, for the default
+//! `compositeDeletePolicy: Background`), with the commands that work, which
+//! the test runs.
 //!
 //! Crossplane's own deletes are never refused: in the trees above (its
 //! replayed deletes carry the refused attempt's Foreground), and a nested XR
@@ -763,8 +761,8 @@ async fn install_claim_kind(client: &Client, mode: Mode) -> (ApiResource, ApiRes
 /// Deletes a claim with a plain `kubectl delete` under `mode`: Ok(what was
 /// said) when the claim, its XR and the composed ConfigMap end up gone, the
 /// ConfigMap before the XR (after it, under Off: the seed's failure). Under
-/// Refuse the claim waits, saying why and giving the command that works,
-/// which is then run.
+/// Refuse the plain delete is refused at the claim, with the commands that
+/// work (set compositeDeletePolicy: Foreground, then delete), which are run.
 async fn claim_outcome(stack: &Stack, mode: Mode) -> Result<String, String> {
     let client = stack.cp.admin().await.expect("admin client");
     create_namespace(&client, CLAIM_NAMESPACE).await;
@@ -843,45 +841,48 @@ async fn claim_outcome(stack: &Stack, mode: Mode) -> Result<String, String> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    if !out.status.success() {
-        return Err(format!("the claim's delete was refused: {said}"));
-    }
-    let mut said = format!("kubectl said: {}", said.trim());
-    if mode == Mode::Refuse {
-        // Crossplane's delete of the XR (no propagationPolicy, for the default
-        // compositeDeletePolicy Background) is refused: the claim stays
-        // terminating, and its Synced condition says why and what works.
-        let message = wait::until(Duration::from_secs(60), || async {
-            let c = claim_api.get_opt(name).await.ok().flatten()?;
-            let m = condition(&c, "Synced")?
-                .get("message")?
-                .as_str()?
-                .to_string();
-            m.contains("cascade-guard refused").then_some(m)
-        })
-        .await
-        .ok_or_else(|| format!("the claim never said why it waits\n{}", timeline.describe()))?;
-        let command = message
-            .split("Delete it with foreground cascading: ")
-            .nth(1)
-            .and_then(|rest| rest.split(". ").next())
-            .ok_or_else(|| format!("no command in: {message}"))?;
-        let args: Vec<&str> = command.split_whitespace().skip(1).collect();
-        let out = tokio::process::Command::new(&stack.kubectl)
-            .args(&args)
-            .arg("--wait=false")
-            .env("KUBECONFIG", stack.cp.kubeconfig_path())
-            .output()
-            .await
-            .expect("kubectl runs");
-        if !out.status.success() {
-            return Err(format!(
-                "the claim's command `{command}` failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
+    let said = match (mode, out.status.success()) {
+        (Mode::Refuse, true) => {
+            return Err(format!("the claim's plain delete went through: {said}"));
         }
-        said = format!("the claim said: {message}; ran: {command}");
-    }
+        // Refused at the claim, with the commands that work: run them.
+        (Mode::Refuse, false) => {
+            let command = said
+                .split("Have the claim delete it in the foreground, then delete the claim: ")
+                .nth(1)
+                .and_then(|rest| rest.split(". To abandon").next())
+                .map(str::trim)
+                .ok_or_else(|| format!("no command in the refusal: {said}"))?;
+            let kubectl_dir = stack
+                .kubectl
+                .parent()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            let out = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("{command} --wait=false"))
+                .env("KUBECONFIG", stack.cp.kubeconfig_path())
+                .env(
+                    "PATH",
+                    format!(
+                        "{kubectl_dir}:{}",
+                        std::env::var("PATH").unwrap_or_default()
+                    ),
+                )
+                .output()
+                .await
+                .expect("sh runs");
+            if !out.status.success() {
+                return Err(format!(
+                    "the claim's commands `{command}` failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            format!("refused: {}; ran: {command}", said.trim())
+        }
+        (_, false) => return Err(format!("the claim's delete was refused: {said}")),
+        (_, true) => format!("kubectl said: {}", said.trim()),
+    };
     let gone = wait::until(Duration::from_secs(120), || async {
         timeline.gone(&claims.kind, name)?;
         let xr = timeline.gone(&xrs.kind, &xr_name)?;
