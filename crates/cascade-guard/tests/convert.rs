@@ -353,9 +353,7 @@ async fn finalizers_follow_the_kind_in_and_out_of_convert_mode() {
 /// goes through (and is converted) but an explicit Orphan.
 #[tokio::test]
 async fn the_api_server_agrees_with_the_decision_table_for_held_objects() {
-    use cascade_guard::policy::{
-        CompileSettings, DeleteRequest, Mode, ObjectState, Propagation, Shape, decide,
-    };
+    use cascade_guard::policy::{CompileSettings, Mode, ObjectState, Shape, decide};
     let env = env().await;
     let s = Scope::new(&env.cp, "convert-table").await;
     let resource = CONVERT.resource();
@@ -403,17 +401,10 @@ async fn the_api_server_agrees_with_the_decision_table_for_held_objects() {
                 Mode::Convert,
                 Shape::CompositeResource,
                 &CompileSettings::default(),
-                &DeleteRequest {
-                    propagation: propagation.map(|p| match p {
-                        "Foreground" => Propagation::Foreground,
-                        "Background" => Propagation::Background,
-                        _ => Propagation::Orphan,
-                    }),
-                    orphan_dependents: orphan,
-                    username: user.into(),
-                    uid_precondition: uid,
-                    object: ObjectState::from_object(&object, Shape::CompositeResource),
-                },
+                &spec.as_request(
+                    user,
+                    ObjectState::from_object(&object, Shape::CompositeResource),
+                ),
             );
             if got.allowed() != expected.allowed {
                 mismatches.push(format!(

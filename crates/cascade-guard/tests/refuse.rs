@@ -10,9 +10,7 @@ use std::time::Duration;
 use cascade_guard::policy::names::{
     DEFAULT_CROSSPLANE_USER, DEFAULT_GC_CONTROLLER_MANAGER_USER, DEFAULT_GC_SERVICE_ACCOUNT_USER,
 };
-use cascade_guard::policy::{
-    CompileSettings, DeleteRequest, Mode, ObjectState, Propagation, Shape, decide,
-};
+use cascade_guard::policy::{CompileSettings, Mode, ObjectState, Shape, decide};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -226,17 +224,10 @@ async fn the_api_server_agrees_with_the_decision_table_in_every_cell() {
                         mode,
                         Shape::CompositeResource,
                         &settings,
-                        &DeleteRequest {
-                            propagation: propagation.map(|p| match p {
-                                "Foreground" => Propagation::Foreground,
-                                "Background" => Propagation::Background,
-                                _ => Propagation::Orphan,
-                            }),
-                            orphan_dependents: orphan,
-                            username: r.username.into(),
-                            uid_precondition: r.sends_uid,
-                            object: ObjectState::from_object(&object, Shape::CompositeResource),
-                        },
+                        &spec.as_request(
+                            r.username,
+                            ObjectState::from_object(&object, Shape::CompositeResource),
+                        ),
                     );
                     let cell = format!("{mode} / {state:?} / {} / {label}", r.label);
                     *counts
@@ -1767,17 +1758,7 @@ async fn a_claim_is_refused_unless_it_deletes_its_composite_in_the_foreground() 
                     Mode::Refuse,
                     Shape::Claim,
                     &settings,
-                    &DeleteRequest {
-                        propagation: propagation.map(|p| match p {
-                            "Foreground" => Propagation::Foreground,
-                            "Background" => Propagation::Background,
-                            _ => Propagation::Orphan,
-                        }),
-                        orphan_dependents: orphan,
-                        username: r.username.into(),
-                        uid_precondition: r.sends_uid,
-                        object: ObjectState::from_object(&value, Shape::Claim),
-                    },
+                    &spec.as_request(r.username, ObjectState::from_object(&value, Shape::Claim)),
                 );
                 let cell = format!("{name} / {} / {label}", r.label);
                 if got.allowed() != expected.allowed {

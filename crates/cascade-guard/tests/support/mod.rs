@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use cascade_guard::api::CascadePolicy;
+use cascade_guard::policy::{DeleteRequest, ObjectState, Propagation};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::{Api, Client, CustomResourceExt};
@@ -523,6 +524,22 @@ impl DeleteSpec {
         Self {
             dry_run: true,
             ..Self::propagation("Background")
+        }
+    }
+
+    /// The same delete as the decision table sees it, sent by `username`
+    /// for an object in `object`'s state.
+    pub fn as_request(&self, username: &str, object: ObjectState) -> DeleteRequest {
+        DeleteRequest {
+            propagation: self.propagation.map(|p| match p {
+                "Foreground" => Propagation::Foreground,
+                "Background" => Propagation::Background,
+                _ => Propagation::Orphan,
+            }),
+            orphan_dependents: self.orphan_dependents,
+            username: username.to_string(),
+            uid_precondition: self.uid.as_deref().is_some_and(|u| !u.is_empty()),
+            object,
         }
     }
 
