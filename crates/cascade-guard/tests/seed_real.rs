@@ -32,7 +32,8 @@
 //!
 //! Then a randomized test: five trees (CASCADE_GUARD_REAL_TREES for more),
 //! one random mode (Refuse or Convert), a random client and delay for each
-//! delete, and cascade-guard SIGKILLed and restarted at random; every tree
+//! delete, and cascade-guard and Crossplane core SIGKILLed and started again
+//! at random (scripts/soak.sh runs many rounds); every tree
 //! must go in order with nothing wedged or leaked. CASCADE_GUARD_SEED replays a
 //! run. The model's randomized test (tests/seed.rs) keeps the larger run.
 //!
@@ -65,7 +66,7 @@ const HOLD_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
 const MANAGED_FINALIZER: &str = "finalizer.managedresource.crossplane.io";
 const IN_USE_LABEL: &str = "crossplane.io/in-use";
 /// A tree takes a cloud cluster's start and Crossplane's steps to build.
-const BUILD_TIMEOUT: Duration = Duration::from_secs(420);
+const BUILD_TIMEOUT: Duration = Duration::from_secs(600);
 /// A teardown waits for the Usage's 30 s re-check, the load balancer's 40 s
 /// and the creation grace period.
 const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(300);
@@ -89,8 +90,8 @@ impl Mode {
 
 struct Stack {
     cp: ControlPlane,
-    // Kept for its processes' lifetime: they stop when it is dropped.
-    _crossplane: Crossplane,
+    /// Its processes stop when it is dropped; the random test kills core.
+    crossplane: StdMutex<Crossplane>,
     kubectl: PathBuf,
     /// cascade-guard: how many were started, and the one running.
     controller: StdMutex<(usize, Option<Process>)>,
@@ -134,7 +135,7 @@ async fn start() -> Stack {
     let kubectl = Binaries::locate().expect("binaries").kubectl;
     Stack {
         cp,
-        _crossplane: crossplane,
+        crossplane: StdMutex::new(crossplane),
         kubectl,
         controller: StdMutex::new((1, Some(controller))),
         turn: tokio::sync::Mutex::new(()),
@@ -381,6 +382,21 @@ impl Stack {
         if let Some(mut p) = self.controller.lock().expect("controller").1.take() {
             p.kill();
         }
+    }
+
+    /// SIGKILLs Crossplane core.
+    fn kill_crossplane(&self) {
+        let mut crossplane = self.crossplane.lock().expect("crossplane");
+        crossplane
+            .kill(local_cluster::real_crossplane::CORE_PROCESS)
+            .unwrap_or_else(|e| panic!("cannot kill Crossplane: {e}"));
+    }
+
+    fn restart_crossplane(&self) {
+        let mut crossplane = self.crossplane.lock().expect("crossplane");
+        crossplane
+            .start_again(local_cluster::real_crossplane::CORE_PROCESS)
+            .unwrap_or_else(|e| panic!("cannot start Crossplane again: {e}"));
     }
 
     fn restart_controller(&self) {
@@ -1011,6 +1027,16 @@ async fn random_trees_clients_and_kills_never_lose_a_cluster_first() {
     }
 }
 
+/// After `plan`'s first duration, `kill`; after its second, `restart`.
+async fn outage(plan: Option<(Duration, Duration)>, kill: impl Fn(), restart: impl Fn()) {
+    if let Some((at, down)) = plan {
+        tokio::time::sleep(at).await;
+        kill();
+        tokio::time::sleep(down).await;
+        restart();
+    }
+}
+
 async fn random_round(
     stack: &'static Stack,
     rng: &mut support::rng::Rng,
@@ -1044,19 +1070,27 @@ async fn random_round(
             (how, rng.millis(0, 20_000))
         })
         .collect();
+    // When to SIGKILL cascade-guard and Crossplane core, and for how long.
     let kill = rng
         .chance(2)
         .then(|| (rng.millis(0, 30_000), rng.millis(0, 10_000)));
-    eprintln!("random round {round}: mode {mode:?}, deletes {plan:?}, kill {kill:?}");
+    let kill_crossplane = rng
+        .chance(2)
+        .then(|| (rng.millis(0, 60_000), rng.millis(0, 15_000)));
+    eprintln!(
+        "random round {round}: mode {mode:?}, deletes {plan:?}, kill {kill:?}, kill Crossplane {kill_crossplane:?}"
+    );
     let started = Instant::now();
-    let chaos = async {
-        if let Some((at, down)) = kill {
-            tokio::time::sleep(at).await;
-            stack.kill_controller();
-            tokio::time::sleep(down).await;
-            stack.restart_controller();
-        }
-    };
+    let chaos = outage(
+        kill,
+        || stack.kill_controller(),
+        || stack.restart_controller(),
+    );
+    let chaos_crossplane = outage(
+        kill_crossplane,
+        || stack.kill_crossplane(),
+        || stack.restart_crossplane(),
+    );
     let deletes = futures::future::join_all(built.iter().zip(&plan).map(
         |(tree, (how, after))| async move {
             tokio::time::sleep(*after).await;
@@ -1070,8 +1104,15 @@ async fn random_round(
             .await;
         },
     ));
-    tokio::join!(chaos, deletes);
+    tokio::join!(chaos, chaos_crossplane, deletes);
     stack.restart_controller();
+    stack.restart_crossplane();
+    eprintln!(
+        "soak: round {round}: {trees} trees in order in {:?}; cascade-guard killed: {}; Crossplane killed: {}",
+        started.elapsed(),
+        kill.is_some(),
+        kill_crossplane.is_some()
+    );
 }
 
 const DROP_GROUP: &str = "dropped.seed.local-cluster.dev";
