@@ -28,9 +28,26 @@
 //! deletes it with Foreground and a UID precondition; it goes after its
 //! ConfigMap).
 //!
+//! The seed's scenarios 2 and 3 in each mode: a ModelDeployment (in a team's
+//! namespace) and an InferenceGateway running on an InferenceCluster, each
+//! with a guard (a Usage of the cluster's EKSCluster by its ModelReplica or
+//! its ServingStack), and the InferenceCluster deleted while they go away.
+//! Off: the guards let go as soon as the plain deletes remove the
+//! ModelReplica, and an engine wedges on a cluster that is gone, its load
+//! balancer leaked; Refuse: the plain deletes are refused with their message,
+//! foreground ones tear down in order; Convert: the plain deletes tear down
+//! in order. The deletion of a namespace holding a ModelDeployment, under
+//! Convert, is ignored by default: on the pinned providers its engine can
+//! wedge on crossplane-runtime#1150 (see the test).
+//!
+//! A Background delete that a Usage held, recorded under Warn and replayed by
+//! Crossplane under Refuse: refused, nothing stuck, the refusal with the
+//! command that works in Crossplane's log.
+//!
 //! Then a randomized test: five trees (CASCADE_GUARD_REAL_TREES for more),
 //! one random mode (Refuse or Convert), a random client and delay for each
-//! delete, and cascade-guard SIGKILLed and restarted at random; every tree
+//! delete, and cascade-guard and Crossplane core SIGKILLed and started again
+//! at random (scripts/soak.sh runs many rounds); every tree
 //! must go in order with nothing wedged or leaked. CASCADE_GUARD_SEED replays a
 //! run. The model's randomized test (tests/seed.rs) keeps the larger run.
 //!
@@ -63,7 +80,7 @@ const HOLD_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
 const MANAGED_FINALIZER: &str = "finalizer.managedresource.crossplane.io";
 const IN_USE_LABEL: &str = "crossplane.io/in-use";
 /// A tree takes a cloud cluster's start and Crossplane's steps to build.
-const BUILD_TIMEOUT: Duration = Duration::from_secs(420);
+const BUILD_TIMEOUT: Duration = Duration::from_secs(600);
 /// A teardown waits for the Usage's 30 s re-check, the load balancer's 40 s
 /// and the creation grace period.
 const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(300);
@@ -71,6 +88,7 @@ const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(300);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     Off,
+    Warn,
     Refuse,
     Convert,
 }
@@ -79,6 +97,7 @@ impl Mode {
     fn as_str(self) -> &'static str {
         match self {
             Mode::Off => "Off",
+            Mode::Warn => "Warn",
             Mode::Refuse => "Refuse",
             Mode::Convert => "Convert",
         }
@@ -87,8 +106,8 @@ impl Mode {
 
 struct Stack {
     cp: ControlPlane,
-    // Kept for its processes' lifetime: they stop when it is dropped.
-    _crossplane: Crossplane,
+    /// Its processes stop when it is dropped; the random test kills core.
+    crossplane: StdMutex<Crossplane>,
     kubectl: PathBuf,
     /// cascade-guard: how many were started, and the one running.
     controller: StdMutex<(usize, Option<Process>)>,
@@ -132,7 +151,7 @@ async fn start() -> Stack {
     let kubectl = Binaries::locate().expect("binaries").kubectl;
     Stack {
         cp,
-        _crossplane: crossplane,
+        crossplane: StdMutex::new(crossplane),
         kubectl,
         controller: StdMutex::new((1, Some(controller))),
         turn: tokio::sync::Mutex::new(()),
@@ -191,6 +210,41 @@ fn sync_failure(object: &DynamicObject) -> Option<String> {
             .unwrap_or_default()
             .to_string()
     })
+}
+
+/// Each object's state, for failure messages.
+async fn states_of(client: &Client, objects: &[(ApiResource, Option<String>, String)]) -> String {
+    let mut lines = Vec::new();
+    for (r, ns, n) in objects {
+        let line = match api(client, r, ns.as_deref()).get_opt(n).await {
+            Ok(Some(o)) => format!(
+                "{}/{n}: ready={} finalizers={:?} deleting={} synced={:?}",
+                r.kind,
+                is_ready(&o),
+                o.finalizers(),
+                o.metadata.deletion_timestamp.is_some(),
+                sync_failure(&o)
+            ),
+            Ok(None) => format!("{}/{n}: gone", r.kind),
+            Err(e) => format!("{}/{n}: {e}", r.kind),
+        };
+        lines.push(line);
+    }
+    lines.join("\n")
+}
+
+/// Which of `objects` still exist.
+async fn left_of(
+    client: &Client,
+    objects: &[(ApiResource, Option<String>, String)],
+) -> Vec<String> {
+    let mut left = Vec::new();
+    for (r, ns, n) in objects {
+        if let Ok(Some(_)) = api(client, r, ns.as_deref()).get_opt(n).await {
+            left.push(format!("{}/{n}", r.kind));
+        }
+    }
+    left
 }
 
 /// One InferenceCluster's tree, watched from before it exists.
@@ -271,33 +325,11 @@ impl Tree {
 
     /// Each object's state, for failure messages.
     async fn states(&self) -> String {
-        let mut lines = Vec::new();
-        for (r, ns, n) in self.objects() {
-            let line = match api(&self.client, &r, ns.as_deref()).get_opt(&n).await {
-                Ok(Some(o)) => format!(
-                    "{}/{n}: ready={} finalizers={:?} deleting={} synced={:?}",
-                    r.kind,
-                    is_ready(&o),
-                    o.finalizers(),
-                    o.metadata.deletion_timestamp.is_some(),
-                    sync_failure(&o)
-                ),
-                Ok(None) => format!("{}/{n}: gone", r.kind),
-                Err(e) => format!("{}/{n}: {e}", r.kind),
-            };
-            lines.push(line);
-        }
-        lines.join("\n")
+        states_of(&self.client, &self.objects()).await
     }
 
     async fn left(&self) -> Vec<String> {
-        let mut left = Vec::new();
-        for (r, ns, n) in self.objects() {
-            if let Ok(Some(_)) = api(&self.client, &r, ns.as_deref()).get_opt(&n).await {
-                left.push(format!("{}/{n}", r.kind));
-            }
-        }
-        left
+        left_of(&self.client, &self.objects()).await
     }
 
     async fn wait_all_gone(&self, timeout: Duration) -> bool {
@@ -346,6 +378,24 @@ impl Tree {
         );
     }
 
+    /// Waits for the cloud cluster to leave the API.
+    async fn wait_cluster_gone(&self, what: &str, started: Instant) {
+        let cluster = self
+            .timeline
+            .wait_gone("Cluster", &self.name, TEARDOWN_TIMEOUT)
+            .await;
+        assert!(
+            cluster.is_some(),
+            "{what}: the cloud cluster never went\n{}\n{}",
+            self.states().await,
+            self.timeline.describe()
+        );
+        eprintln!(
+            "{what}: the cloud cluster was gone after {:?}",
+            started.elapsed()
+        );
+    }
+
     /// What the local cloud logged as leaked for this tree's cluster.
     fn leaked(&self, stack: &Stack) -> Vec<String> {
         let log = std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default();
@@ -381,6 +431,21 @@ impl Stack {
         }
     }
 
+    /// SIGKILLs Crossplane core.
+    fn kill_crossplane(&self) {
+        let mut crossplane = self.crossplane.lock().expect("crossplane");
+        crossplane
+            .kill(local_cluster::real_crossplane::CORE_PROCESS)
+            .unwrap_or_else(|e| panic!("cannot kill Crossplane: {e}"));
+    }
+
+    fn restart_crossplane(&self) {
+        let mut crossplane = self.crossplane.lock().expect("crossplane");
+        crossplane
+            .start_again(local_cluster::real_crossplane::CORE_PROCESS)
+            .unwrap_or_else(|e| panic!("cannot start Crossplane again: {e}"));
+    }
+
     fn restart_controller(&self) {
         let mut controller = self.controller.lock().expect("controller");
         if controller.1.is_none() {
@@ -395,21 +460,8 @@ impl Stack {
     async fn enter(&self, mode: Mode, name: &str) -> tokio::sync::MutexGuard<'_, ()> {
         let turn = self.turn.lock().await;
         let client = self.cp.admin().await.expect("admin client");
-        let xrds = api(
-            &client,
-            &modelplane::resource(
-                "apiextensions.crossplane.io",
-                "v2",
-                "CompositeResourceDefinition",
-                "compositeresourcedefinitions",
-            ),
-            None,
-        );
-        for r in [
-            modelplane::inference_clusters(),
-            modelplane::eks_clusters(),
-            modelplane::serving_stacks(),
-        ] {
+        let xrds = api(&client, &v2_xrds(), None);
+        for r in modelplane::xr_kinds() {
             let xrd = format!("{}.{}", r.plural, r.group);
             xrds.patch(
                 &xrd,
@@ -421,21 +473,37 @@ impl Stack {
             .await
             .unwrap_or_else(|e| panic!("annotate {xrd}: {e}"));
         }
-        let ics = api(&client, &modelplane::inference_clusters(), None);
+        self.wait_in_effect(&modelplane::inference_clusters(), None, name, mode)
+            .await;
+        turn
+    }
+
+    /// Waits until `mode` is in effect for object `name` of `resource`: held
+    /// by cascade-guard (Convert), a Background delete refused (Refuse), or
+    /// neither (Off, Warn).
+    async fn wait_in_effect(
+        &self,
+        resource: &ApiResource,
+        ns: Option<&str>,
+        name: &str,
+        mode: Mode,
+    ) {
+        let client = self.cp.admin().await.expect("admin client");
+        let objects = api(&client, resource, ns);
         let dry_run = DeleteParams {
             dry_run: true,
             propagation_policy: Some(PropagationPolicy::Background),
             ..DeleteParams::default()
         };
         let effective = wait::until(Duration::from_secs(60), || async {
-            let ic = ics.get_opt(name).await.ok().flatten()?;
-            let held = ic.finalizers().iter().any(|f| f == HOLD_FINALIZER);
+            let o = objects.get_opt(name).await.ok().flatten()?;
+            let held = o.finalizers().iter().any(|f| f == HOLD_FINALIZER);
             let refused = matches!(
-                ics.delete(name, &dry_run).await,
+                objects.delete(name, &dry_run).await,
                 Err(kube::Error::Api(ref s)) if s.code == 403
             );
             let ok = match mode {
-                Mode::Off => !held && !refused,
+                Mode::Off | Mode::Warn => !held && !refused,
                 Mode::Refuse => refused,
                 Mode::Convert => held && !refused,
             };
@@ -444,21 +512,32 @@ impl Stack {
         .await;
         assert!(
             effective.is_some(),
-            "{} never in effect for InferenceCluster {name}; logs:\n{}",
+            "{} never in effect for {} {name}; logs:\n{}",
             mode.as_str(),
+            resource.kind,
             self.cp.log_tails(30)
         );
-        turn
     }
 
     /// `kubectl delete inferencecluster <name>`: (succeeded, stderr).
     async fn kubectl_delete(&self, name: &str, foreground: bool) -> (bool, String) {
-        let mut args = vec![
-            "delete",
-            "inferenceclusters.modelplane.ai",
-            name,
-            "--wait=false",
-        ];
+        self.kubectl_delete_of(&modelplane::inference_clusters(), None, name, foreground)
+            .await
+    }
+
+    /// `kubectl delete <resource> <name> [-n <ns>]`: (succeeded, stderr).
+    async fn kubectl_delete_of(
+        &self,
+        resource: &ApiResource,
+        ns: Option<&str>,
+        name: &str,
+        foreground: bool,
+    ) -> (bool, String) {
+        let target = format!("{}.{}", resource.plural, resource.group);
+        let mut args = vec!["delete", target.as_str(), name, "--wait=false"];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
         if foreground {
             args.push("--cascade=foreground");
         }
@@ -481,20 +560,7 @@ impl Stack {
 /// replays the refused attempt's policy, the garbage collector's Foreground).
 fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: &str) {
     let events = local_cluster::audit::read(&stack.cp.audit_log_path());
-    let ours = |e: &&local_cluster::audit::Event| {
-        e.verb == "delete"
-            && e.effective_username() == local_cluster::real_crossplane::CROSSPLANE_USER
-            && tree
-                .objects()
-                .iter()
-                .any(|(r, ns, n)| e.is_about(&r.plural, ns.as_deref().unwrap_or_default(), n))
-    };
-    let refused: Vec<String> = events
-        .iter()
-        .filter(ours)
-        .filter(|e| e.response_code() == Some(403))
-        .map(|e| format!("{:?}", e.object_ref))
-        .collect();
+    let refused = crossplane_refusals(&events, &tree.objects());
     assert!(
         refused.is_empty(),
         "{what}: Crossplane was refused: {refused:?}"
@@ -517,6 +583,25 @@ fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: &str) {
         tree.name,
         deleted.map(|e| (e.effective_username().to_string(), e.propagation_policy()))
     );
+}
+
+/// Crossplane's deletes of `objects` that were refused (403).
+fn crossplane_refusals(
+    events: &[local_cluster::audit::Event],
+    objects: &[(ApiResource, Option<String>, String)],
+) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| {
+            e.verb == "delete"
+                && e.effective_username() == local_cluster::real_crossplane::CROSSPLANE_USER
+                && e.response_code() == Some(403)
+                && objects
+                    .iter()
+                    .any(|(r, ns, n)| e.is_about(&r.plural, ns.as_deref().unwrap_or_default(), n))
+        })
+        .map(|e| format!("{:?}", e.object_ref))
+        .collect()
 }
 
 /// Waits for the tree to go, then asserts its order and that nothing leaked.
@@ -563,20 +648,7 @@ async fn without_cascade_guard_a_plain_delete_wedges_the_serving_stack_and_leaks
         started.elapsed()
     );
     // The cloud cluster goes once the Usage lets go of the EKSCluster...
-    let cluster = tree
-        .timeline
-        .wait_gone("Cluster", &tree.name, TEARDOWN_TIMEOUT)
-        .await;
-    assert!(
-        cluster.is_some(),
-        "the cloud cluster never went\n{}\n{}",
-        tree.states().await,
-        tree.timeline.describe()
-    );
-    eprintln!(
-        "Off: the cloud cluster was gone after {:?}",
-        started.elapsed()
-    );
+    tree.wait_cluster_gone("Off", started).await;
     // ...while the gateway's load balancer was still being deleted: its
     // Object wedges on the provider's finalizer, unable to reach the cluster.
     let mut wedged = Vec::new();
@@ -585,14 +657,7 @@ async fn without_cascade_guard_a_plain_delete_wedges_the_serving_stack_and_leaks
             continue;
         }
         let objects = api(&tree.client, &r, Some(SYSTEM_NAMESPACE));
-        let failure = wait::until(Duration::from_secs(90), || async {
-            let o = objects.get_opt(&n).await.ok().flatten()?;
-            o.metadata.deletion_timestamp.as_ref()?;
-            let held = o.finalizers().iter().any(|f| f == MANAGED_FINALIZER);
-            held.then(|| sync_failure(&o)).flatten()
-        })
-        .await;
-        if let Some(message) = failure {
+        if let Some(message) = wait_wedged(&objects, &n, Duration::from_secs(90)).await {
             eprintln!("Off: {}/{n} wedged: {message}", r.kind);
             wedged.push(format!("{}/{n}", r.kind));
         }
@@ -659,6 +724,22 @@ async fn convert_tears_a_plain_delete_down_in_order() {
     );
 }
 
+/// Waits until managed resource `name` is deleted but held by its provider's
+/// finalizer with the provider reporting a failure: its message.
+async fn wait_wedged(
+    objects: &Api<DynamicObject>,
+    name: &str,
+    timeout: Duration,
+) -> Option<String> {
+    wait::until(timeout, || async {
+        let o = objects.get_opt(name).await.ok().flatten()?;
+        o.metadata.deletion_timestamp.as_ref()?;
+        let held = o.finalizers().iter().any(|f| f == MANAGED_FINALIZER);
+        held.then(|| sync_failure(&o)).flatten()
+    })
+    .await
+}
+
 /// Waits until cascade-guard holds `name` with its finalizer (Convert).
 async fn wait_held(objects: &Api<DynamicObject>, name: &str) {
     let held = wait::until(Duration::from_secs(60), || async {
@@ -670,6 +751,21 @@ async fn wait_held(objects: &Api<DynamicObject>, name: &str) {
     })
     .await;
     assert!(held.is_some(), "cascade-guard never held {name}");
+}
+
+/// Waits until `name` is Ready, then reads the string at `pointer` in it.
+async fn when_ready(objects: &Api<DynamicObject>, name: &str, pointer: &str) -> Option<String> {
+    wait::until(BUILD_TIMEOUT, || async {
+        let o = objects.get_opt(name).await.ok().flatten()?;
+        if !is_ready(&o) {
+            return None;
+        }
+        o.data
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    })
+    .await
 }
 
 /// Waits until Crossplane has created CRD `name` and it is established.
@@ -783,18 +879,9 @@ async fn claim_outcome(stack: &Stack, mode: Mode) -> Result<String, String> {
         )
         .await
         .unwrap_or_else(|e| panic!("create the claim: {e}"));
-    let xr_name = wait::until(BUILD_TIMEOUT, || async {
-        let c = claim_api.get_opt(name).await.ok().flatten()?;
-        if !is_ready(&c) {
-            return None;
-        }
-        c.data
-            .pointer("/spec/resourceRef/name")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    })
-    .await
-    .ok_or_else(|| format!("{} never became Ready", claims.kind))?;
+    let xr_name = when_ready(&claim_api, name, "/spec/resourceRef/name")
+        .await
+        .ok_or_else(|| format!("{} never became Ready", claims.kind))?;
     let xr_api = api(&client, &xrs, None);
     let xr = xr_api.get(&xr_name).await.expect("the XR");
     let composed: Vec<String> = xr
@@ -1012,6 +1099,16 @@ async fn random_trees_clients_and_kills_never_lose_a_cluster_first() {
     }
 }
 
+/// After `plan`'s first duration, `kill`; after its second, `restart`.
+async fn outage(plan: Option<(Duration, Duration)>, kill: impl Fn(), restart: impl Fn()) {
+    if let Some((at, down)) = plan {
+        tokio::time::sleep(at).await;
+        kill();
+        tokio::time::sleep(down).await;
+        restart();
+    }
+}
+
 async fn random_round(
     stack: &'static Stack,
     rng: &mut support::rng::Rng,
@@ -1045,19 +1142,27 @@ async fn random_round(
             (how, rng.millis(0, 20_000))
         })
         .collect();
+    // When to SIGKILL cascade-guard and Crossplane core, and for how long.
     let kill = rng
         .chance(2)
         .then(|| (rng.millis(0, 30_000), rng.millis(0, 10_000)));
-    eprintln!("random round {round}: mode {mode:?}, deletes {plan:?}, kill {kill:?}");
+    let kill_crossplane = rng
+        .chance(2)
+        .then(|| (rng.millis(0, 60_000), rng.millis(0, 15_000)));
+    eprintln!(
+        "random round {round}: mode {mode:?}, deletes {plan:?}, kill {kill:?}, kill Crossplane {kill_crossplane:?}"
+    );
     let started = Instant::now();
-    let chaos = async {
-        if let Some((at, down)) = kill {
-            tokio::time::sleep(at).await;
-            stack.kill_controller();
-            tokio::time::sleep(down).await;
-            stack.restart_controller();
-        }
-    };
+    let chaos = outage(
+        kill,
+        || stack.kill_controller(),
+        || stack.restart_controller(),
+    );
+    let chaos_crossplane = outage(
+        kill_crossplane,
+        || stack.kill_crossplane(),
+        || stack.restart_crossplane(),
+    );
     let deletes = futures::future::join_all(built.iter().zip(&plan).map(
         |(tree, (how, after))| async move {
             tokio::time::sleep(*after).await;
@@ -1071,13 +1176,38 @@ async fn random_round(
             .await;
         },
     ));
-    tokio::join!(chaos, deletes);
+    tokio::join!(chaos, chaos_crossplane, deletes);
     stack.restart_controller();
+    stack.restart_crossplane();
+    eprintln!(
+        "soak: round {round}: {trees} trees in order in {:?}; cascade-guard killed: {}; Crossplane killed: {}",
+        started.elapsed(),
+        kill.is_some(),
+        kill_crossplane.is_some()
+    );
 }
 
 const DROP_GROUP: &str = "dropped.seed.local-cluster.dev";
 
-/// Applies a cluster-scoped object (an XRD or a Composition).
+/// v2 CompositeResourceDefinitions.
+fn v2_xrds() -> ApiResource {
+    modelplane::resource(
+        "apiextensions.crossplane.io",
+        "v2",
+        "CompositeResourceDefinition",
+        "compositeresourcedefinitions",
+    )
+}
+
+/// A function-patch-and-transform resource: one ConfigMap, ready at once.
+fn config_map_part() -> Value {
+    json!({
+        "name": "config",
+        "base": {"apiVersion": "v1", "kind": "ConfigMap", "data": {"part": "config"}},
+        "readinessChecks": [{"type": "None"}],
+    })
+}
+
 fn compositions() -> ApiResource {
     modelplane::resource(
         "apiextensions.crossplane.io",
@@ -1087,6 +1217,7 @@ fn compositions() -> ApiResource {
     )
 }
 
+/// Applies a cluster-scoped object (an XRD or a Composition).
 async fn apply_cluster_object(client: &Client, resource: &ApiResource, object: Value) {
     let name = object["metadata"]["name"]
         .as_str()
@@ -1149,6 +1280,36 @@ fn pt_composition(group: &str, kind: &str, resources: Vec<Value>) -> Value {
     })
 }
 
+/// Watches `xrs` and ConfigMaps in namespace `ns` (an XR kind composing
+/// ConfigMaps).
+async fn xrs_and_config_maps(client: &Client, xrs: &ApiResource, ns: &str) -> Timeline {
+    Timeline::start(
+        client,
+        &[
+            (xrs.clone(), Some(ns.to_string())),
+            (
+                ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+                Some(ns.to_string()),
+            ),
+        ],
+    )
+    .await
+}
+
+/// Creates XR `name` of `kind` (in DROP_GROUP) in namespace `ns`.
+async fn create_drop_xr(xrs: &Api<DynamicObject>, kind: &str, ns: &str, name: &str) {
+    xrs.patch(
+        name,
+        &PatchParams::apply("seed-real").force(),
+        &Patch::Apply(json!({
+            "apiVersion": format!("{DROP_GROUP}/v1"), "kind": kind,
+            "metadata": {"name": name, "namespace": ns}, "spec": {},
+        })),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("create {kind} {name}: {e}"));
+}
+
 /// Crossplane deletes a nested XR dropped from its parent's Composition
 /// (Foreground, with a UID precondition): under `mode` it must go through, in
 /// order, and never be refused.
@@ -1156,21 +1317,12 @@ async fn dropped_outcome(stack: &Stack, mode: Mode) {
     let client = stack.cp.admin().await.expect("admin client");
     let inner = format!("{}Inner", mode.as_str());
     let outer = format!("{}Outer", mode.as_str());
-    let xrds = modelplane::resource(
-        "apiextensions.crossplane.io",
-        "v2",
-        "CompositeResourceDefinition",
-        "compositeresourcedefinitions",
-    );
+    let xrds = v2_xrds();
     let compositions = compositions();
     for kind in [&inner, &outer] {
         apply_cluster_object(&client, &xrds, dropped_xrd(kind, mode)).await;
     }
-    let config_map = json!({
-        "name": "config",
-        "base": {"apiVersion": "v1", "kind": "ConfigMap", "data": {"part": "config"}},
-        "readinessChecks": [{"type": "None"}],
-    });
+    let config_map = config_map_part();
     apply_cluster_object(
         &client,
         &compositions,
@@ -1206,29 +1358,9 @@ async fn dropped_outcome(stack: &Stack, mode: Mode) {
         &outer,
         &format!("{}s", outer.to_lowercase()),
     );
-    let timeline = Timeline::start(
-        &client,
-        &[
-            (inners.clone(), Some(ns.clone())),
-            (
-                ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-                Some(ns.clone()),
-            ),
-        ],
-    )
-    .await;
+    let timeline = xrs_and_config_maps(&client, &inners, &ns).await;
     let outer_api = api(&client, &outers, Some(&ns));
-    outer_api
-        .patch(
-            "app",
-            &PatchParams::apply("seed-real").force(),
-            &Patch::Apply(json!({
-                "apiVersion": format!("{DROP_GROUP}/v1"), "kind": outer,
-                "metadata": {"name": "app", "namespace": ns}, "spec": {},
-            })),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("create {outer}: {e}"));
+    create_drop_xr(&outer_api, &outer, &ns, "app").await;
     let inner_api = api(&client, &inners, Some(&ns));
     // Both inner XRs Ready, each with its ConfigMap.
     let dropped = wait::until(BUILD_TIMEOUT, || async {
@@ -1313,5 +1445,715 @@ async fn crossplane_deleting_a_dropped_composite_is_never_refused() {
     tokio::join!(
         dropped_outcome(stack, Mode::Refuse),
         dropped_outcome(stack, Mode::Convert)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The seed report's scenarios 2 and 3: a ModelDeployment (in a team's
+// namespace) and an InferenceGateway running on an InferenceCluster, each with
+// a guard (a Usage of the cluster's EKSCluster by its ModelReplica or its
+// ServingStack, `crossplane/modelplane/compositions/`), and the
+// InferenceCluster deleted while they go away. One more Convert test, ignored
+// by default, deletes the ModelDeployment with its namespace (the namespace
+// controller deletes everything in it with Background, the ModelDeployment's
+// composed objects included; provider-kubernetes' ProviderConfigUsages in it
+// are kept under Refuse, see guard_provider_config_usages).
+
+/// A teardown that waits for the consumers' load balancers (60 s for an
+/// engine's), their guards' 30-second re-checks, then the InferenceCluster's.
+const CONSUMERS_TEARDOWN_TIMEOUT: Duration = Duration::from_secs(480);
+
+/// ModelDeployments (namespace, name) and an InferenceGateway on one
+/// InferenceCluster, watched from before they exist.
+struct Consumers {
+    model_deployments: Vec<(String, String)>,
+    gateway: String,
+    timeline: Timeline,
+}
+
+impl Consumers {
+    /// Creates them on `tree`'s cluster and waits until they are Ready and
+    /// their guards are in place.
+    async fn create(tree: &Tree, model_deployments: Vec<(String, String)>) -> Self {
+        let gateway = format!("{}-gw", tree.name);
+        let mut consumers = Self {
+            model_deployments,
+            gateway,
+            timeline: Timeline::start(&tree.client, &[]).await,
+        };
+        let mut watched: Vec<(ApiResource, Option<String>)> = Vec::new();
+        for (r, ns, _) in consumers.objects() {
+            if !watched.iter().any(|(w, n)| w == &r && n == &ns) {
+                watched.push((r, ns));
+            }
+        }
+        consumers.timeline = Timeline::start(&tree.client, &watched).await;
+        let params = PatchParams::apply("seed-real").force();
+        for (ns, name) in &consumers.model_deployments {
+            create_namespace(&tree.client, ns).await;
+            api(&tree.client, &modelplane::model_deployments(), Some(ns))
+                .patch(
+                    name,
+                    &params,
+                    &Patch::Apply(modelplane::model_deployment(ns, name, &tree.name)),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("create ModelDeployment {name}: {e}"));
+        }
+        api(&tree.client, &modelplane::inference_gateways(), None)
+            .patch(
+                &consumers.gateway,
+                &params,
+                &Patch::Apply(modelplane::inference_gateway(
+                    &consumers.gateway,
+                    &tree.name,
+                )),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("create InferenceGateway: {e}"));
+        let started = Instant::now();
+        let tops = consumers.tops_and_guards();
+        let ready = wait::until(BUILD_TIMEOUT, || async {
+            for (r, ns, n) in &tops {
+                let o = api(&tree.client, r, ns.as_deref())
+                    .get_opt(n)
+                    .await
+                    .ok()??;
+                if !is_ready(&o) {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await;
+        assert!(
+            ready.is_some(),
+            "{}: the consumers never became Ready: {}\n{}",
+            tree.name,
+            consumers.states(&tree.client).await,
+            consumers.timeline.describe()
+        );
+        eprintln!(
+            "{}: the consumers were ready in {:?}",
+            tree.name,
+            started.elapsed()
+        );
+        consumers
+    }
+
+    fn objects(&self) -> Vec<(ApiResource, Option<String>, String)> {
+        let mut objects = Vec::new();
+        for (ns, name) in &self.model_deployments {
+            objects.extend(modelplane::model_deployment_tree(ns, name));
+        }
+        objects.extend(modelplane::inference_gateway_tree(&self.gateway));
+        objects
+    }
+
+    /// The top XRs and the guards.
+    fn tops_and_guards(&self) -> Vec<(ApiResource, Option<String>, String)> {
+        self.objects()
+            .into_iter()
+            .filter(|(r, _, n)| {
+                r.kind == "ModelDeployment"
+                    || r.kind == "InferenceGateway"
+                    || (r.kind == "Usage" && n.ends_with("guard"))
+            })
+            .collect()
+    }
+
+    /// What runs on the cloud cluster: the releases and Objects.
+    fn on_the_cluster(&self) -> Vec<(ApiResource, Option<String>, String)> {
+        self.objects()
+            .into_iter()
+            .filter(|(r, _, _)| r.kind == "Release" || r.kind == "Object")
+            .collect()
+    }
+
+    async fn states(&self, client: &Client) -> String {
+        states_of(client, &self.objects()).await
+    }
+
+    async fn left(&self, client: &Client) -> Vec<String> {
+        left_of(client, &self.objects()).await
+    }
+
+    /// etcd's revision of its delete, from either timeline.
+    fn gone_seq(&self, tree: &Tree, kind: &str, name: &str) -> u64 {
+        let entry = self
+            .timeline
+            .gone(kind, name)
+            .or_else(|| tree.timeline.gone(kind, name));
+        match entry {
+            Some(e) => e.revision.unwrap_or(e.seq),
+            None => panic!(
+                "{kind}/{name} never seen leaving the API\n{}",
+                self.timeline.describe()
+            ),
+        }
+    }
+
+    /// Each consumer's parts left before their XR (a foreground cascade),
+    /// and everything on the cloud cluster before the cluster.
+    fn assert_order(&self, tree: &Tree, what: &str) {
+        let cluster = self.gone_seq(tree, "Cluster", &tree.name);
+        for (r, _, n) in self.on_the_cluster() {
+            let needer = self.gone_seq(tree, &r.kind, &n);
+            assert!(
+                needer < cluster,
+                "{what}: Cluster/{} left (#{cluster}) before {}/{n} (#{needer})\n{}\n{}",
+                tree.name,
+                r.kind,
+                self.timeline.describe(),
+                tree.timeline.describe()
+            );
+        }
+        for (_, name) in &self.model_deployments {
+            let engine = self.gone_seq(tree, "Object", &format!("{name}-0-engine"));
+            let replica = self.gone_seq(tree, "ModelReplica", &format!("{name}-0"));
+            let md = self.gone_seq(tree, "ModelDeployment", name);
+            assert!(
+                engine < replica && replica < md,
+                "{what}: Object #{engine}, ModelReplica #{replica}, ModelDeployment #{md}\n{}",
+                self.timeline.describe()
+            );
+        }
+        let stack = self.gone_seq(tree, "ServingStack", &format!("{}-gateway", self.gateway));
+        let gateway = self.gone_seq(tree, "InferenceGateway", &self.gateway);
+        assert!(
+            stack < gateway,
+            "{what}: ServingStack #{stack}, InferenceGateway #{gateway}\n{}",
+            self.timeline.describe()
+        );
+    }
+
+    /// Removes the providers' finalizer from what is left on the cluster, as
+    /// an operator does with a wedged resource, and waits for all to go.
+    async fn clean_up(&self, client: &Client) {
+        for (r, ns, n) in self.on_the_cluster() {
+            let _ = api(client, &r, ns.as_deref())
+                .patch(
+                    &n,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await;
+        }
+        let gone = wait::until(Duration::from_secs(180), || async {
+            self.left(client).await.is_empty().then_some(())
+        })
+        .await;
+        assert!(
+            gone.is_some(),
+            "clean-up left {:?}",
+            self.left(client).await
+        );
+    }
+}
+
+/// Waits for `kind/name` (an Object) to be terminating, seen on either
+/// timeline.
+async fn wait_terminating(consumers: &Consumers, kind: &str, name: &str) {
+    let seen = wait::until(Duration::from_secs(60), || async {
+        consumers.timeline.terminating(kind, name).map(|_| ())
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "{kind}/{name} never terminating\n{}",
+        consumers.timeline.describe()
+    );
+}
+
+fn assert_refused(outcome: &(bool, String), kind: &str, name: &str) {
+    let (ok, stderr) = outcome;
+    assert!(!ok, "the plain delete of {kind} {name} was allowed");
+    assert!(
+        stderr.contains("(Forbidden)")
+            && stderr.contains(&format!("cascade-guard refused to delete {kind} {name}"))
+            && stderr.contains("--cascade=foreground"),
+        "unexpected refusal of {kind} {name}: {stderr}"
+    );
+}
+
+/// provider-kubernetes' ProviderConfigUsages under Refuse (a CascadePolicy),
+/// once in effect in namespace `ns`. A managed resource's every reconcile,
+/// its delete included, first re-applies its ProviderConfigUsage
+/// (crossplane-runtime's Connect runs before its deletion check); in a
+/// terminating namespace the namespace controller has deleted it, creating it
+/// again is forbidden, and the managed resource wedges (crossplane-runtime
+/// #1150, with or without cascade-guard). Refusing the namespace controller's
+/// Background delete of a ProviderConfigUsage keeps it until its managed
+/// resource is gone and the garbage collector deletes it.
+async fn guard_provider_config_usages(client: &Client, ns: &str) {
+    let policies = modelplane::resource(
+        "cascade-guard.dev",
+        "v1alpha1",
+        "CascadePolicy",
+        "cascadepolicies",
+    );
+    apply_cluster_object(
+        client,
+        &policies,
+        json!({
+            "apiVersion": "cascade-guard.dev/v1alpha1", "kind": "CascadePolicy",
+            "metadata": {"name": "kubernetes-provider-config-usages"},
+            "spec": {"group": "kubernetes.m.crossplane.io", "kind": "ProviderConfigUsage", "mode": "Refuse"},
+        }),
+    )
+    .await;
+    let usages = api(
+        client,
+        &modelplane::resource(
+            "kubernetes.m.crossplane.io",
+            "v1alpha1",
+            "ProviderConfigUsage",
+            "providerconfigusages",
+        ),
+        Some(ns),
+    );
+    let dry_run = DeleteParams {
+        dry_run: true,
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    let refused = wait::until(Duration::from_secs(60), || async {
+        let list = usages.list(&Default::default()).await.ok()?;
+        let name = list.items.first()?.name_any();
+        matches!(usages.delete(&name, &dry_run).await,
+            Err(kube::Error::Api(ref s)) if s.code == 403)
+        .then_some(())
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "the CascadePolicy for ProviderConfigUsages never took effect in {ns}"
+    );
+}
+
+/// Scenarios 2 and 3 under `mode` on InferenceCluster `use-<mode>`.
+/// With `by_namespace` (Convert only), the ModelDeployment goes with its
+/// namespace instead of by a plain delete.
+async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: bool) {
+    let lower = if by_namespace {
+        "namespace".to_string()
+    } else {
+        mode.as_str().to_lowercase()
+    };
+    let tree = Tree::build(stack, &format!("use-{lower}")).await;
+    let model_deployments = vec![(format!("team-{lower}"), format!("{}-llama", tree.name))];
+    let consumers = Consumers::create(&tree, model_deployments).await;
+    let _turn = stack.enter(mode, &tree.name).await;
+    let client = &tree.client;
+    let mds = modelplane::model_deployments();
+    let igs = modelplane::inference_gateways();
+    for (ns, name) in &consumers.model_deployments {
+        stack.wait_in_effect(&mds, Some(ns), name, mode).await;
+    }
+    stack
+        .wait_in_effect(&igs, None, &consumers.gateway, mode)
+        .await;
+    let what = format!("consumers ({mode:?})");
+    let (md_ns, md) = consumers.model_deployments[0].clone();
+    let engine = format!("{md}-0-engine");
+    let started = Instant::now();
+    match mode {
+        Mode::Off => {
+            // Both go away, and the InferenceCluster is deleted meanwhile.
+            for (r, ns, name) in [
+                (&mds, Some(md_ns.as_str()), md.as_str()),
+                (&igs, None, consumers.gateway.as_str()),
+            ] {
+                let (ok, stderr) = stack.kubectl_delete_of(r, ns, name, false).await;
+                assert!(ok, "kubectl delete {name}: {stderr}");
+            }
+            let (ok, stderr) = stack.kubectl_delete(&tree.name, false).await;
+            assert!(ok, "kubectl delete: {stderr}");
+            tree.wait_cluster_gone(&what, started).await;
+            // The ModelReplica and its guard went at once; the engine's
+            // Object, still deleting its load balancer, wedges.
+            let objects = api(client, &modelplane::objects(), Some(&md_ns));
+            let failure = wait_wedged(&objects, &engine, Duration::from_secs(120)).await;
+            let Some(failure) = failure else {
+                panic!(
+                    "{what}: Object {engine} did not wedge\n{}\n{}",
+                    consumers.states(client).await,
+                    consumers.timeline.describe()
+                );
+            };
+            let guard = consumers
+                .timeline
+                .gone("Usage", &format!("{md}-replica-guard"))
+                .map(|e| e.at - started);
+            eprintln!("{what}: the guard let go after {guard:?}; {engine} wedged: {failure}");
+            let leaked = tree.leaked(stack);
+            assert!(
+                leaked
+                    .iter()
+                    .any(|l| l.contains(&format!("load balancer of Service default/{engine}"))),
+                "{what}: no leaked load balancer of {engine}: {leaked:?}"
+            );
+            eprintln!("{what}: {leaked:?}");
+            consumers.clean_up(client).await;
+            tree.clean_up().await;
+            return;
+        }
+        Mode::Refuse => {
+            let refused = stack
+                .kubectl_delete_of(&mds, Some(&md_ns), &md, false)
+                .await;
+            assert_refused(&refused, "ModelDeployment", &md);
+            let refused = stack
+                .kubectl_delete_of(&igs, None, &consumers.gateway, false)
+                .await;
+            assert_refused(&refused, "InferenceGateway", &consumers.gateway);
+            for (r, ns, name) in [
+                (&mds, Some(md_ns.as_str()), md.as_str()),
+                (&igs, None, consumers.gateway.as_str()),
+            ] {
+                let (ok, stderr) = stack.kubectl_delete_of(r, ns, name, true).await;
+                assert!(ok, "kubectl delete --cascade=foreground {name}: {stderr}");
+            }
+            wait_terminating(&consumers, "Object", &engine).await;
+            // While they go away: the plain delete is refused, the foreground
+            // one goes through and waits for the guards.
+            let refused = stack.kubectl_delete(&tree.name, false).await;
+            assert_refused(&refused, "InferenceCluster", &tree.name);
+            let (ok, stderr) = stack.kubectl_delete(&tree.name, true).await;
+            assert!(ok, "kubectl delete --cascade=foreground: {stderr}");
+        }
+        Mode::Warn => panic!("no consumers scenario under Warn"),
+        Mode::Convert => {
+            if by_namespace {
+                guard_provider_config_usages(client, &md_ns).await;
+                Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+                    .delete(&md_ns, &DeleteParams::default())
+                    .await
+                    .unwrap_or_else(|e| panic!("delete namespace {md_ns}: {e}"));
+            } else {
+                let (ok, stderr) = stack
+                    .kubectl_delete_of(&mds, Some(&md_ns), &md, false)
+                    .await;
+                assert!(ok, "kubectl delete {md}: {stderr}");
+            }
+            let (ok, stderr) = stack
+                .kubectl_delete_of(&igs, None, &consumers.gateway, false)
+                .await;
+            assert!(ok, "kubectl delete {}: {stderr}", consumers.gateway);
+            wait_terminating(&consumers, "Object", &engine).await;
+            let (ok, stderr) = stack.kubectl_delete(&tree.name, false).await;
+            assert!(ok, "kubectl delete: {stderr}");
+        }
+    }
+    let all_gone = wait::until(CONSUMERS_TEARDOWN_TIMEOUT, || async {
+        (consumers.left(client).await.is_empty() && tree.left().await.is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        all_gone.is_some(),
+        "{what}: left {:?} {:?}\n{}\n{}\n{}",
+        consumers.left(client).await,
+        tree.left().await,
+        consumers.states(client).await,
+        consumers.timeline.describe(),
+        tree.timeline.describe()
+    );
+    tree.assert_order(&what);
+    consumers.assert_order(&tree, &what);
+    let events = local_cluster::audit::read(&stack.cp.audit_log_path());
+    let refused = crossplane_refusals(&events, &consumers.objects());
+    assert!(
+        refused.is_empty(),
+        "{what}: Crossplane was refused: {refused:?}"
+    );
+    assert_crossplane_never_refused(stack, &tree, &what);
+    assert!(
+        tree.leaked(stack).is_empty(),
+        "{what}: {:?}",
+        tree.leaked(stack)
+    );
+    if mode == Mode::Convert {
+        for (ns, name) in &consumers.model_deployments {
+            assert!(
+                consumers.timeline.seen_with_finalizer(
+                    "ModelDeployment",
+                    name,
+                    "foregroundDeletion"
+                ),
+                "{what}: {name} in {ns} was never converted\n{}",
+                consumers.timeline.describe()
+            );
+        }
+    }
+    if by_namespace {
+        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+        let ns_gone = wait::until(Duration::from_secs(120), || async {
+            namespaces
+                .get_opt(&md_ns)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        assert!(ns_gone.is_some(), "{what}: namespace {md_ns} never went");
+    }
+    eprintln!(
+        "{what}: everything gone, in order, nothing leaked, in {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn without_cascade_guard_the_consumers_race_wedges_an_engine_and_leaks_its_load_balancer() {
+    consumers_outcome(stack().await, Mode::Off, false).await;
+}
+
+#[tokio::test]
+async fn refuse_refuses_the_consumers_plain_deletes_and_foreground_tears_down_in_order() {
+    consumers_outcome(stack().await, Mode::Refuse, false).await;
+}
+
+#[tokio::test]
+async fn convert_tears_the_consumers_down_in_order() {
+    consumers_outcome(stack().await, Mode::Convert, false).await;
+}
+
+/// Not run by default: with the pinned providers it passes only when the
+/// namespace controller deletes the engine's Object before the garbage
+/// collector does. The foreground cascade cascade-guard makes of the
+/// namespace controller's delete of the ModelReplica has the garbage collector
+/// delete the Object with Foreground (it has a dependent, its
+/// ProviderConfigUsage), which deletes that ProviderConfigUsage at once; in a
+/// terminating namespace provider-kubernetes cannot create it again, and the
+/// Object wedges (crossplane-runtime#1150; upstream's fix, a finalizer on
+/// ProviderConfigUsages, is in no release the project pins). Seen: 1 pass in 2.
+#[tokio::test]
+#[ignore = "crossplane-runtime#1150: a managed resource in a terminating namespace can wedge on its ProviderConfigUsage"]
+async fn convert_tears_a_deleted_namespace_down_in_order() {
+    consumers_outcome(stack().await, Mode::Convert, true).await;
+}
+
+// ---------------------------------------------------------------------------
+// A replayed Background delete under Refuse. Crossplane's Usage webhook
+// records the policy of a delete it refuses (the annotation below), and when
+// the Usage goes it replays that delete once, 2 s later, as its own service
+// account (crossplane v2.3.4, internal/controller/protection/usage/
+// reconciler.go). Under Refuse a user's Background delete of a protected XR
+// never reaches the Usage webhook (admission policies run before webhooks), so
+// a Background attempt is recorded only while the kind was not yet under
+// Refuse: here under Warn, the gentle roll-out before Refuse. Crossplane's
+// replay is then refused like anyone's, and Crossplane does not try again.
+
+const DELETION_ATTEMPT_ANNOTATION: &str = "usage.crossplane.io/deletion-attempt-with-policy";
+
+/// `kubectl delete <target> -n <ns> [extra]`: (succeeded, stdout + stderr).
+async fn kubectl_delete_args(
+    stack: &Stack,
+    target: &str,
+    ns: &str,
+    extra: &[&str],
+) -> (bool, String) {
+    let out = tokio::process::Command::new(&stack.kubectl)
+        .args(["delete", target, "-n", ns, "--wait=false"])
+        .args(extra)
+        .env("KUBECONFIG", stack.cp.kubeconfig_path())
+        .output()
+        .await
+        .expect("kubectl runs");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// A Background attempt recorded under Warn and replayed by Crossplane under
+/// Refuse: refused, and then nothing is stuck (the XR and what it composed
+/// are intact and not terminating), and what happened is on record where a
+/// user looks: the XR keeps Crossplane's annotation with the recorded policy,
+/// and Crossplane's log has cascade-guard's refusal with the command that
+/// works, which then tears it down in order.
+#[tokio::test]
+async fn a_replayed_background_delete_under_refuse_leaves_nothing_stuck_and_says_why() {
+    let stack = stack().await;
+    let client = stack.cp.admin().await.expect("admin client");
+    let kind = "ReplayApp";
+    let xrds = v2_xrds();
+    apply_cluster_object(&client, &xrds, dropped_xrd(kind, Mode::Warn)).await;
+    let config_map = config_map_part();
+    apply_cluster_object(
+        &client,
+        &compositions(),
+        pt_composition(DROP_GROUP, kind, vec![config_map]),
+    )
+    .await;
+    let target = format!("replayapps.{DROP_GROUP}");
+    wait_generated_crd(&client, &target).await;
+    let ns = "seed-replay";
+    create_namespace(&client, ns).await;
+    let apps = modelplane::resource(DROP_GROUP, "v1", kind, "replayapps");
+    let app_api = api(&client, &apps, Some(ns));
+    let timeline = xrs_and_config_maps(&client, &apps, ns).await;
+    create_drop_xr(&app_api, kind, ns, "app").await;
+    let composed = when_ready(&app_api, "app", "/spec/crossplane/resourceRefs/0/name")
+        .await
+        .unwrap_or_else(|| panic!("{kind} app never became Ready\n{}", timeline.describe()));
+    // Warn in effect (a server-side dry run warns; nothing is recorded yet).
+    let warned = wait::until(Duration::from_secs(60), || async {
+        let (_, said) = kubectl_delete_args(stack, &target, ns, &["app", "--dry-run=server"]).await;
+        said.contains("cascade-guard warning").then_some(())
+    })
+    .await;
+    assert!(warned.is_some(), "Warn never in effect for {kind}");
+
+    // An operator holds the XR for a maintenance window: a reason-only Usage
+    // that replays the deletes it refuses.
+    let usages = api(&client, &modelplane::usages(), Some(ns));
+    usages
+        .patch(
+            "maintenance",
+            &PatchParams::apply("seed-real").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "protection.crossplane.io/v1beta1", "kind": "Usage",
+                "metadata": {"name": "maintenance", "namespace": ns},
+                "spec": {
+                    "of": {"apiVersion": format!("{DROP_GROUP}/v1"), "kind": kind,
+                        "resourceRef": {"name": "app"}},
+                    "reason": "maintenance window",
+                    "replayDeletion": true,
+                },
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create the Usage: {e}"));
+    let in_use = wait::until(Duration::from_secs(60), || async {
+        let o = app_api.get_opt("app").await.ok().flatten()?;
+        (o.labels().get(IN_USE_LABEL).map(String::as_str) == Some("true")).then_some(())
+    })
+    .await;
+    assert!(in_use.is_some(), "{kind} app never became in use");
+
+    // The user's plain delete: cascade-guard warns, the Usage refuses and
+    // records the policy.
+    let (ok, said) = kubectl_delete_args(stack, &target, ns, &["app"]).await;
+    assert!(!ok, "the delete of an XR in use went through: {said}");
+    assert!(
+        said.contains("cascade-guard warning")
+            && said.contains("nousages.protection.crossplane.io")
+            && said.contains("maintenance window"),
+        "unexpected answer: {said}"
+    );
+    eprintln!("replay: the user's delete under Warn: {}", said.trim());
+    let app = app_api.get("app").await.expect("the XR");
+    assert_eq!(
+        app.annotations()
+            .get(DELETION_ATTEMPT_ANNOTATION)
+            .map(String::as_str),
+        Some("Background"),
+        "the Usage webhook did not record the attempt"
+    );
+
+    // The roll-out moves on to Refuse.
+    let xrd = format!("replayapps.{DROP_GROUP}");
+    api(&client, &xrds, None)
+        .patch(
+            &xrd,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {POLICY_ANNOTATION: "Refuse"}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotate {xrd}: {e}"));
+    let dry_run = DeleteParams {
+        dry_run: true,
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    let refusing = wait::until(Duration::from_secs(60), || async {
+        matches!(app_api.delete("app", &dry_run).await,
+            Err(kube::Error::Api(ref s)) if s.code == 403)
+        .then_some(())
+    })
+    .await;
+    assert!(refusing.is_some(), "Refuse never in effect for {kind}");
+
+    // The maintenance window ends: Crossplane lets go and replays the
+    // Background delete, which cascade-guard refuses.
+    usages
+        .delete("maintenance", &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete the Usage: {e}"));
+    let replayed = wait::until(Duration::from_secs(90), || async {
+        local_cluster::audit::read(&stack.cp.audit_log_path())
+            .into_iter()
+            .find(|e| {
+                e.verb == "delete"
+                    && e.is_about(&apps.plural, ns, "app")
+                    && e.effective_username() == local_cluster::real_crossplane::CROSSPLANE_USER
+            })
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "Crossplane never replayed the delete\n{}",
+            stack.cp.log_tails(20)
+        )
+    });
+    assert_eq!(
+        (replayed.response_code(), replayed.propagation_policy()),
+        (Some(403), Some("Background")),
+        "Crossplane's replay"
+    );
+    // Nothing stuck: a while later the XR and its ConfigMap are there, not
+    // terminating, and no longer in use; the recorded policy stays.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let app = app_api.get("app").await.expect("the XR is still there");
+    assert!(
+        app.metadata.deletion_timestamp.is_none() && is_ready(&app),
+        "the XR after the refused replay: {:?}",
+        app.metadata
+    );
+    assert!(!app.labels().contains_key(IN_USE_LABEL));
+    assert_eq!(
+        app.annotations()
+            .get(DELETION_ATTEMPT_ANNOTATION)
+            .map(String::as_str),
+        Some("Background")
+    );
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), ns);
+    let map = maps
+        .get(&composed)
+        .await
+        .expect("the composed ConfigMap is still there");
+    assert!(map.metadata.deletion_timestamp.is_none());
+    // What an operator reads in Crossplane's log: the replay, refused by
+    // cascade-guard, with the command that works.
+    let log = std::fs::read_to_string(stack.cp.log_path("crossplane")).unwrap_or_default();
+    let line = log
+        .lines()
+        .find(|l| {
+            l.contains("Error when replaying deletion of the used resource")
+                && l.contains(&format!("cascade-guard refused to delete {kind} app"))
+        })
+        .unwrap_or_else(|| panic!("no refused replay in Crossplane's log"));
+    assert!(line.contains("--cascade=foreground"), "{line}");
+    eprintln!("replay: Crossplane logged: {line}");
+
+    let (ok, said) =
+        kubectl_delete_args(stack, &target, ns, &["app", "--cascade=foreground"]).await;
+    assert!(ok, "kubectl delete --cascade=foreground: {said}");
+    let gone = timeline.wait_gone(kind, "app", TEARDOWN_TIMEOUT).await;
+    let map_gone = timeline.gone("ConfigMap", &composed);
+    assert!(
+        gone.as_ref()
+            .zip(map_gone.as_ref())
+            .is_some_and(
+                |(xr, map)| map.revision.unwrap_or(map.seq) < xr.revision.unwrap_or(xr.seq)
+            ),
+        "the XR did not go after its ConfigMap\n{}",
+        timeline.describe()
     );
 }

@@ -36,9 +36,9 @@ pub struct Process {
     pub pid: u32,
     pub binary: PathBuf,
     pub log: PathBuf,
-    /// How it was started, to start it again ([`Process::restart`]); None for
-    /// an adopted process.
-    launch: Option<(Vec<String>, Lifetime)>,
+    /// How it was started, to start it again ([`Process::restart`],
+    /// [`Process::start_again`]); None for an adopted process.
+    launch: Option<(Vec<String>, Lifetime, Surroundings)>,
     child: Option<Child>,
 }
 
@@ -59,14 +59,32 @@ impl Process {
     /// leaves it stopped for `downtime`, and starts it again with the same
     /// arguments and log. Only for processes started here.
     pub fn restart(&mut self, downtime: Duration) -> Result<(), Error> {
-        let Some((args, lifetime)) = self.launch.clone() else {
+        self.stop(Duration::from_secs(10));
+        std::thread::sleep(downtime);
+        self.start_again()
+    }
+
+    /// Starts a process that has exited (or was killed) again, with the same
+    /// arguments, log and surroundings (its network namespace included); does
+    /// nothing while it still runs. Only for processes started here.
+    pub fn start_again(&mut self) -> Result<(), Error> {
+        let Some((args, lifetime, surroundings)) = self.launch.clone() else {
             return Err(Error::NotRestartable {
                 component: self.name.clone(),
             });
         };
-        self.stop(Duration::from_secs(10));
-        std::thread::sleep(downtime);
-        *self = spawn(&self.name, &self.binary, &args, &self.log, lifetime)?;
+        if self.is_running() {
+            return Ok(());
+        }
+        self.reap();
+        *self = spawn_with(
+            &self.name,
+            &self.binary,
+            &args,
+            &self.log,
+            lifetime,
+            surroundings,
+        )?;
         Ok(())
     }
 
@@ -188,7 +206,7 @@ pub fn spawn_with(
         args: args.to_vec(),
         log: log.to_path_buf(),
         lifetime,
-        surroundings,
+        surroundings: surroundings.clone(),
     };
     let child = match lifetime {
         Lifetime::Detached => request.run(),
@@ -205,7 +223,7 @@ pub fn spawn_with(
         pid,
         binary: std::fs::canonicalize(binary).unwrap_or_else(|_| binary.to_path_buf()),
         log: log.to_path_buf(),
-        launch: Some((args.to_vec(), lifetime)),
+        launch: Some((args.to_vec(), lifetime, surroundings)),
         child: match lifetime {
             Lifetime::Owned => Some(child),
             // Dropping a std Child neither kills nor waits: the session leader

@@ -18,7 +18,7 @@ use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use local_cluster::model::composite::Node;
 use local_cluster::model::modelplane::{self, SYSTEM_NAMESPACE};
-use local_cluster::model::provider::{MANAGED_FINALIZER, ProviderKind, target_of};
+use local_cluster::model::provider::ProviderKind;
 use local_cluster::model::{self, Model, ObjectRef, usage};
 use local_cluster::process::{self, Lifetime, Process};
 use local_cluster::timeline::Timeline;
@@ -503,36 +503,6 @@ impl Run {
             );
         }
     }
-
-    /// Managed resources of the run that are still there: (kind, ns, name).
-    pub fn managed_left(&self, timeline: &Timeline) -> Vec<(String, Option<String>, String)> {
-        let managed: BTreeSet<String> = ProviderKind::all()
-            .into_iter()
-            .map(|p| p.resource.kind)
-            .collect();
-        self.objects
-            .iter()
-            .filter(|(k, _, n)| managed.contains(k) && timeline.gone(k, n).is_none())
-            .cloned()
-            .collect()
-    }
-
-    /// Removes the providers' finalizer from whatever is left, as an operator
-    /// does with a wedged resource, and waits for everything to go.
-    pub async fn clean_up(&self, client: &Client, timeline: &Timeline) {
-        for (kind, ns, name) in self.managed_left(timeline) {
-            let Some(resource) = self.resources.get(&kind) else {
-                continue;
-            };
-            let api = api(client, resource, ns.as_deref());
-            let _ = model::remove_finalizer(&api, &name, MANAGED_FINALIZER).await;
-        }
-        assert!(
-            self.wait_all_gone(timeline, Duration::from_secs(60)).await,
-            "clean-up left {:?}",
-            self.left(timeline)
-        );
-    }
 }
 
 /// Waits until `of` carries the in-use label: the Usage controller has seen
@@ -548,87 +518,5 @@ pub async fn wait_in_use(client: &Client, resource: &ApiResource, ns: Option<&st
         labelled.is_some(),
         "{} {name} never became in use",
         resource.kind
-    );
-}
-
-/// Asserts the seed's failure: `target` left the API, and managed resources
-/// that need it are still there, deleted, held by their provider's finalizer
-/// well past the time their delete takes, with the provider reporting that it
-/// cannot reach the cluster.
-pub async fn assert_wedged(
-    client: &Client,
-    run: &Run,
-    timeline: &Timeline,
-    target: &ObjectRef,
-    longest_delete: Duration,
-) -> Vec<String> {
-    let gone = timeline
-        .wait_gone(&target.kind, &target.name, Duration::from_secs(60))
-        .await;
-    assert!(
-        gone.is_some(),
-        "{} never left the API\n{}",
-        target.describe(),
-        run.describe(timeline)
-    );
-    // Longer than any delete takes, had the cluster been there.
-    tokio::time::sleep(longest_delete + Duration::from_secs(2)).await;
-    let mut wedged = Vec::new();
-    for (kind, ns, name) in run.managed_left(timeline) {
-        let Some(resource) = run.resources.get(&kind) else {
-            continue;
-        };
-        let Ok(object) = api(client, resource, ns.as_deref()).get(&name).await else {
-            continue;
-        };
-        if target_of(&object).as_ref() != Some(target) {
-            continue;
-        }
-        assert!(
-            object.metadata.deletion_timestamp.is_some()
-                && object.finalizers().iter().any(|f| f == MANAGED_FINALIZER),
-            "{kind}/{name} is left but not deleted and held: {:?}",
-            object.metadata
-        );
-        let synced = object
-            .data
-            .pointer("/status/conditions/0/message")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        assert!(
-            synced.contains("cannot reach the target cluster"),
-            "{kind}/{name}: {synced}"
-        );
-        wedged.push(format!("{kind}/{name}"));
-    }
-    assert!(
-        !wedged.is_empty(),
-        "nothing wedged after {} left\n{}",
-        target.describe(),
-        run.describe(timeline)
-    );
-    wedged
-}
-
-/// Whether an object was ever seen in a foreground cascade.
-pub fn was_foreground(timeline: &Timeline, kind: &str, name: &str) -> bool {
-    timeline.seen_with_finalizer(kind, name, "foregroundDeletion")
-}
-
-/// Waits until any of the run's managed resources of `kind` is terminating.
-pub async fn wait_terminating(run: &Run, timeline: &Timeline, kind: &str) {
-    let seen = wait::until(Duration::from_secs(30), || async {
-        run.objects
-            .iter()
-            .filter(|(k, _, _)| k == kind)
-            .find_map(|(k, _, n)| timeline.terminating(k, n))
-            .map(|_| ())
-    })
-    .await;
-    assert!(
-        seen.is_some(),
-        "no {kind} ever started deleting\n{}",
-        run.describe(timeline)
     );
 }

@@ -1,6 +1,16 @@
 //! A model of the parts of Crossplane, its providers and Modelplane that decide
 //! how a composite's deletion unfolds, so that the seed's failure can be
-//! reproduced on the real control plane without Crossplane running. Each part
+//! reproduced on the real control plane without Crossplane running.
+//!
+//! Why it is still needed: real Crossplane (`crate::real_crossplane`) now runs
+//! every scenario of the seed (cascade-guard's tests/seed_real.rs), and those
+//! were retired from the model. What remains on it is the large randomized
+//! test (cascade-guard's tests/seed.rs): dozens of trees to depth 4, five kinds
+//! of clients and cascade-guard SIGKILLed every few seconds, in about a minute
+//! of CI. On real Crossplane a tree takes about 100 s to tear down (a Usage
+//! re-checks its user every 30 s, a provider polls every 15 s), so the same
+//! volume there is the opt-in soak (scripts/soak.sh), not CI. The model also
+//! starts in seconds and needs no network namespaces (no root). Each part
 //! copies one upstream behaviour, faithfully and no more, and says which
 //! (research §5, §6; paths are upstream paths):
 //!

@@ -161,23 +161,6 @@ pub const SERVING_CHARTS: [&str; 5] = [
 ];
 
 impl InferenceCluster {
-    pub fn new(name: &str, cluster_delete: Duration, release_uninstall: Duration) -> Self {
-        Self {
-            name: name.to_string(),
-            cluster_delete,
-            releases: SERVING_CHARTS[..3]
-                .iter()
-                .map(|c| (c.to_string(), release_uninstall))
-                .collect(),
-        }
-    }
-
-    /// The cloud cluster (the EKS Cluster managed resource): what everything
-    /// that runs on this InferenceCluster needs.
-    pub fn cluster(&self) -> ObjectRef {
-        cluster_of(&self.name)
-    }
-
     pub fn tree(&self) -> Node {
         let n = &self.name;
         let ns = Some(SYSTEM_NAMESPACE);
@@ -215,7 +198,7 @@ impl InferenceCluster {
                         &format!("{n}-{chart}"),
                         json!({"chart": {"name": chart, "repository": "https://charts.example.org",
                             "version": "1.0.0"}, "namespace": chart}),
-                        Some(&self.cluster()),
+                        Some(&cluster_of(n)),
                         *uninstall,
                     )
                     .key(chart),

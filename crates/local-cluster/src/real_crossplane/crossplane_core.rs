@@ -199,7 +199,7 @@ pub fn start(
         layout.kubeconfig.clone().into_os_string(),
     ));
     Ok(process::spawn_with(
-        "crossplane",
+        super::CORE_PROCESS,
         &binaries.crossplane,
         &args,
         log,

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 pub use binaries::{CROSSPLANE_BIN_DIR_ENV, CrossplaneBinaries, crossplane_dir};
 pub use function::FUNCTION_NAME;
 pub use provider::{PROVIDER_HELM_USER, PROVIDER_KUBERNETES_USER};
-pub use stack::{Crossplane, CrossplaneOptions, CrossplaneState, resident_kb};
+pub use stack::{CORE_PROCESS, Crossplane, CrossplaneOptions, CrossplaneState, resident_kb};
 
 /// The user Crossplane core acts as, as with the default Helm chart.
 pub const CROSSPLANE_USER: &str = "system:serviceaccount:crossplane-system:crossplane";

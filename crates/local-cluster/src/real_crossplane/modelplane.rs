@@ -11,6 +11,18 @@
 //! ServingStack `<n>-serving-stack` (Releases `<n>-serving-stack-<chart>` and
 //! Object `<n>-serving-stack-gateway`, a LoadBalancer Service on the cloud
 //! cluster) and Usage `<n>-usage-eks-by-backend`.
+//!
+//! What runs on such a cluster (the seed report's scenarios 2 and 3):
+//! - a ModelDeployment `<m>` in a team's namespace, labelled
+//!   [`CLUSTER_LABEL`]` = <n>`, composes ModelReplica `<m>-0` (a
+//!   ProviderConfig `<m>-0-cluster` reaching the cluster, Object
+//!   `<m>-0-engine`, a LoadBalancer Service, and Usage
+//!   `<m>-0-config-in-use` of the one by the other) and the replica guard, Usage
+//!   `<m>-replica-guard` of EKSCluster `<n>` by the ModelReplica;
+//! - an InferenceGateway `<g>` (cluster-scoped), labelled likewise, composes
+//!   in `modelplane-system` ServingStack `<g>-gateway` (installed on the
+//!   cluster as the InferenceCluster's is) and Usage `<g>-guard` of EKSCluster
+//!   `<n>` by that ServingStack.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,12 +40,25 @@ pub const SYSTEM_NAMESPACE: &str = "modelplane-system";
 /// The charts a ServingStack installs, as its Composition names them.
 pub const CHARTS: [&str; 3] = ["cert-manager", "envoy-gateway", "kube-prometheus-stack"];
 /// The XRDs of the fixtures this platform composes.
-pub const XRD_DIRS: [&str; 3] = ["inferenceclusters", "eksclusters", "servingstacks"];
-const COMPOSITIONS: [&str; 3] = [
+pub const XRD_DIRS: [&str; 6] = [
+    "inferenceclusters",
+    "eksclusters",
+    "servingstacks",
+    "modeldeployments",
+    "modelreplicas",
+    "inferencegateways",
+];
+const COMPOSITIONS: [&str; 6] = [
     "inferencecluster.yaml",
     "ekscluster.yaml",
     "servingstack.yaml",
+    "modeldeployment.yaml",
+    "modelreplica.yaml",
+    "inferencegateway.yaml",
 ];
+/// The label that places a ModelDeployment or an InferenceGateway on an
+/// InferenceCluster (its name); Modelplane stamps it on ModelReplicas.
+pub const CLUSTER_LABEL: &str = "modelplane.ai/cluster";
 
 /// `crossplane/modelplane` in the repository.
 pub fn dir() -> PathBuf {
@@ -77,6 +102,36 @@ pub fn serving_stacks() -> ApiResource {
         "ServingStack",
         "servingstacks",
     )
+}
+pub fn model_deployments() -> ApiResource {
+    resource(
+        "modelplane.ai",
+        "v1alpha1",
+        "ModelDeployment",
+        "modeldeployments",
+    )
+}
+pub fn model_replicas() -> ApiResource {
+    resource("modelplane.ai", "v1alpha1", "ModelReplica", "modelreplicas")
+}
+pub fn inference_gateways() -> ApiResource {
+    resource(
+        "modelplane.ai",
+        "v1alpha1",
+        "InferenceGateway",
+        "inferencegateways",
+    )
+}
+/// Every XR kind of the platform, in [`XRD_DIRS`] order.
+pub fn xr_kinds() -> [ApiResource; 6] {
+    [
+        inference_clusters(),
+        eks_clusters(),
+        serving_stacks(),
+        model_deployments(),
+        model_replicas(),
+        inference_gateways(),
+    ]
 }
 pub fn usages() -> ApiResource {
     resource("protection.crossplane.io", "v1beta1", "Usage", "usages")
@@ -129,6 +184,74 @@ pub fn tree(name: &str) -> Vec<(ApiResource, Option<String>, String)> {
         objects.push((releases(), ns.clone(), format!("{stack}-{chart}")));
     }
     objects
+}
+
+/// Every object of ModelDeployment `name`'s tree in namespace `ns`:
+/// (kind, namespace, name), top first.
+pub fn model_deployment_tree(ns: &str, name: &str) -> Vec<(ApiResource, Option<String>, String)> {
+    let at = Some(ns.to_string());
+    let replica = format!("{name}-0");
+    vec![
+        (model_deployments(), at.clone(), name.to_string()),
+        (model_replicas(), at.clone(), replica.clone()),
+        (usages(), at.clone(), format!("{name}-replica-guard")),
+        (
+            kubernetes_provider_configs(),
+            at.clone(),
+            format!("{replica}-cluster"),
+        ),
+        (usages(), at.clone(), format!("{replica}-config-in-use")),
+        (objects(), at, format!("{replica}-engine")),
+    ]
+}
+
+/// Every object of InferenceGateway `name`'s tree, top first.
+pub fn inference_gateway_tree(name: &str) -> Vec<(ApiResource, Option<String>, String)> {
+    let ns = Some(SYSTEM_NAMESPACE.to_string());
+    let stack = format!("{name}-gateway");
+    let mut objects = vec![
+        (inference_gateways(), None, name.to_string()),
+        (serving_stacks(), ns.clone(), stack.clone()),
+        (usages(), ns.clone(), format!("{name}-guard")),
+        (self::objects(), ns.clone(), format!("{stack}-gateway")),
+    ];
+    for chart in CHARTS {
+        objects.push((releases(), ns.clone(), format!("{stack}-{chart}")));
+    }
+    objects
+}
+
+/// A ModelDeployment `name` in namespace `ns`, on InferenceCluster `cluster`.
+pub fn model_deployment(ns: &str, name: &str, cluster: &str) -> Value {
+    json!({
+        "apiVersion": "modelplane.ai/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_LABEL: cluster}},
+        "spec": {
+            "replicas": 1,
+            "template": {"spec": {"engines": [{"name": "engine", "members": [{
+                "role": "Standalone",
+                "nodeSelector": {"devices": [{"name": "gpu",
+                    "selectors": [{"cel": "device.driver == 'gpu.nvidia.com'"}]}]},
+                "template": {"spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}]}},
+            }]}]}},
+            "crossplane": {"compositionRef": {"name": "modeldeployments-local"}},
+        },
+    })
+}
+
+/// An InferenceGateway `name` on InferenceCluster `cluster`.
+pub fn inference_gateway(name: &str, cluster: &str) -> Value {
+    json!({
+        "apiVersion": "modelplane.ai/v1alpha1",
+        "kind": "InferenceGateway",
+        "metadata": {"name": name, "labels": {CLUSTER_LABEL: cluster}},
+        "spec": {
+            "backend": "Traefik",
+            "traefik": {"version": "39.0.0"},
+            "crossplane": {"compositionRef": {"name": "inferencegateways-local"}},
+        },
+    })
 }
 
 /// What the local cloud's log (`local-cloud.log`) says InferenceCluster
@@ -214,7 +337,7 @@ pub async fn install(
         })?;
         apply(client, &compositions, &composition).await?;
     }
-    for r in [inference_clusters(), eks_clusters(), serving_stacks()] {
+    for r in xr_kinds() {
         let name = format!("{}.{}", r.plural, r.group);
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         let found = crate::wait::until(Duration::from_secs(120), || async {

@@ -19,6 +19,9 @@ use crate::pki::{self, Pair};
 use crate::process::{Lifetime, Process, Surroundings};
 use crate::{ControlPlane, ProcessState};
 
+/// The name of Crossplane core's process, for [`Crossplane::kill`].
+pub const CORE_PROCESS: &str = "crossplane";
+
 /// Ports inside core's network namespace. The function SDK takes :8080 for
 /// its metrics, so core's go elsewhere.
 const CORE_WEBHOOK_PORT: u16 = 9443;
@@ -322,6 +325,27 @@ impl Crossplane {
     /// Each process, in start order.
     pub fn processes(&self) -> Vec<ProcessState> {
         self.processes.iter().map(ProcessState::from).collect()
+    }
+
+    /// SIGKILLs the process named `name` (`crossplane` for core, a
+    /// provider's or the function's name), as the OOM killer or a lost node
+    /// would: no chance to clean up. Start it with [`Crossplane::start_again`].
+    pub fn kill(&mut self, name: &str) -> Result<(), Error> {
+        self.process(name)?.kill();
+        Ok(())
+    }
+
+    /// Starts the process named `name` again if it is not running, in its
+    /// network namespace, with the same arguments and log.
+    pub fn start_again(&mut self, name: &str) -> Result<(), Error> {
+        Ok(self.process(name)?.start_again()?)
+    }
+
+    fn process(&mut self, name: &str) -> Result<&mut Process, Error> {
+        self.processes
+            .iter_mut()
+            .find(|p| p.name == name)
+            .ok_or_else(|| Error::Io(format!("no process named {name} in the stack")))
     }
 
     /// Whether every process still runs.
