@@ -16,7 +16,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cascade_guard::api::CascadePolicy;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams, PropagationPolicy};
@@ -127,6 +127,7 @@ impl Stack {
     /// Builds `package`, pushes it as `tag`, points the Configuration at it
     /// and waits until Crossplane runs it. Returns the reference.
     async fn ship(&self, package: &ConfigurationPackage, tag: &str) -> String {
+        let started = Instant::now();
         let root = self.cp.dir().join(format!("package-{tag}"));
         let file = package
             .build(&self.tools, &root)
@@ -136,12 +137,17 @@ impl Stack {
         package::push(&self.tools, &file, &reference)
             .await
             .unwrap_or_else(|e| panic!("xpkg push: {e}"));
+        let built = started.elapsed();
         package::install(&self.client, CONFIGURATION, &reference)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         package::wait_installed(&self.client, CONFIGURATION, &reference, INSTALL_TIMEOUT)
             .await
             .unwrap_or_else(|e| panic!("{e}\n{}", self.cp.log_tails(30)));
+        eprintln!(
+            "{tag}: built and pushed in {built:?}, installed {:?} later",
+            started.elapsed() - built
+        );
         reference
     }
 
@@ -320,6 +326,7 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
 
     // Version 2: the same package with InferenceCluster Convert; the
     // Configuration's package reference bumped, nothing else.
+    let upgrade = Instant::now();
     let v2 = s.ship(&s.platform("Convert"), "v0.2.0").await;
     let configuration = package::wait_installed(&s.client, CONFIGURATION, &v2, INSTALL_TIMEOUT)
         .await
@@ -338,6 +345,10 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
         "the upgrade did not change the XRD's annotation"
     );
     s.wait_protected("Convert").await;
+    eprintln!(
+        "the upgrade's Convert in force {:?} after the push began",
+        upgrade.elapsed()
+    );
     // The existing InferenceCluster is now held by cascade-guard.
     let held = s.wait_finalizer("prod", HOLD_FINALIZER).await;
     assert!(
@@ -347,6 +358,7 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
     );
 
     // The same plain delete now goes through, as a foreground cascade.
+    let deleted = Instant::now();
     s.plain_delete("prod", false)
         .await
         .expect("under Convert a plain delete is accepted");
@@ -367,6 +379,7 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
         "prod was never gone\n{}",
         s.cp.log_tails(30)
     );
+    eprintln!("prod's foreground cascade took {:?}", deleted.elapsed());
     // Foreground: what it composed was gone before it.
     for (resource, name) in composed("prod") {
         let api: Api<DynamicObject> =
