@@ -168,7 +168,8 @@ fn to_yaml(value: &Value) -> Result<String, Error> {
 /// An OCI registry on loopback, in memory (`crane registry serve`), reachable
 /// from Crossplane core at the same address. Stops when dropped.
 pub struct Registry {
-    process: Process,
+    /// Owned: it stops when dropped.
+    _process: Process,
     port: u16,
 }
 
@@ -207,7 +208,10 @@ impl Registry {
         .await?;
         let port = port.ok_or_else(|| Error::Package("the registry named no port".into()))?;
         crossplane.reach(port)?;
-        Ok(Self { process, port })
+        Ok(Self {
+            _process: process,
+            port,
+        })
     }
 
     /// A package's full reference in this registry.
@@ -217,12 +221,6 @@ impl Registry {
 
     pub fn port(&self) -> u16 {
         self.port
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        self.process.stop(Duration::from_secs(5));
     }
 }
 
