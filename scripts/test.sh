@@ -27,6 +27,16 @@ crossplane_bin=$(crossplane/build.sh)
 export LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$crossplane_bin
 echo "$crossplane_bin"
 
+step "crank (crossplane/crank.sh) and crane (scripts/crane.sh), for tests/package_real.rs"
+# crank (Crossplane's CLI, v2.2.1) builds and pushes the Configuration package,
+# crane serves the OCI registry on loopback that Crossplane installs it from;
+# both built from the Go module proxy and cached like the rest.
+LOCAL_CLUSTER_CRANK_BIN=$(crossplane/crank.sh)
+CRANE_BIN=$(scripts/crane.sh)
+export LOCAL_CLUSTER_CRANK_BIN CRANE_BIN
+echo "$LOCAL_CLUSTER_CRANK_BIN"
+echo "$CRANE_BIN"
+
 step "helm (scripts/helm.sh), for the chart tests"
 # The pinned Helm, built from the Go module proxy and cached like the control
 # plane; tests/install.rs renders the chart with it.

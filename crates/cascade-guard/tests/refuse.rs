@@ -598,19 +598,6 @@ async fn a_namespace_deletion_shows_the_refusal_in_the_namespace_status() {
     assert!(gone.is_some(), "the namespace did not finish");
 }
 
-async fn events_about(client: &Client, name: &str) -> Vec<(String, String)> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
-    events
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-        .collect()
-}
-
 /// Bad input gets a clear Event or status condition and a safe default; the
 /// controller keeps running and no kind is left unprotected by accident.
 #[tokio::test]

@@ -695,3 +695,17 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
         .map(|(_, b)| b.to_string())?;
     Some((code, body))
 }
+
+/// The reason and note of every Event (events.k8s.io) regarding an object named `name`.
+pub async fn events_about(client: &Client, name: &str) -> Vec<(String, String)> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    events
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}

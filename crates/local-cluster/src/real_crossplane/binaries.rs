@@ -77,13 +77,18 @@ pub fn crossplane_dir() -> PathBuf {
 /// Runs `crossplane/build.sh` (instant when its cache is warm) and returns the
 /// directory it printed last.
 fn build() -> Result<PathBuf, Error> {
-    let script = crossplane_dir().join("build.sh");
+    run_build_script(&crossplane_dir().join("build.sh"))
+}
+
+/// Runs a build script of the repository that prints what it built (or found
+/// cached) on its last line, and returns that path.
+pub(super) fn run_build_script(script: &Path) -> Result<PathBuf, Error> {
     let failed = |detail: String| Error::Build {
-        script: script.clone(),
+        script: script.to_path_buf(),
         detail,
     };
     let output = Command::new("bash")
-        .arg(&script)
+        .arg(script)
         .output()
         .map_err(|e| failed(e.to_string()))?;
     if !output.status.success() {
@@ -95,5 +100,5 @@ fn build() -> Result<PathBuf, Error> {
         .map(str::trim)
         .filter(|line| !line.is_empty())
         .map(PathBuf::from)
-        .ok_or_else(|| failed("it printed no directory".into()))
+        .ok_or_else(|| failed("it printed no path".into()))
 }

@@ -20,6 +20,7 @@ pub mod load_balancer;
 mod manifest;
 pub mod modelplane;
 mod netns;
+pub mod package;
 mod provider;
 mod stack;
 
@@ -37,7 +38,7 @@ pub const CROSSPLANE_NAMESPACE: &str = "crossplane-system";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot build Crossplane with {script}: {detail}")]
+    #[error("cannot build with {script}: {detail}")]
     Build { script: PathBuf, detail: String },
     #[error(
         "missing Crossplane binary or data {0} (run crossplane/build.sh, or set LOCAL_CLUSTER_CROSSPLANE_BIN_DIR)"
@@ -61,6 +62,8 @@ pub enum Error {
     Forward { port: u16, detail: String },
     #[error("{0}")]
     Io(String),
+    #[error("package: {0}")]
+    Package(String),
     #[error("Crossplane did not start: {cause}\n\nthe ends of the logs:\n{logs}")]
     Boot { cause: String, logs: String },
 }

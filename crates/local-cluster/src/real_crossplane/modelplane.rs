@@ -289,23 +289,8 @@ pub async fn install(
     scratch: &Path,
     annotations: &Value,
 ) -> Result<(), Error> {
-    let namespace: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": SYSTEM_NAMESPACE}}))
-            .map_err(|e| Error::Io(format!("namespace: {e}")))?;
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(api_error("creating modelplane-system")(e)),
-    }
-    let mut urls = Vec::new();
-    for chart in CHARTS {
-        let packed = pack_chart(&dir().join("charts").join(chart), scratch)?;
-        let name = format!("{chart}-0.1.0.tgz");
-        urls.push((chart, crossplane.serve(&name, packed)?));
-    }
+    ensure_namespace(client).await?;
+    let urls = serve_charts(crossplane, scratch)?;
     let xrds = resource(
         "apiextensions.crossplane.io",
         "v2",
@@ -313,9 +298,7 @@ pub async fn install(
         "compositeresourcedefinitions",
     );
     for d in XRD_DIRS {
-        let path =
-            crate::crossplane::fixtures_dir().join(format!("modelplane/apis/{d}/definition.yaml"));
-        let mut xrd = read_yaml(&path)?;
+        let mut xrd = definition(d)?;
         xrd["metadata"]["annotations"] = annotations.clone();
         apply(client, &xrds, &xrd).await?;
     }
@@ -325,18 +308,69 @@ pub async fn install(
         "Composition",
         "compositions",
     );
+    for composition in compositions_with(&urls)? {
+        apply(client, &compositions, &composition).await?;
+    }
+    wait_established(client).await
+}
+
+/// The namespace the platform composes into.
+pub async fn ensure_namespace(client: &Client) -> Result<(), Error> {
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": SYSTEM_NAMESPACE}}))
+            .map_err(|e| Error::Io(format!("namespace: {e}")))?;
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(api_error("creating modelplane-system")(e)),
+    }
+}
+
+/// Packs the charts and serves them on loopback: each chart's name with its URL.
+pub fn serve_charts(
+    crossplane: &Crossplane,
+    scratch: &Path,
+) -> Result<Vec<(&'static str, String)>, Error> {
+    let mut urls = Vec::new();
+    for chart in CHARTS {
+        let packed = pack_chart(&dir().join("charts").join(chart), scratch)?;
+        let name = format!("{chart}-0.1.0.tgz");
+        urls.push((chart, crossplane.serve(&name, packed)?));
+    }
+    Ok(urls)
+}
+
+/// Modelplane's real XRD from the fixtures' `apis/<dir>/definition.yaml`, as
+/// it is there (without annotations).
+pub fn definition(dir: &str) -> Result<Value, Error> {
+    read_yaml(
+        &crate::crossplane::fixtures_dir().join(format!("modelplane/apis/{dir}/definition.yaml")),
+    )
+}
+
+/// The project's Compositions, with the charts' URLs filled in.
+pub fn compositions_with(urls: &[(&str, String)]) -> Result<Vec<Value>, Error> {
+    let mut out = Vec::new();
     for file in COMPOSITIONS {
         let path = dir().join("compositions").join(file);
         let mut text = std::fs::read_to_string(&path).map_err(io_error(&path))?;
-        for (chart, url) in &urls {
+        for (chart, url) in urls {
             text = text.replace(&format!("{{{{chart:{chart}}}}}"), url);
         }
-        let composition: Value = serde_yaml::from_str(&text).map_err(|e| Error::Manifest {
+        out.push(serde_yaml::from_str(&text).map_err(|e| Error::Manifest {
             path: path.clone(),
             detail: e.to_string(),
-        })?;
-        apply(client, &compositions, &composition).await?;
+        })?);
     }
+    Ok(out)
+}
+
+/// Waits until Crossplane has created and the API server established the
+/// CRDs of the platform's XRs.
+pub async fn wait_established(client: &Client) -> Result<(), Error> {
     for r in xr_kinds() {
         let name = format!("{}.{}", r.plural, r.group);
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());

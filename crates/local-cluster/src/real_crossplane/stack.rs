@@ -71,7 +71,7 @@ pub struct Crossplane {
     started_in: Duration,
 }
 
-/// The provider namespaces, and the loopback ports carried into each.
+/// Core's and the providers' namespaces, and the loopback ports carried into each.
 #[derive(Clone, Default)]
 pub struct Forwarding {
     inner: Arc<Mutex<ForwardingInner>>,
@@ -86,7 +86,7 @@ struct ForwardingInner {
 }
 
 impl Forwarding {
-    /// Carries loopback `port` into every provider namespace, now and later.
+    /// Carries loopback `port` into every namespace of the stack, now and later.
     pub fn forward(&self, port: u16) -> Result<(), Error> {
         let mut inner = self
             .inner
@@ -197,6 +197,8 @@ impl Crossplane {
         // are whatever the system hands out.
         let ns = NetNamespace::create()?;
         ns.forward_out(api_port, &runtime)?;
+        // Core pulls packages too, from a registry on loopback (see package.rs).
+        self.forwarding.add_namespace(ns.clone(), &runtime)?;
         let (webhook_outside, _) = ns.forward_in(CORE_WEBHOOK_PORT, &runtime)?;
         let (health_outside, _) = ns.forward_in(CORE_HEALTH_PORT, &runtime)?;
         self.webhook_port = webhook_outside;
@@ -320,6 +322,13 @@ impl Crossplane {
         let port = cloud::serve_bytes(body, &runtime)?;
         self.forwarding.forward(port)?;
         Ok(format!("http://127.0.0.1:{port}/{name}"))
+    }
+
+    /// Carries a server on loopback `port` (a package registry, say) into
+    /// every network namespace of the stack, core's and the providers', at
+    /// the same port.
+    pub fn reach(&self, port: u16) -> Result<(), Error> {
+        self.forwarding.forward(port)
     }
 
     /// Each process, in start order.

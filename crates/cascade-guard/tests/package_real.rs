@@ -1,0 +1,405 @@
+//! Policies travel with the package, on real Crossplane: Modelplane's real
+//! XRDs (from the fixtures), annotated with `cascade-guard.dev/deletion-policy`,
+//! and the project's Compositions are built into a Configuration package with
+//! crank (`crossplane xpkg build`, `crossplane/crank.sh`), pushed to an OCI
+//! registry on loopback (`crane registry serve`) and installed by Crossplane's
+//! package manager from a `Configuration` object. cascade-guard runs with
+//! `--xrd-default-mode=Off`, so the package's annotation is all that protects
+//! the kinds: it protects them as Crossplane creates them, with no other step,
+//! and a package upgrade that changes the annotation (Refuse → Convert) changes
+//! the protection of the next delete.
+//!
+//! Core and function-patch-and-transform only (no providers, no local cloud):
+//! an InferenceCluster composes its EKSCluster, ServingStack and Usage, which
+//! is what a delete of it has to cascade; those two compose kinds that only the
+//! providers and the local cloud serve, and stay unready.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use cascade_guard::api::CascadePolicy;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams, PropagationPolicy};
+use kube::{Api, Client, CustomResourceExt};
+use local_cluster::process::{self, Lifetime, Process};
+use local_cluster::real_crossplane::modelplane::{self, SYSTEM_NAMESPACE};
+use local_cluster::real_crossplane::package::{self, ConfigurationPackage, PackageTools, Registry};
+use local_cluster::real_crossplane::{Crossplane, CrossplaneOptions};
+use local_cluster::{ControlPlane, Options, wait};
+use serde_json::{Value, json};
+
+const POLICY_ANNOTATION: &str = "cascade-guard.dev/deletion-policy";
+const HOLD_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
+const CONFIGURATION: &str = "modelplane-platform";
+const REPOSITORY: &str = "cascade-guard/modelplane-platform";
+const IC_XRD: &str = "inferenceclusters.modelplane.ai";
+const IC_KIND: &str = "InferenceCluster.modelplane.ai";
+/// A package pull, a revision and its objects: seconds here.
+const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
+/// The Usage in the tree re-checks its user every 30 s.
+const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(240);
+
+struct Stack {
+    cp: ControlPlane,
+    crossplane: Crossplane,
+    tools: PackageTools,
+    registry: Registry,
+    client: Client,
+    /// Stopped when dropped.
+    _controller: Process,
+    charts: Vec<(&'static str, String)>,
+}
+
+async fn start() -> Stack {
+    local_cluster::testing::init_tracing();
+    let cp = ControlPlane::start(Options {
+        crds: vec![CascadePolicy::crd()],
+        ..Options::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("cannot start the control plane: {e}"));
+    let crossplane = Crossplane::start(
+        &cp,
+        CrossplaneOptions {
+            providers: false,
+            ..CrossplaneOptions::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cannot start Crossplane: {e}"));
+    let tools = tokio::task::spawn_blocking(PackageTools::locate)
+        .await
+        .expect("locating crank and crane")
+        .unwrap_or_else(|e| panic!("no crank or crane: {e}"));
+    let registry = Registry::start(&tools, &crossplane, &cp.log_path("package-registry"))
+        .await
+        .unwrap_or_else(|e| panic!("cannot start the registry: {e}\n{}", cp.log_tails(20)));
+    let client = cp.admin().await.expect("admin client");
+    let charts = modelplane::serve_charts(&crossplane, &cp.dir().join("charts"))
+        .unwrap_or_else(|e| panic!("cannot serve the charts: {e}"));
+    modelplane::ensure_namespace(&client)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let kubeconfig = cp.dir().join("cascade-guard.kubeconfig");
+    cp.write_kubeconfig_as(&kubeconfig, support::CONTROLLER_USER, &["system:masters"])
+        .expect("controller kubeconfig");
+    let controller = process::spawn(
+        "cascade-guard",
+        std::path::Path::new(env!("CARGO_BIN_EXE_cascade-guard")),
+        &[
+            "run".to_string(),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            // Only the package's annotation protects.
+            "--xrd-default-mode=Off".to_string(),
+            "--http-address=127.0.0.1:0".to_string(),
+            "--no-leader-election".to_string(),
+        ],
+        &cp.log_path("cascade-guard"),
+        Lifetime::Owned,
+    )
+    .unwrap_or_else(|e| panic!("cannot start cascade-guard: {e}"));
+    Stack {
+        cp,
+        crossplane,
+        tools,
+        registry,
+        client,
+        _controller: controller,
+        charts,
+    }
+}
+
+impl Stack {
+    /// The platform package with InferenceCluster's annotation `mode` (the
+    /// EKSCluster and ServingStack stay Refuse in every version).
+    fn platform(&self, mode: &str) -> ConfigurationPackage {
+        package::modelplane_platform(CONFIGURATION, &self.charts, |dir| {
+            let mode = if dir == "inferenceclusters" {
+                mode
+            } else {
+                "Refuse"
+            };
+            json!({ POLICY_ANNOTATION: mode })
+        })
+        .unwrap_or_else(|e| panic!("cannot assemble the package: {e}"))
+    }
+
+    /// Builds `package`, pushes it as `tag`, points the Configuration at it
+    /// and waits until Crossplane runs it. Returns the reference.
+    async fn ship(&self, package: &ConfigurationPackage, tag: &str) -> String {
+        let started = Instant::now();
+        let root = self.cp.dir().join(format!("package-{tag}"));
+        let file = package
+            .build(&self.tools, &root)
+            .await
+            .unwrap_or_else(|e| panic!("xpkg build: {e}"));
+        let reference = self.registry.reference(REPOSITORY, tag);
+        package::push(&self.tools, &file, &reference)
+            .await
+            .unwrap_or_else(|e| panic!("xpkg push: {e}"));
+        let built = started.elapsed();
+        package::install(&self.client, CONFIGURATION, &reference)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        package::wait_installed(&self.client, CONFIGURATION, &reference, INSTALL_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.cp.log_tails(30)));
+        eprintln!(
+            "{tag}: built and pushed in {built:?}, installed {:?} later",
+            started.elapsed() - built
+        );
+        reference
+    }
+
+    /// `cascade-guard status -o json`.
+    fn status(&self) -> Value {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+            .arg("status")
+            .arg(format!(
+                "--kubeconfig={}",
+                self.cp.kubeconfig_path().display()
+            ))
+            .args(["--xrd-default-mode=Off", "-o", "json"])
+            .output()
+            .expect("cascade-guard status");
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "status is not JSON ({e}): {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )
+        })
+    }
+
+    /// Waits until `status` says InferenceCluster is protected in `mode` by
+    /// its XRD's annotation, with the admission policies in place.
+    async fn wait_protected(&self, mode: &str) -> Value {
+        let found = wait::until(Duration::from_secs(60), || async {
+            let status = self.status();
+            let ic = status["protected"]
+                .as_array()?
+                .iter()
+                .find(|p| p["kind"] == IC_KIND)?
+                .clone();
+            (ic["mode"] == mode && status["admission"]["inSync"] == true).then_some(ic)
+        })
+        .await;
+        found
+            .unwrap_or_else(|| panic!("status never showed {IC_KIND} in {mode}: {}", self.status()))
+    }
+
+    fn inference_clusters(&self) -> Api<DynamicObject> {
+        Api::all_with(self.client.clone(), &modelplane::inference_clusters())
+    }
+
+    async fn xrd_annotation(&self) -> (Option<String>, Vec<String>) {
+        let xrds: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &local_cluster::crossplane::xrd_resource(),
+        );
+        let xrd = xrds.get(IC_XRD).await.expect("the package's XRD");
+        let annotation = xrd
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(POLICY_ANNOTATION).cloned());
+        let owners = xrd
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .into_iter()
+            .map(|o| o.kind)
+            .collect();
+        (annotation, owners)
+    }
+
+    /// Creates InferenceCluster `name` and waits until Crossplane has
+    /// composed its tree (so a delete has something to cascade).
+    async fn create_composed(&self, name: &str) {
+        let object: DynamicObject =
+            serde_json::from_value(modelplane::inference_cluster(name)).expect("object");
+        self.inference_clusters()
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("creating InferenceCluster {name}: {e}"));
+        let composed = wait::until(Duration::from_secs(120), || async {
+            let ic = self.inference_clusters().get(name).await.ok()?;
+            let refs = ic
+                .data
+                .pointer("/spec/crossplane/resourceRefs")?
+                .as_array()?;
+            (refs.len() == 3).then_some(())
+        })
+        .await;
+        assert!(
+            composed.is_some(),
+            "Crossplane did not compose InferenceCluster {name}\n{}",
+            self.cp.log_tails(30)
+        );
+    }
+
+    /// Waits until InferenceCluster `name` carries `finalizer`.
+    async fn wait_finalizer(&self, name: &str, finalizer: &str) -> Option<()> {
+        wait::until(Duration::from_secs(30), || async {
+            let ic = self.inference_clusters().get(name).await.ok()?;
+            ic.metadata
+                .finalizers
+                .unwrap_or_default()
+                .iter()
+                .any(|f| f == finalizer)
+                .then_some(())
+        })
+        .await
+    }
+
+    /// A plain delete, as `kubectl delete` sends it (Background).
+    async fn plain_delete(&self, name: &str, dry_run: bool) -> Result<(), kube::Error> {
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            dry_run,
+            ..DeleteParams::default()
+        };
+        self.inference_clusters()
+            .delete(name, &params)
+            .await
+            .map(|_| ())
+    }
+}
+
+fn refusal(result: Result<(), kube::Error>) -> Option<String> {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 403 => Some(e.message),
+        _ => None,
+    }
+}
+
+fn composed(name: &str) -> [(ApiResource, String); 3] {
+    [
+        (modelplane::eks_clusters(), name.to_string()),
+        (
+            modelplane::serving_stacks(),
+            format!("{name}-serving-stack"),
+        ),
+        (modelplane::usages(), format!("{name}-usage-eks-by-backend")),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection() {
+    let s = start().await;
+    eprintln!("real Crossplane started in {:?}", s.crossplane.started_in());
+
+    // Version 1: InferenceCluster Refuse.
+    let v1 = s.ship(&s.platform("Refuse"), "v0.1.0").await;
+    modelplane::wait_established(&s.client)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (annotation, owners) = s.xrd_annotation().await;
+    assert_eq!(annotation.as_deref(), Some("Refuse"), "from {v1}");
+    assert!(
+        owners.iter().any(|o| o == "ConfigurationRevision"),
+        "the XRD is not the package's: owners {owners:?}"
+    );
+    let protected = s.wait_protected("Refuse").await;
+    assert_eq!(protected["source"], "XrdAnnotation", "{protected}");
+
+    s.create_composed("prod").await;
+    // The API server enforces a new admission policy once its cache has it:
+    // a dry run goes through admission without deleting.
+    let refused = wait::until(Duration::from_secs(30), || async {
+        refusal(s.plain_delete("prod", true).await)
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "a dry-run background delete was never refused"
+    );
+    let message = refusal(s.plain_delete("prod", false).await)
+        .expect("a plain background delete of a composed InferenceCluster is refused");
+    assert!(
+        message.contains("cascade-guard refused to delete InferenceCluster prod"),
+        "{message}"
+    );
+    assert!(message.contains("--cascade=foreground"), "{message}");
+    let still = s.inference_clusters().get("prod").await.expect("prod");
+    assert!(still.metadata.deletion_timestamp.is_none());
+
+    // Version 2: the same package with InferenceCluster Convert; the
+    // Configuration's package reference bumped, nothing else.
+    let upgrade = Instant::now();
+    let v2 = s.ship(&s.platform("Convert"), "v0.2.0").await;
+    let configuration = package::wait_installed(&s.client, CONFIGURATION, &v2, INSTALL_TIMEOUT)
+        .await
+        .expect("still installed");
+    assert_ne!(
+        configuration["status"]["currentRevision"], "",
+        "{configuration}"
+    );
+    let changed = wait::until(Duration::from_secs(60), || async {
+        let (annotation, _) = s.xrd_annotation().await;
+        (annotation.as_deref() == Some("Convert")).then_some(())
+    })
+    .await;
+    assert!(
+        changed.is_some(),
+        "the upgrade did not change the XRD's annotation"
+    );
+    s.wait_protected("Convert").await;
+    eprintln!(
+        "the upgrade's Convert in force {:?} after the push began",
+        upgrade.elapsed()
+    );
+    // The existing InferenceCluster is now held by cascade-guard.
+    let held = s.wait_finalizer("prod", HOLD_FINALIZER).await;
+    assert!(
+        held.is_some(),
+        "prod was never held\n{}",
+        s.cp.log_tails(20)
+    );
+
+    // The same plain delete now goes through, as a foreground cascade.
+    let deleted = Instant::now();
+    s.plain_delete("prod", false)
+        .await
+        .expect("under Convert a plain delete is accepted");
+    let converted = s.wait_finalizer("prod", "foregroundDeletion").await;
+    assert!(
+        converted.is_some(),
+        "prod's delete was not made a foreground cascade"
+    );
+    let gone = wait::until(TEARDOWN_TIMEOUT, || async {
+        match s.inference_clusters().get_opt("prod").await {
+            Ok(None) => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "prod was never gone\n{}",
+        s.cp.log_tails(30)
+    );
+    eprintln!("prod's foreground cascade took {:?}", deleted.elapsed());
+    // Foreground: what it composed was gone before it.
+    for (resource, name) in composed("prod") {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(s.client.clone(), SYSTEM_NAMESPACE, &resource);
+        let left = api
+            .get_opt(&name)
+            .await
+            .expect("reading what prod composed");
+        assert!(left.is_none(), "{} {name} outlived prod", resource.kind);
+    }
+    let events = wait::until(Duration::from_secs(30), || async {
+        let events = support::events_about(&s.client, "prod").await;
+        let reasons: Vec<_> = events.iter().map(|(r, _)| r.as_str()).collect();
+        (reasons.contains(&"ForegroundCascade") && reasons.contains(&"CascadeComplete"))
+            .then_some(events)
+    })
+    .await;
+    assert!(
+        events.is_some(),
+        "no ForegroundCascade and CascadeComplete Events on prod: {:?}",
+        support::events_about(&s.client, "prod").await
+    );
+}
