@@ -74,6 +74,38 @@ impl Context {
         }
     }
 
+    /// A context for the test kind (`XDatabase`, namespaced) with its own
+    /// recorder and metrics, every object in `reach`.
+    #[cfg(test)]
+    pub fn for_tests(client: Client, shape: Shape, reach: Reach, stall_after: Duration) -> Self {
+        use kube::runtime::events::Reporter;
+        let setting = Setting {
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "cascade-guard".into(),
+                    instance: None,
+                },
+            ),
+            client,
+            resource: super::fake_api_server::resource(),
+            carry: Carry::ToTheEnd,
+            stall_after,
+            metrics: Arc::new(Metrics::new()),
+        };
+        let kind = ConvertKind {
+            kind: crate::policy::ProtectedKind {
+                group: "example.org".into(),
+                kind: "XDatabase".into(),
+                plural: "xdatabases".into(),
+                scope: crate::policy::Scope::Namespaced,
+                shape,
+            },
+            reach,
+        };
+        Self::new(setting, &kind)
+    }
+
     pub fn observe(&self, object: &Meta) -> Observed {
         Observed::new(
             object.metadata.deletion_timestamp.is_some(),

@@ -321,3 +321,73 @@ async fn take_in(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::fake_api_server::{Exchange, OBJECT, against, metadata, object, says};
+    use super::*;
+    use crate::policy::Shape;
+
+    const HOLD: &str =
+        "/apis/example.org/v1/namespaces/team-a/xdatabases/db?&fieldManager=cascade-guard";
+
+    fn hold() -> Exchange {
+        Exchange::patch(HOLD).body(json!([
+            {"op": "test", "path": "/metadata/uid", "value": "u1"},
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+            {"op": "add", "path": "/metadata/finalizers", "value": [FOREGROUND_CASCADE_FINALIZER]},
+        ]))
+    }
+
+    /// Takes in one watch event of `db`; what goes on to the controller.
+    async fn take_in_once(script: Vec<Exchange>, event: watcher::Event<Meta>) -> String {
+        let passed = against(script, async |c| {
+            let ctx = Arc::new(Context::for_tests(
+                c,
+                Shape::Other,
+                Reach::Every,
+                Duration::from_secs(600),
+            ));
+            take_in(ctx, Arc::new(Semaphore::new(1)), event).await
+        })
+        .await;
+        // watcher::Event has no PartialEq; its Debug form says all.
+        format!("{:?}", passed.map_err(|e| e.to_string()))
+    }
+
+    #[tokio::test]
+    async fn a_live_object_is_held_from_the_watch_and_kept_out_of_the_cache() {
+        let live = object("u1", "7", &[], false);
+        let held = hold().ok(metadata("u1", "8", &[FOREGROUND_CASCADE_FINALIZER], false));
+        // Refused because the object changed: the watch brings the newer
+        // version, which is held in turn.
+        let changed = vec![
+            hold().fails(
+                says::INVALID,
+                "the server rejected our request due to an error in our request",
+            ),
+            Exchange::get(OBJECT).ok(metadata("u1", "8", &[], false)),
+        ];
+        for script in [vec![held], changed] {
+            let passed = take_in_once(script, watcher::Event::Apply(live.clone())).await;
+            let out_of_the_cache = Ok::<_, String>(Some(watcher::Event::Delete(live.clone())));
+            assert_eq!(passed, format!("{out_of_the_cache:?}"));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hold_that_fails_otherwise_goes_to_the_controller_to_retry() {
+        let live = object("u1", "7", &[], false);
+        let script = vec![hold().fails(says::INTERNAL, "etcdserver: request timed out")];
+        let passed = take_in_once(script, watcher::Event::InitApply(live.clone())).await;
+        assert_eq!(
+            passed,
+            format!(
+                "{:?}",
+                Ok::<_, String>(Some(watcher::Event::InitApply(live)))
+            )
+        );
+    }
+}

@@ -201,20 +201,12 @@ mod tests {
     use std::sync::Arc;
 
     use kube::Client;
-    use kube::runtime::events::{Recorder, Reporter};
     use serde_json::{Value, json};
 
-    use super::super::context::Setting;
-    use super::super::fake_api_server::{
-        Exchange, OBJECT, against, metadata, object, resource, says,
-    };
-    use super::super::kinds::ConvertKind;
+    use super::super::fake_api_server::{Exchange, OBJECT, against, metadata, object, says};
     use super::*;
-    use crate::policy::ProtectedKind;
-    use crate::policy::cascade::{Carry, Reach};
-    use crate::policy::kind::Scope;
+    use crate::policy::cascade::Reach;
     use crate::policy::names::FOREGROUND_CASCADE_FINALIZER as HELD;
-    use crate::telemetry::Metrics;
 
     const FOREGROUND: &str = "foregroundDeletion";
     const PATCHED: &str =
@@ -222,31 +214,12 @@ mod tests {
     const DELETED: &str = "/apis/example.org/v1/namespaces/team-a/xdatabases/db?";
 
     fn context(client: Client, shape: Shape, reach: Reach) -> Arc<Context> {
-        let setting = Setting {
-            recorder: Recorder::new(
-                client.clone(),
-                Reporter {
-                    controller: "cascade-guard".into(),
-                    instance: None,
-                },
-            ),
+        Arc::new(Context::for_tests(
             client,
-            resource: resource(),
-            carry: Carry::ToTheEnd,
-            stall_after: Duration::from_secs(600),
-            metrics: Arc::new(Metrics::new()),
-        };
-        let kind = ConvertKind {
-            kind: ProtectedKind {
-                group: "example.org".into(),
-                kind: "XDatabase".into(),
-                plural: "xdatabases".into(),
-                scope: Scope::Namespaced,
-                shape,
-            },
+            shape,
             reach,
-        };
-        Arc::new(Context::new(setting, &kind))
+            Duration::from_secs(600),
+        ))
     }
 
     /// The Event the step publishes on `db`.
@@ -565,5 +538,40 @@ mod tests {
         .await;
         assert_eq!(out, Ok(Action::requeue(Duration::from_secs(30))));
         assert_eq!(conversions, 2);
+    }
+
+    #[tokio::test]
+    async fn a_cascade_with_no_progress_is_reported_stalled_then_moving_again() {
+        let in_foreground = object("u1", "9", &[HELD, FOREGROUND], true);
+        let gone = || Exchange::get(COMPOSED).fails(says::NOT_FOUND, "not found");
+        let script = vec![
+            Exchange::get(OBJECT).ok(xr()),
+            discovery(),
+            Exchange::get(COMPOSED).ok(composed_blocking()),
+            Exchange::get(OBJECT).ok(xr()),
+            Exchange::get(COMPOSED).ok(composed_blocking()),
+            event("Warning", "CascadeStalled"),
+            Exchange::get(OBJECT).ok(xr()),
+            gone(),
+            event("Normal", "CascadeResumed"),
+        ];
+        let turns = against(script, async |c| {
+            // Stalled as soon as a look finds no progress.
+            let ctx = Arc::new(Context::for_tests(
+                c,
+                Shape::CompositeResource,
+                Reach::Every,
+                Duration::ZERO,
+            ));
+            let mut turns = Vec::new();
+            for _ in 0..3 {
+                turns.push(turn(&in_foreground, &ctx).await);
+            }
+            turns
+        })
+        .await;
+        // Looked at every second, the least interval.
+        let look_again = Ok(Action::requeue(Duration::from_secs(1)));
+        assert_eq!(turns, [look_again.clone(), look_again.clone(), look_again]);
     }
 }
