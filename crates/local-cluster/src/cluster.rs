@@ -8,7 +8,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, PropagationPolicy};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{
+    AuthInfo, Cluster, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+};
 use kube::{Api, Client, Config};
 use serde::{Deserialize, Serialize};
 
@@ -319,16 +321,18 @@ impl ControlPlane {
         groups: &[&str],
     ) -> Result<(), Error> {
         let admin = self.kubeconfig_path();
-        let text = std::fs::read_to_string(&admin).map_err(io_error(&admin))?;
-        let mut extra = format!("    as: \"{user}\"\n");
-        if !groups.is_empty() {
-            extra.push_str("    as-groups:\n");
-            for g in groups {
-                extra.push_str(&format!("    - \"{g}\"\n"));
+        let mut kubeconfig = Kubeconfig::read_from(&admin).map_err(|source| Error::Kubeconfig {
+            path: admin.clone(),
+            source,
+        })?;
+        for named in &mut kubeconfig.auth_infos {
+            if let Some(auth) = named.auth_info.as_mut() {
+                auth.impersonate = Some(user.into());
+                auth.impersonate_groups =
+                    (!groups.is_empty()).then(|| groups.iter().map(|g| g.to_string()).collect());
             }
         }
-        let text = text.replacen("  user:\n", &format!("  user:\n{extra}"), 1);
-        std::fs::write(path, text).map_err(io_error(path))
+        save_kubeconfig(path, &kubeconfig)
     }
 
     /// A new client configuration for the admin. Clients are bound to the tokio
@@ -693,30 +697,50 @@ fn write_kubeconfig(
     key: &Path,
     user: &str,
 ) -> Result<(), Error> {
-    let text = format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: local-cluster
-  cluster:
-    server: {server}
-    certificate-authority: {ca}
-users:
-- name: {user}
-  user:
-    client-certificate: {cert}
-    client-key: {key}
-contexts:
-- name: local-cluster
-  context:
-    cluster: local-cluster
-    user: {user}
-current-context: local-cluster
-",
-        ca = ca.display(),
-        cert = cert.display(),
-        key = key.display(),
-    );
+    let kubeconfig = Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: CLUSTER_NAME.into(),
+            cluster: Some(Cluster {
+                server: Some(server.into()),
+                certificate_authority: Some(ca.display().to_string()),
+                ..Cluster::default()
+            }),
+            ..NamedCluster::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: user.into(),
+            auth_info: Some(AuthInfo {
+                client_certificate: Some(cert.display().to_string()),
+                client_key: Some(key.display().to_string()),
+                ..AuthInfo::default()
+            }),
+            ..NamedAuthInfo::default()
+        }],
+        contexts: vec![NamedContext {
+            name: CLUSTER_NAME.into(),
+            context: Some(kube::config::Context {
+                cluster: CLUSTER_NAME.into(),
+                user: Some(user.into()),
+                ..kube::config::Context::default()
+            }),
+            ..NamedContext::default()
+        }],
+        current_context: Some(CLUSTER_NAME.into()),
+        kind: Some("Config".into()),
+        api_version: Some("v1".into()),
+        ..Kubeconfig::default()
+    };
+    save_kubeconfig(path, &kubeconfig)
+}
+
+/// The name of the cluster and of the context in every kubeconfig written.
+const CLUSTER_NAME: &str = "local-cluster";
+
+fn save_kubeconfig(path: &Path, kubeconfig: &Kubeconfig) -> Result<(), Error> {
+    let text = serde_yaml::to_string(kubeconfig).map_err(|source| Error::KubeconfigWrite {
+        path: path.to_path_buf(),
+        source,
+    })?;
     std::fs::write(path, text).map_err(io_error(path))
 }
 
@@ -737,3 +761,46 @@ rules:
   verbs: [delete, deletecollection]
 - level: None
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_kubeconfig_reads_back_as_written() -> Result<(), Box<dyn std::error::Error>> {
+        let dir =
+            std::env::temp_dir().join(format!("local-cluster-kubeconfig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("kubeconfig");
+        let (ca, cert, key) = (dir.join("ca.crt"), dir.join("a.crt"), dir.join("a.key"));
+        write_kubeconfig(&path, "https://127.0.0.1:6443", &ca, &cert, &key, "admin")?;
+        let read = Kubeconfig::read_from(&path)?;
+        std::fs::remove_dir_all(&dir)?;
+        assert_eq!(read.current_context.as_deref(), Some(CLUSTER_NAME));
+        let cluster = read
+            .clusters
+            .first()
+            .and_then(|c| c.cluster.clone())
+            .unwrap_or_default();
+        assert_eq!(cluster.server.as_deref(), Some("https://127.0.0.1:6443"));
+        assert_eq!(
+            cluster.certificate_authority,
+            Some(ca.display().to_string())
+        );
+        let user = read.auth_infos.first().ok_or("no user")?;
+        assert_eq!(user.name, "admin");
+        let auth = user.auth_info.clone().unwrap_or_default();
+        assert_eq!(auth.client_certificate, Some(cert.display().to_string()));
+        assert_eq!(auth.client_key, Some(key.display().to_string()));
+        let context = read
+            .contexts
+            .first()
+            .and_then(|c| c.context.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            (context.cluster.as_str(), context.user.as_deref()),
+            (CLUSTER_NAME, Some("admin"))
+        );
+        Ok(())
+    }
+}

@@ -38,6 +38,11 @@ pub enum Error {
         path: PathBuf,
         source: kube::config::KubeconfigError,
     },
+    #[error("cannot write kubeconfig {path}: {source}")]
+    KubeconfigWrite {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
     #[error("cannot make a client: {0}")]
     Client(kube::Error),
     #[error("cannot install CRD {name}: {source}")]

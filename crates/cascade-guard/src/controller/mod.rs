@@ -11,7 +11,6 @@ mod backoff;
 pub mod convert;
 pub mod held;
 mod inputs;
-mod intake;
 mod report;
 pub mod type_check;
 mod uninstall;

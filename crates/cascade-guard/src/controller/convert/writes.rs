@@ -1,0 +1,377 @@
+//! The writes Convert makes to a held kind's objects, each one request with
+//! preconditions that keep it to the object as seen: a newer object reusing
+//! the name, or a newer version of the same object, is never written.
+
+use json_patch::jsonptr::{Pointer, PointerBuf};
+use json_patch::{AddOperation, PatchOperation, RemoveOperation, TestOperation};
+use kube::api::{ApiResource, DeleteParams, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::Meta;
+use crate::controller::MANAGER;
+use crate::policy::names::FOREGROUND_CASCADE_FINALIZER;
+
+/// The object's own endpoint: namespaced or cluster-wide as the object is.
+pub(super) fn object_api(client: &Client, resource: &ApiResource, object: &Meta) -> Api<Meta> {
+    match object.namespace() {
+        Some(ns) => Api::namespaced_with(client.clone(), &ns, resource),
+        None => Api::all_with(client.clone(), resource),
+    }
+}
+
+/// Adds the finalizer in cascade-guard's own request (its own field manager,
+/// so no applier removes it), only to the object as seen: the patch tests the
+/// UID and resourceVersion first. Gone is done.
+pub(super) async fn hold(api: &Api<Meta>, object: &Meta, uid: &str) -> Result<(), kube::Error> {
+    send_patch(api, &object.name_any(), hold_patch(object, uid)).await
+}
+
+fn hold_patch(object: &Meta, uid: &str) -> json_patch::Patch {
+    let rv = object.resource_version().unwrap_or_default();
+    let add = if object.metadata.finalizers.is_some() {
+        AddOperation {
+            path: Pointer::from_static("/metadata/finalizers/-").to_buf(),
+            value: json!(FOREGROUND_CASCADE_FINALIZER),
+        }
+    } else {
+        AddOperation {
+            path: Pointer::from_static("/metadata/finalizers").to_buf(),
+            value: json!([FOREGROUND_CASCADE_FINALIZER]),
+        }
+    };
+    json_patch::Patch(vec![
+        test("/metadata/uid", json!(uid)),
+        test("/metadata/resourceVersion", json!(rv)),
+        PatchOperation::Add(add),
+    ])
+}
+
+/// Removes the finalizer, testing that it is still where it was seen (and,
+/// given one, that the object is still at `resource_version`). Gone, or not
+/// holding the finalizer, is done.
+pub(super) async fn release(
+    api: &Api<Meta>,
+    object: &Meta,
+    uid: &str,
+    resource_version: Option<&str>,
+) -> Result<(), kube::Error> {
+    match release_patch(object, uid, resource_version) {
+        Some(patch) => send_patch(api, &object.name_any(), patch).await,
+        None => Ok(()),
+    }
+}
+
+fn release_patch(
+    object: &Meta,
+    uid: &str,
+    resource_version: Option<&str>,
+) -> Option<json_patch::Patch> {
+    let index = object
+        .finalizers()
+        .iter()
+        .position(|f| f == FOREGROUND_CASCADE_FINALIZER)?;
+    let mut at = PointerBuf::from_tokens(["metadata", "finalizers"]);
+    at.push_back(index);
+    let mut ops = vec![test("/metadata/uid", json!(uid))];
+    if let Some(rv) = resource_version {
+        ops.push(test("/metadata/resourceVersion", json!(rv)));
+    }
+    ops.push(PatchOperation::Test(TestOperation {
+        path: at.clone(),
+        value: json!(FOREGROUND_CASCADE_FINALIZER),
+    }));
+    ops.push(PatchOperation::Remove(RemoveOperation { path: at }));
+    Some(json_patch::Patch(ops))
+}
+
+fn test(path: &'static str, value: Value) -> PatchOperation {
+    PatchOperation::Test(TestOperation {
+        path: Pointer::from_static(path).to_buf(),
+        value,
+    })
+}
+
+async fn send_patch(
+    api: &Api<Meta>,
+    name: &str,
+    patch: json_patch::Patch,
+) -> Result<(), kube::Error> {
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match api.patch(name, &params, &Patch::<()>::Json(patch)).await {
+        Ok(_) => Ok(()),
+        // Gone: nothing to hold or release.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What deleting again in the foreground came to.
+#[derive(Debug, PartialEq)]
+pub(super) enum Reissue {
+    /// The delete now runs as a foreground cascade.
+    Converted,
+    /// Gone, or a newer object has the name (the UID precondition failed):
+    /// nothing to convert.
+    Gone,
+}
+
+/// Deletes the object again with propagationPolicy Foreground, only if it is
+/// still the object with `uid`.
+pub(super) async fn convert(
+    api: &Api<Meta>,
+    name: &str,
+    uid: &str,
+) -> Result<Reissue, kube::Error> {
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(Reissue::Converted),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Reissue::Gone),
+        Err(e) => Err(e),
+    }
+}
+
+/// A refusal that may mean the object is not as seen: a failed JSON patch
+/// test (422) or a conflict (409). [`changed_since`] tells for sure.
+pub(super) fn is_stale(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409 || s.code == 422)
+}
+
+/// Whether the object is gone, replaced or at another resourceVersion than
+/// `seen`. When that cannot be read, no: the caller retries instead.
+pub(super) async fn changed_since(api: &Api<Meta>, seen: &Meta) -> bool {
+    match api.get_metadata_opt(&seen.name_any()).await {
+        Ok(None) => true,
+        Ok(Some(now)) => {
+            now.metadata.uid != seen.metadata.uid
+                || now.metadata.resource_version != seen.metadata.resource_version
+        }
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::fake_api_server::{
+        Exchange, OBJECT, against, metadata, object, resource, says,
+    };
+    use super::*;
+
+    const HELD: &str = FOREGROUND_CASCADE_FINALIZER;
+    const PATCHED: &str =
+        "/apis/example.org/v1/namespaces/team-a/xdatabases/db?&fieldManager=cascade-guard";
+    const JSON_PATCH: (&str, &str) = ("content-type", "application/json-patch+json");
+    const AS_METADATA: (&str, &str) = (
+        "accept",
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+    );
+
+    fn api(client: &Client, seen: &Meta) -> Api<Meta> {
+        object_api(client, &resource(), seen)
+    }
+
+    fn hold_request(ops: serde_json::Value) -> Exchange {
+        Exchange::patch(PATCHED)
+            .header(JSON_PATCH.0, JSON_PATCH.1)
+            .body(ops)
+    }
+
+    /// The hold of `db` at resourceVersion 7, with no finalizers yet.
+    fn hold_unheld() -> Exchange {
+        hold_request(json!([
+            {"op": "test", "path": "/metadata/uid", "value": "u1"},
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+            {"op": "add", "path": "/metadata/finalizers", "value": [HELD]},
+        ]))
+    }
+
+    #[tokio::test]
+    async fn hold_tests_uid_and_resource_version_then_adds_the_finalizer() {
+        let seen = object("u1", "7", &[], false);
+        let script = vec![hold_unheld().ok(metadata("u1", "8", &[HELD], false))];
+        let out = against(script, async |c| hold(&api(&c, &seen), &seen, "u1").await).await;
+        assert!(out.is_ok(), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn hold_appends_to_finalizers_already_there() {
+        let seen = object("u1", "7", &["other.io/keep"], false);
+        let script = vec![
+            hold_request(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+                {"op": "add", "path": "/metadata/finalizers/-", "value": HELD},
+            ]))
+            .ok(metadata("u1", "8", &["other.io/keep", HELD], false)),
+        ];
+        let out = against(script, async |c| hold(&api(&c, &seen), &seen, "u1").await).await;
+        assert!(out.is_ok(), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn holding_an_object_that_is_gone_is_done() {
+        let seen = object("u1", "7", &[], false);
+        let script =
+            vec![hold_unheld().fails(says::NOT_FOUND, "xdatabases.example.org \"db\" not found")];
+        let out = against(script, async |c| hold(&api(&c, &seen), &seen, "u1").await).await;
+        assert!(out.is_ok(), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_test_or_conflict_is_stale_and_a_look_tells_if_it_changed() {
+        let refusals = [
+            (
+                says::INVALID,
+                "the server rejected our request due to an error in our request",
+                "9",
+            ),
+            (
+                says::CONFLICT,
+                "Operation cannot be fulfilled on xdatabases.example.org \"db\": the object has been modified",
+                "7",
+            ),
+        ];
+        let seen = object("u1", "7", &[], false);
+        let script = refusals
+            .iter()
+            .flat_map(|(says, message, now_at)| {
+                [
+                    hold_unheld().fails(*says, message),
+                    Exchange::get(OBJECT)
+                        .header(AS_METADATA.0, AS_METADATA.1)
+                        .ok(metadata("u1", now_at, &[], false)),
+                ]
+            })
+            .collect();
+        let changed = against(script, async |c| {
+            let api = api(&c, &seen);
+            let mut changed = Vec::new();
+            for _ in refusals {
+                let refused = hold(&api, &seen, "u1").await;
+                assert!(refused.as_ref().is_err_and(is_stale), "{refused:?}");
+                changed.push(changed_since(&api, &seen).await);
+            }
+            changed
+        })
+        .await;
+        // At another version: changed. At the version seen: not (retried).
+        assert_eq!(changed, [true, false]);
+    }
+
+    #[tokio::test]
+    async fn gone_or_replaced_is_a_change_and_unreadable_is_not() {
+        let seen = object("u1", "7", &[], false);
+        let script = vec![
+            Exchange::get(OBJECT).fails(says::NOT_FOUND, "not found"),
+            Exchange::get(OBJECT).ok(metadata("u2", "7", &[], false)),
+            Exchange::get(OBJECT).fails(says::INTERNAL, "etcd is down"),
+        ];
+        let changes = against(script, async |c| {
+            let api = api(&c, &seen);
+            let mut changes = Vec::new();
+            for _ in 0..3 {
+                changes.push(changed_since(&api, &seen).await);
+            }
+            changes
+        })
+        .await;
+        assert_eq!(changes, [true, true, false]);
+    }
+
+    #[tokio::test]
+    async fn other_refusals_of_a_hold_are_not_stale() {
+        let seen = object("u1", "7", &[], false);
+        let script =
+            vec![hold_unheld().fails(says::FORBIDDEN, "admission webhook denied the request")];
+        let out = against(script, async |c| hold(&api(&c, &seen), &seen, "u1").await).await;
+        assert!(out.as_ref().is_err_and(|e| !is_stale(e)), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn release_tests_the_finalizer_where_seen_and_removes_it() {
+        let seen = object("u1", "7", &["other.io/keep", HELD], true);
+        let script = vec![
+            hold_request(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                {"op": "test", "path": "/metadata/finalizers/1", "value": HELD},
+                {"op": "remove", "path": "/metadata/finalizers/1"},
+            ]))
+            .ok(metadata("u1", "8", &["other.io/keep"], true)),
+            hold_request(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+                {"op": "test", "path": "/metadata/finalizers/1", "value": HELD},
+                {"op": "remove", "path": "/metadata/finalizers/1"},
+            ]))
+            .fails(says::NOT_FOUND, "not found"),
+        ];
+        let (any_version, as_seen) = against(script, async |c| {
+            let api = api(&c, &seen);
+            (
+                release(&api, &seen, "u1", None).await,
+                release(&api, &seen, "u1", Some("7")).await,
+            )
+        })
+        .await;
+        assert!(any_version.is_ok(), "{any_version:?}");
+        // Gone: nothing to release.
+        assert!(as_seen.is_ok(), "{as_seen:?}");
+    }
+
+    #[tokio::test]
+    async fn releasing_an_object_not_held_sends_nothing() {
+        let seen = object("u1", "7", &["other.io/keep"], true);
+        let out = against(Vec::new(), async |c| {
+            release(&api(&c, &seen), &seen, "u1", None).await
+        })
+        .await;
+        assert!(out.is_ok(), "{out:?}");
+    }
+
+    fn convert_request() -> Exchange {
+        Exchange::delete("/apis/example.org/v1/namespaces/team-a/xdatabases/db?").body(json!({
+            "propagationPolicy": "Foreground",
+            "preconditions": {"uid": "u1"},
+        }))
+    }
+
+    #[tokio::test]
+    async fn convert_deletes_again_in_the_foreground_for_the_uid_seen() {
+        let deleting = metadata("u1", "8", &["foregroundDeletion", HELD], true);
+        let script = vec![
+            convert_request().ok(deleting),
+            convert_request().fails(says::NOT_FOUND, "not found"),
+            convert_request().fails(
+                says::CONFLICT,
+                "Precondition failed: UID in precondition: u1, UID in object meta: u2",
+            ),
+            convert_request().fails(says::INTERNAL, "etcd is down"),
+        ];
+        let outs = against(script, async |c| {
+            let api: Api<Meta> = Api::namespaced_with(c, "team-a", &resource());
+            let mut outs = Vec::new();
+            for _ in 0..4 {
+                outs.push(convert(&api, "db", "u1").await.map_err(|e| e.to_string()));
+            }
+            outs
+        })
+        .await;
+        assert_eq!(
+            outs[..3],
+            [Ok(Reissue::Converted), Ok(Reissue::Gone), Ok(Reissue::Gone)]
+        );
+        assert!(outs[3].is_err(), "{:?}", outs[3]);
+    }
+}
