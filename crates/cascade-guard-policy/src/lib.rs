@@ -23,6 +23,7 @@ pub mod mode;
 pub mod names;
 pub mod plan;
 pub mod render;
+pub mod replay;
 pub mod resolve;
 pub mod selector;
 pub mod settings;

@@ -428,29 +428,44 @@ async fn events(client: &Client, ns: &str, name: &str, reason: &str) -> Vec<Stri
 
 /// A cascade whose composed resources wait on a finalizer that does not go
 /// is reported stalled after the stall time (an Event naming what is left and
-/// what holds it, the gauge, `status`), and cleared when it moves again.
+/// what holds it, the gauge, `status`), and cleared when it moves again: one
+/// cascade-guard holds (Convert, a plain delete) ...
 #[tokio::test]
 async fn a_cascade_that_stops_moving_is_reported_and_cleared_when_it_moves() {
+    stops_moving(&CONVERT, "Background").await;
+}
+
+/// ... and a foreground cascade of a kind guarded by admission alone (Refuse).
+#[tokio::test]
+async fn a_foreground_cascade_of_a_refuse_kind_that_stops_moving_is_reported() {
+    stops_moving(&REFUSE, "Foreground").await;
+}
+
+async fn stops_moving(kind: &TestKind, propagation: &'static str) {
     let _serial = SERIAL.lock().await;
     let env = bare_env().await;
     let _stop = env.controllers_stop_on_drop();
-    let s = Scope::new(&env.cp, "stalled").await;
+    let s = Scope::new(&env.cp, &format!("stalled-{}", kind.plural)).await;
     let port = free_port();
     env.start_controller(&[
         "--no-leader-election",
         "--stall-after=3s",
         &format!("--http-address=127.0.0.1:{port}"),
     ]);
-    let resource = CONVERT.resource();
-    let timeline = timeline(&s, &CONVERT).await;
+    let resource = kind.resource();
+    let timeline = timeline(&s, kind).await;
     create_tree(&s.client, &resource, &s.namespace, "stuck", 2).await;
-    wait_held(&s.client, &resource, &s.namespace, "stuck").await;
+    if kind.annotation == Some("Convert") {
+        wait_held(&s.client, &resource, &s.namespace, "stuck").await;
+    } else {
+        env.wait_for_protection(&s.client, &resource).await;
+    }
     let got = delete(
         &s.client,
         &resource,
         &s.namespace,
         "stuck",
-        &DeleteSpec::propagation("Background"),
+        &DeleteSpec::propagation(propagation),
     )
     .await;
     assert!(got.allowed(), "{got:?}");
@@ -472,7 +487,7 @@ async fn a_cascade_that_stops_moving_is_reported_and_cleared_when_it_moves() {
     }
     let gauge = format!(
         "cascade_guard_stalled_cascades{{kind=\"{}.{GROUP}\"}}",
-        CONVERT.kind
+        kind.kind
     );
     let counted = wait::until(Duration::from_secs(30), || async {
         metrics(port).contains(&format!("{gauge} 1")).then_some(())
@@ -503,10 +518,10 @@ async fn a_cascade_that_stops_moving_is_reported_and_cleared_when_it_moves() {
     // (The one left stalls again 3 s later; with it gone, nothing is stalled.)
     release_hold(&maps, "stuck-1").await;
     let gone = timeline
-        .wait_gone(CONVERT.kind, "stuck", Duration::from_secs(60))
+        .wait_gone(kind.kind, "stuck", Duration::from_secs(60))
         .await;
     assert!(gone.is_some(), "stuck never left:\n{}", timeline.describe());
-    assert_foreground(&timeline, CONVERT.kind, "stuck", 2);
+    assert_foreground(&timeline, kind.kind, "stuck", 2);
     let cleared = wait::until(Duration::from_secs(30), || async {
         metrics(port).contains(&format!("{gauge} 0")).then_some(())
     })

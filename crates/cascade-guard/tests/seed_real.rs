@@ -1974,9 +1974,10 @@ async fn kubectl_delete_args(
 /// A Background attempt recorded under Warn and replayed by Crossplane under
 /// Refuse: refused, and then nothing is stuck (the XR and what it composed
 /// are intact and not terminating), and what happened is on record where a
-/// user looks: the XR keeps Crossplane's annotation with the recorded policy,
-/// and Crossplane's log has cascade-guard's refusal with the command that
-/// works, which then tears it down in order.
+/// user looks: the XR keeps Crossplane's annotation with the recorded policy
+/// and gets cascade-guard's `ReplayedDeleteRefused` Event, and Crossplane's
+/// log has cascade-guard's refusal with the command that works, which then
+/// tears it down in order.
 #[tokio::test]
 async fn a_replayed_background_delete_under_refuse_leaves_nothing_stuck_and_says_why() {
     let stack = stack().await;
@@ -2141,6 +2142,25 @@ async fn a_replayed_background_delete_under_refuse_leaves_nothing_stuck_and_says
         .unwrap_or_else(|| panic!("no refused replay in Crossplane's log"));
     assert!(line.contains("--cascade=foreground"), "{line}");
     eprintln!("replay: Crossplane logged: {line}");
+    // And on the XR itself, where its owner looks: cascade-guard's Event with
+    // both ways out.
+    let command = format!("kubectl delete {target} app -n {ns} --cascade=foreground");
+    let told = wait::until(Duration::from_secs(60), || async {
+        support::events_about(&client, "app")
+            .await
+            .into_iter()
+            .find(|(reason, note)| reason == "ReplayedDeleteRefused" && note.contains(&command))
+    })
+    .await;
+    let (_, note) =
+        told.unwrap_or_else(|| panic!("no ReplayedDeleteRefused Event with {command:?}"));
+    assert!(
+        note.contains(&format!(
+            "kubectl annotate {target} app -n {ns} {DELETION_ATTEMPT_ANNOTATION}-"
+        )),
+        "{note}"
+    );
+    eprintln!("replay: the XR's Event: {note}");
 
     let (ok, said) =
         kubectl_delete_args(stack, &target, ns, &["app", "--cascade=foreground"]).await;

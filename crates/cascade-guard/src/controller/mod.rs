@@ -14,6 +14,7 @@ mod inputs;
 mod report;
 pub mod type_check;
 mod uninstall;
+pub mod watched;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -84,8 +85,14 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     let recorder = Recorder::new(client.clone(), reporter.clone());
     let mut report = report::Reporting::new(client.clone(), reporter);
     let mut type_checks = type_check::Reporting::new(recorder.clone(), metrics.clone());
-    let mut converter = convert::Converter::new(client.clone(), recorder, metrics.clone())
+    let mut converter = convert::Converter::new(client.clone(), recorder.clone(), metrics.clone())
         .with_stall_after(settings.stall_after);
+    let mut watcher = watched::Watcher::new(
+        client.clone(),
+        recorder,
+        metrics.clone(),
+        settings.stall_after,
+    );
     // Objects held of kinds no policy names (found once, after the first
     // complete pass): handed to the converter to finish.
     let found: Arc<Mutex<Option<Vec<ProtectedKind>>>> = Arc::new(Mutex::new(None));
@@ -147,8 +154,10 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
                 }
             })
             .collect();
+        let convert_kinds = convert::convert_kinds(policies);
+        watcher.update(watched::watched_kinds(policies, &convert_kinds));
         converter
-            .update(convert::convert_kinds(policies), &found_kinds, complete)
+            .update(convert_kinds, &found_kinds, complete)
             .await;
         metrics.set_policies(outcome.compiled.len());
         if complete {

@@ -17,7 +17,7 @@ use crate::policy::{ComposedResource, composed_resources};
 const LOOKUPS_AT_ONCE: usize = 8;
 
 /// Where the lookups go: the XR's kind, and its composed kinds' discovery.
-pub(super) struct Lookup<'a> {
+pub(in crate::controller) struct Lookup<'a> {
     pub client: &'a Client,
     pub resource: &'a ApiResource,
     pub discoveries: &'a Discoveries,
@@ -26,7 +26,11 @@ pub(super) struct Lookup<'a> {
 impl Lookup<'_> {
     /// The XR's blocking dependents, counted for the decision and described
     /// for the stall clock.
-    pub(super) async fn dependents(&self, object: &Meta, uid: &str) -> (Dependents, Vec<Left>) {
+    pub(in crate::controller) async fn dependents(
+        &self,
+        object: &Meta,
+        uid: &str,
+    ) -> (Dependents, Vec<Left>) {
         let namespace = object.namespace();
         let full: Api<DynamicObject> = match &namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, self.resource),

@@ -8,7 +8,7 @@ use super::Meta;
 
 /// Publishes one Event about `object`; a failure is logged, never fatal (the
 /// step it reports on is done).
-pub(super) async fn publish(
+pub(in crate::controller) async fn publish(
     recorder: &Recorder,
     resource: &ApiResource,
     object: &Meta,

@@ -14,9 +14,9 @@
 //! [`Reach`]: crate::policy::cascade::Reach
 
 mod context;
-mod dependents;
-mod discovery;
-mod events;
+pub(super) mod dependents;
+pub(super) mod discovery;
+pub(super) mod events;
 #[cfg(test)]
 mod fake_api_server;
 mod intake;
@@ -32,4 +32,4 @@ pub use runner::{Converter, DEFAULT_STALL_AFTER};
 use kube::api::{DynamicObject, PartialObjectMeta};
 
 /// Convert reads and writes objects by their metadata alone.
-type Meta = PartialObjectMeta<DynamicObject>;
+pub(super) type Meta = PartialObjectMeta<DynamicObject>;
