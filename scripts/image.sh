@@ -77,7 +77,14 @@ build_binary() {
   local remap="--remap-path-prefix=$PWD=/src --remap-path-prefix=$cargo_home=/cargo"
   local start=$SECONDS
   echo "image.sh: building the static binary ($rust_target, release) in target/image" >&2
-  env -u CARGO_ENCODED_RUSTFLAGS \
+  # Run from a test (cargo test sets CARGO_MANIFEST_DIR, CARGO_PKG_* and more
+  # for it), Cargo would see ring's build script's inputs changed and rebuild
+  # half the tree: build in an environment without them.
+  local inherited
+  for inherited in $(compgen -e | grep -E '^(CARGO_|OUT_DIR$|RUSTC_|__CARGO)' | grep -vx CARGO_HOME); do
+    unset "$inherited"
+  done
+  env \
     CARGO_TARGET_DIR="$target_dir" \
     RUSTFLAGS="$remap -C strip=symbols" \
     "$cc_var=musl-gcc" \
