@@ -40,16 +40,13 @@ PROMTOOL_BIN=$(scripts/promtool.sh)
 export PROMTOOL_BIN
 echo "$PROMTOOL_BIN"
 
-step "crane and the image's static binary (scripts/crane.sh, scripts/image.sh binary), for tests/install.rs"
-# The pinned crane, built from the Go module proxy and cached like helm; and
-# the container image's static (musl) binary, built incrementally in
+step "the image's static binary (scripts/image.sh binary), for tests/install.rs"
+# The container image's static (musl) binary, built incrementally in
 # target/image (scripts/image.sh adds the Rust musl target and Debian's
-# musl-tools when they are missing). tests/install.rs pushes the image to a
-# registry on loopback (crane registry serve), pulls it, and runs the binary
-# taken out of it as the chart's ServiceAccount.
-CRANE_BIN=$(scripts/crane.sh)
-export CRANE_BIN
-echo "$CRANE_BIN"
+# musl-tools when they are missing, or stops with the installer's error).
+# tests/install.rs pushes the image (scripts/image.sh push, with the pinned
+# crane of scripts/crane.sh) to a registry on loopback (crane registry serve),
+# pulls it, and runs the binary taken out of it as the chart's ServiceAccount.
 scripts/image.sh binary
 
 step "rustfmt"
