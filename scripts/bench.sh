@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Benchmarks that print figures (recorded in BENCHMARKS.md). Each starts its own
-# local control plane. Usage: scripts/bench.sh refuse|update|convert
+# local control plane. Usage: scripts/bench.sh refuse|update|convert|static
+#
+#   static   convert's scale part (10,000 objects) for the release build (glibc)
+#            and for the image's static musl build (scripts/image.sh binary),
+#            one after the other, BENCH_ROUNDS times (default 1)
+#   BENCH_CONTROLLER_BIN=PATH  measure that cascade-guard binary instead
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LOCAL_CLUSTER_BIN_DIR=$(controlplane/build.sh)
@@ -10,5 +15,14 @@ case "${1:-refuse}" in
   refuse) target/release/examples/bench-refuse ;;
   update) target/release/examples/bench-update ;;
   convert) target/release/examples/bench-convert ;;
-  *) echo "unknown benchmark ${1}; known: refuse, update, convert" >&2; exit 2 ;;
+  static)
+    static_bin=$(scripts/image.sh binary | tail -n 1)
+    for round in $(seq "${BENCH_ROUNDS:-1}"); do
+      echo "--- round $round: glibc (target/release/cascade-guard)"
+      BENCH_ONLY=scale target/release/examples/bench-convert
+      echo "--- round $round: musl ($static_bin)"
+      BENCH_ONLY=scale BENCH_CONTROLLER_BIN=$static_bin target/release/examples/bench-convert
+    done
+    ;;
+  *) echo "unknown benchmark ${1}; known: refuse, update, convert, static" >&2; exit 2 ;;
 esac

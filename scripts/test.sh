@@ -53,6 +53,15 @@ PROMTOOL_BIN=$(scripts/promtool.sh)
 export PROMTOOL_BIN
 echo "$PROMTOOL_BIN"
 
+step "the image's static binary (scripts/image.sh binary), for tests/install.rs"
+# The container image's static (musl) binary, built incrementally in
+# target/image (scripts/image.sh adds the Rust musl target and Debian's
+# musl-tools when they are missing, or stops with the installer's error).
+# tests/install.rs pushes the image (scripts/image.sh push, with the pinned
+# crane of scripts/crane.sh) to a registry on loopback (crane registry serve),
+# pulls it, and runs the binary taken out of it as the chart's ServiceAccount.
+scripts/image.sh binary
+
 step "rustfmt"
 cargo fmt --all -- --check
 

@@ -132,6 +132,8 @@ async fn main() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    // The take-over's CPU, for comparing builds (glibc and musl allocators).
+    let startup_cpu = cpu_ticks(controller.pid)? as f64 / TICKS_PER_SECOND;
 
     if std::env::var("BENCH_ONLY").as_deref() != Ok("scale") {
         println!(
@@ -175,14 +177,16 @@ async fn main() -> Result<()> {
         KINDS * PER_KIND
     );
     println!(
-        "   start-up to hold every existing object: {:.1} s",
+        "   start-up to hold every existing object: {:.1} s, cascade-guard's CPU {startup_cpu:.1} s",
         took_over.as_secs_f64()
     );
     tokio::time::sleep(Duration::from_secs(10)).await;
     let (rss, cpu) = rest_usage(controller.pid, Duration::from_secs(30))?;
+    let peak = status_kib(controller.pid, "VmHWM:")?;
     println!(
-        "   at rest: RSS {:.1} MiB, CPU {:.2}% of one core over 30 s",
+        "   at rest: RSS {:.1} MiB (peak {:.1} MiB), CPU {:.2}% of one core over 30 s",
         rss as f64 / 1024.0,
+        peak as f64 / 1024.0,
         cpu
     );
     controller.stop(Duration::from_secs(10));
@@ -512,28 +516,36 @@ async fn release_all(client: &Client, ns: &str) -> Result<()> {
     Ok(())
 }
 
-/// RSS (KiB) now, and CPU (% of one core) over `window`, from /proc.
-fn rest_usage(pid: u32, window: Duration) -> Result<(u64, f64)> {
-    let ticks = |pid: u32| -> Result<u64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // Fields after the command name (which may contain spaces).
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let utime: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
-        let stime: u64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-        Ok(utime + stime)
-    };
-    let before = ticks(pid)?;
-    std::thread::sleep(window);
-    let after = ticks(pid)?;
-    let hz = 100.0; // USER_HZ on Linux
-    let cpu = (after - before) as f64 / hz / window.as_secs_f64() * 100.0;
+/// USER_HZ on Linux: the unit of /proc/PID/stat's CPU times.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// The CPU time (user + system, in ticks) `pid` has used so far.
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may contain spaces).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let stime: u64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    Ok(utime + stime)
+}
+
+/// A KiB figure of /proc/PID/status (VmRSS: now, VmHWM: the peak).
+fn status_kib(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss = status
+    Ok(status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))
+        .find(|l| l.starts_with(field))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Ok((rss, cpu))
+        .unwrap_or(0))
+}
+
+/// RSS (KiB) now, and CPU (% of one core) over `window`, from /proc.
+fn rest_usage(pid: u32, window: Duration) -> Result<(u64, f64)> {
+    let before = cpu_ticks(pid)?;
+    std::thread::sleep(window);
+    let after = cpu_ticks(pid)?;
+    let cpu = (after - before) as f64 / TICKS_PER_SECOND / window.as_secs_f64() * 100.0;
+    Ok((status_kib(pid, "VmRSS:")?, cpu))
 }

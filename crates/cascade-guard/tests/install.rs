@@ -3,10 +3,14 @@
 //! API server, and `cascade-guard run` run exactly as its Deployment would,
 //! under its ServiceAccount's identity with only the chart's RBAC (no
 //! system:masters). There is no kubelet, so the Deployment's pods never run;
-//! the replicas here are the same binary with the same args and identity.
+//! the replicas here are the binary of the chart's image, pulled from a
+//! registry on loopback that scripts/image.sh pushed it to, with the same args
+//! and identity.
 
 #[path = "support/install.rs"]
 mod chart;
+#[path = "support/image.rs"]
+mod image;
 mod support;
 
 use std::time::Duration;
@@ -165,6 +169,116 @@ fn the_chart_renders_the_committed_manifest_and_is_locked_down() {
     );
 }
 
+/// The image scripts/image.sh builds is what the chart expects: the chart's
+/// values point at it by digest; its entrypoint is a static binary, alone in
+/// one layer, naming no host path; it runs as the user of the chart's
+/// securityContext; its labels give the version and the source; and the same
+/// binary, pushed again, gives the same digest.
+#[test]
+fn the_image_is_one_static_binary_run_as_the_charts_user() {
+    let pushed = image::pushed();
+    let reference = pushed.reference();
+    let docs = render(&with_image(""));
+    assert_eq!(chart::container_image(&docs), reference);
+    let pod = &find(&docs, "Deployment")["spec"]["template"]["spec"];
+
+    let config = image::config(&reference);
+    assert_eq!(config["os"], "linux");
+    assert_eq!(
+        config["config"]["User"],
+        format!(
+            "{}:{}",
+            pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
+        )
+    );
+    assert_eq!(config["config"]["Entrypoint"], json!(["/cascade-guard"]));
+    let labels = &config["config"]["Labels"];
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(
+        labels["org.opencontainers.image.source"],
+        env!("CARGO_PKG_REPOSITORY")
+    );
+
+    // One layer, one file: root's, executable by the non-root user, time 0.
+    let manifest = image::manifest(&reference);
+    let layers = manifest["layers"].as_array().expect("layers");
+    assert_eq!(layers.len(), 1, "{manifest}");
+    let layer = format!(
+        "{}@{}",
+        pushed.repository,
+        layers[0]["digest"].as_str().expect("the layer's digest")
+    );
+    let listing = layer_listing(&image::crane_output(&["blob", &layer]));
+    let fields: Vec<&str> = listing.split_whitespace().collect();
+    assert_eq!(fields.len(), 6, "{listing}");
+    assert_eq!(
+        [fields[0], fields[1], fields[3], fields[4], fields[5]],
+        [
+            "-rwxr-xr-x",
+            "0/0",
+            "1970-01-01",
+            "00:00:00",
+            "cascade-guard"
+        ],
+        "{listing}"
+    );
+
+    let binary = image::entrypoint_binary(&reference);
+    let elf = std::fs::read(&binary).expect("the image's binary");
+    assert_eq!(
+        image::has_interpreter(&elf),
+        Ok(false),
+        "the image's binary is not static"
+    );
+    let checkout = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let checkout = checkout.canonicalize().expect("the checkout");
+    let cargo_home = std::env::var("CARGO_HOME")
+        .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap_or_default()));
+    for host_path in [checkout.to_string_lossy().into_owned(), cargo_home] {
+        assert!(
+            !elf.windows(host_path.len())
+                .any(|w| w == host_path.as_bytes()),
+            "the image's binary names the host path {host_path}"
+        );
+    }
+    let version = std::process::Command::new(&binary)
+        .args(["version", "--client"])
+        .output()
+        .expect("the image's binary runs");
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("cascade-guard {}", env!("CARGO_PKG_VERSION"))
+    );
+
+    // Assembled again (a fresh copy of the binary, another time on it, another
+    // temporary directory): the same image.
+    let again = image::push(&format!("{}:again", pushed.repository));
+    assert_eq!(again, reference, "the same binary gave another image");
+}
+
+/// `tar -tv` of a gzipped layer, with numeric owners and full UTC times.
+fn layer_listing(gzipped_tar: &[u8]) -> String {
+    use std::io::Write;
+    let mut tar = std::process::Command::new("tar")
+        .args(["-tvz", "--numeric-owner", "--full-time", "-f", "-"])
+        .env("TZ", "UTC")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("tar runs");
+    tar.stdin
+        .take()
+        .expect("tar's input")
+        .write_all(gzipped_tar)
+        .expect("the layer to tar");
+    let out = tar.wait_with_output().expect("tar's listing");
+    assert!(out.status.success(), "the layer is not a gzipped tar");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Installs the chart and starts `replicas` replicas under the chart's
 /// ServiceAccount; returns the rendered objects and the replicas.
 async fn install(
@@ -174,13 +288,20 @@ async fn install(
     name: &str,
 ) -> (Vec<Value>, Vec<Replica>) {
     let admin = env.cp.admin().await.expect("admin");
-    let docs = render(values);
+    let docs = render(&with_image(values));
     chart::apply(&admin, &docs, &[]).await;
     let kubeconfig = chart::write_service_account_kubeconfig(&env.cp, &docs);
+    let binary = image::entrypoint_binary(chart::container_image(&docs));
     let started = (0..replicas)
-        .map(|i| Replica::start(&env.cp, &docs, &kubeconfig, &format!("{name}-{i}")))
+        .map(|i| Replica::start(&env.cp, &docs, &binary, &kubeconfig, &format!("{name}-{i}")))
         .collect();
     (docs, started)
+}
+
+/// `values` with the chart's image pointed at this checkout's image, as
+/// pushed to the loopback registry (built on first use).
+fn with_image(values: &str) -> String {
+    format!("{values}\n{}", image::pushed().values())
 }
 
 async fn service_account_client(env: &Env, docs: &[Value]) -> Client {
@@ -628,14 +749,21 @@ async fn upgrade_and_uninstall_leave_nothing_stuck() {
         "protectedGroups: [table.cascade-guard.dev]",
         "protectedGroups: [table.cascade-guard.dev, extra.example.org]",
     );
-    let v2 = render(&v2_values);
+    let v2 = render(&with_image(&v2_values));
     chart::apply(admin, &v2, &v1).await;
     // A rolling update: the old replica stops, a new one starts.
     for r in &mut replicas {
         r.stop();
     }
     let kubeconfig = chart::write_service_account_kubeconfig(&env.cp, &v2);
-    replicas = vec![Replica::start(&env.cp, &v2, &kubeconfig, "chart-v2-0")];
+    let binary = image::entrypoint_binary(chart::container_image(&v2));
+    replicas = vec![Replica::start(
+        &env.cp,
+        &v2,
+        &binary,
+        &kubeconfig,
+        "chart-v2-0",
+    )];
 
     let deployments: Api<DynamicObject> = Api::namespaced_with(
         admin.clone(),

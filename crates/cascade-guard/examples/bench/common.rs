@@ -38,12 +38,7 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
 /// Starts cascade-guard with the control plane's admin kubeconfig, trusting
 /// that user (the admin) to remove its finalizer, as it will.
 pub fn start_controller(cp: &ControlPlane) -> Result<Process> {
-    let exe = std::env::current_exe()?;
-    let binary: PathBuf = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .map(|p| p.join("cascade-guard"))
-        .context("locating the cascade-guard binary")?;
+    let binary = controller_binary()?;
     if !binary.exists() {
         bail!(
             "{} is missing: build it first (cargo build --bins)",
@@ -80,6 +75,20 @@ pub fn start_controller(cp: &ControlPlane) -> Result<Process> {
         &cp.log_path("cascade-guard"),
         Lifetime::Owned,
     )?)
+}
+
+/// The cascade-guard binary to measure: BENCH_CONTROLLER_BIN (such as the
+/// image's static musl build, `scripts/image.sh binary`), else the release
+/// build beside the benchmark.
+fn controller_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("BENCH_CONTROLLER_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    exe.parent()
+        .and_then(|p| p.parent())
+        .map(|p| p.join("cascade-guard"))
+        .context("locating the cascade-guard binary")
 }
 
 /// Each round's (unprotected, protected) latencies in ms, sorted.

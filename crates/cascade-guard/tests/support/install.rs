@@ -3,7 +3,8 @@
 //! renders as `helm install` and `helm upgrade` would (server-side apply, then
 //! removing what the new render no longer has), delete it as `helm uninstall`
 //! would, and run `cascade-guard run` exactly as the chart's Deployment would:
-//! its args, its environment, its ServiceAccount's identity and nothing more.
+//! the binary of its image (tests/support/image.rs takes it out), its args,
+//! its environment, its ServiceAccount's identity and nothing more.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -249,8 +250,16 @@ pub fn write_service_account_kubeconfig(cp: &ControlPlane, docs: &[Value]) -> Pa
     path
 }
 
-/// One replica of the chart's Deployment, as a process: the container's args
-/// (but --http-address, on a free loopback port), its environment, and the
+/// The image of the chart's Deployment's container.
+pub fn container_image(docs: &[Value]) -> &str {
+    find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .expect("the container names an image")
+}
+
+/// One replica of the chart's Deployment, as a process: `binary` (the
+/// container image's entrypoint) with the container's args (but
+/// --http-address, on a free loopback port), its environment, and the
 /// ServiceAccount kubeconfig standing in for the in-cluster token.
 pub struct Replica {
     process: Process,
@@ -258,7 +267,13 @@ pub struct Replica {
 }
 
 impl Replica {
-    pub fn start(cp: &ControlPlane, docs: &[Value], kubeconfig: &Path, pod_name: &str) -> Self {
+    pub fn start(
+        cp: &ControlPlane,
+        docs: &[Value],
+        binary: &Path,
+        kubeconfig: &Path,
+        pod_name: &str,
+    ) -> Self {
         let deployment = find(docs, "Deployment");
         let container = &deployment["spec"]["template"]["spec"]["containers"][0];
         let mut env = vec![
@@ -276,7 +291,10 @@ impl Replica {
             }
         }
         let mut args = env;
-        args.push(env!("CARGO_BIN_EXE_cascade-guard").to_string());
+        args.push(binary.display().to_string());
+        // No `command` in the container: the runtime runs the image's
+        // entrypoint with these args.
+        assert!(container["command"].is_null(), "the chart sets a command");
         for a in container["args"].as_array().expect("args") {
             let a = a.as_str().expect("string arg");
             if a.starts_with("--http-address=") {
