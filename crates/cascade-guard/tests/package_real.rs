@@ -357,6 +357,19 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
         s.cp.log_tails(20)
     );
 
+    // The Convert policy replaced the Refuse one under the same name, and the
+    // API server enforces it once its policy cache has reloaded (about a
+    // second): a dry run shows when the plain delete is let through.
+    let accepted = wait::until(Duration::from_secs(30), || async {
+        s.plain_delete("prod", true).await.ok()
+    })
+    .await;
+    assert!(
+        accepted.is_some(),
+        "a dry-run plain delete of held prod was never accepted: {:?}",
+        s.plain_delete("prod", true).await
+    );
+
     // The same plain delete now goes through, as a foreground cascade.
     let deleted = Instant::now();
     s.plain_delete("prod", false)
