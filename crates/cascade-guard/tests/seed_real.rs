@@ -20,7 +20,8 @@
 //! except under Off); under Refuse the plain delete is refused at the claim
 //! (Crossplane would delete the XR with no propagationPolicy, for the default
 //! `compositeDeletePolicy: Background`), with the commands that work, which
-//! the test runs.
+//! the test runs. And under Convert, the deletion of a team's namespace
+//! holding a claim: everything gone, the composed ConfigMap before the XR.
 //!
 //! Crossplane's own deletes are never refused: in the trees above (its
 //! replayed deletes carry the refused attempt's Foreground), and a nested XR
@@ -794,11 +795,17 @@ async fn create_namespace(client: &Client, name: &str) {
 const CLAIM_GROUP: &str = "claims.seed.local-cluster.dev";
 const CLAIM_NAMESPACE: &str = "seed-claims";
 
-/// A legacy (`apiextensions.crossplane.io/v1`) XRD `X<Mode>App` with claim
-/// `<Mode>App`, annotated with `mode`, and a Composition of one ConfigMap.
-async fn install_claim_kind(client: &Client, mode: Mode) -> (ApiResource, ApiResource) {
-    let kind = format!("{}App", mode.as_str());
-    let plural = format!("{}apps", mode.as_str().to_lowercase());
+/// A legacy (`apiextensions.crossplane.io/v1`) XRD `X<prefix><Mode>App` with
+/// claim `<prefix><Mode>App`, annotated with `mode`, and a Composition of one
+/// ConfigMap in `namespace`.
+async fn install_claim_kind(
+    client: &Client,
+    mode: Mode,
+    prefix: &str,
+    namespace: &str,
+) -> (ApiResource, ApiResource) {
+    let kind = format!("{prefix}{}App", mode.as_str());
+    let plural = kind.to_lowercase() + "s";
     let xrd = json!({
         "apiVersion": "apiextensions.crossplane.io/v1",
         "kind": "CompositeResourceDefinition",
@@ -828,7 +835,7 @@ async fn install_claim_kind(client: &Client, mode: Mode) -> (ApiResource, ApiRes
     let config_map = json!({
         "name": "config",
         "base": {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"namespace": CLAIM_NAMESPACE}, "data": {"part": "config"}},
+            "metadata": {"namespace": namespace}, "data": {"part": "config"}},
         "readinessChecks": [{"type": "None"}],
     });
     apply_cluster_object(
@@ -854,23 +861,39 @@ async fn install_claim_kind(client: &Client, mode: Mode) -> (ApiResource, ApiRes
     )
 }
 
-/// Deletes a claim with a plain `kubectl delete` under `mode`: Ok(what was
-/// said) when the claim, its XR and the composed ConfigMap end up gone, the
-/// ConfigMap before the XR (after it, under Off: the seed's failure). Under
-/// Refuse the plain delete is refused at the claim, with the commands that
-/// work (set compositeDeletePolicy: Foreground, then delete), which are run.
-async fn claim_outcome(stack: &Stack, mode: Mode) -> Result<String, String> {
+/// How a claim's tree is deleted.
+#[derive(Clone, Copy, PartialEq)]
+enum ClaimDelete {
+    /// `kubectl delete <claim>`, in the shared claims' namespace.
+    Claim,
+    /// `kubectl delete namespace <ns>`, of a namespace of its own holding the
+    /// claim and the composed ConfigMap: the namespace controller deletes
+    /// both with Background propagation.
+    Namespace(&'static str),
+}
+
+/// Deletes a claim with a plain `kubectl delete` under `mode` (or its
+/// namespace): Ok(what was said) when the claim, its XR and the composed
+/// ConfigMap end up gone, the ConfigMap before the XR (after it, under Off:
+/// the seed's failure). Under Refuse the plain delete is refused at the claim,
+/// with the commands that work (set compositeDeletePolicy: Foreground, then
+/// delete), which are run.
+async fn claim_outcome(stack: &Stack, mode: Mode, how: ClaimDelete) -> Result<String, String> {
     let client = stack.cp.admin().await.expect("admin client");
-    create_namespace(&client, CLAIM_NAMESPACE).await;
-    let (xrs, claims) = install_claim_kind(&client, mode).await;
+    let (namespace, prefix) = match how {
+        ClaimDelete::Claim => (CLAIM_NAMESPACE, ""),
+        ClaimDelete::Namespace(ns) => (ns, "Ns"),
+    };
+    create_namespace(&client, namespace).await;
+    let (xrs, claims) = install_claim_kind(&client, mode, prefix, namespace).await;
     let name = "app";
     let claim = json!({
         "apiVersion": format!("{CLAIM_GROUP}/v1"),
         "kind": claims.kind,
-        "metadata": {"name": name, "namespace": CLAIM_NAMESPACE},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {},
     });
-    let claim_api = api(&client, &claims, Some(CLAIM_NAMESPACE));
+    let claim_api = api(&client, &claims, Some(namespace));
     claim_api
         .patch(
             name,
@@ -897,11 +920,11 @@ async fn claim_outcome(stack: &Stack, mode: Mode) -> Result<String, String> {
     let timeline = Timeline::start(
         &client,
         &[
-            (claims.clone(), Some(CLAIM_NAMESPACE.to_string())),
+            (claims.clone(), Some(namespace.to_string())),
             (xrs.clone(), None),
             (
                 ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-                Some(CLAIM_NAMESPACE.to_string()),
+                Some(namespace.to_string()),
             ),
         ],
     )
@@ -910,15 +933,14 @@ async fn claim_outcome(stack: &Stack, mode: Mode) -> Result<String, String> {
     if mode == Mode::Convert {
         wait_held(&xr_api, &xr_name).await;
     }
+    let claim_target = format!("{}.{CLAIM_GROUP}", claims.plural);
+    let target: Vec<&str> = match how {
+        ClaimDelete::Claim => vec!["delete", &claim_target, name, "-n", namespace],
+        ClaimDelete::Namespace(ns) => vec!["delete", "namespace", ns],
+    };
     let out = tokio::process::Command::new(&stack.kubectl)
-        .args([
-            "delete",
-            &format!("{}.{CLAIM_GROUP}", claims.plural),
-            name,
-            "-n",
-            CLAIM_NAMESPACE,
-            "--wait=false",
-        ])
+        .args(target)
+        .arg("--wait=false")
         .env("KUBECONFIG", stack.cp.kubeconfig_path())
         .output()
         .await
@@ -970,7 +992,11 @@ async fn claim_outcome(stack: &Stack, mode: Mode) -> Result<String, String> {
         (_, false) => return Err(format!("the claim's delete was refused: {said}")),
         (_, true) => format!("kubectl said: {}", said.trim()),
     };
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let gone = wait::until(Duration::from_secs(120), || async {
+        if let ClaimDelete::Namespace(ns) = how {
+            namespaces.get_opt(ns).await.ok()?.is_none().then_some(())?;
+        }
         timeline.gone(&claims.kind, name)?;
         let xr = timeline.gone(&xrs.kind, &xr_name)?;
         let maps: Option<Vec<_>> = composed
@@ -1006,9 +1032,9 @@ async fn claim_outcome(stack: &Stack, mode: Mode) -> Result<String, String> {
 async fn deleting_a_legacy_claim_ends_gone_in_order_or_says_which_command_works() {
     let stack = stack().await;
     let (off, refuse, convert) = tokio::join!(
-        claim_outcome(stack, Mode::Off),
-        claim_outcome(stack, Mode::Refuse),
-        claim_outcome(stack, Mode::Convert)
+        claim_outcome(stack, Mode::Off, ClaimDelete::Claim),
+        claim_outcome(stack, Mode::Refuse, ClaimDelete::Claim),
+        claim_outcome(stack, Mode::Convert, ClaimDelete::Claim)
     );
     for (mode, outcome) in [("Off", &off), ("Refuse", &refuse), ("Convert", &convert)] {
         eprintln!("claim under {mode}: {outcome:?}");
@@ -1017,6 +1043,27 @@ async fn deleting_a_legacy_claim_ends_gone_in_order_or_says_which_command_works(
         if let Err(why) = outcome {
             panic!("claim under {mode}: {why}");
         }
+    }
+}
+
+/// The deletion of a team's namespace holding a claim, under Convert: the
+/// namespace controller deletes the claim (and everything else) with
+/// Background propagation, Crossplane deletes the claim's cluster-scoped XR
+/// with none, and cascade-guard makes that a foreground cascade, so the
+/// composed ConfigMap goes before the XR and the namespace finishes. (The
+/// namespaced tree of a ModelDeployment is the ignored test above: its
+/// managed resources can wedge in a terminating namespace upstream.)
+#[tokio::test]
+async fn convert_tears_a_deleted_namespace_holding_a_claim_down_in_order() {
+    let outcome = claim_outcome(
+        stack().await,
+        Mode::Convert,
+        ClaimDelete::Namespace("seed-claims-team"),
+    )
+    .await;
+    eprintln!("namespace holding a claim under Convert: {outcome:?}");
+    if let Err(why) = outcome {
+        panic!("namespace holding a claim under Convert: {why}");
     }
 }
 
