@@ -5,6 +5,9 @@
 #   static   convert's scale part (10,000 objects) for the release build (glibc)
 #            and for the image's static musl build (scripts/image.sh binary),
 #            one after the other, BENCH_ROUNDS times (default 1)
+#   BENCH_ONLY=scale refuse   the cost against the number of protected kinds
+#            (BENCH_KINDS, default 10,100,500) beside no policy and the seed
+#            report's own policy, in one run
 #   BENCH_CONTROLLER_BIN=PATH  measure that cascade-guard binary instead
 set -euo pipefail
 cd "$(dirname "$0")/.."

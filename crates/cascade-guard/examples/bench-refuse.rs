@@ -6,6 +6,12 @@
 //!    cascade-guard's policies for 50 protected kinds: p50, p99 and ratios.
 //! 2. The time from a change of an XRD's annotation to the API server acting
 //!    on it (policy applied by the running controller and in effect).
+//! 3. Part 1 again with the policies removed (A-B-A).
+//!
+//! With BENCH_ONLY=scale, instead: what the number of protected kinds costs
+//! (BENCH_KINDS, default 10,100,500), beside no policy at all and the seed
+//! report's own proposal (one policy for every object labelled
+//! `crossplane.io/composite`), in one run; see [`scale`].
 //!
 //! Run: scripts/bench.sh refuse   (or cargo run -p cascade-guard --example bench-refuse)
 
@@ -28,11 +34,15 @@ const CHANGES: usize = 10;
 const GC_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
 
 fn xrd(i: usize) -> Value {
+    xrd_in_mode(i, "Refuse")
+}
+
+fn xrd_in_mode(i: usize, mode: &str) -> Value {
     json!({
         "apiVersion": "apiextensions.crossplane.io/v2",
         "kind": "CompositeResourceDefinition",
         "metadata": {"name": format!("bench{i}s.{GROUP}"),
-            "annotations": {"cascade-guard.dev/deletion-policy": "Refuse"}},
+            "annotations": {"cascade-guard.dev/deletion-policy": mode}},
         "spec": {"group": GROUP, "names": {"kind": format!("Bench{i}"), "plural": format!("bench{i}s")},
             "scope": "Namespaced",
             "versions": [{"name": "v1", "served": true, "referenceable": true,
@@ -46,6 +56,9 @@ use common::{GROUP, Rounds, percentile, report, resource, start_controller};
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("scale") {
+        return scale::run().await;
+    }
     let mut crds =
         vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
     for i in 0..KINDS {
@@ -92,7 +105,7 @@ async fn main() -> Result<()> {
     println!(
         "   of an XR with one composed resource (the longest path through the policy that still allows)"
     );
-    let before = measure(&admin, &gc, ns, &plain, &protected, "before").await?;
+    let before = measure(&admin, &gc, ns, &plain, &protected, "before", BACKGROUND).await?;
     report("no policies installed", &before);
 
     let controller = start_controller(&cp)?;
@@ -115,7 +128,7 @@ async fn main() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let after = measure(&admin, &gc, ns, &plain, &protected, "after").await?;
+    let after = measure(&admin, &gc, ns, &plain, &protected, "after", BACKGROUND).await?;
     report(
         &format!("cascade-guard policies for {KINDS} kinds installed"),
         &after,
@@ -192,7 +205,7 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!("\n3. The same with the policies removed again (A-B-A)");
-    let again = measure(&admin, &gc, ns, &plain, &protected, "again").await?;
+    let again = measure(&admin, &gc, ns, &plain, &protected, "again", BACKGROUND).await?;
     report("policies removed", &again);
     let p = |r: &Rounds, q| {
         let (plain, protected) = r.pooled();
@@ -211,6 +224,22 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
+/// How the measured deletes are sent.
+#[derive(Clone, Copy)]
+struct Request {
+    propagation: &'static str,
+    /// Label the protected kind's objects `crossplane.io/composite`, as
+    /// Crossplane labels XRs (the seed's policy selects on it).
+    composite_label: bool,
+}
+
+/// The garbage collector's Background delete: the longest path through
+/// cascade-guard's policy that still allows.
+const BACKGROUND: Request = Request {
+    propagation: "Background",
+    composite_label: false,
+};
+
 /// ROUNDS rounds of interleaved deletes of the two kinds.
 async fn measure(
     admin: &Client,
@@ -219,6 +248,7 @@ async fn measure(
     plain: &ApiResource,
     protected: &ApiResource,
     phase: &str,
+    how: Request,
 ) -> Result<Rounds> {
     let mut rounds = Vec::new();
     for round in 0..ROUNDS {
@@ -233,8 +263,12 @@ async fn measure(
             };
             for r in pair {
                 let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
-                let o = DynamicObject::new(&format!("{tag}-{i}"), r).data(json!({"spec": {
+                let mut o = DynamicObject::new(&format!("{tag}-{i}"), r).data(json!({"spec": {
                     "crossplane": {"resourceRefs": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}]}}}));
+                if how.composite_label && r.kind != plain.kind {
+                    o.labels_mut()
+                        .insert("crossplane.io/composite".into(), format!("{tag}-{i}"));
+                }
                 let o = api.create(&PostParams::default(), &o).await?;
                 objects.push((r.clone(), o.name_any(), o.uid().context("uid")?));
             }
@@ -243,7 +277,7 @@ async fn measure(
         let mut protected_ms = Vec::new();
         for (r, name, uid) in objects {
             let body = serde_json::to_vec(&json!({"kind": "DeleteOptions", "apiVersion": "v1",
-                "propagationPolicy": "Background", "preconditions": {"uid": uid}}))?;
+                "propagationPolicy": how.propagation, "preconditions": {"uid": uid}}))?;
             let request = http::Request::delete(format!(
                 "/apis/{}/namespaces/{ns}/{}/{name}",
                 r.api_version, r.plural
@@ -284,5 +318,321 @@ async fn refused(admin: &Client, ns: &str, r: &ApiResource) -> Result<bool> {
         Ok(_) => Ok(false),
         Err(kube::Error::Api(s)) if s.code == 403 => Ok(true),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// What the number of protected kinds costs. One control plane with
+/// `max(BENCH_KINDS)` XRD kinds (all Off at first) and one kind nothing
+/// protects; then, measured like part 1 but with Foreground deletes (which
+/// every variant allows) of labelled objects, one phase each for:
+/// - no policy at all;
+/// - the seed report's proposal: one ValidatingAdmissionPolicy matching DELETE
+///   of every resource, bound to objects labelled `crossplane.io/composite`,
+///   refusing what is not Foreground;
+/// - cascade-guard with the first N kinds under Refuse, for each N;
+/// - no policy again (the machine's drift over the run).
+///
+/// An unprotected request's added cost is the unprotected kind's figure in a
+/// phase minus the first phase's; a protected allowed delete's is the
+/// protected kind's minus the unprotected kind's in the same rounds.
+mod scale {
+    use super::*;
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+
+    const FOREGROUND: Request = Request {
+        propagation: "Foreground",
+        composite_label: true,
+    };
+    const SEED_POLICY: &str = "bench-seed-forceforeground";
+
+    struct Phase {
+        name: String,
+        policies: usize,
+        rounds: Rounds,
+    }
+
+    fn scales() -> Result<Vec<usize>> {
+        let raw = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "10,100,500".into());
+        let mut scales = raw
+            .split(',')
+            .map(|n| n.trim().parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("BENCH_KINDS={raw}: want numbers such as 10,100,500"))?;
+        scales.sort_unstable();
+        scales.dedup();
+        if scales.first() == Some(&0) || scales.is_empty() {
+            bail!("BENCH_KINDS={raw}: want kinds counts of 1 or more");
+        }
+        Ok(scales)
+    }
+
+    pub async fn run() -> Result<()> {
+        let scales = scales()?;
+        let max = scales.last().copied().unwrap_or(1);
+        let mut crds =
+            vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
+        for i in 0..max {
+            crds.push(crossplane::xrd_to_crd(&xrd_in_mode(i, "Off")).map_err(anyhow::Error::msg)?);
+        }
+        let mut plain = xrd_in_mode(0, "Off");
+        plain["spec"]["names"] = json!({"kind": "Plain", "plural": "plains"});
+        crds.push(crossplane::xrd_to_crd(&plain).map_err(anyhow::Error::msg)?);
+
+        let started = Instant::now();
+        let cp = ControlPlane::start(Options {
+            crds,
+            ..Options::default()
+        })
+        .await?;
+        println!(
+            "control plane with {} kinds up in {:.1}s",
+            max + 1,
+            started.elapsed().as_secs_f64()
+        );
+        let admin = cp.admin().await?;
+        let gc = cp.client_as(GC_USER, &["system:masters"]).await?;
+        let ns = "bench";
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+            )
+            .await?;
+        let xrds: Api<DynamicObject> =
+            Api::all_with(admin.clone(), &local_cluster::crossplane::xrd_resource());
+        for i in 0..max {
+            xrds.create(
+                &PostParams::default(),
+                &serde_json::from_value(xrd_in_mode(i, "Off"))?,
+            )
+            .await?;
+        }
+        let plain = resource("Plain", "plains");
+        let protected = resource("Bench0", "bench0s");
+        println!(
+            "\n4. DELETE latency against the number of protected kinds, {ROUNDS} rounds of {DELETES} deletes of each kind, interleaved"
+        );
+        println!(
+            "   request: DELETE as the garbage collector, propagationPolicy Foreground (allowed by every variant), UID precondition,"
+        );
+        println!(
+            "   of an XR labelled crossplane.io/composite with one composed resource, and of an unlabelled object of a kind no policy names"
+        );
+        let mut phases = Vec::new();
+        let rounds = measure(&admin, &gc, ns, &plain, &protected, "none", FOREGROUND).await?;
+        report("no policy", &rounds);
+        phases.push(Phase {
+            name: "no policy".into(),
+            policies: 0,
+            rounds,
+        });
+
+        install_seed_policy(&admin).await?;
+        wait_refused(&admin, ns, &protected, true, "the seed's policy").await?;
+        let rounds = measure(&admin, &gc, ns, &plain, &protected, "seed", FOREGROUND).await?;
+        report(
+            "the seed report's policy (1 policy, objectSelector)",
+            &rounds,
+        );
+        phases.push(Phase {
+            name: "the seed's policy".into(),
+            policies: 1,
+            rounds,
+        });
+        remove_seed_policy(&admin).await?;
+        wait_refused(&admin, ns, &protected, false, "the seed's policy removed").await?;
+
+        let mut controller = start_controller(&cp)?;
+        let vaps: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
+        let mut protected_so_far = 0;
+        for &n in &scales {
+            let since = Instant::now();
+            for i in protected_so_far..n {
+                xrds.patch(
+                    &format!("bench{i}s.{GROUP}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {"cascade-guard.dev/deletion-policy": "Refuse"}}}),
+                    ),
+                )
+                .await?;
+            }
+            protected_so_far = n;
+            let newest = resource(&format!("Bench{}", n - 1), &format!("bench{}s", n - 1));
+            let deadline = Instant::now() + Duration::from_secs(300);
+            let installed = loop {
+                let ours = vaps
+                    .list(
+                        &kube::api::ListParams::default()
+                            .labels("app.kubernetes.io/managed-by=cascade-guard"),
+                    )
+                    .await?
+                    .items;
+                let deletes = ours
+                    .iter()
+                    .filter(|p| p.name_any().starts_with("cascade-guard-xrd-bench"))
+                    .count();
+                let ours = ours.len();
+                if deletes == n && refused(&admin, ns, &newest).await? {
+                    break ours;
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "cascade-guard did not install {n} kinds' policies in time ({deletes} so far)"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            println!(
+                "   {n} kinds protected: {installed} policies (and as many bindings) in force {:.1}s after the annotations",
+                since.elapsed().as_secs_f64()
+            );
+            let rounds = measure(
+                &admin,
+                &gc,
+                ns,
+                &plain,
+                &protected,
+                &format!("k{n}"),
+                FOREGROUND,
+            )
+            .await?;
+            report(&format!("cascade-guard, {n} kinds protected"), &rounds);
+            phases.push(Phase {
+                name: format!("cascade-guard, {n} kinds"),
+                policies: installed,
+                rounds,
+            });
+        }
+        controller.stop(Duration::from_secs(10));
+        let ours =
+            kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=cascade-guard");
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
+        bindings
+            .delete_collection(&Default::default(), &ours)
+            .await?;
+        vaps.delete_collection(&Default::default(), &ours).await?;
+        wait_refused(
+            &admin,
+            ns,
+            &protected,
+            false,
+            "cascade-guard's policies removed",
+        )
+        .await?;
+        let rounds = measure(&admin, &gc, ns, &plain, &protected, "again", FOREGROUND).await?;
+        report("no policy again", &rounds);
+        phases.push(Phase {
+            name: "no policy again".into(),
+            policies: 0,
+            rounds,
+        });
+        table(&phases);
+        Ok(())
+    }
+
+    fn table(phases: &[Phase]) {
+        let Some(first) = phases.first() else { return };
+        let (floor, _) = first.rounds.pooled();
+        println!(
+            "\n   | phase | policies | unprotected p50 / p99 ms | unprotected added p50 / p99 ms | protected p50 / p99 ms | protected minus unprotected p50 / p99 ms (median over rounds) |"
+        );
+        println!("   |---|---|---|---|---|---|");
+        for phase in phases {
+            let (unprotected, protected) = phase.rounds.pooled();
+            let q = |v: &[f64], q| percentile(v, q);
+            println!(
+                "   | {} | {} | {:.3} / {:.3} | {:+.3} / {:+.3} | {:.3} / {:.3} | {:+.3} / {:+.3} |",
+                phase.name,
+                phase.policies,
+                q(&unprotected, 50.0),
+                q(&unprotected, 99.0),
+                q(&unprotected, 50.0) - q(&floor, 50.0),
+                q(&unprotected, 99.0) - q(&floor, 99.0),
+                q(&protected, 50.0),
+                q(&protected, 99.0),
+                phase.rounds.median_difference(50.0),
+                phase.rounds.median_difference(99.0),
+            );
+        }
+    }
+
+    /// The seed report's sketch, widened as the issue describes it: every
+    /// resource, selected by Crossplane's composite label.
+    async fn install_seed_policy(admin: &Client) -> Result<()> {
+        let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+            "metadata": {"name": SEED_POLICY},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["*"], "apiVersions": ["*"],
+                    "operations": ["DELETE"], "resources": ["*"],
+                }]},
+                "validations": [{
+                    "expression": "has(request.options.propagationPolicy) && request.options.propagationPolicy == 'Foreground'",
+                    "reason": "Invalid",
+                }],
+            },
+        }))?;
+        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+            "metadata": {"name": SEED_POLICY},
+            "spec": {
+                "policyName": SEED_POLICY,
+                "matchResources": {"objectSelector": {"matchExpressions": [
+                    {"key": "crossplane.io/composite", "operator": "Exists"},
+                ]}},
+                "validationActions": ["Deny"],
+            },
+        }))?;
+        Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+            .create(&PostParams::default(), &policy)
+            .await?;
+        Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+            .create(&PostParams::default(), &binding)
+            .await?;
+        Ok(())
+    }
+
+    async fn remove_seed_policy(admin: &Client) -> Result<()> {
+        Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+            .delete(SEED_POLICY, &Default::default())
+            .await?;
+        Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+            .delete(SEED_POLICY, &Default::default())
+            .await?;
+        Ok(())
+    }
+
+    /// Waits until a dry-run Background delete of a labelled probe is (or is
+    /// no longer) refused.
+    async fn wait_refused(
+        admin: &Client,
+        ns: &str,
+        r: &ApiResource,
+        want: bool,
+        what: &str,
+    ) -> Result<()> {
+        let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
+        let label = json!({"metadata": {"labels": {"crossplane.io/composite": "probe"}}});
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if refused(admin, ns, r).await? {
+                if want {
+                    return Ok(());
+                }
+            } else if !want {
+                return Ok(());
+            }
+            // The probe carries the label the seed's policy selects on.
+            api.patch("probe", &PatchParams::default(), &Patch::Merge(&label))
+                .await?;
+            if Instant::now() > deadline {
+                bail!("{what}: not in effect after a minute");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
