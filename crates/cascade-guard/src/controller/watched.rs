@@ -174,11 +174,20 @@ impl KindWatch {
         // Often enough to tell a stall within a third of the stall time.
         let every = (self.stall_after / 3).clamp(Duration::from_secs(1), Duration::from_secs(30));
         let mut tick = tokio::time::interval(every.min(REPLAY_GRACE / 2));
+        // What a failing watch costs is silence about its stalls: say so once
+        // (a missing list or watch permission, say), not every retry.
+        let what = format!("{label} (for its stalled cascades)");
+        let mut failing = false;
         loop {
             tokio::select! {
                 event = events.next() => match event {
-                    Some(Ok(event)) => self.see(event, &mut tracked),
-                    Some(Err(e)) => tracing::debug!(kind = %label, error = %e, "watch of a watched kind failed; retrying"),
+                    Some(Ok(event)) => {
+                        if std::mem::take(&mut failing) {
+                            tracing::info!("watching {what} again");
+                        }
+                        self.see(event, &mut tracked)
+                    }
+                    Some(Err(e)) => super::log_watch_error(&mut failing, &what, &e),
                     None => return,
                 },
                 _ = tick.tick() => self.look(&resource, &mut tracked).await,
