@@ -21,7 +21,7 @@ step() { printf 'demo: [%4ss] %s\n' "$((SECONDS - started))" "$*"; }
 
 step "the control plane's binaries (controlplane/build.sh; about 7 minutes the first time)"
 bin=$(controlplane/build.sh)
-step "real Crossplane (crossplane/build.sh; about 10 minutes the first time)"
+step "real Crossplane (crossplane/build.sh; 8 to 20 minutes the first time)"
 crossplane_bin=$(crossplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$crossplane_bin PATH="$bin:$PATH"
 step "building cascade-guard (cargo; a few minutes the first time)"
