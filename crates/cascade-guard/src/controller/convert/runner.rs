@@ -292,6 +292,11 @@ async fn take_in(
                     .any(|f| f == FOREGROUND_CASCADE_FINALIZER)
             },
         );
+        // From here every object of the kind is in sight: the end of its
+        // start-up (and of each relist after the watch was lost).
+        if matches!(event, watcher::Event::InitDone) {
+            tracing::info!(kind = %ctx.label, held_when_listed = census.len(), "listed every object of the kind");
+        }
     }
     let sorted = intake::sort(event, |o: &Meta| ctx.observe(o));
     let Some(hold_it) = sorted.hold else {
