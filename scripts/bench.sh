@@ -8,6 +8,9 @@
 #   BENCH_ONLY=scale refuse   the cost against the number of protected kinds
 #            (BENCH_KINDS, default 10,100,500) beside no policy and the seed
 #            report's own policy, in one run
+#   BENCH_ONLY=scale-100k convert   Convert at 100,000 objects across 50 kinds
+#            (BENCH_SCALE_KINDS, BENCH_SCALE_PER_KIND), each figure beside the
+#            API server's own floor for the same work, in one run
 #   BENCH_CONTROLLER_BIN=PATH  measure that cascade-guard binary instead
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -13,6 +13,9 @@
 //!    across 20 Convert kinds, then its memory (RSS) and CPU at rest.
 //!
 //! Run: scripts/bench.sh convert (BENCH_ONLY=scale runs only the third).
+//!
+//! `BENCH_ONLY=scale-100k` runs instead the same at 100,000 objects across 50
+//! kinds, with each figure's floor (bench/convert_scale.rs).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -50,6 +53,41 @@ fn xrd(kind: &str, plural: &str, mode: Option<&str>) -> Value {
     x
 }
 
+/// A control plane serving the kinds of `xrds`, with an XRD object for each
+/// that carries a deletion policy (the others stay unprotected), and the
+/// namespaces.
+async fn start_plane(xrds: &[Value], namespaces: &[&str]) -> Result<(ControlPlane, Client)> {
+    let mut crds =
+        vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
+    for x in xrds {
+        crds.push(crossplane::xrd_to_crd(x).map_err(anyhow::Error::msg)?);
+    }
+    let cp = ControlPlane::start(Options {
+        crds,
+        ..Options::default()
+    })
+    .await?;
+    let admin = cp.admin().await?;
+    let xrd_api: Api<DynamicObject> = Api::all_with(admin.clone(), &crossplane::xrd_resource());
+    for x in xrds
+        .iter()
+        .filter(|x| x["metadata"]["annotations"].is_object())
+    {
+        xrd_api
+            .create(&PostParams::default(), &serde_json::from_value(x.clone())?)
+            .await?;
+    }
+    for ns in namespaces {
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+            )
+            .await?;
+    }
+    Ok((cp, admin))
+}
+
 fn config_maps() -> ApiResource {
     ApiResource {
         group: String::new(),
@@ -62,10 +100,15 @@ fn config_maps() -> ApiResource {
 
 #[path = "bench/common.rs"]
 mod common;
+#[path = "bench/convert_scale.rs"]
+mod convert_scale;
 use common::{GROUP, percentile, resource, start_controller};
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("scale-100k") {
+        return convert_scale::run().await;
+    }
     let mut xrds = vec![
         xrd("Tree", "trees", Some("Convert")),
         // No XRD object is created for this one: nothing protects it.
@@ -78,34 +121,7 @@ async fn main() -> Result<()> {
             Some("Convert"),
         ));
     }
-    let mut crds =
-        vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
-    for x in &xrds {
-        crds.push(crossplane::xrd_to_crd(x).map_err(anyhow::Error::msg)?);
-    }
-    let cp = ControlPlane::start(Options {
-        crds,
-        ..Options::default()
-    })
-    .await?;
-    let admin = cp.admin().await?;
-    let xrd_api: Api<DynamicObject> =
-        Api::all_with(admin.clone(), &local_cluster::crossplane::xrd_resource());
-    for x in &xrds {
-        if x["spec"]["names"]["kind"] != "Native" {
-            xrd_api
-                .create(&PostParams::default(), &serde_json::from_value(x.clone())?)
-                .await?;
-        }
-    }
-    for ns in ["fresh", "latency", "teardown", "scale"] {
-        Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-            )
-            .await?;
-    }
+    let (cp, admin) = start_plane(&xrds, &["fresh", "latency", "teardown", "scale"]).await?;
 
     // 3 first: the objects exist before cascade-guard starts.
     println!(
@@ -116,7 +132,7 @@ async fn main() -> Result<()> {
         .map(|i| resource(&format!("Scale{i}"), &format!("scale{i}s")))
         .collect();
     create_many(&admin, &scale_kinds, "scale", PER_KIND).await?;
-    let held = HeldCounter::start(&admin, &scale_kinds, "scale").await;
+    let held = HeldCounter::start(&admin, &scale_kinds, Some("scale")).await;
 
     let started = Instant::now();
     let mut controller = start_controller(&cp)?;
@@ -220,32 +236,43 @@ async fn create_many(
     results.into_iter().collect()
 }
 
-/// Counts objects carrying cascade-guard's finalizer, from watches.
+/// Counts objects carrying cascade-guard's finalizer, from watches (stopped
+/// when it is dropped).
 struct HeldCounter {
     held: Arc<Mutex<HashMap<String, bool>>>,
+    watches: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl HeldCounter {
-    async fn start(client: &Client, kinds: &[ApiResource], ns: &str) -> Self {
+    /// Watches `kinds` in `ns`, or in every namespace.
+    async fn start(client: &Client, kinds: &[ApiResource], ns: Option<&str>) -> Self {
         let held = Arc::new(Mutex::new(HashMap::new()));
+        let mut watches = Vec::new();
         for r in kinds {
-            let api: Api<PartialObjectMeta<DynamicObject>> =
-                Api::namespaced_with(client.clone(), ns, r);
+            let api: Api<PartialObjectMeta<DynamicObject>> = match ns {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, r),
+                None => Api::all_with(client.clone(), r),
+            };
             let held = held.clone();
             let kind = r.kind.clone();
-            tokio::spawn(async move {
+            watches.push(tokio::spawn(async move {
                 let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
                 while let Some(Ok(event)) = stream.next().await {
                     if let Event::Apply(o) | Event::InitApply(o) = event {
                         let is_held = o.finalizers().iter().any(|f| f == FINALIZER);
+                        let key = format!(
+                            "{kind}/{}/{}",
+                            o.namespace().unwrap_or_default(),
+                            o.name_any()
+                        );
                         if let Ok(mut h) = held.lock() {
-                            h.insert(format!("{kind}/{}", o.name_any()), is_held);
+                            h.insert(key, is_held);
                         }
                     }
                 }
-            });
+            }));
         }
-        Self { held }
+        Self { held, watches }
     }
 
     fn count(&self) -> usize {
@@ -256,9 +283,17 @@ impl HeldCounter {
     }
 }
 
+impl Drop for HeldCounter {
+    fn drop(&mut self) {
+        for w in &self.watches {
+            w.abort();
+        }
+    }
+}
+
 fn print_latencies(sorted_ms: &[f64]) {
     println!(
-        "   p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        "   p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         percentile(sorted_ms, 50.0),
         percentile(sorted_ms, 99.0),
         sorted_ms.last().copied().unwrap_or_default()
