@@ -222,7 +222,7 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<Report, Erro
     }
     // Held objects of kinds no policy names (they lost it while the
     // controller was down): the controller finishes them when it starts.
-    match crate::controller::held::scan(client).await {
+    match crate::controller::held::scan(client, crate::controller::held::Depth::Every).await {
         Ok(scan) => {
             for holding in scan.holding {
                 let kind = &holding.kind;

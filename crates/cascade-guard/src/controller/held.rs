@@ -41,11 +41,25 @@ pub struct Scan {
     pub unreadable: Vec<String>,
 }
 
+/// How much of each kind a scan reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Depth {
+    /// Every held object (`status` counts them, `uninstall` lets each go).
+    Every,
+    /// Only whether the kind holds any: the controller's start needs no more,
+    /// and a kind that holds thousands is then one small page, not all of them
+    /// listed beside the Convert watches that list them anyway.
+    Any,
+}
+
 /// Kinds listed at once.
 const KINDS_AT_ONCE: usize = 4;
+/// The first page is small (a kind whose objects are held answers from it);
+/// the rest are larger, for kinds that must be read to the end.
+const FIRST_PAGE: u32 = 50;
 const PAGE: u32 = 500;
 
-pub async fn scan(client: &Client) -> Result<Scan, kube::Error> {
+pub async fn scan(client: &Client, depth: Depth) -> Result<Scan, kube::Error> {
     let crds = Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone())
         .list_metadata(&ListParams::default())
         .await?;
@@ -74,7 +88,7 @@ pub async fn scan(client: &Client) -> Result<Scan, kube::Error> {
     }
     let results: Vec<_> = futures::stream::iter(resources)
         .map(|(resource, scope)| async move {
-            let found = held_objects(client, &resource).await;
+            let found = held_objects(client, &resource, depth).await;
             (resource, scope, found)
         })
         .buffer_unordered(KINDS_AT_ONCE)
@@ -114,11 +128,12 @@ pub async fn scan(client: &Client) -> Result<Scan, kube::Error> {
 async fn held_objects(
     client: &Client,
     resource: &ApiResource,
+    depth: Depth,
 ) -> Result<Vec<HeldObject>, kube::Error> {
     let api: Api<PartialObjectMeta<kube::api::DynamicObject>> =
         Api::all_with(client.clone(), resource);
     let mut held = Vec::new();
-    let mut params = ListParams::default().limit(PAGE);
+    let mut params = ListParams::default().limit(FIRST_PAGE);
     loop {
         let page = api.list_metadata(&params).await?;
         for object in &page.items {
@@ -132,10 +147,13 @@ async fn held_objects(
                     name: object.name_any(),
                     deleting: object.metadata.deletion_timestamp.is_some(),
                 });
+                if depth == Depth::Any {
+                    return Ok(held);
+                }
             }
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
+            Some(token) => params = params.limit(PAGE).continue_token(&token),
             None => return Ok(held),
         }
     }

@@ -174,7 +174,7 @@ fn scan_for_held(
     notify: Arc<Notify>,
 ) {
     tokio::spawn(async move {
-        let scan = match held::scan(&client).await {
+        let scan = match held::scan(&client, held::Depth::Any).await {
             Ok(scan) => scan,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot look for held objects of kinds no policy names; only Convert kinds are followed");

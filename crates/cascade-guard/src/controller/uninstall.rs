@@ -86,7 +86,7 @@ pub async fn uninstall(
 
     // Every object that carries the finalizer, of any kind: one may hold it
     // from when its kind was Convert, whatever names the kind now.
-    let scan = held::scan(client)
+    let scan = held::scan(client, held::Depth::Every)
         .await
         .map_err(list("custom resource kinds"))?;
     summary.unreadable = scan.unreadable.clone();
