@@ -262,33 +262,15 @@ async fn measure(
                 [protected, plain]
             };
             for r in pair {
-                let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
-                let mut o = DynamicObject::new(&format!("{tag}-{i}"), r).data(json!({"spec": {
-                    "crossplane": {"resourceRefs": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}]}}}));
-                if how.composite_label && r.kind != plain.kind {
-                    o.labels_mut()
-                        .insert("crossplane.io/composite".into(), format!("{tag}-{i}"));
-                }
-                let o = api.create(&PostParams::default(), &o).await?;
-                objects.push((r.clone(), o.name_any(), o.uid().context("uid")?));
+                let label = how.composite_label && r.kind != plain.kind;
+                let (name, uid) = create_xr(admin, ns, r, &format!("{tag}-{i}"), label).await?;
+                objects.push((r.clone(), name, uid));
             }
         }
         let mut plain_ms = Vec::new();
         let mut protected_ms = Vec::new();
         for (r, name, uid) in objects {
-            let body = serde_json::to_vec(&json!({"kind": "DeleteOptions", "apiVersion": "v1",
-                "propagationPolicy": how.propagation, "preconditions": {"uid": uid}}))?;
-            let request = http::Request::delete(format!(
-                "/apis/{}/namespaces/{ns}/{}/{name}",
-                r.api_version, r.plural
-            ))
-            .header("Content-Type", "application/json")
-            .body(body)?;
-            let start = Instant::now();
-            gc.request_text(request)
-                .await
-                .with_context(|| format!("delete {name}"))?;
-            let ms = start.elapsed().as_secs_f64() * 1000.0;
+            let ms = delete_as_gc(gc, ns, &r, &name, &uid, how).await?;
             if r.kind == plain.kind {
                 plain_ms.push(ms);
             } else {
@@ -300,6 +282,50 @@ async fn measure(
         rounds.push((plain_ms, protected_ms));
     }
     Ok(Rounds(rounds))
+}
+
+/// An XR of `r` with one composed resource, labelled as Crossplane labels XRs
+/// when `label`: its name and UID.
+async fn create_xr(
+    admin: &Client,
+    ns: &str,
+    r: &ApiResource,
+    name: &str,
+    label: bool,
+) -> Result<(String, String)> {
+    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
+    let mut o = DynamicObject::new(name, r).data(json!({"spec": {
+        "crossplane": {"resourceRefs": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}]}}}));
+    if label {
+        o.labels_mut()
+            .insert("crossplane.io/composite".into(), name.to_string());
+    }
+    let o = api.create(&PostParams::default(), &o).await?;
+    Ok((o.name_any(), o.uid().context("uid")?))
+}
+
+/// The delete as `gc` sends it (with a UID precondition): milliseconds.
+async fn delete_as_gc(
+    gc: &Client,
+    ns: &str,
+    r: &ApiResource,
+    name: &str,
+    uid: &str,
+    how: Request,
+) -> Result<f64> {
+    let body = serde_json::to_vec(&json!({"kind": "DeleteOptions", "apiVersion": "v1",
+        "propagationPolicy": how.propagation, "preconditions": {"uid": uid}}))?;
+    let request = http::Request::delete(format!(
+        "/apis/{}/namespaces/{ns}/{}/{name}",
+        r.api_version, r.plural
+    ))
+    .header("Content-Type", "application/json")
+    .body(body)?;
+    let start = Instant::now();
+    gc.request_text(request)
+        .await
+        .with_context(|| format!("delete {name}"))?;
+    Ok(start.elapsed().as_secs_f64() * 1000.0)
 }
 
 async fn refused(admin: &Client, ns: &str, r: &ApiResource) -> Result<bool> {
@@ -357,6 +383,103 @@ mod scale {
         name: String,
         policies: usize,
         rounds: Rounds,
+        plugin: Plugin,
+    }
+
+    /// Deletes of one kind alone per sample of the admission plugin's time.
+    const PLUGIN_DELETES: usize = 1000;
+    const PLUGIN_METRIC: &str = "apiserver_admission_controller_admission_duration_seconds_";
+
+    /// The ValidatingAdmissionPolicy plugin's own mean time per allowed
+    /// DELETE, from the API server's admission histogram (stable): only the
+    /// plugin's work (matching the request against every policy, then CEL),
+    /// so the drift of the rest of the request path is not in it.
+    struct Plugin {
+        unprotected_us: f64,
+        protected_us: f64,
+    }
+
+    /// The plugin's (seconds, requests) so far for allowed DELETEs.
+    async fn plugin_so_far(admin: &Client) -> Result<(f64, f64)> {
+        let metrics = admin
+            .request_text(http::Request::get("/metrics").body(Vec::new())?)
+            .await?;
+        let (mut seconds, mut requests) = (0.0, 0.0);
+        for line in metrics.lines() {
+            let Some(series) = line.strip_prefix(PLUGIN_METRIC) else {
+                continue;
+            };
+            let ours = [
+                r#"name="ValidatingAdmissionPolicy""#,
+                r#"operation="DELETE""#,
+                r#"rejected="false""#,
+                r#"type="validate""#,
+            ]
+            .iter()
+            .all(|label| series.contains(label));
+            if !ours {
+                continue;
+            }
+            let value = || -> Result<f64> {
+                let v = line.rsplit(' ').next().unwrap_or_default();
+                v.parse()
+                    .with_context(|| format!("{PLUGIN_METRIC}: {line}"))
+            };
+            if series.starts_with("sum{") {
+                seconds += value()?;
+            } else if series.starts_with("count{") {
+                requests += value()?;
+            }
+        }
+        Ok((seconds, requests))
+    }
+
+    /// The plugin's mean microseconds per delete over PLUGIN_DELETES deletes
+    /// of `r` alone.
+    async fn plugin_mean(
+        admin: &Client,
+        gc: &Client,
+        ns: &str,
+        r: &ApiResource,
+        label: bool,
+        tag: &str,
+    ) -> Result<f64> {
+        let mut objects = Vec::new();
+        for i in 0..PLUGIN_DELETES {
+            objects.push(create_xr(admin, ns, r, &format!("{tag}-{i}"), label).await?);
+        }
+        let (s0, n0) = plugin_so_far(admin).await?;
+        for (name, uid) in &objects {
+            delete_as_gc(gc, ns, r, name, uid, FOREGROUND).await?;
+        }
+        let (s1, n1) = plugin_so_far(admin).await?;
+        if n1 - n0 < PLUGIN_DELETES as f64 {
+            bail!(
+                "{PLUGIN_METRIC}: {} allowed DELETEs counted for {PLUGIN_DELETES} sent",
+                n1 - n0
+            );
+        }
+        Ok((s1 - s0) / (n1 - n0) * 1e6)
+    }
+
+    /// The plugin's time for the unprotected kind, then the protected one.
+    async fn measure_plugin(
+        (admin, gc): (&Client, &Client),
+        ns: &str,
+        [plain, protected]: [&ApiResource; 2],
+        phase: &str,
+    ) -> Result<Plugin> {
+        let unprotected_us =
+            plugin_mean(admin, gc, ns, plain, false, &format!("{phase}-pu")).await?;
+        let protected_us =
+            plugin_mean(admin, gc, ns, protected, true, &format!("{phase}-pp")).await?;
+        println!(
+            "   admission plugin's own mean per allowed DELETE ({PLUGIN_DELETES} of each kind alone): unprotected {unprotected_us:.1} µs, protected {protected_us:.1} µs"
+        );
+        Ok(Plugin {
+            unprotected_us,
+            protected_us,
+        })
     }
 
     fn scales() -> Result<Vec<usize>> {
@@ -430,10 +553,12 @@ mod scale {
         let mut phases = Vec::new();
         let rounds = measure(&admin, &gc, ns, &plain, &protected, "none", FOREGROUND).await?;
         report("no policy", &rounds);
+        let plugin = measure_plugin((&admin, &gc), ns, [&plain, &protected], "none").await?;
         phases.push(Phase {
             name: "no policy".into(),
             policies: 0,
             rounds,
+            plugin,
         });
 
         install_seed_policy(&admin).await?;
@@ -443,10 +568,12 @@ mod scale {
             "the seed report's policy (1 policy, objectSelector)",
             &rounds,
         );
+        let plugin = measure_plugin((&admin, &gc), ns, [&plain, &protected], "seed").await?;
         phases.push(Phase {
             name: "the seed's policy".into(),
             policies: 1,
             rounds,
+            plugin,
         });
         remove_seed_policy(&admin).await?;
         wait_refused(&admin, ns, &protected, false, "the seed's policy removed").await?;
@@ -512,10 +639,13 @@ mod scale {
             )
             .await?;
             report(&format!("cascade-guard, {n} kinds protected"), &rounds);
+            let plugin =
+                measure_plugin((&admin, &gc), ns, [&plain, &protected], &format!("k{n}")).await?;
             phases.push(Phase {
                 name: format!("cascade-guard, {n} kinds"),
                 policies: installed,
                 rounds,
+                plugin,
             });
             controller = start_controller(&cp)?;
         }
@@ -537,10 +667,12 @@ mod scale {
         .await?;
         let rounds = measure(&admin, &gc, ns, &plain, &protected, "again", FOREGROUND).await?;
         report("no policy again", &rounds);
+        let plugin = measure_plugin((&admin, &gc), ns, [&plain, &protected], "again").await?;
         phases.push(Phase {
             name: "no policy again".into(),
             policies: 0,
             rounds,
+            plugin,
         });
         table(&phases);
         Ok(())
@@ -550,14 +682,14 @@ mod scale {
         let Some(first) = phases.first() else { return };
         let (floor, _) = first.rounds.pooled();
         println!(
-            "\n   | phase | policies | unprotected p50 / p99 ms | unprotected added p50 / p99 ms | protected p50 / p99 ms | protected minus unprotected p50 / p99 ms (median over rounds) |"
+            "\n   | phase | policies | unprotected p50 / p99 ms | unprotected added p50 / p99 ms | protected p50 / p99 ms | protected minus unprotected p50 / p99 ms (median over rounds) | admission plugin per DELETE, unprotected / protected µs | plugin, unprotected added µs |"
         );
-        println!("   |---|---|---|---|---|---|");
+        println!("   |---|---|---|---|---|---|---|---|");
         for phase in phases {
             let (unprotected, protected) = phase.rounds.pooled();
             let q = |v: &[f64], q| percentile(v, q);
             println!(
-                "   | {} | {} | {:.3} / {:.3} | {:+.3} / {:+.3} | {:.3} / {:.3} | {:+.3} / {:+.3} |",
+                "   | {} | {} | {:.3} / {:.3} | {:+.3} / {:+.3} | {:.3} / {:.3} | {:+.3} / {:+.3} | {:.1} / {:.1} | {:+.1} |",
                 phase.name,
                 phase.policies,
                 q(&unprotected, 50.0),
@@ -568,6 +700,9 @@ mod scale {
                 q(&protected, 99.0),
                 phase.rounds.median_difference(50.0),
                 phase.rounds.median_difference(99.0),
+                phase.plugin.unprotected_us,
+                phase.plugin.protected_us,
+                phase.plugin.unprotected_us - first.plugin.unprotected_us,
             );
         }
     }
