@@ -653,6 +653,7 @@ mod scale {
         let ours =
             kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=cascade-guard");
         let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
+        let shared = shared_pair(&vaps, &bindings, protected_so_far).await?;
         bindings
             .delete_collection(&Default::default(), &ours)
             .await?;
@@ -665,6 +666,39 @@ mod scale {
             "cascade-guard's policies removed",
         )
         .await?;
+
+        // The design #15 proposes, made by hand from what cascade-guard
+        // compiled for the first kind: the same policies and bindings, with
+        // every kind in their rules.
+        for (policy, its_bindings) in &shared {
+            vaps.create(&PostParams::default(), policy).await?;
+            for b in its_bindings {
+                bindings.create(&PostParams::default(), b).await?;
+            }
+        }
+        let newest = resource(
+            &format!("Bench{}", protected_so_far - 1),
+            &format!("bench{}s", protected_so_far - 1),
+        );
+        wait_refused(&admin, ns, &newest, true, "the shared pair").await?;
+        wait_refused(&admin, ns, &protected, true, "the shared pair").await?;
+        let rounds = measure(&admin, &gc, ns, &plain, &protected, "shared", FOREGROUND).await?;
+        let name = format!("one policy pair for all {protected_so_far} kinds (by hand)");
+        report(&name, &rounds);
+        let plugin = measure_plugin((&admin, &gc), ns, [&plain, &protected], "shared").await?;
+        phases.push(Phase {
+            name,
+            policies: shared.len(),
+            rounds,
+            plugin,
+        });
+        for (policy, its_bindings) in &shared {
+            for b in its_bindings {
+                bindings.delete(&b.name_any(), &Default::default()).await?;
+            }
+            vaps.delete(&policy.name_any(), &Default::default()).await?;
+        }
+        wait_refused(&admin, ns, &protected, false, "the shared pair removed").await?;
         let rounds = measure(&admin, &gc, ns, &plain, &protected, "again", FOREGROUND).await?;
         report("no policy again", &rounds);
         let plugin = measure_plugin((&admin, &gc), ns, [&plain, &protected], "again").await?;
@@ -676,6 +710,63 @@ mod scale {
         });
         table(&phases);
         Ok(())
+    }
+
+    /// cascade-guard's policies for the first kind (DELETE and UPDATE) and
+    /// their bindings, renamed, unlabelled (the controller's are deleted, not
+    /// these), with the resources of every one of the `kinds` in their rules.
+    async fn shared_pair(
+        vaps: &Api<ValidatingAdmissionPolicy>,
+        bindings: &Api<ValidatingAdmissionPolicyBinding>,
+        kinds: usize,
+    ) -> Result<
+        Vec<(
+            ValidatingAdmissionPolicy,
+            Vec<ValidatingAdmissionPolicyBinding>,
+        )>,
+    > {
+        let ours =
+            kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=cascade-guard");
+        let every: Vec<String> = (0..kinds).map(|i| format!("bench{i}s")).collect();
+        let widen = |rules: &mut Value| -> bool {
+            let Some(rules) = rules.as_array_mut() else {
+                return false;
+            };
+            let mut first_kind = false;
+            for rule in rules {
+                if rule["resources"] == json!(["bench0s"]) {
+                    rule["resources"] = json!(every);
+                    first_kind = true;
+                }
+            }
+            first_kind
+        };
+        let all_bindings = bindings.list(&ours).await?.items;
+        let mut shared = Vec::new();
+        for policy in vaps.list(&ours).await?.items {
+            let mut p = serde_json::to_value(&policy)?;
+            if !widen(&mut p["spec"]["matchConstraints"]["resourceRules"]) {
+                continue;
+            }
+            let name = format!("bench-shared-{}", policy.name_any());
+            p["metadata"] = json!({"name": name});
+            let mut its = Vec::new();
+            for binding in &all_bindings {
+                let mut b = serde_json::to_value(binding)?;
+                if b["spec"]["policyName"] != json!(policy.name_any()) {
+                    continue;
+                }
+                widen(&mut b["spec"]["matchResources"]["resourceRules"]);
+                b["metadata"] = json!({"name": format!("bench-shared-{}", binding.name_any())});
+                b["spec"]["policyName"] = json!(name);
+                its.push(serde_json::from_value(b)?);
+            }
+            shared.push((serde_json::from_value(p)?, its));
+        }
+        if shared.is_empty() {
+            bail!("no policy of cascade-guard's names bench0s alone");
+        }
+        Ok(shared)
     }
 
     fn table(phases: &[Phase]) {
