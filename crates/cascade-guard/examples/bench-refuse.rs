@@ -31,6 +31,8 @@ const KINDS: usize = 50;
 const DELETES: usize = 1000;
 const ROUNDS: usize = 5;
 const CHANGES: usize = 10;
+/// The label on cascade-guard's own admission objects.
+const MANAGED: &str = "app.kubernetes.io/managed-by=cascade-guard";
 const GC_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
 
 fn xrd(i: usize) -> Value {
@@ -191,8 +193,7 @@ async fn main() -> Result<()> {
     let bindings: Api<
         k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
     > = Api::all(admin.clone());
-    let ours =
-        kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=cascade-guard");
+    let ours = kube::api::ListParams::default().labels(MANAGED);
     bindings
         .delete_collection(&Default::default(), &ours)
         .await?;
@@ -462,24 +463,46 @@ mod scale {
         Ok((s1 - s0) / (n1 - n0) * 1e6)
     }
 
-    /// The plugin's time for the unprotected kind, then the protected one.
-    async fn measure_plugin(
-        (admin, gc): (&Client, &Client),
-        ns: &str,
-        [plain, protected]: [&ApiResource; 2],
-        phase: &str,
-    ) -> Result<Plugin> {
-        let unprotected_us =
-            plugin_mean(admin, gc, ns, plain, false, &format!("{phase}-pu")).await?;
-        let protected_us =
-            plugin_mean(admin, gc, ns, protected, true, &format!("{phase}-pp")).await?;
-        println!(
-            "   admission plugin's own mean per allowed DELETE ({PLUGIN_DELETES} of each kind alone): unprotected {unprotected_us:.1} µs, protected {protected_us:.1} µs"
-        );
-        Ok(Plugin {
-            unprotected_us,
-            protected_us,
-        })
+    /// What every phase sends: the clients, the namespace and the two kinds.
+    struct Bench<'a> {
+        admin: &'a Client,
+        gc: &'a Client,
+        ns: &'a str,
+        plain: &'a ApiResource,
+        protected: &'a ApiResource,
+    }
+
+    impl Bench<'_> {
+        /// One phase: the interleaved rounds (reported under `heading`), then
+        /// the plugin's own time for the unprotected kind and the protected one.
+        async fn phase(
+            &self,
+            tag: &str,
+            heading: &str,
+            name: String,
+            policies: usize,
+        ) -> Result<Phase> {
+            let (admin, gc, ns) = (self.admin, self.gc, self.ns);
+            let rounds =
+                measure(admin, gc, ns, self.plain, self.protected, tag, FOREGROUND).await?;
+            report(heading, &rounds);
+            let unprotected_us =
+                plugin_mean(admin, gc, ns, self.plain, false, &format!("{tag}-pu")).await?;
+            let protected_us =
+                plugin_mean(admin, gc, ns, self.protected, true, &format!("{tag}-pp")).await?;
+            println!(
+                "   admission plugin's own mean per allowed DELETE ({PLUGIN_DELETES} of each kind alone): unprotected {unprotected_us:.1} µs, protected {protected_us:.1} µs"
+            );
+            Ok(Phase {
+                name,
+                policies,
+                rounds,
+                plugin: Plugin {
+                    unprotected_us,
+                    protected_us,
+                },
+            })
+        }
     }
 
     fn scales() -> Result<Vec<usize>> {
@@ -550,31 +573,32 @@ mod scale {
         println!(
             "   of an XR labelled crossplane.io/composite with one composed resource, and of an unlabelled object of a kind no policy names"
         );
+        let bench = Bench {
+            admin: &admin,
+            gc: &gc,
+            ns,
+            plain: &plain,
+            protected: &protected,
+        };
         let mut phases = Vec::new();
-        let rounds = measure(&admin, &gc, ns, &plain, &protected, "none", FOREGROUND).await?;
-        report("no policy", &rounds);
-        let plugin = measure_plugin((&admin, &gc), ns, [&plain, &protected], "none").await?;
-        phases.push(Phase {
-            name: "no policy".into(),
-            policies: 0,
-            rounds,
-            plugin,
-        });
+        phases.push(
+            bench
+                .phase("none", "no policy", "no policy".into(), 0)
+                .await?,
+        );
 
         install_seed_policy(&admin).await?;
         wait_refused(&admin, ns, &protected, true, "the seed's policy").await?;
-        let rounds = measure(&admin, &gc, ns, &plain, &protected, "seed", FOREGROUND).await?;
-        report(
-            "the seed report's policy (1 policy, objectSelector)",
-            &rounds,
+        phases.push(
+            bench
+                .phase(
+                    "seed",
+                    "the seed report's policy (1 policy, objectSelector)",
+                    "the seed's policy".into(),
+                    1,
+                )
+                .await?,
         );
-        let plugin = measure_plugin((&admin, &gc), ns, [&plain, &protected], "seed").await?;
-        phases.push(Phase {
-            name: "the seed's policy".into(),
-            policies: 1,
-            rounds,
-            plugin,
-        });
         remove_seed_policy(&admin).await?;
         wait_refused(&admin, ns, &protected, false, "the seed's policy removed").await?;
 
@@ -598,10 +622,7 @@ mod scale {
             let deadline = Instant::now() + Duration::from_secs(300);
             let installed = loop {
                 let ours = vaps
-                    .list(
-                        &kube::api::ListParams::default()
-                            .labels("app.kubernetes.io/managed-by=cascade-guard"),
-                    )
+                    .list(&kube::api::ListParams::default().labels(MANAGED))
                     .await?
                     .items;
                 let deletes = ours
@@ -628,30 +649,20 @@ mod scale {
             // watching the protected kinds' deletes) would be counted as the
             // API server's.
             controller.stop(Duration::from_secs(10));
-            let rounds = measure(
-                &admin,
-                &gc,
-                ns,
-                &plain,
-                &protected,
-                &format!("k{n}"),
-                FOREGROUND,
-            )
-            .await?;
-            report(&format!("cascade-guard, {n} kinds protected"), &rounds);
-            let plugin =
-                measure_plugin((&admin, &gc), ns, [&plain, &protected], &format!("k{n}")).await?;
-            phases.push(Phase {
-                name: format!("cascade-guard, {n} kinds"),
-                policies: installed,
-                rounds,
-                plugin,
-            });
+            phases.push(
+                bench
+                    .phase(
+                        &format!("k{n}"),
+                        &format!("cascade-guard, {n} kinds protected"),
+                        format!("cascade-guard, {n} kinds"),
+                        installed,
+                    )
+                    .await?,
+            );
             controller = start_controller(&cp)?;
         }
         controller.stop(Duration::from_secs(10));
-        let ours =
-            kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=cascade-guard");
+        let ours = kube::api::ListParams::default().labels(MANAGED);
         let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
         let shared = shared_pair(&vaps, &bindings, protected_so_far).await?;
         bindings
@@ -682,16 +693,12 @@ mod scale {
         );
         wait_refused(&admin, ns, &newest, true, "the shared pair").await?;
         wait_refused(&admin, ns, &protected, true, "the shared pair").await?;
-        let rounds = measure(&admin, &gc, ns, &plain, &protected, "shared", FOREGROUND).await?;
         let name = format!("one policy pair for all {protected_so_far} kinds (by hand)");
-        report(&name, &rounds);
-        let plugin = measure_plugin((&admin, &gc), ns, [&plain, &protected], "shared").await?;
-        phases.push(Phase {
-            name,
-            policies: shared.len(),
-            rounds,
-            plugin,
-        });
+        phases.push(
+            bench
+                .phase("shared", &name, name.clone(), shared.len())
+                .await?,
+        );
         for (policy, its_bindings) in &shared {
             for b in its_bindings {
                 bindings.delete(&b.name_any(), &Default::default()).await?;
@@ -699,15 +706,11 @@ mod scale {
             vaps.delete(&policy.name_any(), &Default::default()).await?;
         }
         wait_refused(&admin, ns, &protected, false, "the shared pair removed").await?;
-        let rounds = measure(&admin, &gc, ns, &plain, &protected, "again", FOREGROUND).await?;
-        report("no policy again", &rounds);
-        let plugin = measure_plugin((&admin, &gc), ns, [&plain, &protected], "again").await?;
-        phases.push(Phase {
-            name: "no policy again".into(),
-            policies: 0,
-            rounds,
-            plugin,
-        });
+        phases.push(
+            bench
+                .phase("again", "no policy again", "no policy again".into(), 0)
+                .await?,
+        );
         table(&phases);
         Ok(())
     }
@@ -725,8 +728,7 @@ mod scale {
             Vec<ValidatingAdmissionPolicyBinding>,
         )>,
     > {
-        let ours =
-            kube::api::ListParams::default().labels("app.kubernetes.io/managed-by=cascade-guard");
+        let ours = kube::api::ListParams::default().labels(MANAGED);
         let every: Vec<String> = (0..kinds).map(|i| format!("bench{i}s")).collect();
         let widen = |rules: &mut Value| -> bool {
             let Some(rules) = rules.as_array_mut() else {
