@@ -158,3 +158,64 @@ async fn held_objects(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::controller::convert::fake_api_server::{Exchange, against, metadata, resource};
+
+    const FIRST: &str = "/apis/example.org/v1/xdatabases?&limit=50";
+    const NEXT: &str = "/apis/example.org/v1/xdatabases?&limit=500&continue=next";
+
+    fn page(objects: &[bool], next: &str) -> Value {
+        let items: Vec<Value> = objects
+            .iter()
+            .enumerate()
+            .map(|(i, &held)| {
+                let finalizers: &[&str] = if held {
+                    &[FOREGROUND_CASCADE_FINALIZER]
+                } else {
+                    &[]
+                };
+                metadata(&format!("u{i}"), "1", finalizers, false)
+            })
+            .collect();
+        json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadataList",
+            "metadata": {"continue": next},
+            "items": items,
+        })
+    }
+
+    /// Any stops at the first held object, on whichever page; Every reads
+    /// every page. A request out of script fails the test.
+    #[tokio::test]
+    async fn a_scan_for_any_stops_at_the_first_held_object() {
+        let cases = [
+            // (first page, second page, depth, pages read, held found)
+            ([false, false], [true, true], Depth::Any, 2, 1),
+            ([false, false], [true, true], Depth::Every, 2, 2),
+            ([true, false], [true, true], Depth::Any, 1, 1),
+            ([true, false], [true, true], Depth::Every, 2, 3),
+            ([false, false], [false, false], Depth::Any, 2, 0),
+        ];
+        for (first, second, depth, pages, found) in cases {
+            let mut script = vec![Exchange::get(FIRST).ok(page(&first, "next"))];
+            if pages == 2 {
+                script.push(Exchange::get(NEXT).ok(page(&second, "")));
+            }
+            let held = against(script, async |c| {
+                held_objects(&c, &resource(), depth).await.map(|h| h.len())
+            })
+            .await;
+            assert_eq!(
+                held.map_err(|e| e.to_string()),
+                Ok(found),
+                "{first:?} then {second:?}, {depth:?}"
+            );
+        }
+    }
+}

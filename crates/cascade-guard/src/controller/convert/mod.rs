@@ -18,7 +18,7 @@ pub(super) mod dependents;
 pub(super) mod discovery;
 pub(super) mod events;
 #[cfg(test)]
-mod fake_api_server;
+pub(super) mod fake_api_server;
 mod intake;
 mod kinds;
 mod progress;
