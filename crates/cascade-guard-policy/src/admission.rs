@@ -1,6 +1,7 @@
-//! One ValidatingAdmissionPolicy and one binding per policy.
+//! The ValidatingAdmissionPolicies and bindings policies compile to: one
+//! pair per mode and shape for all XRDs, one pair per CascadePolicy.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::admissionregistration::v1::{
     AuditAnnotation, MatchCondition, MatchResources, NamedRuleWithOperations,
@@ -10,12 +11,13 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::cel::{DECISION_AUDIT_KEY, compile_cel, compile_update_cel};
+use crate::kind::Shape;
 use crate::mode::Mode;
 use crate::names::{
     CASCADE_POLICY_OBJECT_PREFIX, CLAIM_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
-    MODE_ANNOTATION, MODE_FROM_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION,
-    UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_CLAIM_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX,
-    XRD_OBJECT_PREFIX,
+    MODE_ANNOTATION, MODE_FROM_ANNOTATION, PROTECTED_KIND_ANNOTATION, PROTECTED_KINDS_ANNOTATION,
+    SOURCE_ANNOTATION, UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_CLAIM_OBJECT_PREFIX,
+    UPDATE_XRD_OBJECT_PREFIX, UPDATE_XRDS_OBJECT_PREFIX, XRD_OBJECT_PREFIX, XRDS_OBJECT_PREFIX,
 };
 use crate::resolve::{Policy, Source};
 use crate::selector::is_dns_subdomain;
@@ -47,16 +49,64 @@ pub fn validation_actions(mode: Mode) -> Option<Vec<String>> {
     Some(actions.iter().map(|a| a.to_string()).collect())
 }
 
-/// What a policy compiles to: the pair that checks DELETEs, then the pair
-/// that checks UPDATEs; nothing for mode Off.
+/// What a policy compiles to on its own: the pair that checks DELETEs, then
+/// the pair that checks UPDATEs; nothing for mode Off. An XRD's policy gets
+/// the objects it would share with the other XRDs of its mode and shape,
+/// naming only its own kind (see [`compile_all`]).
 pub fn compile(policy: &Policy, settings: &CompileSettings) -> Vec<Compiled> {
-    let Some(actions) = validation_actions(policy.mode) else {
-        return Vec::new();
-    };
-    vec![
-        compile_delete(policy, settings, actions.clone()),
-        compile_update(policy, settings, actions),
-    ]
+    compile_all(std::slice::from_ref(policy), settings)
+}
+
+/// What a set of policies compiles to, in the order of the policies.
+///
+/// Every XRD policy of one mode and shape shares one DELETE pair and one
+/// UPDATE pair that name all their kinds: the API server matches every
+/// request in the cluster against every policy, so the cost of an
+/// unprotected request then grows with the number of modes and shapes in use
+/// (at most six pairs), not with the number of kinds (BENCHMARKS.md). Their
+/// CEL reads nothing of the kind, so sharing changes no verdict. A
+/// CascadePolicy keeps its own pair: its selector is its own, and its last
+/// good compilation is kept by name (see [`crate::last_good`]).
+pub fn compile_all(policies: &[Policy], settings: &CompileSettings) -> Vec<Compiled> {
+    let mut out = Vec::new();
+    for carriers in group(policies) {
+        let Some(first) = carriers.first() else {
+            continue;
+        };
+        let Some(actions) = validation_actions(first.mode) else {
+            continue;
+        };
+        let [delete, update] = names_of(first);
+        out.extend(compile_delete(delete, &carriers, settings, actions.clone()));
+        out.extend(compile_update(update, &carriers, settings, actions));
+    }
+    out
+}
+
+/// The policies that share objects, in the order their first member appears:
+/// every XRD policy of one mode and shape together, each other policy alone.
+fn group(policies: &[Policy]) -> Vec<Vec<&Policy>> {
+    let mut groups: Vec<Vec<&Policy>> = Vec::new();
+    let mut shared: BTreeMap<(Mode, Shape), usize> = BTreeMap::new();
+    for p in policies {
+        if !is_shared(p) {
+            groups.push(vec![p]);
+            continue;
+        }
+        match shared.get(&(p.mode, p.kind.shape)) {
+            Some(&i) => groups[i].push(p),
+            None => {
+                shared.insert((p.mode, p.kind.shape), groups.len());
+                groups.push(vec![p]);
+            }
+        }
+    }
+    groups
+}
+
+/// Whether a policy's objects are shared with other kinds (an XRD's are).
+pub fn is_shared(policy: &Policy) -> bool {
+    matches!(policy.source, Source::Xrd { .. })
 }
 
 /// The names of what [`compile`] makes of a policy from `source` (empty for Off).
@@ -64,30 +114,81 @@ pub fn object_names(policy: &Policy) -> Vec<String> {
     if validation_actions(policy.mode).is_none() {
         return Vec::new();
     }
-    vec![
-        object_name(&policy.source),
-        update_object_name(&policy.source),
-    ]
+    names_of(policy).into()
 }
 
-fn rule(policy: &Policy, operation: &str) -> NamedRuleWithOperations {
-    NamedRuleWithOperations {
-        api_groups: Some(vec![policy.kind.group.clone()]),
-        api_versions: Some(vec!["*".to_string()]),
-        operations: Some(vec![operation.to_string()]),
-        resources: Some(vec![policy.kind.plural.clone()]),
-        scope: Some(policy.kind.scope.admission_scope().to_string()),
-        resource_names: None,
+fn names_of(policy: &Policy) -> [String; 2] {
+    if is_shared(policy) {
+        [
+            shared_object_name(policy.mode, policy.kind.shape),
+            shared_update_object_name(policy.mode, policy.kind.shape),
+        ]
+    } else {
+        [
+            object_name(&policy.source),
+            update_object_name(&policy.source),
+        ]
     }
 }
 
-fn compile_delete(policy: &Policy, settings: &CompileSettings, actions: Vec<String>) -> Compiled {
-    let cel = compile_cel(policy.mode, policy.kind.shape, settings);
+/// `cascade-guard-xrds-<mode>-<shape>`: the DELETE pair every XRD of that
+/// mode and shape shares (`cascade-guard-xrds-refuse-composite`).
+pub fn shared_object_name(mode: Mode, shape: Shape) -> String {
+    format!("{XRDS_OBJECT_PREFIX}{}", variant(mode, shape))
+}
+
+/// `cascade-guard-update-xrds-<mode>-<shape>`: the UPDATE pair they share.
+pub fn shared_update_object_name(mode: Mode, shape: Shape) -> String {
+    format!("{UPDATE_XRDS_OBJECT_PREFIX}{}", variant(mode, shape))
+}
+
+fn variant(mode: Mode, shape: Shape) -> String {
+    let shape = match shape {
+        Shape::CompositeResource => "composite",
+        Shape::Claim => "claim",
+        Shape::Other => "other",
+    };
+    format!("{}-{shape}", mode.as_str().to_ascii_lowercase())
+}
+
+/// One rule per group and scope, naming every plural of the policies' kinds
+/// in it (sorted, each once), so that the objects do not change with the
+/// order the kinds were read in.
+fn rules(carriers: &[&Policy], operation: &str) -> Vec<NamedRuleWithOperations> {
+    let mut by_group: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+    for p in carriers {
+        by_group
+            .entry((p.kind.group.as_str(), p.kind.scope.admission_scope()))
+            .or_default()
+            .insert(p.kind.plural.as_str());
+    }
+    by_group
+        .into_iter()
+        .map(|((group, scope), plurals)| NamedRuleWithOperations {
+            api_groups: Some(vec![group.to_string()]),
+            api_versions: Some(vec!["*".to_string()]),
+            operations: Some(vec![operation.to_string()]),
+            resources: Some(plurals.into_iter().map(str::to_string).collect()),
+            scope: Some(scope.to_string()),
+            resource_names: None,
+        })
+        .collect()
+}
+
+fn compile_delete(
+    name: String,
+    carriers: &[&Policy],
+    settings: &CompileSettings,
+    actions: Vec<String>,
+) -> Option<Compiled> {
+    let first = carriers.first()?;
+    let mode = first.mode;
+    let cel = compile_cel(mode, first.kind.shape, settings);
     // objectSelector is matched against the stored object's labels on DELETE.
-    assemble(
-        object_name(&policy.source),
-        policy,
-        rule(policy, "DELETE"),
+    Some(assemble(
+        name,
+        carriers,
+        rules(carriers, "DELETE"),
         actions,
         ValidatingAdmissionPolicySpec {
             // Refuse and Convert pass safe deletes on this condition alone:
@@ -95,7 +196,7 @@ fn compile_delete(policy: &Policy, settings: &CompileSettings, actions: Vec<Stri
             // evaluated on every request otherwise). The validation keeps the
             // full rule, so the verdict does not rest on the condition. Warn
             // evaluates everything, to audit why it allowed.
-            match_conditions: (policy.mode != Mode::Warn).then(|| {
+            match_conditions: (mode != Mode::Warn).then(|| {
                 vec![MatchCondition {
                     name: UNSAFE_DELETE_CONDITION.to_string(),
                     expression: cel.refusal_condition.clone(),
@@ -110,7 +211,7 @@ fn compile_delete(policy: &Policy, settings: &CompileSettings, actions: Vec<Stri
             }]),
             // The API server evaluates audit annotations on every request, so
             // only Warn, whose point is the record, carries why it allowed.
-            audit_annotations: (policy.mode == Mode::Warn).then(|| {
+            audit_annotations: (mode == Mode::Warn).then(|| {
                 vec![AuditAnnotation {
                     key: DECISION_AUDIT_KEY.to_string(),
                     value_expression: cel.decision_expression,
@@ -118,7 +219,7 @@ fn compile_delete(policy: &Policy, settings: &CompileSettings, actions: Vec<Stri
             }),
             ..ValidatingAdmissionPolicySpec::default()
         },
-    )
+    ))
 }
 
 /// The policy that keeps a cascade's finalizers and an XR's composed
@@ -127,12 +228,18 @@ fn compile_delete(policy: &Policy, settings: &CompileSettings, actions: Vec<Stri
 /// an ordinary one must cost no more than that condition. On UPDATE a
 /// binding's objectSelector matches when the old or the new labels match, so
 /// taking the label off in the same update does not escape it.
-fn compile_update(policy: &Policy, settings: &CompileSettings, actions: Vec<String>) -> Compiled {
-    let cel = compile_update_cel(policy.mode, policy.kind.shape, settings);
-    assemble(
-        update_object_name(&policy.source),
-        policy,
-        rule(policy, "UPDATE"),
+fn compile_update(
+    name: String,
+    carriers: &[&Policy],
+    settings: &CompileSettings,
+    actions: Vec<String>,
+) -> Option<Compiled> {
+    let first = carriers.first()?;
+    let cel = compile_update_cel(first.mode, first.kind.shape, settings);
+    Some(assemble(
+        name,
+        carriers,
+        rules(carriers, "UPDATE"),
         actions,
         ValidatingAdmissionPolicySpec {
             match_conditions: Some(vec![MatchCondition {
@@ -153,24 +260,29 @@ fn compile_update(policy: &Policy, settings: &CompileSettings, actions: Vec<Stri
             ),
             ..ValidatingAdmissionPolicySpec::default()
         },
-    )
+    ))
 }
 
-/// A policy with `spec`'s CEL, matching `rule`, failing closed, and its
-/// binding with the policy's selector.
+/// A policy with `spec`'s CEL, matching `rules`, failing closed, and its
+/// binding with the policies' selector (shared objects have none).
 fn assemble(
     name: String,
-    policy: &Policy,
-    rule: NamedRuleWithOperations,
+    carriers: &[&Policy],
+    rules: Vec<NamedRuleWithOperations>,
     actions: Vec<String>,
     spec: ValidatingAdmissionPolicySpec,
 ) -> Compiled {
+    let metadata = metadata(&name, carriers);
+    let selector = match carriers {
+        [only] => only.selector.clone(),
+        _ => None,
+    };
     let vap = ValidatingAdmissionPolicy {
-        metadata: metadata(&name, policy),
+        metadata: metadata.clone(),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".to_string()),
             match_constraints: Some(MatchResources {
-                resource_rules: Some(vec![rule.clone()]),
+                resource_rules: Some(rules.clone()),
                 // Every version is in the rule, and a custom resource has no
                 // equivalent in another group, so Equivalent (the default)
                 // would only add a second pass to every request's matching.
@@ -182,13 +294,13 @@ fn assemble(
         status: None,
     };
     let binding = ValidatingAdmissionPolicyBinding {
-        metadata: metadata(&name, policy),
+        metadata,
         spec: ValidatingAdmissionPolicyBindingSpec {
             policy_name: name.clone(),
             validation_actions: actions,
             match_resources: Some(MatchResources {
-                resource_rules: Some(vec![rule]),
-                object_selector: policy.selector.clone(),
+                resource_rules: Some(rules),
+                object_selector: selector,
                 ..MatchResources::default()
             }),
             param_ref: None,
@@ -211,25 +323,50 @@ fn variables(cel: Vec<super::cel::CelVariable>) -> Option<Vec<Variable>> {
     )
 }
 
-fn metadata(name: &str, policy: &Policy) -> ObjectMeta {
+/// A shared object says, per kind, where its policy comes from
+/// ([`PROTECTED_KINDS_ANNOTATION`]); a CascadePolicy's own object says it in
+/// one annotation each.
+fn metadata(name: &str, carriers: &[&Policy]) -> ObjectMeta {
+    let mut annotations = BTreeMap::new();
+    if let Some(first) = carriers.first() {
+        annotations.insert(MODE_ANNOTATION.to_string(), first.mode.to_string());
+        if is_shared(first) {
+            let kinds: BTreeMap<String, BTreeMap<&str, String>> = carriers
+                .iter()
+                .map(|p| {
+                    (
+                        p.kind.to_string(),
+                        BTreeMap::from([
+                            ("source", p.source.to_string()),
+                            ("modeFrom", mode_from(&p.source).to_string()),
+                        ]),
+                    )
+                })
+                .collect();
+            // A map of strings always serialises.
+            annotations.insert(
+                PROTECTED_KINDS_ANNOTATION.to_string(),
+                serde_json::to_string(&kinds).unwrap_or_default(),
+            );
+        } else {
+            annotations.insert(SOURCE_ANNOTATION.to_string(), first.source.to_string());
+            annotations.insert(
+                PROTECTED_KIND_ANNOTATION.to_string(),
+                first.kind.to_string(),
+            );
+            annotations.insert(
+                MODE_FROM_ANNOTATION.to_string(),
+                mode_from(&first.source).to_string(),
+            );
+        }
+    }
     ObjectMeta {
         name: Some(name.to_string()),
         labels: Some(BTreeMap::from([(
             MANAGED_BY_LABEL.to_string(),
             MANAGED_BY_VALUE.to_string(),
         )])),
-        annotations: Some(BTreeMap::from([
-            (SOURCE_ANNOTATION.to_string(), policy.source.to_string()),
-            (
-                PROTECTED_KIND_ANNOTATION.to_string(),
-                policy.kind.to_string(),
-            ),
-            (MODE_ANNOTATION.to_string(), policy.mode.to_string()),
-            (
-                MODE_FROM_ANNOTATION.to_string(),
-                mode_from(&policy.source).to_string(),
-            ),
-        ])),
+        annotations: Some(annotations),
         ..ObjectMeta::default()
     }
 }
@@ -587,5 +724,173 @@ mod tests {
             update_object_name(&xrd_source("x.example.org")),
             "cascade-guard-update-xrd-x.example.org"
         );
+    }
+
+    fn xrd_policy(kind: &str, group: &str, mode: Mode, shape: Shape, annotated: bool) -> Policy {
+        Policy {
+            kind: ProtectedKind {
+                group: group.into(),
+                kind: kind.into(),
+                plural: format!("{}s", kind.to_lowercase()),
+                scope: if shape == Shape::Claim {
+                    Scope::Namespaced
+                } else {
+                    Scope::Cluster
+                },
+                shape,
+            },
+            mode,
+            selector: None,
+            source: Source::Xrd {
+                name: format!("{}s.{group}", kind.to_lowercase()),
+                annotated,
+                claim: shape == Shape::Claim,
+            },
+        }
+    }
+
+    #[test]
+    fn xrds_of_one_mode_and_shape_share_one_pair_naming_every_kind() {
+        let selector = LabelSelector {
+            match_labels: Some([("tier".to_string(), "prod".to_string())].into()),
+            match_expressions: None,
+        };
+        let mut own = policy(
+            Source::CascadePolicy { name: "dbs".into() },
+            Mode::Refuse,
+            Scope::Namespaced,
+            Some(selector.clone()),
+        );
+        own.kind.kind = "Database".into();
+        own.kind.plural = "databases".into();
+        let policies = vec![
+            xrd_policy(
+                "B",
+                "b.example.org",
+                Mode::Refuse,
+                Shape::CompositeResource,
+                true,
+            ),
+            xrd_policy(
+                "A",
+                "a.example.org",
+                Mode::Refuse,
+                Shape::CompositeResource,
+                false,
+            ),
+            xrd_policy(
+                "C",
+                "a.example.org",
+                Mode::Refuse,
+                Shape::CompositeResource,
+                true,
+            ),
+            own.clone(),
+            xrd_policy(
+                "D",
+                "a.example.org",
+                Mode::Convert,
+                Shape::CompositeResource,
+                true,
+            ),
+            xrd_policy("AClaim", "a.example.org", Mode::Refuse, Shape::Claim, true),
+            xrd_policy(
+                "E",
+                "a.example.org",
+                Mode::Off,
+                Shape::CompositeResource,
+                true,
+            ),
+        ];
+        let settings = CompileSettings::default();
+        let all = compile_all(&policies, &settings);
+        let names: Vec<String> = all.iter().map(|c| c.policy.name_any()).collect();
+        assert_eq!(
+            names,
+            [
+                "cascade-guard-xrds-refuse-composite",
+                "cascade-guard-update-xrds-refuse-composite",
+                "cascade-guard-policy-dbs",
+                "cascade-guard-update-policy-dbs",
+                "cascade-guard-xrds-convert-composite",
+                "cascade-guard-update-xrds-convert-composite",
+                "cascade-guard-xrds-refuse-claim",
+                "cascade-guard-update-xrds-refuse-claim",
+            ]
+        );
+        // Every policy's names are those of a compiled pair that matches its kind.
+        for p in &policies {
+            for name in object_names(p) {
+                let c = all.iter().find(|c| c.policy.name_any() == name).unwrap();
+                let vap = serde_json::to_value(&c.policy).unwrap();
+                let rules = vap["spec"]["matchConstraints"]["resourceRules"]
+                    .as_array()
+                    .unwrap();
+                assert!(
+                    rules
+                        .iter()
+                        .any(|r| r["apiGroups"][0] == p.kind.group.as_str()
+                            && r["resources"]
+                                .as_array()
+                                .unwrap()
+                                .contains(&p.kind.plural.clone().into())),
+                    "{name} does not match {}",
+                    p.kind
+                );
+            }
+        }
+        // One rule per group and scope, plurals sorted; the binding has the
+        // same rules and no selector.
+        let shared = serde_json::to_value(&all[0].policy).unwrap();
+        let rule = |group: &str, resources: &[&str]| {
+            serde_json::json!({"apiGroups": [group], "apiVersions": ["*"], "operations": ["DELETE"],
+                "resources": resources, "scope": "Cluster"})
+        };
+        assert_eq!(
+            shared["spec"]["matchConstraints"]["resourceRules"],
+            serde_json::json!([
+                rule("a.example.org", &["as", "cs"]),
+                rule("b.example.org", &["bs"])
+            ])
+        );
+        let binding = serde_json::to_value(&all[0].binding).unwrap();
+        assert_eq!(
+            binding["spec"]["matchResources"],
+            serde_json::json!({"resourceRules": shared["spec"]["matchConstraints"]["resourceRules"]})
+        );
+        // Per kind, where its policy comes from.
+        let ann = &shared["metadata"]["annotations"];
+        assert_eq!(ann["cascade-guard.dev/mode"], "Refuse");
+        assert!(ann.get("cascade-guard.dev/source").is_none());
+        let kinds: serde_json::Value =
+            serde_json::from_str(ann["cascade-guard.dev/protected-kinds"].as_str().unwrap())
+                .unwrap();
+        assert_eq!(
+            kinds,
+            serde_json::json!({
+                "A.a.example.org": {"source": "CompositeResourceDefinition/as.a.example.org", "modeFrom": "xrd-default-mode"},
+                "B.b.example.org": {"source": "CompositeResourceDefinition/bs.b.example.org", "modeFrom": "xrd-annotation"},
+                "C.a.example.org": {"source": "CompositeResourceDefinition/cs.a.example.org", "modeFrom": "xrd-annotation"},
+            })
+        );
+        // The CascadePolicy keeps its own pair, with its selector.
+        let mine = serde_json::to_value(&all[2].binding).unwrap();
+        assert_eq!(
+            mine["spec"]["matchResources"]["objectSelector"],
+            serde_json::to_value(&selector).unwrap()
+        );
+        assert_eq!(compile(&own, &settings), all[2..4].to_vec());
+
+        // The order the XRDs were read in changes nothing.
+        let mut reversed = policies.clone();
+        reversed.reverse();
+        let again = compile_all(&reversed, &settings);
+        for c in &all {
+            let same = again
+                .iter()
+                .find(|a| a.policy.name_any() == c.policy.name_any())
+                .unwrap();
+            assert_eq!(same, c);
+        }
     }
 }

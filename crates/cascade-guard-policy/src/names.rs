@@ -43,6 +43,10 @@ pub const MANAGED_BY_VALUE: &str = "cascade-guard";
 pub const SOURCE_ANNOTATION: &str = "cascade-guard.dev/source";
 pub const PROTECTED_KIND_ANNOTATION: &str = "cascade-guard.dev/protected-kind";
 pub const MODE_ANNOTATION: &str = "cascade-guard.dev/mode";
+/// On an object every XRD of one mode and shape shares: for each kind it
+/// protects (`Kind.group`), where its policy comes from, as JSON
+/// (`{"Kind.group": {"source": "CompositeResourceDefinition/...", "modeFrom": "xrd-annotation"}}`).
+pub const PROTECTED_KINDS_ANNOTATION: &str = "cascade-guard.dev/protected-kinds";
 /// Where the mode comes from: the XRD's annotation, the controller's default
 /// for XRDs without one, or a CascadePolicy's spec.
 pub const MODE_FROM_ANNOTATION: &str = "cascade-guard.dev/mode-from";
@@ -74,8 +78,15 @@ pub const CROSSPLANE_APIEXTENSIONS_GROUP: &str = "apiextensions.crossplane.io";
 /// Kind of a Crossplane CompositeResourceDefinition.
 pub const XRD_KIND: &str = "CompositeResourceDefinition";
 
+/// Prefixes of the objects every XRD of one mode and shape shares, for
+/// DELETEs and for UPDATEs (`cascade-guard-xrds-refuse-composite`).
+pub const XRDS_OBJECT_PREFIX: &str = "cascade-guard-xrds-";
+pub const UPDATE_XRDS_OBJECT_PREFIX: &str = "cascade-guard-update-xrds-";
+
 /// Prefixes of generated object names, one per kind of source: the policy
-/// and binding that check DELETEs.
+/// and binding that check DELETEs. XRDs' per-kind names are what earlier
+/// releases wrote; they are still recognised, so an upgrade removes them
+/// (after writing the shared objects) only once XRDs could be read.
 pub const XRD_OBJECT_PREFIX: &str = "cascade-guard-xrd-";
 pub const CASCADE_POLICY_OBJECT_PREFIX: &str = "cascade-guard-policy-";
 /// The claim kind of a legacy XRD, named after the XRD.

@@ -6,11 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::admission::{Compiled, compile};
+use crate::admission::{Compiled, compile_all, object_names};
 use crate::drift::first_difference;
 use crate::names::{
     CASCADE_POLICY_OBJECT_PREFIX, CLAIM_OBJECT_PREFIX, UPDATE_CASCADE_POLICY_OBJECT_PREFIX,
-    UPDATE_CLAIM_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, XRD_OBJECT_PREFIX,
+    UPDATE_CLAIM_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, UPDATE_XRDS_OBJECT_PREFIX,
+    XRD_OBJECT_PREFIX, XRDS_OBJECT_PREFIX,
 };
 use crate::resolve::{Policy, Resolution, Source};
 use crate::settings::CompileSettings;
@@ -40,20 +41,18 @@ pub struct Known {
     pub cascade_policies: bool,
 }
 
-/// One policy in force and the admission objects it compiles to (none for Off).
+/// One policy in force and the names of the admission objects that carry it
+/// (none for Off; an XRD's are shared with the other XRDs of its mode and shape).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Planned {
     pub policy: Policy,
-    pub objects: Vec<Compiled>,
+    pub names: Vec<String>,
 }
 
 impl Planned {
     /// The names of its objects (each policy and binding pair shares one).
     pub fn names(&self) -> Vec<String> {
-        self.objects
-            .iter()
-            .filter_map(|c| c.policy.metadata.name.clone())
-            .collect()
+        self.names.clone()
     }
 }
 
@@ -61,6 +60,8 @@ impl Planned {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Plan {
     pub planned: Vec<Planned>,
+    /// Every pair the policies compile to, in policy order.
+    pub objects: Vec<Compiled>,
     /// Names wanted exactly as they are in the cluster: the last good
     /// compilation of a CascadePolicy that now names a kind no CRD defines.
     pub kept: BTreeSet<String>,
@@ -74,9 +75,10 @@ pub fn plan(resolution: &Resolution, settings: &CompileSettings, kept: BTreeSet<
             .iter()
             .map(|p| Planned {
                 policy: p.clone(),
-                objects: compile(p, settings),
+                names: object_names(p),
             })
             .collect(),
+        objects: compile_all(&resolution.policies, settings),
         kept,
     }
 }
@@ -85,7 +87,11 @@ impl Plan {
     /// Every name the plan wants, kept ones included.
     pub fn wanted_names(&self) -> BTreeSet<String> {
         let mut names = self.kept.clone();
-        names.extend(self.planned.iter().flat_map(Planned::names));
+        names.extend(
+            self.objects
+                .iter()
+                .filter_map(|c| c.policy.metadata.name.clone()),
+        );
         names
     }
 
@@ -100,18 +106,28 @@ impl Plan {
 
     /// How many admission objects it compiles to (policies and bindings).
     pub fn object_count(&self) -> usize {
-        self.planned.iter().map(|p| p.objects.len() * 2).sum()
+        self.objects.len() * 2
     }
 
-    /// The compiled pair named `name`, with its policy.
+    /// The compiled pair named `name`, with the first policy it carries.
     pub fn compiled(&self, name: &str) -> Option<(&Policy, &Compiled)> {
-        self.planned.iter().find_map(|p| {
-            let c = p
-                .objects
-                .iter()
-                .find(|c| c.policy.metadata.name.as_deref() == Some(name))?;
-            Some((&p.policy, c))
-        })
+        let compiled = self
+            .objects
+            .iter()
+            .find(|c| c.policy.metadata.name.as_deref() == Some(name))?;
+        let first = self
+            .planned
+            .iter()
+            .find(|p| p.names.iter().any(|n| n == name))?;
+        Some((&first.policy, compiled))
+    }
+
+    /// The policies the pair named `name` carries.
+    pub fn carried_by<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Policy> + 'a {
+        self.planned
+            .iter()
+            .filter(move |p| p.names.iter().any(|n| n == name))
+            .map(|p| &p.policy)
     }
 }
 
@@ -132,8 +148,9 @@ pub enum Drift {
 pub struct Difference {
     pub kind: ObjectKind,
     pub name: String,
-    /// The policy that wants it (None for an extra object).
-    pub source: Option<Source>,
+    /// The policies that want it (none for an extra object; several for an
+    /// object XRDs share).
+    pub sources: Vec<Source>,
     pub drift: Drift,
 }
 
@@ -175,46 +192,59 @@ impl Live {
 
 /// What must change for the cluster to hold the plan: for each wanted name,
 /// the policy before its binding (a binding to a missing policy does nothing,
-/// but the other order is the honest one); then the extra bindings before the
-/// extra policies (so no binding is left pointing at nothing).
+/// but the other order is the honest one), the pairs that start matching a
+/// kind before those that stop (a kind moving from one shared pair to another,
+/// when its XRD changes mode, is never in neither); then the extra bindings
+/// before the extra policies (so no binding is left pointing at nothing).
 pub fn diff(plan: &Plan, live: &Live, known: Known) -> Vec<Difference> {
-    let mut out = Vec::new();
-    for planned in &plan.planned {
-        for compiled in &planned.objects {
-            let Some(name) = compiled.policy.metadata.name.clone() else {
-                continue;
-            };
-            let desired = [
-                (ObjectKind::Policy, serde_json::to_value(&compiled.policy)),
-                (ObjectKind::Binding, serde_json::to_value(&compiled.binding)),
-            ];
-            for (kind, desired) in desired {
-                // Serialising generated types does not fail; if it did, the
-                // object counts as missing and its write says why.
-                let drift = match (desired, live.of(kind).get(&name)) {
-                    (_, None) | (Err(_), Some(_)) => Some(Drift::Missing),
-                    (Ok(desired), Some(live)) => {
-                        first_difference(&desired, live).map(|path| Drift::Differs { path })
-                    }
-                };
-                if let Some(drift) = drift {
-                    out.push(Difference {
-                        kind,
-                        name: name.clone(),
-                        source: Some(planned.policy.source.clone()),
-                        drift,
-                    });
+    let mut gaining = Vec::new();
+    let mut others = Vec::new();
+    for compiled in &plan.objects {
+        let Some(name) = compiled.policy.metadata.name.clone() else {
+            continue;
+        };
+        let sources: Vec<Source> = plan.carried_by(&name).map(|p| p.source.clone()).collect();
+        let desired = [
+            (ObjectKind::Policy, serde_json::to_value(&compiled.policy)),
+            (ObjectKind::Binding, serde_json::to_value(&compiled.binding)),
+        ];
+        let mut changes = Vec::new();
+        let mut gains = false;
+        for (kind, desired) in desired {
+            // Serialising generated types does not fail; if it did, the
+            // object counts as missing and its write says why.
+            let drift = match (desired, live.of(kind).get(&name)) {
+                (_, None) | (Err(_), Some(_)) => Some(Drift::Missing),
+                (Ok(desired), Some(live)) => {
+                    gains |= !matched(&desired, kind).is_subset(&matched(live, kind));
+                    first_difference(&desired, live).map(|path| Drift::Differs { path })
                 }
+            };
+            if let Some(drift) = drift {
+                gains |= drift == Drift::Missing;
+                changes.push(Difference {
+                    kind,
+                    name: name.clone(),
+                    sources: sources.clone(),
+                    drift,
+                });
             }
         }
+        if gains {
+            gaining.extend(changes);
+        } else {
+            others.extend(changes);
+        }
     }
+    let mut out = gaining;
+    out.extend(others);
     let wanted = plan.wanted_names();
     for kind in [ObjectKind::Binding, ObjectKind::Policy] {
         for name in live.of(kind).keys().filter(|n| !wanted.contains(*n)) {
             out.push(Difference {
                 kind,
                 name: name.clone(),
-                source: None,
+                sources: Vec::new(),
                 drift: Drift::Extra {
                     removable: removable(name, known),
                 },
@@ -224,10 +254,53 @@ pub fn diff(plan: &Plan, live: &Live, known: Known) -> Vec<Difference> {
     out
 }
 
+/// Every (group, resource, scope, operation) an admission object's rules
+/// match, from its JSON.
+fn matched(object: &Value, kind: ObjectKind) -> BTreeSet<[String; 4]> {
+    let pointer = match kind {
+        ObjectKind::Policy => "/spec/matchConstraints/resourceRules",
+        ObjectKind::Binding => "/spec/matchResources/resourceRules",
+    };
+    let strings = |rule: &Value, field: &str| -> Vec<String> {
+        rule.get(field)
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = BTreeSet::new();
+    for rule in object
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let scope = rule
+            .get("scope")
+            .and_then(Value::as_str)
+            .unwrap_or("*")
+            .to_string();
+        for group in strings(rule, "apiGroups") {
+            for resource in strings(rule, "resources") {
+                for operation in strings(rule, "operations") {
+                    out.insert([group.clone(), resource.clone(), scope.clone(), operation]);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Whether an extra object may be removed: only when the input its name says
 /// it came from was read completely (an object of unknown origin, when both were).
 fn removable(name: &str, known: Known) -> bool {
     let from_xrd = [
+        XRDS_OBJECT_PREFIX,
+        UPDATE_XRDS_OBJECT_PREFIX,
         XRD_OBJECT_PREFIX,
         UPDATE_XRD_OBJECT_PREFIX,
         CLAIM_OBJECT_PREFIX,
@@ -288,16 +361,14 @@ mod tests {
     /// The cluster as the API server would hold the plan's objects.
     fn live_of(plan: &Plan) -> Live {
         let mut live = Live::default();
-        for p in &plan.planned {
-            for c in &p.objects {
-                let name = c.policy.metadata.name.clone().unwrap_or_default();
-                live.policies.insert(
-                    name.clone(),
-                    serde_json::to_value(&c.policy).unwrap_or_default(),
-                );
-                live.bindings
-                    .insert(name, serde_json::to_value(&c.binding).unwrap_or_default());
-            }
+        for c in &plan.objects {
+            let name = c.policy.metadata.name.clone().unwrap_or_default();
+            live.policies.insert(
+                name.clone(),
+                serde_json::to_value(&c.policy).unwrap_or_default(),
+            );
+            live.bindings
+                .insert(name, serde_json::to_value(&c.binding).unwrap_or_default());
         }
         live
     }
@@ -313,8 +384,8 @@ mod tests {
             BTreeSet::new(),
         );
         assert_eq!(plan.planned.len(), 2);
-        assert!(plan.planned[1].objects.is_empty());
-        assert_eq!(plan.object_count(), plan.planned[0].objects.len() * 2);
+        assert!(plan.planned[1].names.is_empty());
+        assert_eq!(plan.object_count(), 4);
         let names = plan.compiled_names();
         assert_eq!(names.len(), 1, "Off compiles to nothing: {names:?}");
         assert!(
@@ -396,8 +467,8 @@ mod tests {
                 .map(|n| (ObjectKind::Policy, *n, &extra)),
         );
         assert_eq!(got, want);
-        assert_eq!(found[0].source, Some(xrd("as.example.org")));
-        assert_eq!(found.last().map(|d| d.source.clone()), Some(None));
+        assert_eq!(found[0].sources, vec![xrd("as.example.org")]);
+        assert_eq!(found.last().map(|d| d.sources.clone()), Some(vec![]));
     }
 
     #[test]
@@ -475,6 +546,104 @@ mod tests {
                 cascade_policies,
             };
             assert_eq!(removable(name, known), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_kind_changing_mode_joins_its_new_pair_before_it_leaves_the_old() {
+        let settings = CompileSettings::default();
+        let before = plan(
+            &resolution(vec![
+                policy("A", Mode::Refuse, xrd("as.example.org")),
+                policy("B", Mode::Refuse, xrd("bs.example.org")),
+                policy("C", Mode::Convert, xrd("cs.example.org")),
+            ]),
+            &settings,
+            BTreeSet::new(),
+        );
+        let live = live_of(&before);
+        // B's XRD now says Convert: the Convert pairs gain B, the Refuse ones lose it.
+        let after = plan(
+            &resolution(vec![
+                policy("A", Mode::Refuse, xrd("as.example.org")),
+                policy("B", Mode::Convert, xrd("bs.example.org")),
+                policy("C", Mode::Convert, xrd("cs.example.org")),
+            ]),
+            &settings,
+            BTreeSet::new(),
+        );
+        let found = diff(&after, &live, ALL_KNOWN);
+        let order: Vec<(&str, ObjectKind)> =
+            found.iter().map(|d| (d.name.as_str(), d.kind)).collect();
+        let pair = |name| [(name, ObjectKind::Policy), (name, ObjectKind::Binding)];
+        let mut want = Vec::new();
+        for name in [
+            "cascade-guard-xrds-convert-composite",
+            "cascade-guard-update-xrds-convert-composite",
+            "cascade-guard-xrds-refuse-composite",
+            "cascade-guard-update-xrds-refuse-composite",
+        ] {
+            want.extend(pair(name));
+        }
+        assert_eq!(order, want);
+        let convert = &found[0];
+        assert_eq!(
+            convert.sources,
+            vec![xrd("bs.example.org"), xrd("cs.example.org")]
+        );
+    }
+
+    #[test]
+    fn an_upgrade_from_per_kind_objects_writes_the_shared_ones_first() {
+        let settings = CompileSettings::default();
+        let wanted = plan(
+            &resolution(vec![policy("A", Mode::Refuse, xrd("as.example.org"))]),
+            &settings,
+            BTreeSet::new(),
+        );
+        let mut live = Live::default();
+        for name in [
+            "cascade-guard-xrd-as.example.org",
+            "cascade-guard-update-xrd-as.example.org",
+        ] {
+            live.policies.insert(name.into(), serde_json::json!({}));
+            live.bindings.insert(name.into(), serde_json::json!({}));
+        }
+        for (known, removable) in [
+            (ALL_KNOWN, true),
+            (
+                Known {
+                    xrds: false,
+                    cascade_policies: true,
+                },
+                false,
+            ),
+        ] {
+            let found = diff(&wanted, &live, known);
+            let drifts: Vec<&Drift> = found.iter().map(|d| &d.drift).collect();
+            let extra = Drift::Extra { removable };
+            let mut want = vec![&Drift::Missing; 4];
+            want.extend([&extra; 4]);
+            assert_eq!(drifts, want, "{known:?}");
+        }
+        for name in [
+            "cascade-guard-xrds-convert-claim",
+            "cascade-guard-update-xrds-warn-composite",
+        ] {
+            assert!(removable(
+                name,
+                Known {
+                    xrds: true,
+                    cascade_policies: false
+                }
+            ));
+            assert!(!removable(
+                name,
+                Known {
+                    xrds: false,
+                    cascade_policies: true
+                }
+            ));
         }
     }
 }

@@ -64,25 +64,25 @@ pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettin
     let plan = plan(&resolution, settings, BTreeSet::new());
     let mut policies = Vec::new();
     let mut bindings = Vec::new();
-    for planned in &plan.planned {
-        let p = &planned.policy;
-        for compiled in &planned.objects {
-            // Serialising these generated types cannot fail; if it ever did,
-            // say so rather than drop a guard silently.
-            match (
-                serde_json::to_value(&compiled.policy),
-                serde_json::to_value(&compiled.binding),
-            ) {
-                (Ok(vap), Ok(binding)) => {
-                    policies.push(vap);
-                    bindings.push(binding);
-                }
-                (Err(e), _) | (_, Err(e)) => problems.push(Problem {
+    for compiled in &plan.objects {
+        // Serialising these generated types cannot fail; if it ever did,
+        // say so rather than drop a guard silently.
+        match (
+            serde_json::to_value(&compiled.policy),
+            serde_json::to_value(&compiled.binding),
+        ) {
+            (Ok(vap), Ok(binding)) => {
+                policies.push(vap);
+                bindings.push(binding);
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                let name = compiled.policy.metadata.name.as_deref().unwrap_or_default();
+                problems.extend(plan.carried_by(name).map(|p| Problem {
                     subject: p.source.subject(),
                     reason: "InternalError",
                     message: format!("could not serialise the admission objects: {e}"),
                     severity: Severity::Error,
-                }),
+                }))
             }
         }
     }
@@ -404,29 +404,36 @@ mod tests {
     }
 
     /// Protected resources by binding: resource -> (mode annotation, actions).
+    /// A binding shared by XRDs names many resources.
     fn bindings(r: &Rendered) -> BTreeMap<String, (String, Vec<String>)> {
-        r.objects
+        let mut out = BTreeMap::new();
+        for b in r
+            .objects
             .iter()
             .filter(|o| o["kind"] == "ValidatingAdmissionPolicyBinding")
-            .filter(|o| {
-                o["spec"]["matchResources"]["resourceRules"][0]["operations"][0] == "DELETE"
-            })
-            .map(|b| {
-                let rule = &b["spec"]["matchResources"]["resourceRules"][0];
-                let resource = format!(
-                    "{}.{}",
-                    rule["resources"][0].as_str().unwrap(),
-                    rule["apiGroups"][0].as_str().unwrap()
-                );
-                let mode = b["metadata"]["annotations"]["cascade-guard.dev/mode"]
-                    .as_str()
-                    .unwrap()
-                    .to_string();
-                let actions =
-                    serde_json::from_value(b["spec"]["validationActions"].clone()).unwrap();
-                (resource, (mode, actions))
-            })
-            .collect()
+        {
+            let mode = b["metadata"]["annotations"]["cascade-guard.dev/mode"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let actions: Vec<String> =
+                serde_json::from_value(b["spec"]["validationActions"].clone()).unwrap();
+            for rule in b["spec"]["matchResources"]["resourceRules"]
+                .as_array()
+                .unwrap()
+            {
+                if rule["operations"][0] != "DELETE" {
+                    continue;
+                }
+                let group = rule["apiGroups"][0].as_str().unwrap();
+                for resource in rule["resources"].as_array().unwrap() {
+                    let resource = format!("{}.{group}", resource.as_str().unwrap());
+                    let before = out.insert(resource.clone(), (mode.clone(), actions.clone()));
+                    assert_eq!(before, None, "{resource} in two DELETE bindings");
+                }
+            }
+        }
+        out
     }
 
     #[test]

@@ -636,8 +636,8 @@ mod tests {
                 assert_eq!(
                     crate::admission::object_names(claim),
                     [
-                        "cascade-guard-claim-xapps.example.org",
-                        "cascade-guard-update-claim-xapps.example.org"
+                        format!("cascade-guard-xrds-{}-claim", mode.to_lowercase()),
+                        format!("cascade-guard-update-xrds-{}-claim", mode.to_lowercase())
                     ]
                 );
             }

@@ -115,13 +115,7 @@ async fn main() -> Result<()> {
         Api::all(admin.clone());
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let n = vaps
-            .list(&Default::default())
-            .await?
-            .items
-            .iter()
-            .filter(|p| p.name_any().starts_with("cascade-guard-xrd-bench"))
-            .count();
+        let n = bench_kinds_carried(&vaps.list(&Default::default()).await?.items);
         if n == KINDS && refused(&admin, ns, &protected).await? {
             break;
         }
@@ -625,10 +619,7 @@ mod scale {
                     .list(&kube::api::ListParams::default().labels(MANAGED))
                     .await?
                     .items;
-                let deletes = ours
-                    .iter()
-                    .filter(|p| p.name_any().starts_with("cascade-guard-xrd-bench"))
-                    .count();
+                let deletes = bench_kinds_carried(&ours);
                 let ours = ours.len();
                 if deletes == n && refused(&admin, ns, &newest).await? {
                     break ours;
@@ -875,4 +866,26 @@ mod scale {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// How many bench kinds cascade-guard's DELETE policies carry (every XRD of
+/// one mode shares one; it lists its kinds in an annotation).
+fn bench_kinds_carried(
+    policies: &[k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy],
+) -> usize {
+    policies
+        .iter()
+        .filter(|p| {
+            p.name_any()
+                .starts_with(cascade_guard::policy::names::XRDS_OBJECT_PREFIX)
+        })
+        .filter_map(|p| {
+            p.annotations()
+                .get(cascade_guard::policy::names::PROTECTED_KINDS_ANNOTATION)
+        })
+        .filter_map(|a| {
+            serde_json::from_str::<std::collections::BTreeMap<String, serde_json::Value>>(a).ok()
+        })
+        .map(|kinds| kinds.keys().filter(|k| k.starts_with("Bench")).count())
+        .sum()
 }

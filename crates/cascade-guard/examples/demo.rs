@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use cascade_guard::api::CascadePolicy;
+use cascade_guard::policy::names::PROTECTED_KINDS_ANNOTATION;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -427,12 +428,17 @@ async fn annotate_xrds(client: &Client, mode: &str) -> Result<()> {
 async fn wait_for_protection(client: &Client) -> Result<()> {
     let policies: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
         Api::all(client.clone());
+    // Every XRD of one mode shares a policy; it lists the kinds it carries.
     let ok = wait::until(Duration::from_secs(60), || async {
-        policies
-            .get_opt("cascade-guard-xrd-inferenceclusters.modelplane.ai")
-            .await
-            .ok()?
-            .map(|_| ())
+        let list = policies.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|p| {
+                p.annotations()
+                    .get(PROTECTED_KINDS_ANNOTATION)
+                    .is_some_and(|kinds| kinds.contains("\"InferenceCluster.modelplane.ai\""))
+            })
+            .then_some(())
     })
     .await;
     if ok.is_none() {

@@ -393,21 +393,40 @@ pub fn admission_sync(plan: &Plan, live: &Live, known: Known) -> AdmissionSync {
         .map(|d| {
             let kind = d.kind.as_str();
             let (state, detail) = match d.drift {
-                plan::Drift::Missing => (Drift::Missing, None),
+                plan::Drift::Missing => (Drift::Missing, guards(plan, &d.name)),
                 plan::Drift::Differs { path } => {
                     let policy = plan.compiled(&d.name).map(|(p, _)| p);
                     let live = match d.kind {
                         plan::ObjectKind::Policy => live.policies.get(&d.name),
                         plan::ObjectKind::Binding => live.bindings.get(&d.name),
                     };
+                    // A shared object may carry XRDs with and without the annotation.
+                    let defaulted = plan.carried_by(&d.name).any(|p| {
+                        matches!(
+                            p.source,
+                            Source::Xrd {
+                                annotated: false,
+                                ..
+                            }
+                        )
+                    });
                     let detail = match (policy, live) {
-                        (Some(policy), Some(live)) => differs_detail(policy, &path, live),
+                        (Some(policy), Some(live)) => {
+                            differs_detail(policy.mode, defaulted, &path, live)
+                        }
                         _ => format!("{path} differs"),
                     };
                     (Drift::Differs, Some(detail))
                 }
                 plan::Drift::Extra { removable: true } => {
-                    (Drift::Extra, Some("no policy compiles to it".to_string()))
+                    let live = match d.kind {
+                        plan::ObjectKind::Policy => live.policies.get(&d.name),
+                        plan::ObjectKind::Binding => live.bindings.get(&d.name),
+                    };
+                    let detail = live
+                        .and_then(|l| other_mode_detail(plan, l))
+                        .unwrap_or_else(|| "no policy compiles to it".to_string());
+                    (Drift::Extra, Some(detail))
                 }
                 plan::Drift::Extra { removable: false } => (
                     Drift::Extra,
@@ -432,32 +451,89 @@ pub fn admission_sync(plan: &Plan, live: &Live, known: Known) -> AdmissionSync {
     }
 }
 
+/// The kinds a wanted object guards, so that a missing shared object shows
+/// the whole gap (None for an object of one CascadePolicy, named by itself).
+fn guards(plan: &Plan, name: &str) -> Option<String> {
+    let kinds: Vec<String> = plan
+        .carried_by(name)
+        .filter(|p| matches!(p.source, Source::Xrd { .. }))
+        .map(|p| p.kind.to_string())
+        .collect();
+    const SHOWN: usize = 5;
+    let shown = kinds
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    match kinds.len() {
+        0 => None,
+        n if n <= SHOWN => Some(format!("unguarded until it is back: {shown}")),
+        n => Some(format!(
+            "unguarded until it is back: {shown} and {} more",
+            n - SHOWN
+        )),
+    }
+}
+
+/// An extra shared object of another mode that carries kinds the plan has
+/// from XRDs without the annotation: the controller probably runs with
+/// another default mode than status was given.
+fn other_mode_detail(plan: &Plan, live: &Value) -> Option<String> {
+    let annotations = live.pointer("/metadata/annotations")?;
+    let live_mode = annotations.get(MODE_ANNOTATION)?.as_str()?;
+    let carried: BTreeMap<String, Value> = serde_json::from_str(
+        annotations
+            .get(crate::policy::names::PROTECTED_KINDS_ANNOTATION)?
+            .as_str()?,
+    )
+    .ok()?;
+    let defaulted: Vec<String> = plan
+        .planned
+        .iter()
+        .filter(|p| {
+            matches!(
+                p.policy.source,
+                Source::Xrd {
+                    annotated: false,
+                    ..
+                }
+            ) && p.policy.mode.as_str() != live_mode
+                && carried.contains_key(&p.policy.kind.to_string())
+        })
+        .map(|p| p.policy.kind.to_string())
+        .collect();
+    let first = defaulted.first()?;
+    let more = match defaulted.len() {
+        1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    };
+    Some(format!(
+        "compiled for mode {live_mode} for {first}{more}, the policy says {}; if the controller runs with --xrd-default-mode={live_mode}, pass the same to status",
+        plan.planned
+            .iter()
+            .find(|p| p.policy.kind.to_string() == *first)
+            .map_or(Mode::Off, |p| p.policy.mode)
+    ))
+}
+
 /// Says which field differs, and when it is the mode of an XRD without the
 /// annotation, that the controller probably runs with another default mode.
-fn differs_detail(policy: &Policy, path: &str, live: &Value) -> String {
+fn differs_detail(mode: Mode, defaulted: bool, path: &str, live: &Value) -> String {
     let live_mode = live
         .pointer("/metadata/annotations")
         .and_then(|a| a.get(MODE_ANNOTATION))
         .and_then(Value::as_str);
     match live_mode {
-        Some(m) if m != policy.mode.as_str() => {
-            let hint = if matches!(
-                policy.source,
-                Source::Xrd {
-                    annotated: false,
-                    ..
-                }
-            ) {
+        Some(m) if m != mode.as_str() => {
+            let hint = if defaulted {
                 format!(
                     "; if the controller runs with --xrd-default-mode={m}, pass the same to status"
                 )
             } else {
                 String::new()
             };
-            format!(
-                "compiled for mode {m}, the policy says {}{hint}",
-                policy.mode
-            )
+            format!("compiled for mode {m}, the policy says {mode}{hint}")
         }
         _ => format!("{path} differs"),
     }
@@ -707,8 +783,8 @@ mod tests {
         let settings = CompileSettings::default();
         let mut policies = Vec::new();
         let mut bindings = Vec::new();
-        for p in &resolution.policies {
-            for c in crate::policy::compile(p, &settings) {
+        {
+            for c in crate::policy::admission::compile_all(&resolution.policies, &settings) {
                 let mut vap = serde_json::to_value(&c.policy).unwrap();
                 vap["metadata"]["uid"] = json!("u1");
                 vap["metadata"]["resourceVersion"] = json!("7");
@@ -765,7 +841,7 @@ mod tests {
                 "clusters.example.org",
                 None,
                 Some(
-                    "cascade-guard-xrd-clusters.example.org, cascade-guard-update-xrd-clusters.example.org",
+                    "cascade-guard-xrds-convert-composite, cascade-guard-update-xrds-convert-composite",
                 ),
             ),
             row(
@@ -775,7 +851,7 @@ mod tests {
                 "networks.example.org",
                 None,
                 Some(
-                    "cascade-guard-xrd-networks.example.org, cascade-guard-update-xrd-networks.example.org",
+                    "cascade-guard-xrds-refuse-composite, cascade-guard-update-xrds-refuse-composite",
                 ),
             ),
             row(
@@ -832,7 +908,7 @@ mod tests {
         let (mut policies, mut bindings) = live(&r);
         // A binding deleted, a policy's validation edited, and a leftover of
         // an XRD that is gone.
-        bindings.retain(|b| b["metadata"]["name"] != "cascade-guard-xrd-clusters.example.org");
+        bindings.retain(|b| b["metadata"]["name"] != "cascade-guard-xrds-convert-composite");
         let releases = policies
             .iter()
             .position(|p| p["metadata"]["name"] == "cascade-guard-policy-releases")
@@ -853,8 +929,8 @@ mod tests {
                 (
                     Drift::Missing,
                     "ValidatingAdmissionPolicyBinding",
-                    "cascade-guard-xrd-clusters.example.org",
-                    None
+                    "cascade-guard-xrds-convert-composite",
+                    Some("unguarded until it is back: Cluster.example.org")
                 ),
                 (
                     Drift::Differs,
@@ -878,24 +954,55 @@ mod tests {
         // The controller runs with Warn; status assumed Refuse.
         let (policies, bindings) = live(&resolution(Mode::Warn));
         let sync = sync(&resolution(Mode::Refuse), &policies, &bindings);
-        let differs: Vec<&Difference> = sync
+        // The XRD without the annotation is in the Warn objects, which
+        // status does not want, and missing from the Refuse ones it does.
+        let got: Vec<(Drift, &str, Option<&str>)> = sync
             .differences
             .iter()
-            .filter(|d| d.name.ends_with("-xrd-networks.example.org"))
+            .map(|d| (d.state, d.name.as_str(), d.detail.as_deref()))
             .collect();
-        // Its DELETE and UPDATE policies and bindings.
-        assert_eq!(differs.len(), 4, "{sync:?}");
-        for d in differs {
-            assert_eq!(d.state, Drift::Differs);
-            assert_eq!(
-                d.detail.as_deref(),
-                Some(
-                    "compiled for mode Warn, the policy says Refuse; if the controller runs with --xrd-default-mode=Warn, pass the same to status"
-                )
-            );
-        }
-        // Only that XRD's objects differ.
-        assert_eq!(sync.differences.len(), 4);
+        let missing = Some("unguarded until it is back: Network.example.org");
+        let hint = Some(
+            "compiled for mode Warn for Network.example.org, the policy says Refuse; if the controller runs with --xrd-default-mode=Warn, pass the same to status",
+        );
+        assert_eq!(
+            got,
+            [
+                (
+                    Drift::Missing,
+                    "cascade-guard-xrds-refuse-composite",
+                    missing
+                ),
+                (
+                    Drift::Missing,
+                    "cascade-guard-xrds-refuse-composite",
+                    missing
+                ),
+                (
+                    Drift::Missing,
+                    "cascade-guard-update-xrds-refuse-composite",
+                    missing
+                ),
+                (
+                    Drift::Missing,
+                    "cascade-guard-update-xrds-refuse-composite",
+                    missing
+                ),
+                (
+                    Drift::Extra,
+                    "cascade-guard-update-xrds-warn-composite",
+                    hint
+                ),
+                (Drift::Extra, "cascade-guard-xrds-warn-composite", hint),
+                (
+                    Drift::Extra,
+                    "cascade-guard-update-xrds-warn-composite",
+                    hint
+                ),
+                (Drift::Extra, "cascade-guard-xrds-warn-composite", hint),
+            ],
+            "{sync:?}"
+        );
     }
 
     fn meta(name: &str, deleting: Option<&str>, finalizers: &[&str]) -> ObjectMeta {
@@ -1022,8 +1129,8 @@ PROTECTED (4)
   Release.helm.example.org [team=a]  Refuse   CascadePolicy releases
 
 ADMISSION POLICIES: out of sync (1 of 12 wanted objects missing or different, 0 extra)
-  STATE    KIND                              NAME                                    DETAIL
-  missing  ValidatingAdmissionPolicyBinding  cascade-guard-xrd-clusters.example.org
+  STATE    KIND                              NAME                                  DETAIL
+  missing  ValidatingAdmissionPolicyBinding  cascade-guard-xrds-convert-composite  unguarded until it is back: Cluster.example.org
   The controller (its leader) puts them right within a second; if it does not, check that it runs and its log.
 
 CASCADING (1)

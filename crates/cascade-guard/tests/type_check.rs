@@ -33,15 +33,36 @@ async fn checked_policy(client: &Client, part: &str) -> (ValidatingAdmissionPoli
             .list(&ListParams::default().labels(MANAGED))
             .await
             .ok()?;
+        // A CascadePolicy's by its name; a kind's XRD shares its DELETE
+        // policy, found by the plural in its rules.
         let policy = list
             .items
             .into_iter()
-            .find(|p| p.name_any().contains(part))?;
+            .find(|p| p.name_any().contains(part) || delete_rule_naming(p, part).is_some())?;
         let check = TypeCheck::of(&policy);
         (check != TypeCheck::Pending).then_some((policy, check))
     })
     .await;
     found.unwrap_or_else(|| panic!("no type-checked policy named *{part}* within 60 s"))
+}
+
+/// The index of the DELETE rule of `policy` that names `plural`.
+fn delete_rule_naming(policy: &ValidatingAdmissionPolicy, plural: &str) -> Option<usize> {
+    let rules = policy
+        .spec
+        .as_ref()?
+        .match_constraints
+        .as_ref()?
+        .resource_rules
+        .as_ref()?;
+    rules.iter().position(|r| {
+        r.operations
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|o| o == "DELETE"))
+            && r.resources
+                .as_ref()
+                .is_some_and(|rs| rs.iter().any(|x| x == plural))
+    })
 }
 
 async fn condition(client: &Client, policy: &str, type_: &str) -> Option<(String, String)> {
@@ -115,7 +136,9 @@ async fn type_check_warnings_are_reported() {
     let name = policy.name_any();
     let spec = serde_json::to_value(policy.spec.as_ref().expect("spec")).expect("spec");
     let mut rules = spec["matchConstraints"]["resourceRules"].clone();
-    rules[0]["apiVersions"] = json!(["v1"]);
+    let i = delete_rule_naming(&policy, REFUSE.plural).expect("the kind's rule");
+    rules[i]["apiVersions"] = json!(["v1"]);
+    rules[i]["resources"] = json!([REFUSE.plural]);
     let api: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     api.patch(
         &name,

@@ -3,7 +3,7 @@
 //! else are reverted) and the ones no policy wants are removed. What to write
 //! is the plan's diff against the watch cache, the same diff `status` shows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -65,23 +65,29 @@ pub async fn apply(
     // Nothing is removed on a partial view of what is there.
     let removable_for = if complete { *known } else { Known::default() };
     let mut failed: BTreeMap<Source, String> = BTreeMap::new();
+    let mut failed_names = BTreeSet::new();
     for change in diff(&plan, &live, removable_for) {
-        let result = match (&change.drift, &change.source) {
-            (Drift::Missing | Drift::Differs { .. }, Some(source)) => {
-                // After a failed write, the rest of its source waits for the next pass.
-                if failed.contains_key(source) {
+        let result = match &change.drift {
+            Drift::Missing | Drift::Differs { .. } if !change.sources.is_empty() => {
+                // After a failed write, the rest of its pair waits for the next pass.
+                if failed_names.contains(&change.name) {
                     continue;
                 }
-                match write(&policies, &bindings, &plan, change.kind, &change.name).await {
-                    Ok(()) => continue,
-                    Err(e) => {
-                        tracing::error!(%source, error = %e, "cannot apply admission objects");
-                        failed.insert(source.clone(), e.to_string());
-                        continue;
+                if let Err(e) = write(&policies, &bindings, &plan, change.kind, &change.name).await
+                {
+                    // A shared object's failure leaves every kind it carries
+                    // as it was in the cluster; each of their sources says so.
+                    tracing::error!(name = %change.name, kinds = change.sources.len(), error = %e, "cannot apply admission objects");
+                    failed_names.insert(change.name.clone());
+                    for source in &change.sources {
+                        failed
+                            .entry(source.clone())
+                            .or_insert_with(|| e.to_string());
                     }
                 }
+                continue;
             }
-            (Drift::Extra { removable: true }, _) => {
+            Drift::Extra { removable: true } => {
                 tracing::info!(kind = change.kind.as_str(), name = %change.name, "removing admission object no policy wants");
                 match change.kind {
                     ObjectKind::Policy => remove(&policies, change.kind, &change.name).await,

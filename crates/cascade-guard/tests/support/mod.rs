@@ -358,6 +358,14 @@ impl Env {
         p.is_running().then_some(p.pid)
     }
 
+    pub fn any_controller_running(&self) -> bool {
+        self.controllers
+            .lock()
+            .expect("controllers")
+            .iter_mut()
+            .any(|p| p.is_running())
+    }
+
     pub fn controller_running(&self, n: usize) -> bool {
         self.controllers
             .lock()
@@ -412,6 +420,23 @@ impl Drop for StopControllers<'_> {
             }
         }
     }
+}
+
+/// The kinds a shared admission object says it carries (`Kind.group` to
+/// where its policy comes from: `source`, `modeFrom`).
+pub fn carried_kinds<K: kube::ResourceExt>(
+    object: &K,
+) -> std::collections::BTreeMap<String, Value> {
+    object
+        .annotations()
+        .get(cascade_guard::policy::names::PROTECTED_KINDS_ANNOTATION)
+        .and_then(|a| serde_json::from_str(a).ok())
+        .unwrap_or_default()
+}
+
+/// `Kind.group` of a test kind, as admission objects name it.
+pub fn kind_key(kind: &TestKind) -> String {
+    format!("{}.{GROUP}", kind.kind)
 }
 
 /// How many Foreground DELETEs of one object `user` sent, from the API
