@@ -69,47 +69,101 @@ pub fn compile(policy: &Policy, settings: &CompileSettings) -> Vec<Compiled> {
 /// good compilation is kept by name (see [`crate::last_good`]).
 pub fn compile_all(policies: &[Policy], settings: &CompileSettings) -> Vec<Compiled> {
     let mut out = Vec::new();
-    for carriers in group(policies) {
+    for group in group(policies) {
+        let carriers: Vec<&Policy> = group.members.iter().map(|&i| &policies[i]).collect();
         let Some(first) = carriers.first() else {
             continue;
         };
         let Some(actions) = validation_actions(first.mode) else {
             continue;
         };
-        let [delete, update] = names_of(first);
+        let [delete, update] = group.names;
         out.extend(compile_delete(delete, &carriers, settings, actions.clone()));
         out.extend(compile_update(update, &carriers, settings, actions));
     }
     out
 }
 
-/// The policies that share objects, in the order their first member appears:
-/// every XRD policy of one mode and shape together, each other policy alone.
-fn group(policies: &[Policy]) -> Vec<Vec<&Policy>> {
-    let mut groups: Vec<Vec<&Policy>> = Vec::new();
-    let mut shared: BTreeMap<(Mode, Shape), usize> = BTreeMap::new();
-    for p in policies {
-        if !is_shared(p) {
-            groups.push(vec![p]);
-            continue;
+/// For each policy, the names of the objects [`compile_all`] puts it in
+/// (empty for Off).
+pub fn names_in(policies: &[Policy]) -> Vec<Vec<String>> {
+    let mut out = vec![Vec::new(); policies.len()];
+    for group in group(policies) {
+        for &i in &group.members {
+            if validation_actions(policies[i].mode).is_some() {
+                out[i] = group.names.to_vec();
+            }
         }
-        match shared.get(&(p.mode, p.kind.shape)) {
-            Some(&i) => groups[i].push(p),
+    }
+    out
+}
+
+/// Policies that share one DELETE and one UPDATE pair.
+struct Group {
+    names: [String; 2],
+    /// Indices into the policies, in their order.
+    members: Vec<usize>,
+}
+
+/// Kinds of one mode and shape beyond which they are spread over
+/// [`SPREAD`] pairs: an object's annotations may hold 256 KiB, about 2,000
+/// kinds' origins. Each kind's pair is then fixed by a hash of its name, so
+/// adding or removing a kind changes one pair only; crossing the threshold
+/// writes the new pairs before the first one loses its kinds (see
+/// [`crate::plan::diff`]).
+pub const SHARED_KINDS_BEFORE_SPREAD: usize = 1000;
+pub const SPREAD: u64 = 16;
+
+/// The policies that share objects, in the order their first member appears:
+/// the XRD policies of one mode and shape together (spread over [`SPREAD`]
+/// pairs when there are very many), each other policy alone.
+fn group(policies: &[Policy]) -> Vec<Group> {
+    let mut per_variant: BTreeMap<(Mode, Shape), usize> = BTreeMap::new();
+    for p in policies.iter().filter(|p| is_shared(p)) {
+        *per_variant.entry((p.mode, p.kind.shape)).or_default() += 1;
+    }
+    let mut groups: Vec<Group> = Vec::new();
+    let mut index: BTreeMap<[String; 2], usize> = BTreeMap::new();
+    for (i, p) in policies.iter().enumerate() {
+        let names = if is_shared(p) {
+            let spread = per_variant
+                .get(&(p.mode, p.kind.shape))
+                .is_some_and(|n| *n > SHARED_KINDS_BEFORE_SPREAD);
+            let part = if spread {
+                fnv1a_64(p.kind.to_string().as_bytes()) % SPREAD
+            } else {
+                0
+            };
+            shared_names(p.mode, p.kind.shape, part)
+        } else {
+            names_of(p)
+        };
+        match index.get(&names) {
+            Some(&g) => groups[g].members.push(i),
             None => {
-                shared.insert((p.mode, p.kind.shape), groups.len());
-                groups.push(vec![p]);
+                index.insert(names.clone(), groups.len());
+                groups.push(Group {
+                    names,
+                    members: vec![i],
+                });
             }
         }
     }
     groups
 }
 
-/// Whether a policy's objects are shared with other kinds (an XRD's are).
+/// Whether a policy's objects are shared with other kinds: an XRD's are,
+/// unless its kind's names could not be in a valid admission rule (possible
+/// only with an XRD no CRD can be made from, such as a plural `*`); such a
+/// kind gets a pair of its own, so that the API server refusing it refuses
+/// nothing else.
 pub fn is_shared(policy: &Policy) -> bool {
-    matches!(policy.source, Source::Xrd { .. })
+    let plain_plural = is_dns_subdomain(&policy.kind.plural) && !policy.kind.plural.contains('.');
+    let plain_group = policy.kind.group.is_empty() || is_dns_subdomain(&policy.kind.group);
+    matches!(policy.source, Source::Xrd { .. }) && plain_plural && plain_group
 }
 
-/// The names of what [`compile`] makes of a policy from `source` (empty for Off).
+/// The names of what [`compile`] makes of a policy on its own (empty for Off).
 pub fn object_names(policy: &Policy) -> Vec<String> {
     if validation_actions(policy.mode).is_none() {
         return Vec::new();
@@ -119,16 +173,27 @@ pub fn object_names(policy: &Policy) -> Vec<String> {
 
 fn names_of(policy: &Policy) -> [String; 2] {
     if is_shared(policy) {
-        [
-            shared_object_name(policy.mode, policy.kind.shape),
-            shared_update_object_name(policy.mode, policy.kind.shape),
-        ]
+        shared_names(policy.mode, policy.kind.shape, 0)
     } else {
         [
             object_name(&policy.source),
             update_object_name(&policy.source),
         ]
     }
+}
+
+/// The first pair of a variant is named plainly; the others of a spread
+/// variant end in their number.
+fn shared_names(mode: Mode, shape: Shape, part: u64) -> [String; 2] {
+    let suffix = if part == 0 {
+        String::new()
+    } else {
+        format!("-{part}")
+    };
+    [
+        format!("{}{suffix}", shared_object_name(mode, shape)),
+        format!("{}{suffix}", shared_update_object_name(mode, shape)),
+    ]
 }
 
 /// `cascade-guard-xrds-<mode>-<shape>`: the DELETE pair every XRD of that
@@ -892,5 +957,127 @@ mod tests {
                 .unwrap();
             assert_eq!(same, c);
         }
+    }
+
+    #[test]
+    fn a_kind_whose_names_cannot_be_in_a_rule_gets_a_pair_of_its_own() {
+        let settings = CompileSettings::default();
+        let good = xrd_policy(
+            "A",
+            "a.example.org",
+            Mode::Refuse,
+            Shape::CompositeResource,
+            true,
+        );
+        for (plural, group) in [
+            ("*", "a.example.org"),
+            ("as/status", "a.example.org"),
+            ("", "a.example.org"),
+            ("Widgets", "a.example.org"),
+            ("bs", "*"),
+        ] {
+            let mut odd = xrd_policy("B", group, Mode::Refuse, Shape::CompositeResource, true);
+            odd.kind.plural = plural.to_string();
+            assert!(!is_shared(&odd), "{plural:?} {group:?}");
+            let all = compile_all(&[good.clone(), odd.clone()], &settings);
+            let names: Vec<String> = all.iter().map(|c| c.policy.name_any()).collect();
+            let own = object_names(&odd);
+            assert_eq!(own[0], object_name(&odd.source));
+            assert_eq!(
+                names,
+                [
+                    "cascade-guard-xrds-refuse-composite".to_string(),
+                    "cascade-guard-update-xrds-refuse-composite".to_string(),
+                    own[0].clone(),
+                    own[1].clone(),
+                ]
+            );
+            let shared = serde_json::to_value(&all[0].policy).unwrap();
+            assert_eq!(
+                shared["spec"]["matchConstraints"]["resourceRules"]
+                    .as_array()
+                    .unwrap()
+                    .len(),
+                1,
+                "{plural:?}: {shared}"
+            );
+        }
+    }
+
+    fn many(n: usize, mode: Mode) -> Vec<Policy> {
+        (0..n)
+            .map(|i| {
+                xrd_policy(
+                    &format!("Kind{i}"),
+                    &format!("g{}.example.org", i % 7),
+                    mode,
+                    Shape::CompositeResource,
+                    i % 2 == 0,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn very_many_kinds_of_one_mode_spread_over_pairs_fixed_by_their_names() {
+        let settings = CompileSettings::default();
+        let names =
+            |all: &[Compiled]| -> Vec<String> { all.iter().map(|c| c.policy.name_any()).collect() };
+        // Up to the threshold, one pair.
+        let at = many(SHARED_KINDS_BEFORE_SPREAD, Mode::Refuse);
+        assert_eq!(compile_all(&at, &settings).len(), 2);
+        // Beyond it, up to SPREAD pairs; every kind in exactly one DELETE policy.
+        let policies = many(5000, Mode::Refuse);
+        let all = compile_all(&policies, &settings);
+        assert!(
+            all.len() <= 2 * SPREAD as usize && all.len() > 2 * 8,
+            "{:?}",
+            names(&all)
+        );
+        let per_policy = names_in(&policies);
+        let mut seen = BTreeSet::new();
+        for c in &all {
+            let vap = serde_json::to_value(&c.policy).unwrap();
+            let annotations = serde_json::to_string(&vap["metadata"]["annotations"]).unwrap();
+            // The API server's limit for all of an object's annotations.
+            assert!(annotations.len() < 256 * 1024, "{}", annotations.len());
+            if c.policy
+                .name_any()
+                .starts_with(crate::names::UPDATE_XRDS_OBJECT_PREFIX)
+            {
+                continue;
+            }
+            for rule in vap["spec"]["matchConstraints"]["resourceRules"]
+                .as_array()
+                .unwrap()
+            {
+                for r in rule["resources"].as_array().unwrap() {
+                    let key = format!(
+                        "{}.{}",
+                        r.as_str().unwrap(),
+                        rule["apiGroups"][0].as_str().unwrap()
+                    );
+                    assert!(seen.insert(key.clone()), "{key} twice");
+                    // names_in agrees with what was compiled.
+                    let i = policies
+                        .iter()
+                        .position(|p| p.kind.resource() == key)
+                        .unwrap();
+                    assert_eq!(per_policy[i][0], c.policy.name_any());
+                }
+            }
+        }
+        assert_eq!(seen.len(), 5000);
+        // One more kind changes the pair it lands in, and no other.
+        let mut more = policies.clone();
+        more.extend(many(5001, Mode::Refuse).pop());
+        let after = compile_all(&more, &settings);
+        let changed: Vec<String> = after
+            .iter()
+            .filter(|c| !all.contains(c))
+            .map(|c| c.policy.name_any())
+            .collect();
+        assert_eq!(changed.len(), 2, "{changed:?}");
+        assert_eq!(names(&after).len(), names(&all).len());
     }
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::admission::{Compiled, compile_all, object_names};
+use crate::admission::{Compiled, compile_all, names_in};
 use crate::drift::first_difference;
 use crate::names::{
     CASCADE_POLICY_OBJECT_PREFIX, CLAIM_OBJECT_PREFIX, UPDATE_CASCADE_POLICY_OBJECT_PREFIX,
@@ -73,9 +73,10 @@ pub fn plan(resolution: &Resolution, settings: &CompileSettings, kept: BTreeSet<
         planned: resolution
             .policies
             .iter()
-            .map(|p| Planned {
+            .zip(names_in(&resolution.policies))
+            .map(|(p, names)| Planned {
                 policy: p.clone(),
-                names: object_names(p),
+                names,
             })
             .collect(),
         objects: compile_all(&resolution.policies, settings),
@@ -645,5 +646,35 @@ mod tests {
                 }
             ));
         }
+    }
+
+    #[test]
+    fn crossing_the_spread_threshold_writes_the_new_pairs_before_the_first_loses_kinds() {
+        let settings = CompileSettings::default();
+        let kinds = |n: usize| -> Vec<Policy> {
+            (0..n)
+                .map(|i| {
+                    policy(
+                        &format!("K{i}"),
+                        Mode::Refuse,
+                        xrd(&format!("k{i}s.example.org")),
+                    )
+                })
+                .collect()
+        };
+        let n = crate::admission::SHARED_KINDS_BEFORE_SPREAD;
+        let before = plan(&resolution(kinds(n)), &settings, BTreeSet::new());
+        assert_eq!(before.objects.len(), 2);
+        let after = plan(&resolution(kinds(n + 1)), &settings, BTreeSet::new());
+        let found = diff(&after, &live_of(&before), ALL_KNOWN);
+        let first = "cascade-guard-xrds-refuse-composite";
+        let position = |name: &str| found.iter().position(|d| d.name == name);
+        let first_at = position(first).expect("the first pair changes");
+        assert!(
+            found[first_at..].iter().all(|d| d.drift != Drift::Missing),
+            "{found:?}"
+        );
+        let missing = found.iter().filter(|d| d.drift == Drift::Missing).count();
+        assert!(missing >= 2 * 8, "{missing}");
     }
 }
