@@ -453,8 +453,9 @@ pub fn mode_from(source: &Source) -> &'static str {
 const MAX_NAME: usize = 253;
 const HASH_HEX: usize = 10;
 
-/// `cascade-guard-xrd-<name>` or `cascade-guard-policy-<name>`, shared by the
-/// policy and its binding. A name that would be too long, or is not a valid
+/// `cascade-guard-policy-<name>`, or `cascade-guard-xrd-<name>` for an XRD
+/// whose kind is not shared (see [`is_shared`]; earlier releases named every
+/// XRD's pair so), shared by the policy and its binding. A name that would be too long, or is not a valid
 /// object name (possible only with hand-written files), is cleaned and
 /// truncated, with a hash of the source name appended so distinct sources
 /// keep distinct names.

@@ -4,8 +4,9 @@
 //!
 //! Flow: [`xrd`] and [`resolve`] turn XRDs, CascadePolicies and CRDs into
 //! [`resolve::Policy`]s; [`decision`] says which deletes each allows;
-//! [`cel`] states the same rules in CEL and [`admission`] wraps them in a
-//! ValidatingAdmissionPolicy and binding; [`render`] does all of it for a set
+//! [`cel`] states the same rules in CEL and [`admission`] wraps them in
+//! ValidatingAdmissionPolicies and bindings (one pair for all the XRDs of a
+//! mode and shape, one per CascadePolicy); [`render`] does all of it for a set
 //! of documents. [`cascade`] is Convert's state machine, [`stall`] tells a
 //! stalled cascade from a slow one, [`holders`] says what holds an object,
 //! and [`composed`] reads what an XR composes.

@@ -655,7 +655,7 @@ mod scale {
         controller.stop(Duration::from_secs(10));
         let ours = kube::api::ListParams::default().labels(MANAGED);
         let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
-        let shared = shared_pair(&vaps, &bindings, protected_so_far).await?;
+        let per_kind = per_kind_pairs(&vaps, &bindings).await?;
         bindings
             .delete_collection(&Default::default(), &ours)
             .await?;
@@ -669,10 +669,9 @@ mod scale {
         )
         .await?;
 
-        // The design #15 proposes, made by hand from what cascade-guard
-        // compiled for the first kind: the same policies and bindings, with
-        // every kind in their rules.
-        for (policy, its_bindings) in &shared {
+        // The earlier releases' design, side by side in the same run: the
+        // same policies and bindings, one pair per kind.
+        for (policy, its_bindings) in &per_kind {
             vaps.create(&PostParams::default(), policy).await?;
             for b in its_bindings {
                 bindings.create(&PostParams::default(), b).await?;
@@ -682,21 +681,23 @@ mod scale {
             &format!("Bench{}", protected_so_far - 1),
             &format!("bench{}s", protected_so_far - 1),
         );
-        wait_refused(&admin, ns, &newest, true, "the shared pair").await?;
-        wait_refused(&admin, ns, &protected, true, "the shared pair").await?;
-        let name = format!("one policy pair for all {protected_so_far} kinds (by hand)");
+        wait_refused(&admin, ns, &newest, true, "the per-kind pairs").await?;
+        wait_refused(&admin, ns, &protected, true, "the per-kind pairs").await?;
+        let name = format!(
+            "a policy pair per kind, as earlier releases compiled (by hand, {protected_so_far} kinds)"
+        );
         phases.push(
             bench
-                .phase("shared", &name, name.clone(), shared.len())
+                .phase("per-kind", &name, name.clone(), per_kind.len())
                 .await?,
         );
-        for (policy, its_bindings) in &shared {
+        for (policy, its_bindings) in &per_kind {
             for b in its_bindings {
                 bindings.delete(&b.name_any(), &Default::default()).await?;
             }
             vaps.delete(&policy.name_any(), &Default::default()).await?;
         }
-        wait_refused(&admin, ns, &protected, false, "the shared pair removed").await?;
+        wait_refused(&admin, ns, &protected, false, "the per-kind pairs removed").await?;
         phases.push(
             bench
                 .phase("again", "no policy again", "no policy again".into(), 0)
@@ -706,13 +707,13 @@ mod scale {
         Ok(())
     }
 
-    /// cascade-guard's policies for the first kind (DELETE and UPDATE) and
-    /// their bindings, renamed, unlabelled (the controller's are deleted, not
-    /// these), with the resources of every one of the `kinds` in their rules.
-    async fn shared_pair(
+    /// The earlier releases' design, made by hand from what cascade-guard
+    /// compiled: for each kind in the shared policies (DELETE and UPDATE),
+    /// a copy of the policy and its binding whose rules name that kind alone,
+    /// renamed and unlabelled (the controller's are deleted, not these).
+    async fn per_kind_pairs(
         vaps: &Api<ValidatingAdmissionPolicy>,
         bindings: &Api<ValidatingAdmissionPolicyBinding>,
-        kinds: usize,
     ) -> Result<
         Vec<(
             ValidatingAdmissionPolicy,
@@ -720,46 +721,64 @@ mod scale {
         )>,
     > {
         let ours = kube::api::ListParams::default().labels(MANAGED);
-        let every: Vec<String> = (0..kinds).map(|i| format!("bench{i}s")).collect();
-        let widen = |rules: &mut Value| -> bool {
-            let Some(rules) = rules.as_array_mut() else {
-                return false;
-            };
-            let mut first_kind = false;
-            for rule in rules {
-                if rule["resources"] == json!(["bench0s"]) {
-                    rule["resources"] = json!(every);
-                    first_kind = true;
-                }
-            }
-            first_kind
+        // The rules of an object narrowed to one of the resources they name.
+        let narrowed = |rules: &Value, group: &str, resource: &str| -> Value {
+            let scope = rules
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| {
+                    r["apiGroups"][0] == group
+                        && r["resources"]
+                            .as_array()
+                            .is_some_and(|rs| rs.contains(&json!(resource)))
+                })
+                .map(|r| r["scope"].clone())
+                .unwrap_or(json!("*"));
+            let operations = rules[0]["operations"].clone();
+            json!([{"apiGroups": [group], "apiVersions": ["*"], "operations": operations,
+                "resources": [resource], "scope": scope}])
         };
         let all_bindings = bindings.list(&ours).await?.items;
-        let mut shared = Vec::new();
+        let mut out = Vec::new();
         for policy in vaps.list(&ours).await?.items {
-            let mut p = serde_json::to_value(&policy)?;
-            if !widen(&mut p["spec"]["matchConstraints"]["resourceRules"]) {
+            let name = policy.name_any();
+            if !name.contains("-xrds-") {
                 continue;
             }
-            let name = format!("bench-shared-{}", policy.name_any());
-            p["metadata"] = json!({"name": name});
-            let mut its = Vec::new();
-            for binding in &all_bindings {
-                let mut b = serde_json::to_value(binding)?;
-                if b["spec"]["policyName"] != json!(policy.name_any()) {
-                    continue;
+            let p = serde_json::to_value(&policy)?;
+            let rules = p["spec"]["matchConstraints"]["resourceRules"].clone();
+            let its: Vec<Value> = all_bindings
+                .iter()
+                .filter(|b| b.spec.policy_name == name)
+                .map(serde_json::to_value)
+                .collect::<Result<_, _>>()?;
+            for rule in rules.as_array().into_iter().flatten() {
+                let group = rule["apiGroups"][0].as_str().unwrap_or_default();
+                for resource in rule["resources"].as_array().into_iter().flatten() {
+                    let resource = resource.as_str().unwrap_or_default();
+                    let own = format!("bench-per-kind-{name}-{resource}");
+                    let mut p = p.clone();
+                    p["metadata"] = json!({"name": own});
+                    p["spec"]["matchConstraints"]["resourceRules"] =
+                        narrowed(&rules, group, resource);
+                    let mut pair_bindings = Vec::new();
+                    for b in &its {
+                        let mut b = b.clone();
+                        b["metadata"] = json!({"name": own});
+                        b["spec"]["policyName"] = json!(own);
+                        b["spec"]["matchResources"]["resourceRules"] =
+                            narrowed(&rules, group, resource);
+                        pair_bindings.push(serde_json::from_value(b)?);
+                    }
+                    out.push((serde_json::from_value(p)?, pair_bindings));
                 }
-                widen(&mut b["spec"]["matchResources"]["resourceRules"]);
-                b["metadata"] = json!({"name": format!("bench-shared-{}", binding.name_any())});
-                b["spec"]["policyName"] = json!(name);
-                its.push(serde_json::from_value(b)?);
             }
-            shared.push((serde_json::from_value(p)?, its));
         }
-        if shared.is_empty() {
-            bail!("no policy of cascade-guard's names bench0s alone");
+        if out.is_empty() {
+            bail!("no shared policy of cascade-guard's to split per kind");
         }
-        Ok(shared)
+        Ok(out)
     }
 
     fn table(phases: &[Phase]) {

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::apply::Outcome;
 use crate::api::{CascadePolicy, CascadePolicyStatus};
-use crate::policy::{Mode, Severity, Source, Subject};
+use crate::policy::{Mode, Problem, Severity, Source, Subject};
 
 pub const READY: &str = "Ready";
 
@@ -55,8 +55,9 @@ impl Reporting {
         cascade_policies: &[Arc<CascadePolicy>],
         xrd_refs: &BTreeMap<String, ObjectReference>,
     ) {
+        let all = problems_of(outcome);
         let mut now: BTreeMap<Subject, BTreeSet<(String, String)>> = BTreeMap::new();
-        for p in &outcome.resolution.problems {
+        for p in &all {
             now.entry(p.subject.clone())
                 .or_default()
                 .insert((p.reason.to_string(), p.message.clone()));
@@ -78,12 +79,7 @@ impl Reporting {
             // event and keeps that event's note, which would go on quoting a
             // value that has since changed (a second typo in a mode).
             let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-            for problem in outcome
-                .resolution
-                .problems
-                .iter()
-                .filter(|p| &p.subject == subject)
-            {
+            for problem in all.iter().filter(|p| &p.subject == subject) {
                 match problem.severity {
                     Severity::Error => {
                         tracing::error!(%subject, reason = problem.reason, "{}", problem.message)
@@ -130,6 +126,29 @@ impl Reporting {
 }
 
 /// The status a CascadePolicy should have after a pass (pure).
+/// What resolution found, and each XRD whose admission objects could not be
+/// written (a CascadePolicy says so in its condition instead). An XRD shares
+/// its objects, so one refused write is reported on every XRD it carries.
+fn problems_of(outcome: &Outcome) -> Vec<Problem> {
+    let mut problems = outcome.resolution.problems.clone();
+    for (source, error) in &outcome.failed {
+        if let Source::Xrd { .. } = source {
+            problems.push(Problem {
+                subject: source.subject(),
+                reason: APPLY_FAILED,
+                message: format!(
+                    "cannot write the admission objects that guard this XRD's kind ({error}); the cluster keeps the ones it has, so a kind already guarded stays guarded, and the controller tries again"
+                ),
+                severity: Severity::Error,
+            });
+        }
+    }
+    problems
+}
+
+/// The reason of a failed write of admission objects.
+pub const APPLY_FAILED: &str = "ApplyFailed";
+
 pub fn status_for(policy: &CascadePolicy, outcome: &Outcome) -> CascadePolicyStatus {
     let name = policy.name_any();
     let source = Source::CascadePolicy { name: name.clone() };
@@ -152,7 +171,7 @@ pub fn status_for(policy: &CascadePolicy, outcome: &Outcome) -> CascadePolicySta
         .collect();
     let compiled = outcome.compiled.get(&source);
     let (status, reason, mut message) = if let Some(error) = outcome.failed.get(&source) {
-        ("False", "ApplyFailed".to_string(), error.clone())
+        ("False", APPLY_FAILED.to_string(), error.clone())
     } else if let Some(first) = problems.iter().find(|p| p.severity == Severity::Error) {
         ("False", first.reason.to_string(), errors.join("; "))
     } else if let Some(objects) = compiled {
@@ -238,4 +257,49 @@ pub(super) fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Resolution;
+    use crate::policy::plan::Known;
+
+    #[test]
+    fn a_failed_shared_write_is_a_problem_of_every_xrd_it_carries() {
+        let xrd = |name: &str| Source::Xrd {
+            name: name.into(),
+            annotated: true,
+            claim: false,
+        };
+        let error = "object too large".to_string();
+        let outcome = Outcome {
+            resolution: Resolution {
+                policies: vec![],
+                problems: vec![],
+            },
+            compiled: BTreeMap::new(),
+            failed: BTreeMap::from([
+                (xrd("as.example.org"), error.clone()),
+                (xrd("bs.example.org"), error.clone()),
+                (Source::CascadePolicy { name: "c".into() }, error.clone()),
+            ]),
+            type_checks: BTreeMap::new(),
+            known: Known::default(),
+        };
+        let problems = problems_of(&outcome);
+        let subjects: Vec<String> = problems.iter().map(|p| p.subject.to_string()).collect();
+        assert_eq!(
+            subjects,
+            [
+                "CompositeResourceDefinition/as.example.org",
+                "CompositeResourceDefinition/bs.example.org"
+            ]
+        );
+        for p in &problems {
+            assert_eq!(p.reason, APPLY_FAILED);
+            assert_eq!(p.severity, Severity::Error);
+            assert!(p.message.contains(&error), "{}", p.message);
+        }
+    }
 }
