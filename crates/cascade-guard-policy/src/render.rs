@@ -94,6 +94,38 @@ pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettin
     }
 }
 
+/// Longest name a rendered set may have, so that every shared object's name
+/// stays a valid object name with room to spare.
+pub const MAX_SET_NAME: usize = 40;
+
+/// Appends `-<set>` to the names of the shared XRD objects among `objects`
+/// (and to their bindings' `policyName`), so that sets rendered and applied
+/// separately (one per package) do not overwrite one another's shared pairs.
+/// `set` must be a DNS label of at most [`MAX_SET_NAME`] characters.
+pub fn name_set(objects: &mut [Value], set: &str) -> Result<(), String> {
+    let label =
+        set.len() <= MAX_SET_NAME && crate::selector::is_dns_subdomain(set) && !set.contains('.');
+    if !label {
+        return Err(format!(
+            "set name {set:?} is not a DNS label (lowercase letters, digits and '-', at most {MAX_SET_NAME} characters)"
+        ));
+    }
+    let shared = |name: &str| {
+        name.starts_with(crate::names::XRDS_OBJECT_PREFIX)
+            || name.starts_with(crate::names::UPDATE_XRDS_OBJECT_PREFIX)
+    };
+    for object in objects.iter_mut() {
+        for pointer in ["/metadata/name", "/spec/policyName"] {
+            if let Some(field) = object.pointer_mut(pointer)
+                && let Some(name) = field.as_str().filter(|n| shared(n))
+            {
+                *field = Value::String(format!("{name}-{set}"));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A `*List` (as `kubectl get -o yaml` prints) stands for its items.
 fn list_items(doc: &Value) -> Vec<&Value> {
     let is_list = doc
@@ -643,5 +675,44 @@ mod tests {
         assert!(text.contains("- \"Off\"\n"));
         assert!(!text.contains(": Off\n") && !text.contains("- Off\n"));
         assert!(text.contains("\"on\": \"Off\""));
+    }
+
+    #[test]
+    fn a_named_set_renames_only_the_shared_objects() {
+        let mut docs: Vec<Value> = modelplane_xrds().into_iter().map(|(_, v)| v).collect();
+        annotate(&mut docs[0], "Refuse");
+        docs.push(json!({"apiVersion": "cascade-guard.dev/v1alpha1", "kind": "CascadePolicy",
+            "metadata": {"name": "dbs"}, "spec": {"kind": "Database", "group": "db.example.org", "mode": "Refuse"}}));
+        docs.push(
+            json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "databases.db.example.org"},
+            "spec": {"group": "db.example.org", "scope": "Namespaced",
+                "names": {"kind": "Database", "plural": "databases"}}}),
+        );
+        let mut r = render(docs, Mode::Off, &CompileSettings::default());
+        assert_eq!(r.problems, vec![]);
+        name_set(&mut r.objects, "team-a").unwrap();
+        let names: Vec<(&str, &str)> = r
+            .objects
+            .iter()
+            .map(|o| {
+                (
+                    o["metadata"]["name"].as_str().unwrap(),
+                    o["spec"]["policyName"].as_str().unwrap_or(""),
+                )
+            })
+            .collect();
+        assert!(
+            names.contains(&("cascade-guard-xrds-refuse-composite-team-a", "")),
+            "{names:?}"
+        );
+        assert!(names.contains(&(
+            "cascade-guard-update-xrds-refuse-composite-team-a",
+            "cascade-guard-update-xrds-refuse-composite-team-a"
+        )));
+        assert!(names.contains(&("cascade-guard-policy-dbs", "cascade-guard-policy-dbs")));
+        for bad in ["Team", "a.b", "", &"x".repeat(41)] {
+            assert!(name_set(&mut r.objects, bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -215,6 +215,11 @@ struct RenderArgs {
     /// Exit non-zero when any input has a problem, warnings included.
     #[arg(long)]
     strict: bool,
+    /// Append -NAME to the objects every XRD of a mode shares
+    /// (cascade-guard-xrds-refuse-composite-NAME), so that sets rendered and
+    /// applied separately, one per package, do not overwrite one another's.
+    #[arg(long, value_name = "NAME")]
+    set_name: Option<String>,
 }
 
 #[tokio::main]
@@ -461,11 +466,15 @@ async fn status(kubeconfig: Option<PathBuf>, args: StatusArgs) -> Result<()> {
 }
 
 fn render(args: RenderArgs) -> Result<()> {
-    let rendered = cascade_guard::render::render_paths(
+    let mut rendered = cascade_guard::render::render_paths(
         &args.paths,
         args.policy.xrd_default_mode,
         &args.policy.compile_settings(),
     )?;
+    if let Some(set) = &args.set_name {
+        cascade_guard::policy::render::name_set(&mut rendered.objects, set)
+            .map_err(|e| anyhow::anyhow!("--set-name: {e}"))?;
+    }
     for problem in &rendered.problems {
         eprintln!("cascade-guard render: {problem}");
     }

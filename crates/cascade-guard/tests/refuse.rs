@@ -744,7 +744,11 @@ async fn render_of_the_modelplane_xrds_is_accepted_and_protects_exactly_the_anno
 
     let run = |default_mode: &str| {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
-            .args(["render", &format!("--xrd-default-mode={default_mode}")])
+            .args([
+                "render",
+                &format!("--xrd-default-mode={default_mode}"),
+                "--set-name=modelplane",
+            ])
             .arg(&out)
             .output()
             .expect("run render");
@@ -779,6 +783,14 @@ async fn render_of_the_modelplane_xrds_is_accepted_and_protects_exactly_the_anno
     };
     let objects = run("Off");
     let protected = delete_bindings(&objects);
+    // The set's name is on every shared object, and its bindings point at it.
+    for o in &objects {
+        let name = o["metadata"]["name"].as_str().expect("name");
+        assert!(name.ends_with("-modelplane"), "{name}");
+        if o["kind"] == "ValidatingAdmissionPolicyBinding" {
+            assert_eq!(o["spec"]["policyName"], json!(name));
+        }
+    }
     let expected: BTreeMap<String, serde_json::Value> = [
         ("inferenceclusters", json!(["Deny"])),
         ("modeldeployments", json!(["Deny"])),
