@@ -152,6 +152,11 @@ pub struct Difference {
     /// The policies that want it (none for an extra object; several for an
     /// object XRDs share).
     pub sources: Vec<Source>,
+    /// Whether writing it takes a kind out of the object's rules (a kind
+    /// leaving a shared pair): such a write waits while a write before it in
+    /// the same pass failed, since that one may have been the kind's new pair
+    /// (see [`may_write`]).
+    pub loses: bool,
     pub drift: Drift,
 }
 
@@ -211,13 +216,16 @@ pub fn diff(plan: &Plan, live: &Live, known: Known) -> Vec<Difference> {
         ];
         let mut changes = Vec::new();
         let mut gains = false;
+        let mut loses = false;
         for (kind, desired) in desired {
             // Serialising generated types does not fail; if it did, the
             // object counts as missing and its write says why.
             let drift = match (desired, live.of(kind).get(&name)) {
                 (_, None) | (Err(_), Some(_)) => Some(Drift::Missing),
                 (Ok(desired), Some(live)) => {
-                    gains |= !matched(&desired, kind).is_subset(&matched(live, kind));
+                    let (want, have) = (matched(&desired, kind), matched(live, kind));
+                    gains |= !want.is_subset(&have);
+                    loses |= !have.is_subset(&want);
                     first_difference(&desired, live).map(|path| Drift::Differs { path })
                 }
             };
@@ -227,9 +235,13 @@ pub fn diff(plan: &Plan, live: &Live, known: Known) -> Vec<Difference> {
                     kind,
                     name: name.clone(),
                     sources: sources.clone(),
+                    loses: false,
                     drift,
                 });
             }
+        }
+        for change in &mut changes {
+            change.loses = loses;
         }
         if gains {
             gaining.extend(changes);
@@ -246,6 +258,7 @@ pub fn diff(plan: &Plan, live: &Live, known: Known) -> Vec<Difference> {
                 kind,
                 name: name.clone(),
                 sources: Vec::new(),
+                loses: true,
                 drift: Drift::Extra {
                     removable: removable(name, known),
                 },
@@ -253,6 +266,15 @@ pub fn diff(plan: &Plan, live: &Live, known: Known) -> Vec<Difference> {
         }
     }
     out
+}
+
+/// Whether a change may be made in a pass in which a write before it
+/// failed: not one that takes a kind out of an object (a kind leaving a
+/// shared pair, an extra object removed), as the failed write may have been
+/// the one that put the kind in its new place. The rest (new objects, objects
+/// put right after an edit) goes ahead.
+pub fn may_write(change: &Difference, after_a_failed_write: bool) -> bool {
+    !(after_a_failed_write && change.loses)
 }
 
 /// Every (group, resource, scope, operation) an admission object's rules
@@ -676,5 +698,71 @@ mod tests {
         );
         let missing = found.iter().filter(|d| d.drift == Drift::Missing).count();
         assert!(missing >= 2 * 8, "{missing}");
+    }
+
+    #[test]
+    fn after_a_failed_write_nothing_takes_a_kind_away_in_the_same_pass() {
+        let settings = CompileSettings::default();
+        let before = plan(
+            &resolution(vec![
+                policy("A", Mode::Refuse, xrd("as.example.org")),
+                policy("B", Mode::Refuse, xrd("bs.example.org")),
+            ]),
+            &settings,
+            BTreeSet::new(),
+        );
+        let mut live = live_of(&before);
+        live.policies.insert(
+            "cascade-guard-xrd-as.example.org".into(),
+            serde_json::json!({}),
+        );
+        // B moves to Convert; a binding edited to Warn is put right.
+        if let Some(b) = live
+            .bindings
+            .get_mut("cascade-guard-update-xrds-refuse-composite")
+        {
+            b["spec"]["validationActions"] = serde_json::json!(["Warn"]);
+        }
+        let after = plan(
+            &resolution(vec![
+                policy("A", Mode::Refuse, xrd("as.example.org")),
+                policy("B", Mode::Convert, xrd("bs.example.org")),
+            ]),
+            &settings,
+            BTreeSet::new(),
+        );
+        let found = diff(&after, &live, ALL_KNOWN);
+        // (name, kind, loses, may go ahead after a failure)
+        let got: Vec<(&str, ObjectKind, bool, bool)> = found
+            .iter()
+            .map(|d| (d.name.as_str(), d.kind, d.loses, may_write(d, true)))
+            .collect();
+        let p = ObjectKind::Policy;
+        let b = ObjectKind::Binding;
+        assert_eq!(
+            got,
+            [
+                ("cascade-guard-xrds-convert-composite", p, false, true),
+                ("cascade-guard-xrds-convert-composite", b, false, true),
+                (
+                    "cascade-guard-update-xrds-convert-composite",
+                    p,
+                    false,
+                    true
+                ),
+                (
+                    "cascade-guard-update-xrds-convert-composite",
+                    b,
+                    false,
+                    true
+                ),
+                ("cascade-guard-xrds-refuse-composite", p, true, false),
+                ("cascade-guard-xrds-refuse-composite", b, true, false),
+                ("cascade-guard-update-xrds-refuse-composite", p, true, false),
+                ("cascade-guard-update-xrds-refuse-composite", b, true, false),
+                ("cascade-guard-xrd-as.example.org", p, true, false),
+            ]
+        );
+        assert!(found.iter().all(|d| may_write(d, false)));
     }
 }

@@ -22,7 +22,7 @@ use crate::policy::drift::first_difference;
 pub use crate::policy::last_good::LastGood;
 use crate::policy::last_good::{keep_last_good, recall};
 use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-use crate::policy::plan::{Drift, Known, Live, ObjectKind, Plan, diff, plan};
+use crate::policy::plan::{Drift, Known, Live, ObjectKind, Plan, diff, may_write, plan};
 use crate::policy::{CompileSettings, Resolution, Source, object_name};
 
 /// What a pass did, for status, events and logs.
@@ -67,6 +67,10 @@ pub async fn apply(
     let mut failed: BTreeMap<Source, String> = BTreeMap::new();
     let mut failed_names = BTreeSet::new();
     for change in diff(&plan, &live, removable_for) {
+        if !may_write(&change, !failed_names.is_empty()) {
+            tracing::warn!(kind = change.kind.as_str(), name = %change.name, "not taking a kind out of an admission object in this pass, after a failed write");
+            continue;
+        }
         let result = match &change.drift {
             Drift::Missing | Drift::Differs { .. } if !change.sources.is_empty() => {
                 // After a failed write, the rest of its pair waits for the next pass.
