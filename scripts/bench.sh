@@ -6,8 +6,9 @@
 #            and for the image's static musl build (scripts/image.sh binary),
 #            one after the other, BENCH_ROUNDS times (default 1)
 #   BENCH_ONLY=scale refuse   the cost against the number of protected kinds
-#            (BENCH_KINDS, default 10,100,500) beside no policy and the seed
-#            report's own policy, in one run
+#            (BENCH_KINDS, default 10,100,500) beside no policy, the seed
+#            report's own policy and the largest scale compiled a pair per kind
+#            (the earlier design, by hand), in one run
 #   BENCH_ONLY=scale-100k convert   Convert at 100,000 objects across 50 kinds
 #            (BENCH_SCALE_KINDS, BENCH_SCALE_PER_KIND), each figure beside the
 #            API server's own floor for the same work, in one run
