@@ -68,8 +68,23 @@ pub fn compile(policy: &Policy, settings: &CompileSettings) -> Vec<Compiled> {
 /// CascadePolicy keeps its own pair: its selector is its own, and its last
 /// good compilation is kept by name (see [`crate::last_good`]).
 pub fn compile_all(policies: &[Policy], settings: &CompileSettings) -> Vec<Compiled> {
+    compile_with_names(policies, settings).0
+}
+
+/// For each policy, the names of the objects [`compile_all`] puts it in
+/// (empty for Off).
+pub fn names_in(policies: &[Policy]) -> Vec<Vec<String>> {
+    names_of_groups(policies, &group(policies))
+}
+
+/// [`compile_all`] and [`names_in`] from one grouping of the policies.
+pub fn compile_with_names(
+    policies: &[Policy],
+    settings: &CompileSettings,
+) -> (Vec<Compiled>, Vec<Vec<String>>) {
+    let groups = group(policies);
     let mut out = Vec::new();
-    for group in group(policies) {
+    for group in &groups {
         let carriers: Vec<&Policy> = group.members.iter().map(|&i| &policies[i]).collect();
         let Some(first) = carriers.first() else {
             continue;
@@ -77,18 +92,22 @@ pub fn compile_all(policies: &[Policy], settings: &CompileSettings) -> Vec<Compi
         let Some(actions) = validation_actions(first.mode) else {
             continue;
         };
-        let [delete, update] = group.names;
-        out.extend(compile_delete(delete, &carriers, settings, actions.clone()));
-        out.extend(compile_update(update, &carriers, settings, actions));
+        let [delete, update] = group.names.clone();
+        out.push(compile_delete(
+            delete,
+            first,
+            &carriers,
+            settings,
+            actions.clone(),
+        ));
+        out.push(compile_update(update, first, &carriers, settings, actions));
     }
-    out
+    (out, names_of_groups(policies, &groups))
 }
 
-/// For each policy, the names of the objects [`compile_all`] puts it in
-/// (empty for Off).
-pub fn names_in(policies: &[Policy]) -> Vec<Vec<String>> {
+fn names_of_groups(policies: &[Policy], groups: &[Group]) -> Vec<Vec<String>> {
     let mut out = vec![Vec::new(); policies.len()];
-    for group in group(policies) {
+    for group in groups {
         for &i in &group.members {
             if validation_actions(policies[i].mode).is_some() {
                 out[i] = group.names.to_vec();
@@ -240,17 +259,18 @@ fn rules(carriers: &[&Policy], operation: &str) -> Vec<NamedRuleWithOperations> 
         .collect()
 }
 
+/// `first` is one of `carriers`: they share its mode and shape.
 fn compile_delete(
     name: String,
+    first: &Policy,
     carriers: &[&Policy],
     settings: &CompileSettings,
     actions: Vec<String>,
-) -> Option<Compiled> {
-    let first = carriers.first()?;
+) -> Compiled {
     let mode = first.mode;
     let cel = compile_cel(mode, first.kind.shape, settings);
     // objectSelector is matched against the stored object's labels on DELETE.
-    Some(assemble(
+    assemble(
         name,
         carriers,
         rules(carriers, "DELETE"),
@@ -284,7 +304,7 @@ fn compile_delete(
             }),
             ..ValidatingAdmissionPolicySpec::default()
         },
-    ))
+    )
 }
 
 /// The policy that keeps a cascade's finalizers and an XR's composed
@@ -295,13 +315,13 @@ fn compile_delete(
 /// taking the label off in the same update does not escape it.
 fn compile_update(
     name: String,
+    first: &Policy,
     carriers: &[&Policy],
     settings: &CompileSettings,
     actions: Vec<String>,
-) -> Option<Compiled> {
-    let first = carriers.first()?;
+) -> Compiled {
     let cel = compile_update_cel(first.mode, first.kind.shape, settings);
-    Some(assemble(
+    assemble(
         name,
         carriers,
         rules(carriers, "UPDATE"),
@@ -325,7 +345,7 @@ fn compile_update(
             ),
             ..ValidatingAdmissionPolicySpec::default()
         },
-    ))
+    )
 }
 
 /// A policy with `spec`'s CEL, matching `rules`, failing closed, and its

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::admission::{Compiled, compile_all, names_in};
+use crate::admission::{Compiled, compile_with_names};
 use crate::drift::first_difference;
 use crate::names::{
     CASCADE_POLICY_OBJECT_PREFIX, CLAIM_OBJECT_PREFIX, UPDATE_CASCADE_POLICY_OBJECT_PREFIX,
@@ -69,17 +69,18 @@ pub struct Plan {
 
 /// Compiles every policy in force.
 pub fn plan(resolution: &Resolution, settings: &CompileSettings, kept: BTreeSet<String>) -> Plan {
+    let (objects, names) = compile_with_names(&resolution.policies, settings);
     Plan {
         planned: resolution
             .policies
             .iter()
-            .zip(names_in(&resolution.policies))
+            .zip(names)
             .map(|(p, names)| Planned {
                 policy: p.clone(),
                 names,
             })
             .collect(),
-        objects: compile_all(&resolution.policies, settings),
+        objects,
         kept,
     }
 }
