@@ -378,6 +378,8 @@ mod scale {
         composite_label: true,
     };
     const SEED_POLICY: &str = "bench-seed-forceforeground";
+    /// The group of an unprotected kind beside the protected kinds' own.
+    const OTHER_GROUP: &str = "other.bench.cascade-guard.dev";
 
     struct Phase {
         name: String,
@@ -396,7 +398,14 @@ mod scale {
     /// so the drift of the rest of the request path is not in it.
     struct Plugin {
         unprotected_us: f64,
+        /// An unprotected kind of another API group: nearly every request in
+        /// a cluster (the rules' group is checked before their resources).
+        other_group_us: f64,
         protected_us: f64,
+        /// The same deletes as dry runs, from the garbage collector and from
+        /// a person (kubectl delete --cascade=foreground).
+        protected_dry_run_us: f64,
+        protected_by_user_us: f64,
     }
 
     /// The plugin's (seconds, requests) so far for allowed DELETEs.
@@ -435,7 +444,8 @@ mod scale {
     }
 
     /// The plugin's mean microseconds per delete over PLUGIN_DELETES deletes
-    /// of `r` alone.
+    /// of `r` alone: the garbage collector's, real and as dry runs, and a
+    /// person's (`admin`) as dry runs.
     async fn plugin_mean(
         admin: &Client,
         gc: &Client,
@@ -443,19 +453,23 @@ mod scale {
         r: &ApiResource,
         label: bool,
         tag: &str,
-    ) -> Result<f64> {
+    ) -> Result<PluginMeans> {
         let mut objects = Vec::new();
         for i in 0..PLUGIN_DELETES {
             objects.push(create_xr(admin, ns, r, &format!("{tag}-{i}"), label).await?);
         }
-        let mut means = [0.0; 2];
+        let mut means = [0.0; 3];
         // Dry runs first: the same admission, with nothing stored, so no
         // garbage collector work (and its UPDATE, checked by the UPDATE
         // policy) competes with the next DELETE; then the real deletes.
-        for (mean, dry_run) in means.iter_mut().zip([true, false]) {
+        for (mean, (client, dry_run)) in
+            means
+                .iter_mut()
+                .zip([(admin, true), (gc, true), (gc, false)])
+        {
             let (s0, n0) = plugin_so_far(admin).await?;
             for (name, uid) in &objects {
-                delete_as_gc(gc, ns, r, name, uid, FOREGROUND, dry_run).await?;
+                delete_as_gc(client, ns, r, name, uid, FOREGROUND, dry_run).await?;
             }
             let (s1, n1) = plugin_so_far(admin).await?;
             if n1 - n0 < PLUGIN_DELETES as f64 {
@@ -466,12 +480,22 @@ mod scale {
             }
             *mean = (s1 - s0) / (n1 - n0) * 1e6;
         }
-        let [dry_run_us, real_us] = means;
+        let [by_user_us, dry_run_us, real_us] = means;
         println!(
-            "   admission plugin's own mean per allowed DELETE of {}: {real_us:.1} µs, as dry runs {dry_run_us:.1} µs",
+            "   admission plugin's own mean per allowed DELETE of {}: the garbage collector's {real_us:.1} µs, as dry runs {dry_run_us:.1} µs; a person's, as dry runs, {by_user_us:.1} µs",
             r.plural
         );
-        Ok(real_us)
+        Ok(PluginMeans {
+            real_us,
+            dry_run_us,
+            by_user_us,
+        })
+    }
+
+    struct PluginMeans {
+        real_us: f64,
+        dry_run_us: f64,
+        by_user_us: f64,
     }
 
     /// What every phase sends: the clients, the namespace and the two kinds.
@@ -480,6 +504,7 @@ mod scale {
         gc: &'a Client,
         ns: &'a str,
         plain: &'a ApiResource,
+        other_group: &'a ApiResource,
         protected: &'a ApiResource,
     }
 
@@ -497,20 +522,26 @@ mod scale {
             let rounds =
                 measure(admin, gc, ns, self.plain, self.protected, tag, FOREGROUND).await?;
             report(heading, &rounds);
-            let unprotected_us =
+            let unprotected =
                 plugin_mean(admin, gc, ns, self.plain, false, &format!("{tag}-pu")).await?;
-            let protected_us =
+            let other_group =
+                plugin_mean(admin, gc, ns, self.other_group, false, &format!("{tag}-po")).await?;
+            let protected =
                 plugin_mean(admin, gc, ns, self.protected, true, &format!("{tag}-pp")).await?;
             println!(
-                "   admission plugin's own mean per allowed DELETE ({PLUGIN_DELETES} of each kind alone): unprotected {unprotected_us:.1} µs, protected {protected_us:.1} µs"
+                "   admission plugin's own mean per allowed DELETE ({PLUGIN_DELETES} of each kind alone): unprotected {:.1} µs (another group {:.1}), protected {:.1} µs",
+                unprotected.real_us, other_group.real_us, protected.real_us
             );
             Ok(Phase {
                 name,
                 policies,
                 rounds,
                 plugin: Plugin {
-                    unprotected_us,
-                    protected_us,
+                    unprotected_us: unprotected.real_us,
+                    other_group_us: other_group.real_us,
+                    protected_us: protected.real_us,
+                    protected_dry_run_us: protected.dry_run_us,
+                    protected_by_user_us: protected.by_user_us,
                 },
             })
         }
@@ -542,6 +573,11 @@ mod scale {
         let mut plain = xrd_in_mode(0, "Off");
         plain["spec"]["names"] = json!({"kind": "Plain", "plural": "plains"});
         crds.push(crossplane::xrd_to_crd(&plain).map_err(anyhow::Error::msg)?);
+        let mut other = plain.clone();
+        other["metadata"]["name"] = json!(format!("others.{OTHER_GROUP}"));
+        other["spec"]["group"] = json!(OTHER_GROUP);
+        other["spec"]["names"] = json!({"kind": "Other", "plural": "others"});
+        crds.push(crossplane::xrd_to_crd(&other).map_err(anyhow::Error::msg)?);
 
         let started = Instant::now();
         let cp = ControlPlane::start(Options {
@@ -574,6 +610,13 @@ mod scale {
             .await?;
         }
         let plain = resource("Plain", "plains");
+        let other_group = ApiResource {
+            group: OTHER_GROUP.into(),
+            version: "v1".into(),
+            api_version: format!("{OTHER_GROUP}/v1"),
+            kind: "Other".into(),
+            plural: "others".into(),
+        };
         let protected = resource("Bench0", "bench0s");
         println!(
             "\n4. DELETE latency against the number of protected kinds, {ROUNDS} rounds of {DELETES} deletes of each kind, interleaved"
@@ -589,6 +632,7 @@ mod scale {
             gc: &gc,
             ns,
             plain: &plain,
+            other_group: &other_group,
             protected: &protected,
         };
         let mut phases = Vec::new();
@@ -823,6 +867,27 @@ mod scale {
                 phase.plugin.unprotected_us,
                 phase.plugin.protected_us,
                 phase.plugin.unprotected_us - first.plugin.unprotected_us,
+            );
+        }
+        println!(
+            "\n   | phase | plugin per unprotected DELETE: same group / another group µs | added over the first phase µs | plugin per protected DELETE: GC real / GC dry run / a person's dry run µs | added over the first phase µs |"
+        );
+        println!("   |---|---|---|---|---|");
+        for phase in phases {
+            let (p, f) = (&phase.plugin, &first.plugin);
+            println!(
+                "   | {} | {:.1} / {:.1} | {:+.1} / {:+.1} | {:.1} / {:.1} / {:.1} | {:+.1} / {:+.1} / {:+.1} |",
+                phase.name,
+                p.unprotected_us,
+                p.other_group_us,
+                p.unprotected_us - f.unprotected_us,
+                p.other_group_us - f.other_group_us,
+                p.protected_us,
+                p.protected_dry_run_us,
+                p.protected_by_user_us,
+                p.protected_us - f.protected_us,
+                p.protected_dry_run_us - f.protected_dry_run_us,
+                p.protected_by_user_us - f.protected_by_user_us,
             );
         }
     }
