@@ -9,6 +9,9 @@
 #            (BENCH_KINDS, default 10,100,500) beside no policy, the seed
 #            report's own policy and the largest scale compiled a pair per kind
 #            (the earlier design, by hand), in one run
+#   BENCH_ONLY=alternated refuse   an allowed DELETE's admission cost with no
+#            policy, the seed's and cascade-guard's (max(BENCH_KINDS) kinds)
+#            alternated BENCH_CYCLES times (default 5), as dry runs
 #   BENCH_ONLY=scale-100k convert   Convert at 100,000 objects across 50 kinds
 #            (BENCH_SCALE_KINDS, BENCH_SCALE_PER_KIND), each figure beside the
 #            API server's own floor for the same work, in one run

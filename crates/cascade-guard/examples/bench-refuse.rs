@@ -11,7 +11,10 @@
 //! With BENCH_ONLY=scale, instead: what the number of protected kinds costs
 //! (BENCH_KINDS, default 10,100,500), beside no policy at all and the seed
 //! report's own proposal (one policy for every object labelled
-//! `crossplane.io/composite`), in one run; see [`scale`].
+//! `crossplane.io/composite`), in one run; see [`scale`]. With
+//! BENCH_ONLY=alternated, the admission cost of an allowed delete with no
+//! policy, the seed's and cascade-guard's alternated in cycles
+//! ([`scale::run_alternated`]).
 //!
 //! Run: scripts/bench.sh refuse   (or cargo run -p cascade-guard --example bench-refuse)
 
@@ -35,10 +38,6 @@ const CHANGES: usize = 10;
 const MANAGED: &str = "app.kubernetes.io/managed-by=cascade-guard";
 const GC_USER: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
 
-fn xrd(i: usize) -> Value {
-    xrd_in_mode(i, "Refuse")
-}
-
 fn xrd_in_mode(i: usize, mode: &str) -> Value {
     json!({
         "apiVersion": "apiextensions.crossplane.io/v2",
@@ -58,47 +57,23 @@ use common::{GROUP, Rounds, percentile, report, resource, start_controller};
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    if std::env::var("BENCH_ONLY").as_deref() == Ok("scale") {
-        return scale::run().await;
+    match std::env::var("BENCH_ONLY").as_deref() {
+        Ok("scale") => return scale::run().await,
+        Ok("alternated") => return scale::run_alternated().await,
+        _ => {}
     }
-    let mut crds =
-        vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
-    for i in 0..KINDS {
-        crds.push(crossplane::xrd_to_crd(&xrd(i)).map_err(anyhow::Error::msg)?);
-    }
-    // The unprotected kind: an XR kind with no XRD, so no policy matches it.
-    let mut plain = xrd(0);
-    plain["spec"]["names"] = json!({"kind": "Plain", "plural": "plains"});
-    crds.push(crossplane::xrd_to_crd(&plain).map_err(anyhow::Error::msg)?);
-
-    let started = Instant::now();
-    let cp = ControlPlane::start(Options {
-        crds,
-        ..Options::default()
-    })
-    .await?;
-    println!(
-        "control plane up in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    let admin = cp.admin().await?;
-    let gc = cp.client_as(GC_USER, &["system:masters"]).await?;
-    let ns = "bench";
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
-    let xrds: Api<DynamicObject> =
-        Api::all_with(admin.clone(), &local_cluster::crossplane::xrd_resource());
-    for i in 0..KINDS {
-        xrds.create(&PostParams::default(), &serde_json::from_value(xrd(i))?)
-            .await?;
-    }
-    let plain = resource("Plain", "plains");
-    let protected = resource("Bench0", "bench0s");
+    // KINDS kinds under Refuse (the controller, not yet started, compiles
+    // them) and the unprotected kind, an XR kind with no XRD.
+    let scale::World {
+        cp,
+        admin,
+        gc,
+        xrds,
+        plain,
+        other: _,
+        protected,
+    } = scale::World::start(KINDS, "Refuse").await?;
+    let ns = scale::NS;
 
     println!("\n1. DELETE latency, {ROUNDS} rounds of {DELETES} deletes of each kind, interleaved");
     println!(
@@ -547,6 +522,86 @@ mod scale {
         }
     }
 
+    pub const NS: &str = "bench";
+
+    /// A control plane with `kinds` XRD kinds in `mode`, the kind nothing
+    /// names in their group and one of another group, and the namespace
+    /// [`NS`].
+    pub struct World {
+        pub cp: ControlPlane,
+        pub admin: Client,
+        pub gc: Client,
+        pub xrds: Api<DynamicObject>,
+        pub plain: ApiResource,
+        pub other: ApiResource,
+        pub protected: ApiResource,
+    }
+
+    impl World {
+        pub async fn start(kinds: usize, mode: &str) -> Result<World> {
+            let mut crds =
+                vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
+            for i in 0..kinds {
+                crds.push(
+                    crossplane::xrd_to_crd(&xrd_in_mode(i, "Off")).map_err(anyhow::Error::msg)?,
+                );
+            }
+            let mut plain = xrd_in_mode(0, "Off");
+            plain["spec"]["names"] = json!({"kind": "Plain", "plural": "plains"});
+            crds.push(crossplane::xrd_to_crd(&plain).map_err(anyhow::Error::msg)?);
+            let mut other = plain.clone();
+            other["metadata"]["name"] = json!(format!("others.{OTHER_GROUP}"));
+            other["spec"]["group"] = json!(OTHER_GROUP);
+            other["spec"]["names"] = json!({"kind": "Other", "plural": "others"});
+            crds.push(crossplane::xrd_to_crd(&other).map_err(anyhow::Error::msg)?);
+
+            let started = Instant::now();
+            let cp = ControlPlane::start(Options {
+                crds,
+                ..Options::default()
+            })
+            .await?;
+            println!(
+                "control plane with {} kinds up in {:.1}s",
+                kinds + 2,
+                started.elapsed().as_secs_f64()
+            );
+            let admin = cp.admin().await?;
+            let gc = cp.client_as(GC_USER, &["system:masters"]).await?;
+            let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+            namespaces
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+                )
+                .await?;
+            let xrds: Api<DynamicObject> =
+                Api::all_with(admin.clone(), &local_cluster::crossplane::xrd_resource());
+            for i in 0..kinds {
+                xrds.create(
+                    &PostParams::default(),
+                    &serde_json::from_value(xrd_in_mode(i, mode))?,
+                )
+                .await?;
+            }
+            Ok(World {
+                cp,
+                admin,
+                gc,
+                xrds,
+                plain: resource("Plain", "plains"),
+                other: ApiResource {
+                    group: OTHER_GROUP.into(),
+                    version: "v1".into(),
+                    api_version: format!("{OTHER_GROUP}/v1"),
+                    kind: "Other".into(),
+                    plural: "others".into(),
+                },
+                protected: resource("Bench0", "bench0s"),
+            })
+        }
+    }
+
     fn scales() -> Result<Vec<usize>> {
         let raw = std::env::var("BENCH_KINDS").unwrap_or_else(|_| "10,100,500".into());
         let mut scales = raw
@@ -565,59 +620,16 @@ mod scale {
     pub async fn run() -> Result<()> {
         let scales = scales()?;
         let max = scales.last().copied().unwrap_or(1);
-        let mut crds =
-            vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
-        for i in 0..max {
-            crds.push(crossplane::xrd_to_crd(&xrd_in_mode(i, "Off")).map_err(anyhow::Error::msg)?);
-        }
-        let mut plain = xrd_in_mode(0, "Off");
-        plain["spec"]["names"] = json!({"kind": "Plain", "plural": "plains"});
-        crds.push(crossplane::xrd_to_crd(&plain).map_err(anyhow::Error::msg)?);
-        let mut other = plain.clone();
-        other["metadata"]["name"] = json!(format!("others.{OTHER_GROUP}"));
-        other["spec"]["group"] = json!(OTHER_GROUP);
-        other["spec"]["names"] = json!({"kind": "Other", "plural": "others"});
-        crds.push(crossplane::xrd_to_crd(&other).map_err(anyhow::Error::msg)?);
-
-        let started = Instant::now();
-        let cp = ControlPlane::start(Options {
-            crds,
-            ..Options::default()
-        })
-        .await?;
-        println!(
-            "control plane with {} kinds up in {:.1}s",
-            max + 1,
-            started.elapsed().as_secs_f64()
-        );
-        let admin = cp.admin().await?;
-        let gc = cp.client_as(GC_USER, &["system:masters"]).await?;
-        let ns = "bench";
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
-        namespaces
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-            )
-            .await?;
-        let xrds: Api<DynamicObject> =
-            Api::all_with(admin.clone(), &local_cluster::crossplane::xrd_resource());
-        for i in 0..max {
-            xrds.create(
-                &PostParams::default(),
-                &serde_json::from_value(xrd_in_mode(i, "Off"))?,
-            )
-            .await?;
-        }
-        let plain = resource("Plain", "plains");
-        let other_group = ApiResource {
-            group: OTHER_GROUP.into(),
-            version: "v1".into(),
-            api_version: format!("{OTHER_GROUP}/v1"),
-            kind: "Other".into(),
-            plural: "others".into(),
-        };
-        let protected = resource("Bench0", "bench0s");
+        let World {
+            cp,
+            admin,
+            gc,
+            xrds,
+            plain,
+            other: other_group,
+            protected,
+        } = World::start(max, "Off").await?;
+        let ns = NS;
         println!(
             "\n4. DELETE latency against the number of protected kinds, {ROUNDS} rounds of {DELETES} deletes of each kind, interleaved"
         );
@@ -714,21 +726,9 @@ mod scale {
             controller = start_controller(&cp)?;
         }
         controller.stop(Duration::from_secs(10));
-        let ours = kube::api::ListParams::default().labels(MANAGED);
         let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
         let per_kind = per_kind_pairs(&vaps, &bindings).await?;
-        bindings
-            .delete_collection(&Default::default(), &ours)
-            .await?;
-        vaps.delete_collection(&Default::default(), &ours).await?;
-        wait_refused(
-            &admin,
-            ns,
-            &protected,
-            false,
-            "cascade-guard's policies removed",
-        )
-        .await?;
+        remove_ours(&admin, ns, &protected).await?;
 
         // The earlier releases' design, side by side in the same run: the
         // same policies and bindings, one pair per kind.
@@ -840,6 +840,220 @@ mod scale {
             bail!("no shared policy of cascade-guard's to split per kind");
         }
         Ok(out)
+    }
+
+    /// The series `alternated` samples: what is deleted, and by whom.
+    const SERIES: [&str; 4] = [
+        "unprotected, same group (GC)",
+        "unprotected, another group (GC)",
+        "protected (the GC's)",
+        "protected (a person's)",
+    ];
+    const VARIANTS: [&str; 3] = ["no policy", "the seed's policy", "cascade-guard"];
+    /// One cycle's samples: [variant][series] = (plugin µs, request p50 ms).
+    type Cycle = Vec<[(f64, f64); SERIES.len()]>;
+
+    /// BENCH_ONLY=alternated: the admission cost of a protected allowed
+    /// delete with the variants alternated (no policy, the seed's, then
+    /// cascade-guard's shared pairs for max(BENCH_KINDS) kinds, BENCH_CYCLES
+    /// times), so that the machine's drift over minutes falls on every
+    /// variant alike; the phases of `run` are minutes apart. Every delete is
+    /// a dry run of the same object (the same admission, nothing stored, no
+    /// garbage collector follow-up), so each figure is the admission's own.
+    pub async fn run_alternated() -> Result<()> {
+        let kinds = scales()?.last().copied().unwrap_or(1);
+        let cycles: usize = std::env::var("BENCH_CYCLES")
+            .unwrap_or_else(|_| "5".into())
+            .parse()
+            .context("BENCH_CYCLES: want a number")?;
+        let World {
+            cp,
+            admin,
+            gc,
+            xrds: _,
+            plain,
+            other,
+            protected,
+        } = World::start(kinds, "Refuse").await?;
+        let ns = NS;
+
+        // cascade-guard compiles the kinds once; its objects are kept, the
+        // controller stopped, and put back by hand in each cycle.
+        let controller = start_controller(&cp)?;
+        let vaps: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
+        let managed = kube::api::ListParams::default().labels(MANAGED);
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while bench_kinds_carried(&vaps.list(&managed).await?.items) < kinds {
+            if Instant::now() > deadline {
+                bail!("cascade-guard did not protect {kinds} kinds within ten minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let mut controller = controller;
+        controller.stop(Duration::from_secs(10));
+        let bare = |v: Value| -> Value {
+            json!({"metadata": {"name": v["metadata"]["name"], "labels": v["metadata"]["labels"],
+                "annotations": v["metadata"]["annotations"]}, "spec": v["spec"]})
+        };
+        let our_policies: Vec<ValidatingAdmissionPolicy> = vaps
+            .list(&managed)
+            .await?
+            .items
+            .into_iter()
+            .map(|p| Ok(serde_json::from_value(bare(serde_json::to_value(p)?))?))
+            .collect::<Result<_>>()?;
+        let our_bindings: Vec<ValidatingAdmissionPolicyBinding> = bindings
+            .list(&managed)
+            .await?
+            .items
+            .into_iter()
+            .map(|b| Ok(serde_json::from_value(bare(serde_json::to_value(b)?))?))
+            .collect::<Result<_>>()?;
+        remove_ours(&admin, ns, &protected).await?;
+
+        let targets = [
+            (
+                &gc,
+                &plain,
+                create_xr(&admin, ns, &plain, "alt", false).await?,
+            ),
+            (
+                &gc,
+                &other,
+                create_xr(&admin, ns, &other, "alt", false).await?,
+            ),
+            (
+                &gc,
+                &protected,
+                create_xr(&admin, ns, &protected, "alt-gc", true).await?,
+            ),
+            (
+                &admin,
+                &protected,
+                create_xr(&admin, ns, &protected, "alt-person", true).await?,
+            ),
+        ];
+        println!(
+            "\n5. Admission cost alternated: {} policies' variants, {cycles} cycles, {PLUGIN_DELETES} dry-run Foreground DELETEs (UID precondition) per series",
+            VARIANTS.len()
+        );
+        println!(
+            "   cascade-guard: {kinds} kinds, {} policies",
+            our_policies.len()
+        );
+        let mut samples: Vec<Cycle> =
+            vec![vec![[(0.0, 0.0); SERIES.len()]; VARIANTS.len()]; cycles];
+        for (cycle, per_variant) in samples.iter_mut().enumerate() {
+            for (v, per_series) in per_variant.iter_mut().enumerate() {
+                match v {
+                    1 => {
+                        install_seed_policy(&admin).await?;
+                        wait_refused(&admin, ns, &protected, true, "the seed's policy").await?;
+                    }
+                    2 => {
+                        for p in &our_policies {
+                            vaps.create(&PostParams::default(), p).await?;
+                        }
+                        for b in &our_bindings {
+                            bindings.create(&PostParams::default(), b).await?;
+                        }
+                        wait_refused(&admin, ns, &protected, true, "cascade-guard's").await?;
+                    }
+                    _ => {}
+                }
+                for (sample, (client, r, (name, uid))) in per_series.iter_mut().zip(&targets) {
+                    *sample = dry_run_sample(&admin, client, ns, r, name, uid).await?;
+                }
+                println!(
+                    "   cycle {cycle} {:<18} {}",
+                    VARIANTS[v],
+                    per_series
+                        .iter()
+                        .map(|(us, ms)| format!("{us:7.1} µs {ms:.3} ms"))
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                );
+                match v {
+                    1 => {
+                        remove_seed_policy(&admin).await?;
+                        wait_refused(&admin, ns, &protected, false, "the seed's removed").await?;
+                    }
+                    2 => remove_ours(&admin, ns, &protected).await?,
+                    _ => {}
+                }
+            }
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            percentile(&v, 50.0)
+        };
+        println!(
+            "\n   | variant | series | plugin µs | plugin added over no policy µs | request p50 ms | request p50 added ms |"
+        );
+        println!("   |---|---|---|---|---|---|");
+        for (v, variant) in VARIANTS.iter().enumerate() {
+            for (i, series) in SERIES.iter().enumerate() {
+                let of = |f: &dyn Fn(&Cycle) -> f64| median(samples.iter().map(f).collect());
+                println!(
+                    "   | {variant} | {series} | {:.1} | {:+.1} | {:.3} | {:+.3} |",
+                    of(&|c| c[v][i].0),
+                    of(&|c| c[v][i].0 - c[0][i].0),
+                    of(&|c| c[v][i].1),
+                    of(&|c| c[v][i].1 - c[0][i].1),
+                );
+            }
+        }
+        println!(
+            "   (medians over the cycles; the added columns are the median of each cycle's own difference)"
+        );
+        Ok(())
+    }
+
+    /// Deletes cascade-guard's admission objects (the controller stopped)
+    /// and waits until the API server no longer refuses.
+    async fn remove_ours(admin: &Client, ns: &str, protected: &ApiResource) -> Result<()> {
+        let managed = kube::api::ListParams::default().labels(MANAGED);
+        Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+            .delete_collection(&Default::default(), &managed)
+            .await?;
+        Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+            .delete_collection(&Default::default(), &managed)
+            .await?;
+        wait_refused(
+            admin,
+            ns,
+            protected,
+            false,
+            "cascade-guard's policies removed",
+        )
+        .await
+    }
+
+    /// PLUGIN_DELETES dry-run deletes of one object by `client`: the plugin's
+    /// mean µs and the request's p50 ms.
+    async fn dry_run_sample(
+        admin: &Client,
+        client: &Client,
+        ns: &str,
+        r: &ApiResource,
+        name: &str,
+        uid: &str,
+    ) -> Result<(f64, f64)> {
+        let (s0, n0) = plugin_so_far(admin).await?;
+        let mut ms = Vec::with_capacity(PLUGIN_DELETES);
+        for _ in 0..PLUGIN_DELETES {
+            ms.push(delete_as_gc(client, ns, r, name, uid, FOREGROUND, true).await?);
+        }
+        let (s1, n1) = plugin_so_far(admin).await?;
+        if n1 - n0 < PLUGIN_DELETES as f64 {
+            bail!(
+                "{PLUGIN_METRIC}: {} allowed DELETEs counted for {PLUGIN_DELETES} sent",
+                n1 - n0
+            );
+        }
+        ms.sort_by(f64::total_cmp);
+        Ok(((s1 - s0) / (n1 - n0) * 1e6, percentile(&ms, 50.0)))
     }
 
     fn table(phases: &[Phase]) {
