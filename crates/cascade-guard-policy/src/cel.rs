@@ -158,7 +158,7 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
     // options before the object. `||` in CEL is commutative, errors included,
     // so the order changes no verdict, only what is evaluated before the
     // first true rule.
-    let validation = cheapest_first(&rules)
+    let validation = garbage_collector_first(&rules)
         .map(|(_, cond)| wrap(cond))
         .collect::<Vec<_>>()
         .join(" || ");
@@ -432,7 +432,7 @@ fn rules(mode: Mode, shape: Shape) -> Vec<(AllowReason, &'static str)> {
 }
 
 /// `rules` with the garbage collector's first, the others in rule order.
-fn cheapest_first<'a>(
+fn garbage_collector_first<'a>(
     rules: &'a [(AllowReason, &'static str)],
 ) -> impl Iterator<Item = &'a (AllowReason, &'static str)> {
     let gc = |r: &AllowReason| *r == AllowReason::GarbageCollector;
