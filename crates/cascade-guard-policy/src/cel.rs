@@ -59,14 +59,17 @@ pub struct CelPolicy {
 /// finalizer rule; only composite resources get the nothing-to-cascade rule.
 pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelPolicy {
     let rules = rules(mode, shape);
+    // Optional fields (`a.?b.orValue(x)`, CEL since Kubernetes 1.28) where
+    // `has(a.b) ? a.b : x` would resolve the path twice: the match condition
+    // reads these on every protected delete (BENCHMARKS.md, run 9).
     let mut variables = vec![
         var(
             "policy",
-            "has(request.options) && has(request.options.propagationPolicy) ? string(request.options.propagationPolicy) : ''",
+            "string(request.?options.?propagationPolicy.orValue(''))",
         ),
         var(
             "orphanSent",
-            "has(request.options) && has(request.options.orphanDependents)",
+            "request.?options.?orphanDependents.hasValue()",
         ),
         var(
             "foregroundAsked",
@@ -103,15 +106,15 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
         Shape::Other => {}
     }
     variables.extend([
-        var(
-            "username",
-            "has(request.userInfo.username) ? request.userInfo.username : ''",
-        ),
+        var("username", "request.userInfo.?username.orValue('')"),
         var(
             "uidPrecondition",
-            "has(request.options) && has(request.options.preconditions) && has(request.options.preconditions.uid) && string(request.options.preconditions.uid) != ''",
+            "string(request.?options.?preconditions.?uid.orValue('')) != ''",
         ),
-        var("isGarbageCollector", &garbage_collector_expression(settings)),
+        var(
+            "isGarbageCollector",
+            &garbage_collector_expression(settings),
+        ),
         var("breakGlassAnnotated", &break_glass_annotated("oldObject")),
         var("breakGlass", &break_glass(settings)),
     ]);
@@ -388,7 +391,7 @@ fn any_user(users: &[&String]) -> String {
         "false".to_string()
     } else {
         format!(
-            "has(request.userInfo.username) && request.userInfo.username in [{}]",
+            "request.userInfo.?username.orValue('') in [{}]",
             literals.join(", ")
         )
     }
@@ -452,6 +455,46 @@ pub fn inline_variables(expression: &str, variables: &[CelVariable]) -> String {
         written.push((v.name, out));
     }
     substitute(expression, &written)
+}
+
+/// The variables that stay variables when a policy's others are written out
+/// ([`written_out`]): they read fields a kind's schema may lack (a modern XR
+/// has no `spec.resourceRefs`, a legacy one no `spec.crossplane`). The API
+/// server's type check reports such a field in an expression, not in a
+/// variable.
+pub const SCHEMA_DEPENDENT_VARIABLES: [&str; 3] =
+    ["nothingToCascade", "modernRefsLost", "legacyRefsLost"];
+
+/// A policy's variables written out, for when a match condition stops every
+/// request but the few it refuses: the API server builds the map of a
+/// policy's variables for every evaluation, its match condition's included.
+/// The [`SCHEMA_DEPENDENT_VARIABLES`] stay variables.
+pub struct WrittenOut {
+    inlined: Vec<CelVariable>,
+    /// The variables the policy keeps, themselves written out.
+    pub kept: Vec<CelVariable>,
+}
+
+impl WrittenOut {
+    pub fn new(variables: &[CelVariable]) -> Self {
+        let (kept, inlined): (Vec<CelVariable>, Vec<CelVariable>) = variables
+            .iter()
+            .cloned()
+            .partition(|v| SCHEMA_DEPENDENT_VARIABLES.contains(&v.name));
+        let kept = kept
+            .into_iter()
+            .map(|v| CelVariable {
+                name: v.name,
+                expression: inline_variables(&v.expression, &inlined),
+            })
+            .collect();
+        Self { inlined, kept }
+    }
+
+    /// `expression` with every variable but the kept ones written out.
+    pub fn expression(&self, expression: &str) -> String {
+        inline_variables(expression, &self.inlined)
+    }
 }
 
 fn substitute(expression: &str, written: &[(&str, String)]) -> String {
@@ -618,6 +661,51 @@ pub fn cel_string_literal(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn written_out_keeps_only_the_schema_dependent_variables() {
+        let vars = [
+            var("policy", "request.x"),
+            var(
+                "nothingToCascade",
+                "variables.policy == '' && has(oldObject.spec.y)",
+            ),
+            var("sent", "'sent ' + variables.policy"),
+        ];
+        let out = WrittenOut::new(&vars);
+        assert_eq!(
+            out.kept,
+            [var(
+                "nothingToCascade",
+                "(request.x) == '' && has(oldObject.spec.y)"
+            )]
+        );
+        assert_eq!(
+            out.expression("variables.nothingToCascade || variables.sent == 'variables.sent'"),
+            "variables.nothingToCascade || ('sent ' + (request.x)) == 'variables.sent'"
+        );
+        // Every compiled policy: what is left names only what is kept.
+        let settings = CompileSettings::default();
+        for mode in [Mode::Refuse, Mode::Convert, Mode::Warn] {
+            for shape in [Shape::CompositeResource, Shape::Claim, Shape::Other] {
+                let p = compile_cel(mode, shape, &settings);
+                let out = WrittenOut::new(&p.variables);
+                let mut left =
+                    out.expression(&p.validation) + &out.expression(&p.message_expression);
+                for v in &out.kept {
+                    assert!(SCHEMA_DEPENDENT_VARIABLES.contains(&v.name));
+                    assert!(!v.expression.contains("variables."), "{mode} {shape:?}");
+                    left = left.replace(&format!("variables.{}", v.name), "");
+                }
+                assert!(!left.contains("variables."), "{mode} {shape:?}: {left}");
+                assert_eq!(
+                    out.kept.len(),
+                    usize::from(shape != Shape::Other),
+                    "{mode} {shape:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn variables_are_written_out_for_match_conditions() {
@@ -1050,7 +1138,7 @@ mod tests {
                 assert!(!p.match_condition.contains("variables."), "{label}");
                 assert!(
                     p.match_condition
-                        .starts_with("(!(has(request.userInfo.username)")
+                        .starts_with("(!(request.userInfo.?username.orValue('') in [")
                 );
                 let depth = p.match_condition.chars().try_fold(0i32, |d, c| {
                     let d = d + i32::from(c == '(') - i32::from(c == ')');
@@ -1149,12 +1237,12 @@ mod tests {
         let p = compile_update_cel(Mode::Refuse, Shape::CompositeResource, &hostile);
         let lit = |s: &str| cel_string_literal(s);
         assert!(p.match_condition.contains(&format!(
-            "request.userInfo.username in [{}, {}]",
+            "request.userInfo.?username.orValue('') in [{}, {}]",
             lit(&hostile.gc_service_account_user),
             lit(&hostile.controller_user)
         )));
         assert!(p.match_condition.contains(&format!(
-            "request.userInfo.username in [{}]",
+            "request.userInfo.?username.orValue('') in [{}]",
             lit(&hostile.crossplane_user)
         )));
         assert!(!p.match_condition.contains("cp' || true"));

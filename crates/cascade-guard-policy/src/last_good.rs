@@ -125,12 +125,15 @@ pub fn recall(name: &str, policy: &Value) -> Option<Policy> {
     } else {
         protected.strip_suffix(&format!(".{group}"))?
     };
-    // Only composite resources get the nothing-to-cascade rule.
+    // Only composite resources get the nothing-to-cascade rule, a variable
+    // in every mode (a policy with none has no variables at all).
     let composite = policy
-        .pointer("/spec/variables")?
-        .as_array()?
-        .iter()
-        .any(|v| v.get("name").and_then(Value::as_str) == Some("nothingToCascade"));
+        .pointer("/spec/variables")
+        .and_then(Value::as_array)
+        .is_some_and(|vs| {
+            vs.iter()
+                .any(|v| v.get("name").and_then(Value::as_str) == Some("nothingToCascade"))
+        });
     Some(Policy {
         kind: ProtectedKind {
             group: group.to_string(),
@@ -324,6 +327,20 @@ mod tests {
                 "example.org",
                 Scope::Unknown,
                 Shape::Other,
+                Mode::Warn,
+                None,
+            ),
+            (
+                "example.org",
+                Scope::Cluster,
+                Shape::CompositeResource,
+                Mode::Convert,
+                None,
+            ),
+            (
+                "example.org",
+                Scope::Namespaced,
+                Shape::CompositeResource,
                 Mode::Warn,
                 None,
             ),
