@@ -225,8 +225,8 @@ pub fn diff(plan: &Plan, live: &Live, known: Known) -> Vec<Difference> {
                 (_, None) | (Err(_), Some(_)) => Some(Drift::Missing),
                 (Ok(desired), Some(live)) => {
                     let (want, have) = (matched(&desired, kind), matched(live, kind));
-                    gains |= !want.is_subset(&have);
-                    loses |= !have.is_subset(&want);
+                    gains |= !covers(&have, &want);
+                    loses |= !covers(&want, &have);
                     first_difference(&desired, live).map(|path| Drift::Differs { path })
                 }
             };
@@ -278,13 +278,30 @@ pub fn may_write(change: &Difference, after_a_failed_write: bool) -> bool {
     !(after_a_failed_write && change.loses)
 }
 
+/// `a` matches all that `b` does (None: everything its policy matches).
+fn covers(a: &Option<BTreeSet<[String; 4]>>, b: &Option<BTreeSet<[String; 4]>>) -> bool {
+    match (a, b) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(a), Some(b)) => b.is_subset(a),
+    }
+}
+
 /// Every (group, resource, scope, operation) an admission object's rules
-/// match, from its JSON.
-fn matched(object: &Value, kind: ObjectKind) -> BTreeSet<[String; 4]> {
+/// match, from its JSON; None for a binding without rules (or an empty
+/// list), which matches whatever its policy does.
+fn matched(object: &Value, kind: ObjectKind) -> Option<BTreeSet<[String; 4]>> {
     let pointer = match kind {
         ObjectKind::Policy => "/spec/matchConstraints/resourceRules",
         ObjectKind::Binding => "/spec/matchResources/resourceRules",
     };
+    let unconstrained = object
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty);
+    if kind == ObjectKind::Binding && unconstrained {
+        return None;
+    }
     let strings = |rule: &Value, field: &str| -> Vec<String> {
         rule.get(field)
             .and_then(Value::as_array)
@@ -316,7 +333,7 @@ fn matched(object: &Value, kind: ObjectKind) -> BTreeSet<[String; 4]> {
             }
         }
     }
-    out
+    Some(out)
 }
 
 /// Whether an extra object may be removed: only when the input its name says
@@ -397,6 +414,15 @@ mod tests {
         live
     }
 
+    /// The plan for one XRD under Refuse.
+    fn one_refuse_xrd(settings: &CompileSettings) -> Plan {
+        plan(
+            &resolution(vec![policy("A", Mode::Refuse, xrd("as.example.org"))]),
+            settings,
+            BTreeSet::new(),
+        )
+    }
+
     #[test]
     fn off_plans_nothing_and_others_plan_a_delete_and_an_update_pair() {
         let plan = plan(
@@ -430,11 +456,7 @@ mod tests {
     #[test]
     fn diff_names_missing_differing_and_extra_objects_in_write_order() {
         let settings = CompileSettings::default();
-        let wanted = plan(
-            &resolution(vec![policy("A", Mode::Refuse, xrd("as.example.org"))]),
-            &settings,
-            BTreeSet::new(),
-        );
+        let wanted = one_refuse_xrd(&settings);
         let in_sync = live_of(&wanted);
         assert_eq!(diff(&wanted, &in_sync, ALL_KNOWN), vec![]);
 
@@ -493,6 +515,41 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(found[0].sources, vec![xrd("as.example.org")]);
         assert_eq!(found.last().map(|d| d.sources.clone()), Some(vec![]));
+    }
+
+    #[test]
+    fn a_binding_without_rules_matches_all_its_policy_does() {
+        let settings = CompileSettings::default();
+        let wanted = one_refuse_xrd(&settings);
+        let name = wanted.planned[0].names()[0].clone();
+        let rules =
+            live_of(&wanted).policies[&name]["spec"]["matchConstraints"]["resourceRules"].clone();
+        let mut narrowed = rules.clone();
+        narrowed[0]["resources"] = serde_json::json!(["others"]);
+        // A binding given its policy's rules (as 0.1.0 wrote it) or other
+        // rules (someone narrowed it) is put right, and taking rules away
+        // takes no kind away; an empty list constrains nothing, as none.
+        for (live_rules, want) in [
+            (rules, Some(false)),
+            (narrowed, Some(false)),
+            (serde_json::json!([]), None),
+        ] {
+            let mut live = live_of(&wanted);
+            if let Some(b) = live.bindings.get_mut(&name) {
+                b["spec"]["matchResources"]["resourceRules"] = live_rules.clone();
+            }
+            let found = diff(&wanted, &live, ALL_KNOWN);
+            let got: Vec<(ObjectKind, bool, &Drift)> =
+                found.iter().map(|d| (d.kind, d.loses, &d.drift)).collect();
+            let d = Drift::Differs {
+                path: "spec.matchResources.resourceRules".into(),
+            };
+            let want: Vec<(ObjectKind, bool, &Drift)> = want
+                .map(|loses| (ObjectKind::Binding, loses, &d))
+                .into_iter()
+                .collect();
+            assert_eq!(got, want, "{live_rules}");
+        }
     }
 
     #[test]
@@ -620,11 +677,7 @@ mod tests {
     #[test]
     fn an_upgrade_from_per_kind_objects_writes_the_shared_ones_first() {
         let settings = CompileSettings::default();
-        let wanted = plan(
-            &resolution(vec![policy("A", Mode::Refuse, xrd("as.example.org"))]),
-            &settings,
-            BTreeSet::new(),
-        );
+        let wanted = one_refuse_xrd(&settings);
         let mut live = Live::default();
         for name in [
             "cascade-guard-xrd-as.example.org",

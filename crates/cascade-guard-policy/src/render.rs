@@ -450,7 +450,16 @@ mod tests {
                 .to_string();
             let actions: Vec<String> =
                 serde_json::from_value(b["spec"]["validationActions"].clone()).unwrap();
-            for rule in b["spec"]["matchResources"]["resourceRules"]
+            // A binding matches what its policy does.
+            let policy = r
+                .objects
+                .iter()
+                .find(|p| {
+                    p["kind"] == "ValidatingAdmissionPolicy"
+                        && p["metadata"]["name"] == b["spec"]["policyName"]
+                })
+                .unwrap();
+            for rule in policy["spec"]["matchConstraints"]["resourceRules"]
                 .as_array()
                 .unwrap()
             {

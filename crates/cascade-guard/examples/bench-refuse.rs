@@ -72,6 +72,7 @@ async fn main() -> Result<()> {
         plain,
         other: _,
         protected,
+        last: _,
     } = scale::World::start(KINDS, "Refuse").await?;
     let ns = scale::NS;
 
@@ -535,6 +536,10 @@ mod scale {
         pub plain: ApiResource,
         pub other: ApiResource,
         pub protected: ApiResource,
+        /// The protected kind whose plural sorts last: the API server scans
+        /// the shared rule's resource list in order, so this one's delete is
+        /// the dearest to match (`protected` sorts first).
+        pub last: ApiResource,
     }
 
     impl World {
@@ -598,6 +603,10 @@ mod scale {
                     plural: "others".into(),
                 },
                 protected: resource("Bench0", "bench0s"),
+                last: {
+                    let i = (0..kinds).max_by_key(|i| format!("bench{i}s")).unwrap_or(0);
+                    resource(&format!("Bench{i}"), &format!("bench{i}s"))
+                },
             })
         }
     }
@@ -628,6 +637,7 @@ mod scale {
             plain,
             other: other_group,
             protected,
+            last: _,
         } = World::start(max, "Off").await?;
         let ns = NS;
         println!(
@@ -843,11 +853,12 @@ mod scale {
     }
 
     /// The series `alternated` samples: what is deleted, and by whom.
-    const SERIES: [&str; 4] = [
+    const SERIES: [&str; 5] = [
         "unprotected, same group (GC)",
         "unprotected, another group (GC)",
         "protected (the GC's)",
         "protected (a person's)",
+        "protected, last in the rule (GC)",
     ];
     const VARIANTS: [&str; 3] = ["no policy", "the seed's policy", "cascade-guard"];
     /// One cycle's samples: [variant][series] = (plugin µs, request p50 ms).
@@ -874,6 +885,7 @@ mod scale {
             plain,
             other,
             protected,
+            last,
         } = World::start(kinds, "Refuse").await?;
         let ns = NS;
 
@@ -933,14 +945,21 @@ mod scale {
                 &protected,
                 create_xr(&admin, ns, &protected, "alt-person", true).await?,
             ),
+            (
+                &gc,
+                &last,
+                create_xr(&admin, ns, &last, "alt-last", true).await?,
+            ),
         ];
         println!(
             "\n5. Admission cost alternated: {} policies' variants, {cycles} cycles, {PLUGIN_DELETES} dry-run Foreground DELETEs (UID precondition) per series",
             VARIANTS.len()
         );
         println!(
-            "   cascade-guard: {kinds} kinds, {} policies",
-            our_policies.len()
+            "   cascade-guard: {kinds} kinds, {} policies; protected kinds {} (first in the rule) and {} (last)",
+            our_policies.len(),
+            protected.plural,
+            last.plural
         );
         let mut samples: Vec<Cycle> =
             vec![vec![[(0.0, 0.0); SERIES.len()]; VARIANTS.len()]; cycles];

@@ -761,14 +761,23 @@ async fn render_of_the_modelplane_xrds_is_accepted_and_protects_exactly_the_anno
         cascade_guard::policy::split_yaml_documents(&text).expect("render prints YAML")
     };
 
-    // What each DELETE binding guards (a shared one, several kinds).
+    // What each DELETE binding guards (a shared one, several kinds): its
+    // policy's rules (a binding has none of its own).
     let delete_bindings = |objects: &[serde_json::Value]| {
         let mut protected = BTreeMap::new();
         for o in objects {
             if o["kind"] != "ValidatingAdmissionPolicyBinding" {
                 continue;
             }
-            let rules = o["spec"]["matchResources"]["resourceRules"]
+            assert!(o["spec"]["matchResources"].get("resourceRules").is_none());
+            let policy = objects
+                .iter()
+                .find(|p| {
+                    p["kind"] == "ValidatingAdmissionPolicy"
+                        && p["metadata"]["name"] == o["spec"]["policyName"]
+                })
+                .expect("the binding's policy");
+            let rules = policy["spec"]["matchConstraints"]["resourceRules"]
                 .as_array()
                 .expect("rules");
             for rule in rules.iter().filter(|r| r["operations"][0] == "DELETE") {
@@ -1249,8 +1258,14 @@ async fn compiled_objects_compare_equal_as_stored_and_anything_added_differs() {
         (
             "matchPolicy",
             "/spec/matchResources/matchPolicy",
-            json!("Exact"),
+            json!("Equivalent"),
             "spec.matchResources.matchPolicy",
+        ),
+        (
+            "resourceRules",
+            "/spec/matchResources/resourceRules",
+            json!([rule]),
+            "spec.matchResources.resourceRules",
         ),
     ];
     let set = |object: &serde_json::Value, pointer: &str, value: &serde_json::Value| {
@@ -1390,7 +1405,7 @@ async fn compiled_objects_compare_equal_as_stored_and_anything_added_differs() {
             }
         }
     }
-    assert_eq!(checked, (5 * 2 + 2) * (6 + 5));
+    assert_eq!(checked, (5 * 2 + 2) * (6 + 6));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -239,14 +239,15 @@ async fn edits_of_a_shared_pair_are_taken_back() {
     let refused = || async { all_refused(&client, &REFUSE_KINDS).await };
     assert!(refused().await);
 
-    // One plural taken out of the binding's rule: that kind is unguarded
-    // until the controller puts it back.
-    let binding = bindings.get(REFUSE_PAIR).await.expect("binding");
+    // The binding given rules of its own, every kind but one: that kind is
+    // unguarded until the controller takes them away again (its bindings
+    // match what their policies do).
+    let policy = policies.get(REFUSE_PAIR).await.expect("policy");
     let mut rules = serde_json::to_value(
-        binding
+        policy
             .spec
-            .match_resources
             .as_ref()
+            .and_then(|s| s.match_constraints.as_ref())
             .and_then(|m| m.resource_rules.clone())
             .expect("rules"),
     )
@@ -266,13 +267,11 @@ async fn edits_of_a_shared_pair_are_taken_back() {
         .expect("take a kind out");
     let back = wait::until(Duration::from_secs(30), || async {
         let b = bindings.get(REFUSE_PAIR).await.ok()?;
-        let rules = serde_json::to_value(b.spec.match_resources?.resource_rules?).ok()?;
-        let listed = rules.as_array()?.iter().any(|r| {
-            r["resources"]
-                .as_array()
-                .is_some_and(|a| a.contains(&json!(REFUSE.plural)))
-        });
-        (listed && refused().await).then_some(())
+        let unnarrowed = b
+            .spec
+            .match_resources
+            .is_none_or(|m| m.resource_rules.is_none_or(|r| r.is_empty()));
+        (unnarrowed && refused().await).then_some(())
     })
     .await;
     assert!(
