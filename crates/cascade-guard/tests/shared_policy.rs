@@ -370,14 +370,23 @@ fn delete_plurals(rules: Option<Value>) -> BTreeSet<String> {
     out
 }
 
-/// Every change to the shared DELETE objects, in the order etcd took them,
-/// from `rv` on, until `until` resolves.
+/// What a shared DELETE object names: the plurals of its rules, or None
+/// for a binding without rules (it matches what its policy does).
+type Names = Option<BTreeSet<String>>;
+
+/// One change to an object: its resourceVersion (etcd's revision, one
+/// counter for policies and bindings alike), its name, and what it names
+/// after the change (None: deleted).
+type Change = (u64, String, Option<Names>);
+
+/// Every change to the shared DELETE objects of one type from `rv` on,
+/// until `until` resolves.
 async fn record<K>(
     api: &Api<K>,
     rv: &str,
     rules: fn(&K) -> Option<Value>,
     until: Duration,
-) -> Vec<(String, Option<BTreeSet<String>>)>
+) -> Vec<Change>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -386,34 +395,73 @@ where
         .labels(MANAGED)
         .timeout(until.as_secs() as u32);
     let mut stream = api.watch(&params, rv).await.expect("watch").boxed();
+    let revision = |o: &K| {
+        o.meta()
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("a numeric resourceVersion")
+    };
     while let Ok(Some(event)) = stream.try_next().await {
         match event {
             WatchEvent::Added(o) | WatchEvent::Modified(o) => {
-                out.push((o.name_any(), Some(delete_plurals(rules(&o)))))
+                out.push((revision(&o), o.name_any(), Some(names(rules(&o)))))
             }
-            WatchEvent::Deleted(o) => out.push((o.name_any(), None)),
+            WatchEvent::Deleted(o) => out.push((revision(&o), o.name_any(), None)),
             WatchEvent::Bookmark(_) | WatchEvent::Error(_) => {}
         }
     }
     out
 }
 
-/// Replays the changes over the objects as they were listed: after each,
-/// `plural` must be in some shared DELETE object.
+fn names(rules: Option<Value>) -> Names {
+    rules.map(|r| delete_plurals(Some(r)))
+}
+
+/// Whether `plural` is guarded: some policy names it and its binding
+/// exists and, if it has rules, names it too.
+fn guarded(
+    policies: &BTreeMap<String, Names>,
+    bindings: &BTreeMap<String, Names>,
+    plural: &str,
+) -> bool {
+    policies.iter().any(|(name, p)| {
+        p.as_ref().is_some_and(|p| p.contains(plural))
+            && bindings
+                .get(name)
+                .is_some_and(|b| b.as_ref().is_none_or(|b| b.contains(plural)))
+    })
+}
+
+/// Replays the policies' and bindings' changes, merged in the order etcd
+/// took them, over the objects as they were listed: after each, `plural`
+/// must still be guarded.
 fn never_in_neither(
-    start: BTreeMap<String, BTreeSet<String>>,
-    changes: &[(String, Option<BTreeSet<String>>)],
+    mut policies: BTreeMap<String, Names>,
+    mut bindings: BTreeMap<String, Names>,
+    policy_changes: &[Change],
+    binding_changes: &[Change],
     plural: &str,
 ) -> Result<(), String> {
-    let mut now = start;
-    for (i, (name, plurals)) in changes.iter().enumerate() {
-        match plurals {
-            Some(p) => now.insert(name.clone(), p.clone()),
-            None => now.remove(name),
+    let mut merged: Vec<(u64, bool, &String, &Option<Names>)> = policy_changes
+        .iter()
+        .map(|(rv, n, c)| (*rv, true, n, c))
+        .chain(binding_changes.iter().map(|(rv, n, c)| (*rv, false, n, c)))
+        .collect();
+    merged.sort_by_key(|(rv, ..)| *rv);
+    for (rv, is_policy, name, change) in merged {
+        let objects = if is_policy {
+            &mut policies
+        } else {
+            &mut bindings
         };
-        if !now.values().any(|p| p.contains(plural)) {
+        match change {
+            Some(n) => objects.insert(name.clone(), n.clone()),
+            None => objects.remove(name),
+        };
+        if !guarded(&policies, &bindings, plural) {
             return Err(format!(
-                "after change {i} ({name}) {plural} is in no DELETE object: {now:?}"
+                "after revision {rv} ({name}) {plural} is guarded by no DELETE pair: policies {policies:?}, bindings {bindings:?}"
             ));
         }
     }
@@ -433,7 +481,9 @@ fn policy_rules(p: &ValidatingAdmissionPolicy) -> Option<Value> {
 }
 
 fn binding_rules(b: &ValidatingAdmissionPolicyBinding) -> Option<Value> {
-    serde_json::to_value(b.spec.match_resources.as_ref()?.resource_rules.as_ref()?).ok()
+    serde_json::to_value(b.spec.match_resources.as_ref()?.resource_rules.as_ref()?)
+        .ok()
+        .filter(|r| r.as_array().is_some_and(|a| !a.is_empty()))
 }
 
 /// A kind whose XRD changes mode moves from one shared pair to the other; it
@@ -459,29 +509,19 @@ async fn a_kind_changing_mode_is_never_in_neither_shared_pair() {
             .list(&ListParams::default().labels(MANAGED))
             .await
             .expect("list bindings");
-        let start = |items: Vec<(String, Option<Value>)>| -> BTreeMap<String, BTreeSet<String>> {
-            items
-                .into_iter()
-                .map(|(n, r)| (n, delete_plurals(r)))
-                .collect()
-        };
-        let policy_start = start(
-            listed_policies
-                .items
-                .iter()
-                .map(|p| (p.name_any(), policy_rules(p)))
-                .collect(),
-        );
-        let binding_start = start(
-            listed_bindings
-                .items
-                .iter()
-                .map(|b| (b.name_any(), binding_rules(b)))
-                .collect(),
-        );
+        let policy_start: BTreeMap<String, Names> = listed_policies
+            .items
+            .iter()
+            .map(|p| (p.name_any(), names(policy_rules(p))))
+            .collect();
+        let binding_start: BTreeMap<String, Names> = listed_bindings
+            .items
+            .iter()
+            .map(|b| (b.name_any(), names(binding_rules(b))))
+            .collect();
         assert!(
-            policy_start.values().any(|p| p.contains(TOGGLED.plural)),
-            "{from}: {policy_start:?}"
+            guarded(&policy_start, &binding_start, TOGGLED.plural),
+            "{from}: {policy_start:?} {binding_start:?}"
         );
         let policy_rv = listed_policies.metadata.resource_version.expect("rv");
         let binding_rv = listed_bindings.metadata.resource_version.expect("rv");
@@ -501,24 +541,29 @@ async fn a_kind_changing_mode_is_never_in_neither_shared_pair() {
             }
         );
         let (policy_changes, binding_changes, ()) = recording;
-        // The kind did move.
-        let joined = |changes: &[(String, Option<BTreeSet<String>>)]| {
-            changes
-                .iter()
-                .any(|(n, p)| n == joins && p.as_ref().is_some_and(|p| p.contains(TOGGLED.plural)))
-        };
+        // The kind did move, to a pair whose binding has no rules of its
+        // own (it matches what its policy does), as every binding.
+        let joined = policy_changes.iter().any(|(_, n, p)| {
+            n == joins
+                && p.as_ref()
+                    .is_some_and(|p| p.as_ref().is_some_and(|p| p.contains(TOGGLED.plural)))
+        });
+        assert!(joined, "{from} -> {to}: {policy_changes:?}");
         assert!(
-            joined(&policy_changes),
-            "{from} -> {to}: {policy_changes:?}"
+            binding_start
+                .values()
+                .chain(binding_changes.iter().filter_map(|(_, _, b)| b.as_ref()))
+                .all(Option::is_none),
+            "{from} -> {to}: a binding with rules: {binding_start:?} {binding_changes:?}"
         );
-        assert!(
-            joined(&binding_changes),
-            "{from} -> {to}: {binding_changes:?}"
-        );
-        never_in_neither(policy_start, &policy_changes, TOGGLED.plural)
-            .unwrap_or_else(|e| panic!("{from} -> {to}, policies: {e}"));
-        never_in_neither(binding_start, &binding_changes, TOGGLED.plural)
-            .unwrap_or_else(|e| panic!("{from} -> {to}, bindings: {e}"));
+        never_in_neither(
+            policy_start,
+            binding_start,
+            &policy_changes,
+            &binding_changes,
+            TOGGLED.plural,
+        )
+        .unwrap_or_else(|e| panic!("{from} -> {to}: {e}"));
     }
     // Back in Refuse, as the other tests expect.
     env.wait_for_protection(&client, &TOGGLED.resource()).await;
