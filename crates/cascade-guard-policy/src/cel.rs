@@ -142,7 +142,7 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
         ),
         var(
             "objectNamespace",
-            "has(oldObject.metadata.namespace) ? oldObject.metadata.namespace : ''",
+            OBJECT_NAMESPACE,
         ),
         // What to pass kubectl: resource.group name [-n namespace].
         var(
@@ -319,7 +319,7 @@ pub fn compile_update_cel(mode: Mode, shape: Shape, settings: &CompileSettings) 
         var("breakGlass", &break_glass_for(settings, "object")),
         var(
             "objectNamespace",
-            "has(object.metadata.namespace) ? object.metadata.namespace : ''",
+            OBJECT_NAMESPACE,
         ),
         var(
             "target",
@@ -456,6 +456,11 @@ pub fn inline_variables(expression: &str, variables: &[CelVariable]) -> String {
     }
     substitute(expression, &written)
 }
+
+/// The object's namespace, from the request: the API server's type check on
+/// Kubernetes 1.30 knows no `metadata.namespace` in a custom resource's
+/// schema. A Namespace's own request names itself, so it is left out.
+const OBJECT_NAMESPACE: &str = "request.resource.group == '' && request.resource.resource == 'namespaces' ? '' : request.?namespace.orValue('')";
 
 /// The variables that stay variables when a policy's others are written out
 /// ([`written_out`]): they read fields a kind's schema may lack (a modern XR
