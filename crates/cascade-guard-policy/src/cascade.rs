@@ -1,7 +1,7 @@
 //! Convert mode's state machine (pure): what to do next with one object of a
 //! Convert kind, given what the API server shows of it.
 //!
-//! It rests on two facts of the API server (research §1, and the
+//! It rests on two facts of the API server (docs/deletion-semantics.md §1, and the
 //! characterization tests in crates/local-cluster): a Foreground DELETE of a
 //! custom resource that is already terminating adds `foregroundDeletion` and
 //! starts the garbage collector's foreground cascade; and an explicit

@@ -235,13 +235,9 @@ pub(crate) mod tests {
     use serde_json::json;
     use std::path::PathBuf;
 
-    /// The shared fixtures: `CASCADE_GUARD_FIXTURES` (as for the integration
-    /// tests), else next to the repository.
+    /// The repository's `testdata/` (Crossplane's CRDs, Modelplane's XRDs).
     pub(crate) fn fixtures() -> PathBuf {
-        match std::env::var_os("CASCADE_GUARD_FIXTURES") {
-            Some(dir) => PathBuf::from(dir),
-            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
-        }
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
     }
 
     pub(crate) fn fixture_dir() -> PathBuf {

@@ -1,4 +1,4 @@
-//! The seed's failure (../shared/seed/background-deletion-issue.txt) on a
+//! The seed's failure (docs/deletion-semantics.md §7) on a
 //! model of Crossplane, its Usage webhook and its providers
 //! (local_cluster::model) over the real control plane: the randomized test
 //! only.
@@ -69,7 +69,7 @@ async fn kubectl_delete(
 // ---------------------------------------------------------------------------
 // Randomized.
 
-/// Who deletes a root, and how (research §4).
+/// Who deletes a root, and how (docs/deletion-semantics.md §4).
 #[derive(Clone, Copy, Debug)]
 enum Client {
     /// The built kubectl: Background.

@@ -1,4 +1,4 @@
-//! The seed's failure (../shared/seed/background-deletion-issue.txt) on real
+//! The seed's failure (docs/deletion-semantics.md §7) on real
 //! Crossplane, and cascade-guard preventing it: Crossplane core,
 //! function-patch-and-transform, provider-helm and provider-kubernetes as
 //! built by `crossplane/build.sh`, a local cloud whose clusters are real

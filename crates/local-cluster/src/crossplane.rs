@@ -1,5 +1,5 @@
 //! The parts of Crossplane that tests need without Crossplane running: its
-//! real CRDs (from the shared fixtures) and the CRD Crossplane generates for an
+//! real CRDs (from the repository's `testdata/`) and the CRD Crossplane generates for an
 //! XRD (crossplane-runtime pkg/xcrd), faithfully enough for admission and the
 //! garbage collector, and no more.
 
@@ -8,12 +8,10 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::{Value, json};
 
-/// Where `../shared/fixtures` is: beside the repository, or `CASCADE_GUARD_FIXTURES`.
+/// The repository's `testdata/`: Crossplane's CRDs and Modelplane's XRDs,
+/// with their licences and origin (`testdata/README.md`).
 pub fn fixtures_dir() -> PathBuf {
-    match std::env::var_os("CASCADE_GUARD_FIXTURES") {
-        Some(dir) => PathBuf::from(dir),
-        None => crate::controlplane_dir().join("../../shared/fixtures"),
-    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
 /// Reads one YAML document from the fixtures, e.g.

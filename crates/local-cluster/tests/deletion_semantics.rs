@@ -1,6 +1,6 @@
 //! Characterization tests: what the real API server, admission and garbage
 //! collector do with deletes. cascade-guard's design rests on each of these
-//! facts (../shared/research/deletion-semantics.md §1-§3); if an upgrade of the
+//! facts (docs/deletion-semantics.md §1-§3); if an upgrade of the
 //! pinned Kubernetes release changes one, a test here fails first.
 
 use std::time::Duration;

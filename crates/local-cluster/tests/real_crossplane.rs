@@ -2,7 +2,7 @@
 //! function-patch-and-transform, provider-kubernetes and provider-helm, on the
 //! local control plane (`local_cluster::real_crossplane`). Each asserts what the
 //! API server saw (its audit log). cascade-guard's design rests on these facts
-//! (../shared/research/deletion-semantics.md §4-§6), and the model in
+//! (docs/deletion-semantics.md §4-§6), and the model in
 //! `local_cluster::model` claims the same.
 //!
 //! Where real Crossplane and those two stand, as these tests found it

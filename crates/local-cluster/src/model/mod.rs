@@ -12,7 +12,7 @@
 //! volume there is the opt-in soak (scripts/soak.sh), not CI. The model also
 //! starts in seconds and needs no network namespaces (no root). Each part
 //! copies one upstream behaviour, faithfully and no more, and says which
-//! (research §5, §6; paths are upstream paths):
+//! (docs/deletion-semantics.md §5, §6; paths are upstream paths):
 //!
 //! - [`composite`]: the composite reconciler's finalizer, added to XRs and
 //!   dropped as soon as an XR is deleted; composed resources with a
@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-/// Crossplane core's identity with the default Helm chart (research §5).
+/// Crossplane core's identity with the default Helm chart (docs/deletion-semantics.md §5).
 pub const CROSSPLANE_USER: &str = "system:serviceaccount:crossplane-system:crossplane";
 /// The groups every service account of `crossplane-system` carries.
 pub const CROSSPLANE_SYSTEM_GROUPS: [&str; 2] = [

@@ -1,5 +1,5 @@
 //! Managed resources and the providers that reconcile them, as far as deletion
-//! goes (research §6):
+//! goes (docs/deletion-semantics.md §6):
 //!
 //! - every managed resource carries crossplane-runtime's finalizer
 //!   `finalizer.managedresource.crossplane.io`, added by its provider on the
