@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Builds every test binary of the workspace once, then runs them: the slow
+# ones (real Crossplane's timers keep them waiting, not computing) in the
+# background, every other one in turn beside them. Each binary starts its own
+# control plane, so they share nothing but the machine. A background binary's
+# output is kept in target/test-logs/ and printed whole when it ends.
+#
+#   scripts/run-test-binaries.sh                  every test binary
+#   TEST_BACKGROUND="seed_real real_crossplane"   which run in the background
+#   --then 'COMMAND'                              also run COMMAND (a shell
+#                                                 line) beside the background
+#                                                 ones, after the others
+#   other arguments                               passed to every binary
+#
+# Exits non-zero when any binary fails (after all have run), naming them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+background=${TEST_BACKGROUND:-seed_real}
+then=
+if [ "${1:-}" = --then ]; then
+  then=$2
+  shift 2
+fi
+logs=target/test-logs
+mkdir -p "$logs"
+
+# name, package directory and executable of every test binary (unit tests of
+# each crate, and each integration test), from cargo's own build messages.
+list=$logs/binaries.tsv
+cargo test --workspace --locked --no-run --message-format=json-render-diagnostics |
+  python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    if not m.get("profile", {}).get("test"):
+        continue
+    t = m["target"]
+    name = t["name"] if "lib" not in t["kind"] else t["name"] + " (unit)"
+    print("\t".join([name, os.path.dirname(m["manifest_path"]), m["executable"]]))
+' >"$list"
+if [ ! -s "$list" ]; then
+  echo "run-test-binaries.sh: cargo built no test binary" >&2
+  exit 1
+fi
+
+failed=()
+declare -A pids
+
+# Like cargo test: each binary runs in its package's directory.
+run() {
+  local dir=$1 exe=$2
+  shift 2
+  (cd "$dir" && "$exe" "$@")
+}
+
+is_background() {
+  local name=$1 b
+  for b in $background; do [ "$b" = "$name" ] && return 0; done
+  return 1
+}
+
+while IFS=$'\t' read -r name dir exe; do
+  if is_background "$name"; then
+    echo "==> $name: started in the background (log: $logs/$name.log)"
+    run "$dir" "$exe" "$@" >"$logs/$name.log" 2>&1 &
+    pids[$name]=$!
+  fi
+done <"$list"
+
+while IFS=$'\t' read -r name dir exe; do
+  is_background "$name" && continue
+  echo "==> $name"
+  if ! run "$dir" "$exe" "$@" </dev/null; then
+    failed+=("$name")
+  fi
+done <"$list"
+
+if [ -n "$then" ]; then
+  echo "==> $then"
+  if ! bash -c "$then" </dev/null; then
+    failed+=("$then")
+  fi
+fi
+
+for name in "${!pids[@]}"; do
+  start=$SECONDS
+  if wait "${pids[$name]}"; then status=passed; else
+    status=failed
+    failed+=("$name")
+  fi
+  echo "==> $name (in the background; $status, ${SECONDS}s after this script's start, waited $((SECONDS - start))s for it)"
+  cat "$logs/$name.log"
+done
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "run-test-binaries.sh: failed: ${failed[*]}" >&2
+  exit 1
+fi
