@@ -71,13 +71,8 @@ pub fn compile_all(policies: &[Policy], settings: &CompileSettings) -> Vec<Compi
     compile_with_names(policies, settings).0
 }
 
-/// For each policy, the names of the objects [`compile_all`] puts it in
-/// (empty for Off).
-pub fn names_in(policies: &[Policy]) -> Vec<Vec<String>> {
-    names_of_groups(policies, &group(policies))
-}
-
-/// [`compile_all`] and [`names_in`] from one grouping of the policies.
+/// [`compile_all`], and for each policy the names of the objects it is put in
+/// (empty for Off), from one grouping of the policies.
 pub fn compile_with_names(
     policies: &[Policy],
     settings: &CompileSettings,
@@ -1099,13 +1094,12 @@ mod tests {
         assert_eq!(compile_all(&at, &settings).len(), 2);
         // Beyond it, up to SPREAD pairs; every kind in exactly one DELETE policy.
         let policies = many(5000, Mode::Refuse);
-        let all = compile_all(&policies, &settings);
+        let (all, per_policy) = compile_with_names(&policies, &settings);
         assert!(
             all.len() <= 2 * SPREAD as usize && all.len() > 2 * 8,
             "{:?}",
             names(&all)
         );
-        let per_policy = names_in(&policies);
         let mut seen = BTreeSet::new();
         for c in &all {
             let vap = serde_json::to_value(&c.policy).unwrap();
@@ -1129,7 +1123,7 @@ mod tests {
                         rule["apiGroups"][0].as_str().unwrap()
                     );
                     assert!(seen.insert(key.clone()), "{key} twice");
-                    // names_in agrees with what was compiled.
+                    // The names agree with what was compiled.
                     let i = policies
                         .iter()
                         .position(|p| p.kind.resource() == key)

@@ -38,6 +38,9 @@ pub const ORPHAN_FINALIZER: &str = "orphan";
 /// find (and prune) exactly its own objects.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "cascade-guard";
+/// The label selector for exactly those objects (`MANAGED_BY_LABEL=MANAGED_BY_VALUE`),
+/// for every list and watch of them.
+pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=cascade-guard";
 
 /// Annotations on generated objects, to trace them back to what asked for them.
 pub const SOURCE_ANNOTATION: &str = "cascade-guard.dev/source";
@@ -99,3 +102,16 @@ pub const CLAIM_OBJECT_PREFIX: &str = "cascade-guard-claim-";
 pub const UPDATE_XRD_OBJECT_PREFIX: &str = "cascade-guard-update-xrd-";
 pub const UPDATE_CASCADE_POLICY_OBJECT_PREFIX: &str = "cascade-guard-update-policy-";
 pub const UPDATE_CLAIM_OBJECT_PREFIX: &str = "cascade-guard-update-claim-";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_managed_by_selector_is_the_label_and_its_value() {
+        assert_eq!(
+            MANAGED_BY_SELECTOR,
+            format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
+        );
+    }
+}

@@ -1,5 +1,7 @@
-//! What can go wrong at cascade-guard's edges (the Kubernetes API, files).
+//! What can go wrong at cascade-guard's edges (the Kubernetes API, files, the
+//! metrics listener).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -38,4 +40,19 @@ pub enum Error {
     ControllerRunning { holder: String },
     #[error("cannot serialize {what}: {message}")]
     Serialize { what: String, message: String },
+    #[error("invalid lease settings: {0}")]
+    LeaseSettings(String),
+    #[error("cannot {action} Lease {namespace}/{name}: {source}")]
+    Lease {
+        action: &'static str,
+        namespace: String,
+        name: String,
+        // Boxed: kube::Error is large and this sits in every Result.
+        source: Box<kube::Error>,
+    },
+    #[error("cannot serve metrics and health on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }

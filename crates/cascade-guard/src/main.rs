@@ -8,14 +8,15 @@ use anyhow::{Context, Result, bail};
 use std::sync::Arc;
 
 use cascade_guard::api::CascadePolicy;
+use cascade_guard::cli;
+use cascade_guard::controller::leader::{self, LeaseSettings};
+use cascade_guard::controller::telemetry::{self, Health, Metrics};
 use cascade_guard::controller::{self, Settings};
-use cascade_guard::leader::{self, LeaseSettings};
 use cascade_guard::policy::names::{
     DEFAULT_CONTROLLER_USER, DEFAULT_CROSSPLANE_USER, DEFAULT_GC_CONTROLLER_MANAGER_USER,
     DEFAULT_GC_SERVICE_ACCOUNT_USER,
 };
 use cascade_guard::policy::{CompileSettings, Mode, Severity};
-use cascade_guard::telemetry::{self, Health, Metrics};
 use clap::{Args, Parser, Subcommand};
 use kube::CustomResourceExt;
 
@@ -387,7 +388,7 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
 /// Logs the API server's release against the proven ones; an unreadable
 /// version is only logged, never fatal.
 async fn report_server_version(client: &kube::Client) {
-    use cascade_guard::server_version::{Support, support};
+    use cascade_guard::cluster::server_version::{Support, support};
     match client.apiserver_version().await {
         Ok(info) => match support(&info) {
             Support::Proven => {
@@ -403,12 +404,12 @@ async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
     use std::io::IsTerminal;
     let client = client(kubeconfig).await?;
     let output = if args.output == "json" {
-        cascade_guard::trace::Output::Json
+        cli::trace::Output::Json
     } else {
-        cascade_guard::trace::Output::Text
+        cli::trace::Output::Text
     };
-    let options = cascade_guard::trace::Options {
-        live: output == cascade_guard::trace::Output::Text && std::io::stdout().is_terminal(),
+    let options = cli::trace::Options {
+        live: output == cli::trace::Output::Text && std::io::stdout().is_terminal(),
         resource: args.resource,
         name: args.name,
         namespace: args.namespace,
@@ -417,7 +418,7 @@ async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
         timeout: (args.timeout > 0).then(|| Duration::from_secs(args.timeout)),
     };
     let mut out = std::io::stdout().lock();
-    let summary = cascade_guard::trace::trace(&client, &options, &mut out).await?;
+    let summary = cli::trace::trace(&client, &options, &mut out).await?;
     if !summary.complete {
         bail!("the teardown did not complete");
     }
@@ -426,12 +427,12 @@ async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
 
 async fn uninstall(kubeconfig: Option<PathBuf>, args: UninstallArgs) -> Result<()> {
     let client = client(kubeconfig).await?;
-    let options = controller::UninstallOptions {
+    let options = cli::uninstall::UninstallOptions {
         force: args.force,
         timeout: args.timeout,
         leader_election_id: args.leader_election_id,
     };
-    let summary = controller::uninstall(&client, &options, |line| {
+    let summary = cli::uninstall::uninstall(&client, &options, |line| {
         eprintln!("cascade-guard uninstall: {line}")
     })
     .await?;
@@ -454,19 +455,19 @@ async fn uninstall(kubeconfig: Option<PathBuf>, args: UninstallArgs) -> Result<(
 
 async fn status(kubeconfig: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     let client = client(kubeconfig).await?;
-    let settings = cascade_guard::status::Settings {
+    let settings = cli::status::ControllerFlags {
         xrd_default_mode: args.policy.xrd_default_mode,
         compile: args.policy.compile_settings(),
     };
-    let report = cascade_guard::status::status(&client, &settings).await?;
+    let report = cli::status::status(&client, &settings).await?;
     match args.output {
-        StatusOutput::Text => out(&cascade_guard::status::render_text(&report)),
+        StatusOutput::Text => out(&cli::status::render_text(&report)),
         StatusOutput::Json => out(&format!("{}\n", serde_json::to_string_pretty(&report)?)),
     }
 }
 
 fn render(args: RenderArgs) -> Result<()> {
-    let mut rendered = cascade_guard::render::render_paths(
+    let mut rendered = cli::render::render_paths(
         &args.paths,
         args.policy.xrd_default_mode,
         &args.policy.compile_settings(),
@@ -478,7 +479,7 @@ fn render(args: RenderArgs) -> Result<()> {
     for problem in &rendered.problems {
         eprintln!("cascade-guard render: {problem}");
     }
-    out(&cascade_guard::render::to_yaml(&rendered))?;
+    out(&cli::render::to_yaml(&rendered))?;
     let errors = rendered
         .problems
         .iter()

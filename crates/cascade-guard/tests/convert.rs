@@ -429,7 +429,7 @@ async fn the_api_server_agrees_with_the_decision_table_for_held_objects() {
 /// object per change.
 #[tokio::test]
 async fn trace_follows_a_teardown_to_the_end() {
-    use cascade_guard::trace::{Options, Output, trace};
+    use cascade_guard::cli::trace::{Options, Output, trace};
     let env = env().await;
     let s = Scope::new(&env.cp, "trace").await;
     let resource = CONVERT.resource();

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use cascade_guard::leader::{self, Leadership, LeaseSettings};
+use cascade_guard::controller::leader::{self, Leadership, LeaseSettings};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::{Api, Client};

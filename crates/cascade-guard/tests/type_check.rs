@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cascade_guard::controller::type_check::{self, TypeCheck};
+use cascade_guard::cluster::type_check::TypeCheck;
+use cascade_guard::controller::sync::type_check;
+use cascade_guard::controller::telemetry::Metrics;
 use cascade_guard::policy::Source;
-use cascade_guard::telemetry::Metrics;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{ListParams, Patch, PatchParams};

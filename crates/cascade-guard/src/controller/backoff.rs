@@ -4,6 +4,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kube::runtime::utils::Backoff;
+use kube::runtime::watcher;
 
 /// The first wait after a watch breaks.
 const WATCH_FIRST: Duration = Duration::from_millis(250);
@@ -53,6 +54,17 @@ fn jitter() -> f64 {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     f64::from(nanos % 1000) / 1000.0
+}
+
+/// The first failure of a watch in a row is a warning; the retries that
+/// follow (every few seconds) are debug lines, so a lasting failure is one
+/// line in the log, not one a second.
+pub(crate) fn log_watch_error(failing: &mut bool, what: &str, e: &watcher::Error) {
+    if std::mem::replace(failing, true) {
+        tracing::debug!(error = %e, "still cannot watch {what}; retrying");
+    } else {
+        tracing::warn!(error = %e, "cannot watch {what}; retrying every few seconds");
+    }
 }
 
 /// How long to wait before retrying a step that failed `failures` times in

@@ -2,46 +2,34 @@
 //! cluster says (XRDs and their annotations, CascadePolicies), puts them back
 //! when someone edits or deletes them, and reports problems.
 //!
-//! Every change anywhere triggers one pass over everything (`sync`): with tens
-//! of protected kinds a full pass is cheap, and it keeps the logic a pure
-//! function of the inputs (policy::resolve, policy::admission) plus an apply.
+//! [`run`] is the loop. Each change wakes one pass over everything
+//! ([`sync`]); [`convert`] runs a controller per Convert kind, holding and
+//! finishing cascades; [`watches`] watches the kinds guarded by admission
+//! alone for stalled cascades and refused replays. [`leader`] elects the one
+//! replica that runs it, and [`telemetry`] serves its metrics and probes.
 
-mod apply;
 mod backoff;
 pub mod convert;
-pub mod held;
-mod inputs;
-mod report;
-pub mod type_check;
-mod uninstall;
-pub mod watched;
+pub mod leader;
+pub mod sync;
+pub mod telemetry;
+pub(crate) mod watches;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::PartialObjectMeta;
+use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::{WatchStreamExt, watcher};
-
-use backoff::WatchBackoff;
-use kube::{Api, Client};
 use tokio::sync::Notify;
 
-use crate::policy::CompileSettings;
-use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-use crate::policy::{Mode, ProtectedKind};
-use crate::telemetry::{Health, Metrics};
+use crate::cluster::held;
+use crate::policy::{CompileSettings, Mode, ProtectedKind};
+use sync::managed::Managed;
+use sync::sources::{Sources, watch_crds};
+use sync::{apply, publish, type_check};
+use telemetry::{Health, Metrics};
 
 pub use apply::own_username;
-pub use inputs::Sources;
-use inputs::Watched;
-// For `cascade-guard status`, which reads the same inputs once.
-pub(crate) use inputs::read_once;
-pub use uninstall::{Options as UninstallOptions, Summary as UninstallSummary, uninstall};
 
 /// The field manager (server-side apply) and event reporter name.
 pub const MANAGER: &str = "cascade-guard";
@@ -77,17 +65,18 @@ impl Default for Settings {
 pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, health: Health) {
     let notify = Arc::new(Notify::new());
     let sources = Sources::start(client.clone(), notify.clone()).await;
-    let managed = watch_for_changes(client.clone(), notify.clone());
+    let managed = Managed::start(client.clone(), notify.clone());
+    watch_crds(client.clone(), notify.clone());
     let reporter = Reporter {
         controller: MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
     };
     let recorder = Recorder::new(client.clone(), reporter.clone());
-    let mut report = report::Reporting::new(client.clone(), reporter);
+    let mut publisher = publish::Publisher::new(client.clone(), reporter);
     let mut type_checks = type_check::Reporting::new(recorder.clone(), metrics.clone());
     let mut converter = convert::Converter::new(client.clone(), recorder.clone(), metrics.clone())
         .with_stall_after(settings.stall_after);
-    let mut watcher = watched::Watcher::new(
+    let mut kind_watches = watches::Watches::new(
         client.clone(),
         recorder,
         metrics.clone(),
@@ -121,7 +110,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
             &mut last_good,
         )
         .await;
-        report
+        publisher
             .publish(&outcome, &gathered.cascade_policies, &gathered.xrd_refs)
             .await;
         type_checks
@@ -155,7 +144,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
             })
             .collect();
         let convert_kinds = convert::convert_kinds(policies);
-        watcher.update(watched::watched_kinds(policies, &convert_kinds));
+        kind_watches.update(watches::watched_kinds(policies, &convert_kinds));
         converter
             .update(convert_kinds, &found_kinds, complete)
             .await;
@@ -191,75 +180,4 @@ fn scan_for_held(
         }
         notify.notify_one();
     });
-}
-
-/// cascade-guard's own admission objects, as the API server has them: a pass
-/// applies only what is missing or differs, and an edit or delete by anyone
-/// else triggers a pass that puts it back.
-pub(crate) struct Managed {
-    pub policies: Watched<ValidatingAdmissionPolicy>,
-    pub bindings: Watched<ValidatingAdmissionPolicyBinding>,
-}
-
-fn watch_for_changes(client: Client, notify: Arc<Notify>) -> Managed {
-    let managed =
-        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
-    let policies = Watched::start(
-        Api::<ValidatingAdmissionPolicy>::all(client.clone()),
-        managed.clone(),
-        Default::default(),
-        notify.clone(),
-        "ValidatingAdmissionPolicies",
-    );
-    let bindings = Watched::start(
-        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
-        managed,
-        Default::default(),
-        notify.clone(),
-        "ValidatingAdmissionPolicyBindings",
-    );
-    // A kind (or Crossplane) appearing: metadata is enough to notice.
-    trigger(
-        Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client),
-        watcher::Config::default(),
-        notify,
-        "CustomResourceDefinitions",
-    );
-    Managed { policies, bindings }
-}
-
-fn trigger<K>(api: Api<K>, config: watcher::Config, notify: Arc<Notify>, what: &'static str)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default,
-{
-    use futures::StreamExt;
-    tokio::spawn(async move {
-        let mut stream = watcher(api, config)
-            .backoff(WatchBackoff::default())
-            .boxed();
-        let mut failing = false;
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(_) => {
-                    if std::mem::take(&mut failing) {
-                        tracing::info!("watching {what} again");
-                    }
-                    notify.notify_one()
-                }
-                Err(e) => log_watch_error(&mut failing, what, &e),
-            }
-        }
-    });
-}
-
-/// The first failure of a watch in a row is a warning; the retries that
-/// follow (every few seconds) are debug lines, so a lasting failure is one
-/// line in the log, not one a second.
-pub(crate) fn log_watch_error(failing: &mut bool, what: &str, e: &watcher::Error) {
-    if std::mem::replace(failing, true) {
-        tracing::debug!(error = %e, "still cannot watch {what}; retrying");
-    } else {
-        tracing::warn!(error = %e, "cannot watch {what}; retrying every few seconds");
-    }
 }

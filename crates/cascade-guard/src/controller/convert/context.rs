@@ -18,10 +18,10 @@ use super::events;
 use super::intake::Census;
 use super::kinds::ConvertKind;
 use super::writes::object_api;
+use crate::controller::telemetry::Metrics;
 use crate::policy::Shape;
 use crate::policy::cascade::{Carry, Memory, Observed, Reach};
 use crate::policy::stall::Clock;
-use crate::telemetry::Metrics;
 
 pub(super) struct Context {
     pub client: Client,
@@ -88,7 +88,7 @@ impl Context {
                 },
             ),
             client,
-            resource: super::fake_api_server::resource(),
+            resource: crate::fake_api_server::resource(),
             carry: Carry::ToTheEnd,
             stall_after,
             metrics: Arc::new(Metrics::new()),

@@ -133,8 +133,8 @@ enum Dependent {
 mod tests {
     use serde_json::{Value, json};
 
-    use super::super::fake_api_server::{Exchange, OBJECT, against, object, resource, says};
     use super::*;
+    use crate::fake_api_server::{Exchange, OBJECT, against, object, resource, says};
 
     fn xr(uid: &str) -> Value {
         json!({

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use kube::Client;
-use kube::api::ApiResource;
 
+use crate::cluster::served_resource;
 use crate::policy::cascade::Reach;
 use crate::policy::{Mode, Policy, ProtectedKind};
 
@@ -60,24 +60,4 @@ pub(super) async fn is_served(client: &Client, kind: &ProtectedKind) -> bool {
         )) => false,
         Err(_) => true,
     }
-}
-
-/// The version of a kind the API server serves (its preferred one). The
-/// admission policy matches every version; the controller watches this one.
-pub async fn served_resource(
-    client: &Client,
-    kind: &ProtectedKind,
-) -> Result<ApiResource, kube::Error> {
-    let group = kube::discovery::group(client, &kind.group).await?;
-    group
-        .recommended_resources()
-        .into_iter()
-        .map(|(r, _)| r)
-        .find(|r| r.plural == kind.plural)
-        .ok_or_else(|| {
-            kube::Error::Discovery(kube::error::DiscoveryError::MissingResource(format!(
-                "{}.{}",
-                kind.plural, kind.group
-            )))
-        })
 }

@@ -17,8 +17,6 @@ mod context;
 pub(super) mod dependents;
 pub(super) mod discovery;
 pub(super) mod events;
-#[cfg(test)]
-pub(super) mod fake_api_server;
 mod intake;
 mod kinds;
 mod progress;
@@ -26,7 +24,7 @@ mod runner;
 mod steps;
 mod writes;
 
-pub use kinds::{ConvertKind, convert_kinds, kind_key, served_resource};
+pub use kinds::{ConvertKind, convert_kinds, kind_key};
 pub use runner::{Converter, DEFAULT_STALL_AFTER};
 
 use kube::api::{DynamicObject, PartialObjectMeta};

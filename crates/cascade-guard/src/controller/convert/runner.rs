@@ -18,14 +18,15 @@ use tokio::task::JoinHandle;
 use super::Meta;
 use super::context::{Context, Setting};
 use super::intake;
-use super::kinds::{ConvertKind, is_served, kind_key, served_resource};
+use super::kinds::{ConvertKind, is_served, kind_key};
 use super::steps::{error_policy, reconcile};
 use super::writes::{self, changed_since, is_stale};
+use crate::cluster::served_resource;
 use crate::controller::backoff::WatchBackoff;
+use crate::controller::telemetry::Metrics;
 use crate::policy::ProtectedKind;
 use crate::policy::cascade::{Carry, Reach};
 use crate::policy::names::FOREGROUND_CASCADE_FINALIZER;
-use crate::telemetry::Metrics;
 
 struct Running {
     kind: ConvertKind,
@@ -331,8 +332,8 @@ async fn take_in(
 mod tests {
     use serde_json::json;
 
-    use super::super::fake_api_server::{Exchange, OBJECT, against, metadata, object, says};
     use super::*;
+    use crate::fake_api_server::{Exchange, OBJECT, against, metadata, object, says};
     use crate::policy::Shape;
 
     const HOLD: &str =

@@ -203,8 +203,8 @@ mod tests {
     use kube::Client;
     use serde_json::{Value, json};
 
-    use super::super::fake_api_server::{Exchange, OBJECT, against, metadata, object, says};
     use super::*;
+    use crate::fake_api_server::{Exchange, OBJECT, against, metadata, object, says};
     use crate::policy::cascade::Reach;
     use crate::policy::names::FOREGROUND_CASCADE_FINALIZER as HELD;
 

@@ -164,10 +164,8 @@ pub(super) async fn changed_since(api: &Api<Meta>, seen: &Meta) -> bool {
 mod tests {
     use serde_json::json;
 
-    use super::super::fake_api_server::{
-        Exchange, OBJECT, against, metadata, object, resource, says,
-    };
     use super::*;
+    use crate::fake_api_server::{Exchange, OBJECT, against, metadata, object, resource, says};
 
     const HELD: &str = FOREGROUND_CASCADE_FINALIZER;
     const PATCHED: &str =

@@ -1,33 +1,30 @@
-//! Reading the inputs of a pass from the cluster: XRDs, CascadePolicies, and
-//! the kinds CascadePolicies name (from discovery).
+//! The inputs of a pass, watched: XRDs, CascadePolicies, and the kinds
+//! CascadePolicies name (from discovery); a CRD coming or going wakes a pass.
 //!
 //! Each input is either known (read completely) or not. Only what is known may
 //! remove protection: an input that cannot be read (no RBAC, API down) leaves
 //! the admission objects it produced in place.
 
 use std::collections::{BTreeMap, BTreeSet};
-
-use k8s_openapi::api::core::v1::ObjectReference;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
-use kube::api::{ApiResource, DynamicObject, ListParams};
-use kube::discovery::{self, Scope as DiscoveryScope};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, PartialObjectMeta};
+use kube::discovery;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{Mutex, Notify};
 
-use super::backoff::WatchBackoff;
 use crate::api::CascadePolicy;
+use crate::cluster::inputs::{discover_kinds, is_not_found, xrd_resource};
+use crate::controller::backoff::{WatchBackoff, log_watch_error};
 use crate::policy::Mode;
-use crate::policy::kind::Scope;
-use crate::policy::names::CROSSPLANE_APIEXTENSIONS_GROUP;
 use crate::policy::plan::Known;
-use crate::policy::resolve::{CascadePolicyInput, CrdInfo, Inputs, XrdInput};
-
-const XRD_PLURAL: &str = "compositeresourcedefinitions";
+use crate::policy::resolve::{CascadePolicyInput, Inputs, XrdInput};
 
 pub struct Gathered {
     pub inputs: Inputs,
@@ -42,7 +39,7 @@ pub struct Gathered {
 }
 
 /// A watched collection and whether its first list has completed.
-pub(crate) struct Watched<K: kube::Resource + 'static>
+pub(crate) struct WatchCache<K: kube::Resource + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
@@ -50,7 +47,7 @@ where
     ready: Arc<AtomicBool>,
 }
 
-impl<K> Watched<K>
+impl<K> WatchCache<K>
 where
     K: kube::Resource
         + Clone
@@ -87,7 +84,7 @@ where
                     }
                     Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
                     Ok(_) => notify.notify_one(),
-                    Err(e) => super::log_watch_error(&mut failing, what, &e),
+                    Err(e) => log_watch_error(&mut failing, what, &e),
                 }
             }
         });
@@ -113,7 +110,7 @@ where
 enum XrdSource {
     /// Crossplane's XRD API is not served: there are no XRDs.
     NotInstalled,
-    Watching(Watched<DynamicObject>, ApiResource),
+    Watching(WatchCache<DynamicObject>, ApiResource),
 }
 
 enum PolicySource {
@@ -121,7 +118,7 @@ enum PolicySource {
     Unknown,
     /// The CRD is not installed: there are no CascadePolicies.
     NotInstalled,
-    Watching(Watched<CascadePolicy>),
+    Watching(WatchCache<CascadePolicy>),
 }
 
 pub struct Sources {
@@ -164,7 +161,7 @@ impl Sources {
         };
         if installed {
             tracing::info!("watching CascadePolicies");
-            *source = PolicySource::Watching(Watched::start(
+            *source = PolicySource::Watching(WatchCache::start(
                 Api::<CascadePolicy>::all(client.clone()),
                 watcher::Config::default(),
                 Writer::default(),
@@ -191,7 +188,7 @@ impl Sources {
                 tracing::info!(version = %resource.version, "watching Crossplane XRDs");
                 let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
                 *source = XrdSource::Watching(
-                    Watched::start(
+                    WatchCache::start(
                         api,
                         watcher::Config::default(),
                         Writer::new(resource.clone()),
@@ -263,118 +260,37 @@ impl Sources {
     }
 }
 
-/// The served version of Crossplane's XRD resource, or None when Crossplane is
-/// not installed.
-pub(crate) async fn xrd_resource(client: &Client) -> Result<Option<ApiResource>, kube::Error> {
-    let group = match discovery::group(client, CROSSPLANE_APIEXTENSIONS_GROUP).await {
-        Ok(group) => group,
-        Err(e) if is_not_found(&e) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    Ok(group
-        .recommended_resources()
-        .into_iter()
-        .find(|(r, _)| r.plural == XRD_PLURAL)
-        .map(|(r, _)| r))
+/// Wakes a pass when a kind (or Crossplane) appears or goes: metadata is
+/// enough to notice.
+pub(crate) fn watch_crds(client: Client, notify: Arc<Notify>) {
+    trigger(
+        Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client),
+        watcher::Config::default(),
+        notify,
+        "CustomResourceDefinitions",
+    );
 }
 
-/// The kinds of the groups CascadePolicies name, from discovery, and the
-/// groups that could not be read for any reason but their absence.
-pub(crate) async fn discover_kinds(
-    client: &Client,
-    policies: &[Arc<CascadePolicy>],
-) -> (Vec<CrdInfo>, BTreeSet<String>) {
-    let groups: BTreeSet<&str> = policies.iter().map(|p| p.spec.group.as_str()).collect();
-    let mut kinds = Vec::new();
-    let mut undiscovered = BTreeSet::new();
-    for group in groups {
-        if group.is_empty() {
-            continue;
-        }
-        match discovery::group(client, group).await {
-            Ok(found) => {
-                for (resource, caps) in found.recommended_resources() {
-                    kinds.push(CrdInfo {
-                        group: resource.group.clone(),
-                        kind: resource.kind.clone(),
-                        plural: resource.plural.clone(),
-                        scope: match caps.scope {
-                            DiscoveryScope::Cluster => Scope::Cluster,
-                            DiscoveryScope::Namespaced => Scope::Namespaced,
-                        },
-                    });
+fn trigger<K>(api: Api<K>, config: watcher::Config, notify: Arc<Notify>, what: &'static str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    tokio::spawn(async move {
+        let mut stream = watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .boxed();
+        let mut failing = false;
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => {
+                    if std::mem::take(&mut failing) {
+                        tracing::info!("watching {what} again");
+                    }
+                    notify.notify_one()
                 }
-            }
-            Err(e) if is_not_found(&e) => {}
-            Err(e) => {
-                tracing::warn!(%group, error = %e, "cannot discover API group");
-                undiscovered.insert(group.to_string());
+                Err(e) => log_watch_error(&mut failing, what, &e),
             }
         }
-    }
-    (kinds, undiscovered)
-}
-
-fn is_not_found(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(status) => status.code == 404,
-        // How kube's discovery reports a group that is not served.
-        kube::Error::Discovery(kube::error::DiscoveryError::MissingApiGroup(_)) => true,
-        _ => false,
-    }
-}
-
-/// Everything a pass reads, read once (for `status` and `uninstall`, which run
-/// without watches).
-pub(crate) struct ReadOnce {
-    pub inputs: Inputs,
-    /// Every API group the CascadePolicies name could be discovered.
-    pub kinds_complete: bool,
-    /// The CascadePolicy CRD is installed.
-    pub cascade_policy_crd: bool,
-}
-
-pub(crate) async fn read_once(
-    client: &Client,
-    xrd_default_mode: Mode,
-) -> Result<ReadOnce, crate::Error> {
-    let list = |what: &'static str| move |source| crate::Error::List { what, source };
-    let xrds = match xrd_resource(client).await.map_err(list("the XRD API"))? {
-        Some(resource) => Api::<DynamicObject>::all_with(client.clone(), &resource)
-            .list(&ListParams::default())
-            .await
-            .map_err(list("XRDs"))?
-            .items
-            .iter()
-            .filter_map(|x| serde_json::to_value(x).ok())
-            .map(|v| XrdInput::from_value(&v))
-            .collect(),
-        None => Vec::new(),
-    };
-    let (cascade_policies, cascade_policy_crd): (Vec<Arc<CascadePolicy>>, bool) =
-        match Api::<CascadePolicy>::all(client.clone())
-            .list(&ListParams::default())
-            .await
-        {
-            Ok(l) => (l.items.into_iter().map(Arc::new).collect(), true),
-            Err(kube::Error::Api(s)) if s.code == 404 => (Vec::new(), false),
-            Err(e) => return Err(list("CascadePolicies")(e)),
-        };
-    let (crds, undiscovered_groups) = discover_kinds(client, &cascade_policies).await;
-    let kinds_complete = undiscovered_groups.is_empty();
-    let inputs = Inputs {
-        xrds,
-        cascade_policies: cascade_policies
-            .iter()
-            .filter_map(|p| p.resolution_input())
-            .collect(),
-        crds,
-        xrd_default_mode,
-        undiscovered_groups,
-    };
-    Ok(ReadOnce {
-        inputs,
-        kinds_complete,
-        cascade_policy_crd,
-    })
+    });
 }

@@ -14,19 +14,21 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::apply::Outcome;
+use super::limits::{condition_message, event_note};
+use super::type_check;
 use crate::api::{CascadePolicy, CascadePolicyStatus};
 use crate::policy::{Mode, Problem, Severity, Source, Subject};
 
 pub const READY: &str = "Ready";
 
-pub struct Reporting {
+pub struct Publisher {
     client: Client,
     reporter: Reporter,
     /// What was last published for each subject.
     published: BTreeMap<Subject, BTreeSet<(String, String)>>,
 }
 
-impl Reporting {
+impl Publisher {
     pub fn new(client: Client, reporter: Reporter) -> Self {
         Self {
             reporter,
@@ -94,7 +96,7 @@ impl Reporting {
                 let event = Event {
                     type_: EventType::Warning,
                     reason: problem.reason.to_string(),
-                    note: Some(truncate(&problem.message, 1000)),
+                    note: Some(event_note(&problem.message)),
                     action: "Compile".into(),
                     secondary: None,
                 };
@@ -207,13 +209,16 @@ pub fn status_for(policy: &CascadePolicy, outcome: &Outcome) -> CascadePolicySta
             type_: READY.into(),
             status: status.into(),
             reason,
-            message: truncate(&message, 32 * 1024),
+            message: condition_message(&message),
             observed_generation: policy.meta().generation,
             last_transition_time: Time(Timestamp::now()),
         })
-        .chain(outcome.type_checks.get(&source).map(|(name, check)| {
-            super::type_check::condition(name, check, policy.meta().generation)
-        }))
+        .chain(
+            outcome
+                .type_checks
+                .get(&source)
+                .map(|(name, check)| type_check::condition(name, check, policy.meta().generation)),
+        )
         .collect(),
         compiled_to: compiled.cloned().unwrap_or_default(),
     }
@@ -246,17 +251,6 @@ fn keep_transition_times(
         }
     }
     wanted
-}
-
-pub(super) fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]

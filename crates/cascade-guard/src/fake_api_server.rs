@@ -257,7 +257,7 @@ pub fn object(
     resource_version: &str,
     finalizers: &[&str],
     deleting: bool,
-) -> super::Meta {
+) -> kube::api::PartialObjectMeta<kube::api::DynamicObject> {
     serde_json::from_value(metadata(uid, resource_version, finalizers, deleting))
         .expect("test metadata parses")
 }

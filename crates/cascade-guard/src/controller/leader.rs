@@ -27,6 +27,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::Error;
+
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(2);
@@ -79,7 +81,7 @@ impl LeaseSettings {
             None
         };
         match problem {
-            Some(p) => Err(Error::Settings(p.to_owned())),
+            Some(p) => Err(Error::LeaseSettings(p.to_owned())),
             None => Ok(()),
         }
     }
@@ -91,20 +93,6 @@ impl LeaseSettings {
             self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
         i32::try_from(secs).unwrap_or(i32::MAX)
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("invalid lease settings: {0}")]
-    Settings(String),
-    #[error("cannot {action} Lease {namespace}/{name}: {source}")]
-    Api {
-        action: &'static str,
-        namespace: String,
-        name: String,
-        // Boxed: kube::Error is large and this sits in every Result.
-        source: Box<kube::Error>,
-    },
 }
 
 /// Contends for the Lease until this process holds it, then renews it in the
@@ -142,7 +130,7 @@ pub async fn acquire(client: Client, settings: LeaseSettings) -> Result<Leadersh
             // Someone wrote between our read and our write: read again now.
             Ok(Attempt::Raced) => debug!(lease = %settings.name, "lost a race for the lease"),
             Err(source) if is_permanent(&source) => {
-                return Err(Error::Api {
+                return Err(Error::Lease {
                     action: "acquire",
                     namespace: settings.namespace.clone(),
                     name: settings.name.clone(),

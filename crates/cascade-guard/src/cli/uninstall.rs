@@ -20,15 +20,15 @@ use kube::api::{DeleteParams, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
 
-use super::MANAGER;
-use super::convert::Converter;
-use super::held;
 use crate::Error;
-use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-use crate::telemetry::Metrics;
+use crate::cluster::held;
+use crate::controller::MANAGER;
+use crate::controller::convert::Converter;
+use crate::controller::telemetry::Metrics;
+use crate::policy::names::MANAGED_BY_SELECTOR;
 
 #[derive(Clone, Debug)]
-pub struct Options {
+pub struct UninstallOptions {
     /// Go on although a controller holds the leader Lease.
     pub force: bool,
     /// How long to wait for deleting objects to finish their cascades.
@@ -38,7 +38,7 @@ pub struct Options {
 }
 
 #[derive(Debug, Default)]
-pub struct Summary {
+pub struct UninstallSummary {
     pub admission_objects: usize,
     /// Live objects let go.
     pub released: usize,
@@ -52,9 +52,9 @@ pub struct Summary {
 
 pub async fn uninstall(
     client: &Client,
-    options: &Options,
+    options: &UninstallOptions,
     progress: impl Fn(&str),
-) -> Result<Summary, Error> {
+) -> Result<UninstallSummary, Error> {
     if let Some(holder) = running_controller(client, &options.leader_election_id).await? {
         if !options.force {
             return Err(Error::ControllerRunning { holder });
@@ -63,8 +63,8 @@ pub async fn uninstall(
             "warning: {holder} holds the leader Lease: it puts back what this removes; going on (--force)"
         ));
     }
-    let mut summary = Summary::default();
-    let selector = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
+    let mut summary = UninstallSummary::default();
+    let selector = ListParams::default().labels(MANAGED_BY_SELECTOR);
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
     for b in bindings
         .list_metadata(&selector)

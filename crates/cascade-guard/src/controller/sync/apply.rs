@@ -14,14 +14,16 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::inputs::Watched;
-use super::type_check::{self, TypeCheck};
-use super::{MANAGER, Managed};
+use super::managed::Managed;
+use super::sources::WatchCache;
+use super::type_check;
 use crate::Error;
+use crate::cluster::type_check::TypeCheck;
+use crate::controller::MANAGER;
 use crate::policy::drift::first_difference;
 pub use crate::policy::last_good::LastGood;
 use crate::policy::last_good::{keep_last_good, recall};
-use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::policy::names::MANAGED_BY_SELECTOR;
 use crate::policy::plan::{Drift, Known, Live, ObjectKind, Plan, diff, may_write, plan};
 use crate::policy::{CompileSettings, Resolution, Source, object_name};
 
@@ -131,7 +133,7 @@ async fn live(
     )
 }
 
-async fn values<K>(api: &Api<K>, cache: &Watched<K>) -> (Vec<Value>, bool)
+async fn values<K>(api: &Api<K>, cache: &WatchCache<K>) -> (Vec<Value>, bool)
 where
     K: Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
@@ -145,8 +147,10 @@ where
     if let Some(objects) = cache.snapshot() {
         return (to_values(objects.iter().map(AsRef::as_ref).collect()), true);
     }
-    let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
-    match api.list(&ListParams::default().labels(&selector)).await {
+    match api
+        .list(&ListParams::default().labels(MANAGED_BY_SELECTOR))
+        .await
+    {
         Ok(list) => (to_values(list.items.iter().collect()), true),
         Err(e) => {
             tracing::warn!(error = %e, "cannot list cascade-guard's admission objects; writing every one");

@@ -164,7 +164,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::controller::convert::fake_api_server::{Exchange, against, metadata, resource};
+    use crate::fake_api_server::{Exchange, against, metadata, resource};
 
     const FIRST: &str = "/apis/example.org/v1/xdatabases?&limit=50";
     const NEXT: &str = "/apis/example.org/v1/xdatabases?&limit=500&continue=next";

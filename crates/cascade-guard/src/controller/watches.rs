@@ -22,16 +22,17 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
-use super::backoff::WatchBackoff;
+use super::backoff::{WatchBackoff, log_watch_error};
 use super::convert::dependents::Lookup;
 use super::convert::discovery::Discoveries;
 use super::convert::events::publish;
-use super::convert::{ConvertKind, Meta, kind_key, served_resource};
+use super::convert::{ConvertKind, Meta, kind_key};
+use super::telemetry::Metrics;
+use crate::cluster::served_resource;
 use crate::policy::names::FOREGROUND_DELETION_FINALIZER;
 use crate::policy::replay::{REPLAY_GRACE, refused_replay, replay_note};
 use crate::policy::stall::{Clock, Turn, stalled_note};
 use crate::policy::{Mode, Policy, ProtectedKind, Shape};
-use crate::telemetry::Metrics;
 
 /// One kind watched, and whether a refused replay is to be told (Refuse).
 #[derive(Clone, Debug, PartialEq)]
@@ -66,7 +67,7 @@ pub fn watched_kinds(
 }
 
 /// Runs one watch per watched kind.
-pub struct Watcher {
+pub struct Watches {
     client: Client,
     recorder: Recorder,
     metrics: Arc<Metrics>,
@@ -74,7 +75,7 @@ pub struct Watcher {
     running: BTreeMap<String, (WatchedKind, JoinHandle<()>)>,
 }
 
-impl Watcher {
+impl Watches {
     pub fn new(
         client: Client,
         recorder: Recorder,
@@ -121,7 +122,7 @@ impl Watcher {
     }
 }
 
-impl Drop for Watcher {
+impl Drop for Watches {
     fn drop(&mut self) {
         for (_, task) in self.running.values() {
             task.abort();
@@ -187,7 +188,7 @@ impl KindWatch {
                         }
                         self.see(event, &mut tracked)
                     }
-                    Some(Err(e)) => super::log_watch_error(&mut failing, &what, &e),
+                    Some(Err(e)) => log_watch_error(&mut failing, &what, &e),
                     None => return,
                 },
                 _ = tick.tick() => self.look(&resource, &mut tracked).await,

@@ -1,0 +1,233 @@
+//! What `cascade-guard status` reads: the policies' inputs and
+//! cascade-guard's admission objects (to compare), the protected objects
+//! being deleted, the held ones of kinds no policy names, and the
+//! controller's stall Events.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, Client};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::report::{Report, admission_sync, cascading_objects, protected};
+use crate::Error;
+use crate::cluster::inputs::read_once;
+use crate::cluster::{held, served_resource, type_check};
+use crate::policy::last_good::{LastGood, keep_last_good, recall};
+use crate::policy::names::MANAGED_BY_SELECTOR;
+use crate::policy::plan::{Known, Live, plan};
+use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, Source, object_name, resolve};
+
+/// The controller's flags that change what it compiles: status must be
+/// given the same to compare.
+#[derive(Clone, Debug, Default)]
+pub struct ControllerFlags {
+    pub xrd_default_mode: Mode,
+    pub compile: CompileSettings,
+}
+
+/// Reads the cluster and reports. Fails only when the policies' inputs
+/// cannot be read; anything else that cannot be read becomes a problem line.
+pub async fn status(client: &Client, settings: &ControllerFlags) -> Result<Report, Error> {
+    let mut problems = Vec::new();
+    let read = read_once(client, settings.xrd_default_mode).await?;
+    if !read.cascade_policy_crd {
+        problems.push("the CascadePolicy CRD is not installed".to_string());
+    }
+    if !read.kinds_complete {
+        problems.push(
+            "some API groups CascadePolicies name could not be discovered; their policies may be missing below"
+                .to_string(),
+        );
+    }
+    let managed = ListParams::default().labels(MANAGED_BY_SELECTOR);
+    let typed_policies = Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .list(&managed)
+        .await
+        .map_err(list("ValidatingAdmissionPolicies"))?
+        .items;
+    let live_policies = values(&typed_policies);
+    let live_bindings = values(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .list(&managed)
+            .await
+            .map_err(list("ValidatingAdmissionPolicyBindings"))?
+            .items,
+    );
+    // As the controller does after a restart: a CascadePolicy that now names
+    // an unknown kind keeps what its admission objects say.
+    let named = |live: &[Value], name: &str| {
+        live.iter()
+            .find(|v| v.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
+            .cloned()
+    };
+    let (resolution, kept) = keep_last_good(
+        resolve(&read.inputs),
+        &mut LastGood::default(),
+        read.kinds_complete,
+        |name| {
+            let object = object_name(&Source::CascadePolicy {
+                name: name.to_string(),
+            });
+            recall(name, &named(&live_policies, &object)?)
+        },
+    );
+    problems.extend(resolution.problems.iter().map(ToString::to_string));
+    // What the API server's type check found wrong with the live policies.
+    problems.extend(type_check::problems(&typed_policies));
+    let plan = plan(&resolution, &settings.compile, kept);
+    // What the controller could read completely, read the same way.
+    let known = Known {
+        xrds: true,
+        cascade_policies: read.kinds_complete,
+    };
+    let admission = admission_sync(
+        &plan,
+        &Live::from_lists(&live_policies, &live_bindings),
+        known,
+    );
+
+    let now = Timestamp::now();
+    let mut cascading = Vec::new();
+    let kinds = distinct_kinds(&resolution.policies);
+    for kind in &kinds {
+        match deleting(client, kind).await {
+            Ok(objects) => cascading.extend(cascading_objects(&kind.to_string(), &objects, now)),
+            Err(e) => problems.push(format!("cannot list objects of {kind}: {e}")),
+        }
+    }
+    // Held objects of kinds no policy names (they lost it while the
+    // controller was down): the controller finishes them when it starts.
+    match held::scan(client, held::Depth::Every).await {
+        Ok(scan) => {
+            for holding in scan.holding {
+                let kind = &holding.kind;
+                if kinds.iter().any(|k| k.same_kind(&kind.group, &kind.kind)) {
+                    continue;
+                }
+                problems.push(format!(
+                    "{} object(s) of {kind} carry cascade-guard's finalizer, but no policy names the kind: the controller lets them go, or finishes their cascade, when it starts",
+                    holding.objects.len()
+                ));
+                match deleting(client, kind).await {
+                    Ok(objects) => {
+                        cascading.extend(cascading_objects(&kind.to_string(), &objects, now))
+                    }
+                    Err(e) => problems.push(format!("cannot list objects of {kind}: {e}")),
+                }
+            }
+            problems.extend(
+                scan.unreadable
+                    .iter()
+                    .map(|u| format!("cannot tell whether cascade-guard holds objects of {u}")),
+            );
+        }
+        Err(e) => problems.push(format!(
+            "cannot look for held objects of kinds no policy names: {e}"
+        )),
+    }
+    match stalled_cascades(client).await {
+        Ok(stalled) => {
+            for c in &mut cascading {
+                c.stalled = stalled.get(&c.uid).cloned();
+            }
+        }
+        Err(e) => problems.push(format!(
+            "cannot read the controller's CascadeStalled events: {e}"
+        )),
+    }
+    cascading.sort_by(|a, b| {
+        b.age_seconds
+            .cmp(&a.age_seconds)
+            .then_with(|| (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name)))
+    });
+
+    Ok(Report {
+        xrd_default_mode: settings.xrd_default_mode,
+        protected: protected(&plan),
+        admission,
+        cascading,
+        problems,
+    })
+}
+
+fn list(what: &'static str) -> impl Fn(kube::Error) -> Error {
+    move |source| Error::List { what, source }
+}
+
+fn values<T: Serialize>(items: &[T]) -> Vec<Value> {
+    items
+        .iter()
+        .filter_map(|i| serde_json::to_value(i).ok())
+        .collect()
+}
+
+/// The metadata of every object of the kind (the API has no field selector
+/// for a deletionTimestamp, so all of them are listed and filtered here).
+async fn deleting(client: &Client, kind: &ProtectedKind) -> Result<Vec<ObjectMeta>, kube::Error> {
+    let resource = served_resource(client, kind).await?;
+    let objects = Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .list_metadata(&ListParams::default())
+        .await?;
+    Ok(objects.items.into_iter().map(|o| o.metadata).collect())
+}
+
+/// The objects whose latest stall Event is `CascadeStalled` (not a later
+/// `CascadeResumed`), by UID, with what the Event said.
+async fn stalled_cascades(
+    client: &Client,
+) -> Result<std::collections::BTreeMap<String, String>, kube::Error> {
+    use k8s_openapi::api::core::v1::Event;
+    let events: Api<Event> = Api::all(client.clone());
+    let mut latest: std::collections::BTreeMap<String, (Timestamp, bool, String)> =
+        Default::default();
+    for reason in ["CascadeStalled", "CascadeResumed"] {
+        let found = events
+            .list(&ListParams::default().fields(&format!("reason={reason}")))
+            .await?;
+        for e in found.items {
+            let Some(uid) = e.involved_object.uid.clone() else {
+                continue;
+            };
+            let at = [
+                e.series
+                    .as_ref()
+                    .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0)),
+                e.event_time.as_ref().map(|t| t.0),
+                e.last_timestamp.as_ref().map(|t| t.0),
+            ]
+            .into_iter()
+            .flatten()
+            .max();
+            let Some(at) = at else { continue };
+            let stalled = reason == "CascadeStalled";
+            let note = e.message.clone().unwrap_or_default();
+            let newer = latest.get(&uid).is_none_or(|(seen, _, _)| at >= *seen);
+            if newer {
+                latest.insert(uid, (at, stalled, note));
+            }
+        }
+    }
+    Ok(latest
+        .into_iter()
+        .filter(|(_, (_, stalled, _))| *stalled)
+        .map(|(uid, (_, _, note))| (uid, note))
+        .collect())
+}
+
+/// Each kind once: several policies may name the same kind.
+fn distinct_kinds(policies: &[Policy]) -> Vec<ProtectedKind> {
+    let mut kinds = BTreeMap::new();
+    for p in policies {
+        kinds
+            .entry((p.kind.group.clone(), p.kind.kind.clone()))
+            .or_insert_with(|| p.kind.clone());
+    }
+    kinds.into_values().collect()
+}

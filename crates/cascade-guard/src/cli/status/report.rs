@@ -1,0 +1,621 @@
+//! What `cascade-guard status` makes of what it read (pure): which kinds are
+//! protected and by what, how the admission objects in the cluster differ
+//! from what the policies compile to, and which protected objects are being
+//! deleted.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::policy::names::{
+    FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, MODE_ANNOTATION,
+    PROTECTED_KINDS_ANNOTATION,
+};
+use crate::policy::plan::{self, Known, Live, Plan};
+use crate::policy::selector::query_string;
+use crate::policy::{Mode, Source};
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The default mode this report assumed for XRDs without the annotation.
+    pub xrd_default_mode: Mode,
+    pub protected: Vec<Protected>,
+    pub admission: AdmissionSync,
+    /// Protected objects with a deletionTimestamp, oldest deletion first.
+    pub cascading: Vec<Cascading>,
+    /// What the policies' inputs say is wrong, and what could not be read.
+    pub problems: Vec<String>,
+}
+
+/// One policy: a kind, its mode, and what asked for it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Protected {
+    /// `Kind.group`.
+    pub kind: String,
+    /// `plural.group`, as kubectl takes it.
+    pub resource: String,
+    pub mode: Mode,
+    pub source: SourceKind,
+    /// The XRD or CascadePolicy the policy comes from.
+    pub from: String,
+    /// `key=value,...` when only matching objects are protected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// The ValidatingAdmissionPolicy and binding it compiles to (None for Off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission_objects: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum SourceKind {
+    /// The XRD's `cascade-guard.dev/deletion-policy` annotation.
+    XrdAnnotation,
+    /// An XRD without the annotation: `--xrd-default-mode`.
+    Default,
+    CascadePolicy,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionSync {
+    pub in_sync: bool,
+    /// How many admission objects the policies compile to.
+    pub wanted: usize,
+    pub differences: Vec<MismatchedObject>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MismatchedObject {
+    pub state: Mismatch,
+    pub kind: &'static str,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Mismatch {
+    /// Wanted, not in the cluster.
+    Missing,
+    /// In the cluster with other content than wanted.
+    Differs,
+    /// In the cluster, labelled as cascade-guard's, but no policy wants it.
+    Extra,
+}
+
+/// A protected object that is being deleted.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cascading {
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    /// Its deletionTimestamp (RFC 3339).
+    pub deleting_since: String,
+    pub age_seconds: u64,
+    /// cascade-guard's finalizer is on it (Convert mode).
+    pub held: bool,
+    /// `foregroundDeletion` is on it: the garbage collector is deleting what
+    /// it owns first.
+    pub foreground: bool,
+    /// Every finalizer still on it: what its deletion waits for.
+    pub finalizers: Vec<String>,
+    /// The controller reported its cascade stalled (its last such Event
+    /// says so, not a later `CascadeResumed`): what the Event said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<String>,
+    #[serde(skip)]
+    pub uid: String,
+}
+
+impl Cascading {
+    /// What the object is waiting for, in words.
+    pub fn state(&self) -> &'static str {
+        match (self.held, self.foreground) {
+            (true, true) => "foreground cascade, held by cascade-guard",
+            (true, false) => "held by cascade-guard, waiting for it to re-issue the delete",
+            (false, true) => "foreground cascade",
+            (false, false) => "terminating, waiting on its finalizers",
+        }
+    }
+}
+
+/// One row per policy.
+pub(super) fn protected(plan: &Plan) -> Vec<Protected> {
+    plan.planned
+        .iter()
+        .map(|planned| {
+            let p = &planned.policy;
+            let (source, from) = match &p.source {
+                Source::Xrd {
+                    name, annotated, ..
+                } => (
+                    if *annotated {
+                        SourceKind::XrdAnnotation
+                    } else {
+                        SourceKind::Default
+                    },
+                    name.clone(),
+                ),
+                Source::CascadePolicy { name } => (SourceKind::CascadePolicy, name.clone()),
+            };
+            Protected {
+                kind: p.kind.to_string(),
+                resource: p.kind.resource(),
+                mode: p.mode,
+                source,
+                from,
+                selector: p
+                    .selector
+                    .as_ref()
+                    .map(|s| query_string(s).unwrap_or_else(|e| format!("(invalid: {e})"))),
+                admission_objects: Some(planned.names().join(", ")).filter(|n| !n.is_empty()),
+            }
+        })
+        .collect()
+}
+
+/// The plan's diff against the managed admission objects in the cluster,
+/// for people: the same diff the controller writes from.
+pub(super) fn admission_sync(plan: &Plan, live: &Live, known: Known) -> AdmissionSync {
+    let differences: Vec<MismatchedObject> = plan::diff(plan, live, known)
+        .into_iter()
+        .map(|d| {
+            let kind = d.kind.as_str();
+            let (state, detail) = match d.drift {
+                plan::Drift::Missing => (Mismatch::Missing, guards(plan, &d.name)),
+                plan::Drift::Differs { path } => {
+                    let policy = plan.compiled(&d.name).map(|(p, _)| p);
+                    let live = match d.kind {
+                        plan::ObjectKind::Policy => live.policies.get(&d.name),
+                        plan::ObjectKind::Binding => live.bindings.get(&d.name),
+                    };
+                    // A shared object may carry XRDs with and without the annotation.
+                    let defaulted = plan.carried_by(&d.name).any(|p| {
+                        matches!(
+                            p.source,
+                            Source::Xrd {
+                                annotated: false,
+                                ..
+                            }
+                        )
+                    });
+                    let detail = match (policy, live) {
+                        (Some(policy), Some(live)) => {
+                            differs_detail(policy.mode, defaulted, &path, live)
+                        }
+                        _ => format!("{path} differs"),
+                    };
+                    (Mismatch::Differs, Some(detail))
+                }
+                plan::Drift::Extra { removable: true } => {
+                    let live = match d.kind {
+                        plan::ObjectKind::Policy => live.policies.get(&d.name),
+                        plan::ObjectKind::Binding => live.bindings.get(&d.name),
+                    };
+                    let detail = live
+                        .and_then(|l| other_mode_detail(plan, l))
+                        .unwrap_or_else(|| "no policy compiles to it".to_string());
+                    (Mismatch::Extra, Some(detail))
+                }
+                plan::Drift::Extra { removable: false } => (
+                    Mismatch::Extra,
+                    Some(
+                        "no policy compiles to it; the controller keeps it while the input it came from cannot be read completely"
+                            .to_string(),
+                    ),
+                ),
+            };
+            MismatchedObject {
+                state,
+                kind,
+                name: d.name,
+                detail,
+            }
+        })
+        .collect();
+    AdmissionSync {
+        in_sync: differences.is_empty(),
+        wanted: plan.object_count(),
+        differences,
+    }
+}
+
+/// The kinds a wanted object guards, so that a missing shared object shows
+/// the whole gap (None for an object of one CascadePolicy, named by itself).
+fn guards(plan: &Plan, name: &str) -> Option<String> {
+    let kinds: Vec<String> = plan
+        .carried_by(name)
+        .filter(|p| matches!(p.source, Source::Xrd { .. }))
+        .map(|p| p.kind.to_string())
+        .collect();
+    const SHOWN: usize = 5;
+    let shown = kinds
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    match kinds.len() {
+        0 => None,
+        n if n <= SHOWN => Some(format!("unguarded until it is back: {shown}")),
+        n => Some(format!(
+            "unguarded until it is back: {shown} and {} more",
+            n - SHOWN
+        )),
+    }
+}
+
+/// An extra shared object of another mode that carries kinds the plan has
+/// from XRDs without the annotation: the controller probably runs with
+/// another default mode than status was given.
+fn other_mode_detail(plan: &Plan, live: &Value) -> Option<String> {
+    let annotations = live.pointer("/metadata/annotations")?;
+    let live_mode = annotations.get(MODE_ANNOTATION)?.as_str()?;
+    let carried: BTreeMap<String, Value> =
+        serde_json::from_str(annotations.get(PROTECTED_KINDS_ANNOTATION)?.as_str()?).ok()?;
+    let defaulted: Vec<String> = plan
+        .planned
+        .iter()
+        .filter(|p| {
+            matches!(
+                p.policy.source,
+                Source::Xrd {
+                    annotated: false,
+                    ..
+                }
+            ) && p.policy.mode.as_str() != live_mode
+                && carried.contains_key(&p.policy.kind.to_string())
+        })
+        .map(|p| p.policy.kind.to_string())
+        .collect();
+    let first = defaulted.first()?;
+    let more = match defaulted.len() {
+        1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    };
+    Some(format!(
+        "compiled for mode {live_mode} for {first}{more}, the policy says {}; if the controller runs with --xrd-default-mode={live_mode}, pass the same to status",
+        plan.planned
+            .iter()
+            .find(|p| p.policy.kind.to_string() == *first)
+            .map_or(Mode::Off, |p| p.policy.mode)
+    ))
+}
+
+/// Says which field differs, and when it is the mode of an XRD without the
+/// annotation, that the controller probably runs with another default mode.
+fn differs_detail(mode: Mode, defaulted: bool, path: &str, live: &Value) -> String {
+    let live_mode = live
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(MODE_ANNOTATION))
+        .and_then(Value::as_str);
+    match live_mode {
+        Some(m) if m != mode.as_str() => {
+            let hint = if defaulted {
+                format!(
+                    "; if the controller runs with --xrd-default-mode={m}, pass the same to status"
+                )
+            } else {
+                String::new()
+            };
+            format!("compiled for mode {m}, the policy says {mode}{hint}")
+        }
+        _ => format!("{path} differs"),
+    }
+}
+
+/// The objects among `objects` (all of one kind) that are being deleted.
+pub(super) fn cascading_objects(
+    kind: &str,
+    objects: &[ObjectMeta],
+    now: Timestamp,
+) -> Vec<Cascading> {
+    objects
+        .iter()
+        .filter_map(|m| {
+            let since = m.deletion_timestamp.as_ref()?.0;
+            let finalizers = m.finalizers.clone().unwrap_or_default();
+            let has = |f: &str| finalizers.iter().any(|x| x == f);
+            Some(Cascading {
+                kind: kind.to_string(),
+                namespace: m.namespace.clone(),
+                name: m.name.clone().unwrap_or_default(),
+                deleting_since: since.to_string(),
+                age_seconds: u64::try_from(now.duration_since(since).as_secs()).unwrap_or(0),
+                held: has(FOREGROUND_CASCADE_FINALIZER),
+                foreground: has(FOREGROUND_DELETION_FINALIZER),
+                finalizers,
+                stalled: None,
+                uid: m.uid.clone().unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use k8s_openapi::jiff::Timestamp;
+    use serde_json::json;
+
+    use super::super::fixtures::{live, meta, resolution, sync};
+    use super::*;
+    use crate::policy::CompileSettings;
+    use crate::policy::names::{FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER};
+    use crate::policy::plan::plan;
+
+    #[test]
+    fn protected_says_where_each_policy_comes_from() {
+        let rows = protected(&plan(
+            &resolution(Mode::Refuse),
+            &CompileSettings::default(),
+            BTreeSet::new(),
+        ));
+        let got: Vec<Protected> = rows;
+        let row = |kind: &str,
+                   mode,
+                   source,
+                   from: &str,
+                   selector: Option<&str>,
+                   objects: Option<&str>| {
+            Protected {
+                kind: kind.into(),
+                resource: String::new(),
+                mode,
+                source,
+                from: from.into(),
+                selector: selector.map(str::to_string),
+                admission_objects: objects.map(str::to_string),
+            }
+        };
+        let want = [
+            row(
+                "Cluster.example.org",
+                Mode::Convert,
+                SourceKind::XrdAnnotation,
+                "clusters.example.org",
+                None,
+                Some(
+                    "cascade-guard-xrds-convert-composite, cascade-guard-update-xrds-convert-composite",
+                ),
+            ),
+            row(
+                "Network.example.org",
+                Mode::Refuse,
+                SourceKind::Default,
+                "networks.example.org",
+                None,
+                Some(
+                    "cascade-guard-xrds-refuse-composite, cascade-guard-update-xrds-refuse-composite",
+                ),
+            ),
+            row(
+                "Quiet.example.org",
+                Mode::Off,
+                SourceKind::XrdAnnotation,
+                "quiet.example.org",
+                None,
+                None,
+            ),
+            row(
+                "Release.helm.example.org",
+                Mode::Refuse,
+                SourceKind::CascadePolicy,
+                "releases",
+                Some("team=a"),
+                Some("cascade-guard-policy-releases, cascade-guard-update-policy-releases"),
+            ),
+        ];
+        let resources: Vec<&str> = got.iter().map(|p| p.resource.as_str()).collect();
+        assert_eq!(
+            resources,
+            [
+                "clusters.example.org",
+                "networks.example.org",
+                "quiet.example.org",
+                "releases.helm.example.org"
+            ]
+        );
+        let got: Vec<Protected> = got
+            .into_iter()
+            .map(|p| Protected {
+                resource: String::new(),
+                ..p
+            })
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn in_sync_when_the_cluster_has_what_the_policies_compile_to() {
+        let r = resolution(Mode::Refuse);
+        let (policies, bindings) = live(&r);
+        let sync = sync(&r, &policies, &bindings);
+        assert!(sync.in_sync, "{sync:?}");
+        // Three policies compile (Off does not), to a DELETE and an UPDATE
+        // pair of a policy and a binding each.
+        assert_eq!(sync.wanted, 12);
+    }
+
+    #[test]
+    fn missing_differs_and_extra() {
+        let r = resolution(Mode::Refuse);
+        let (mut policies, mut bindings) = live(&r);
+        // A binding deleted, a policy's validation edited, and a leftover of
+        // an XRD that is gone.
+        bindings.retain(|b| b["metadata"]["name"] != "cascade-guard-xrds-convert-composite");
+        let releases = policies
+            .iter()
+            .position(|p| p["metadata"]["name"] == "cascade-guard-policy-releases")
+            .unwrap();
+        policies[releases]["spec"]["validations"][0]["expression"] = json!("true");
+        let mut stale = policies[0].clone();
+        stale["metadata"]["name"] = json!("cascade-guard-xrd-gone.example.org");
+        policies.push(stale);
+        let sync = sync(&r, &policies, &bindings);
+        let got: Vec<(Mismatch, &str, &str, Option<&str>)> = sync
+            .differences
+            .iter()
+            .map(|d| (d.state, d.kind, d.name.as_str(), d.detail.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    Mismatch::Missing,
+                    "ValidatingAdmissionPolicyBinding",
+                    "cascade-guard-xrds-convert-composite",
+                    Some("unguarded until it is back: Cluster.example.org")
+                ),
+                (
+                    Mismatch::Differs,
+                    "ValidatingAdmissionPolicy",
+                    "cascade-guard-policy-releases",
+                    Some("spec.validations[0].expression differs")
+                ),
+                (
+                    Mismatch::Extra,
+                    "ValidatingAdmissionPolicy",
+                    "cascade-guard-xrd-gone.example.org",
+                    Some("no policy compiles to it")
+                ),
+            ]
+        );
+        assert!(!sync.in_sync);
+    }
+
+    #[test]
+    fn another_default_mode_is_named_as_the_likely_cause() {
+        // The controller runs with Warn; status assumed Refuse.
+        let (policies, bindings) = live(&resolution(Mode::Warn));
+        let sync = sync(&resolution(Mode::Refuse), &policies, &bindings);
+        // The XRD without the annotation is in the Warn objects, which
+        // status does not want, and missing from the Refuse ones it does.
+        let got: Vec<(Mismatch, &str, Option<&str>)> = sync
+            .differences
+            .iter()
+            .map(|d| (d.state, d.name.as_str(), d.detail.as_deref()))
+            .collect();
+        let missing = Some("unguarded until it is back: Network.example.org");
+        let hint = Some(
+            "compiled for mode Warn for Network.example.org, the policy says Refuse; if the controller runs with --xrd-default-mode=Warn, pass the same to status",
+        );
+        assert_eq!(
+            got,
+            [
+                (
+                    Mismatch::Missing,
+                    "cascade-guard-xrds-refuse-composite",
+                    missing
+                ),
+                (
+                    Mismatch::Missing,
+                    "cascade-guard-xrds-refuse-composite",
+                    missing
+                ),
+                (
+                    Mismatch::Missing,
+                    "cascade-guard-update-xrds-refuse-composite",
+                    missing
+                ),
+                (
+                    Mismatch::Missing,
+                    "cascade-guard-update-xrds-refuse-composite",
+                    missing
+                ),
+                (
+                    Mismatch::Extra,
+                    "cascade-guard-update-xrds-warn-composite",
+                    hint
+                ),
+                (Mismatch::Extra, "cascade-guard-xrds-warn-composite", hint),
+                (
+                    Mismatch::Extra,
+                    "cascade-guard-update-xrds-warn-composite",
+                    hint
+                ),
+                (Mismatch::Extra, "cascade-guard-xrds-warn-composite", hint),
+            ],
+            "{sync:?}"
+        );
+    }
+
+    #[test]
+    fn cascading_lists_only_deleted_objects_with_what_holds_them() {
+        let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let objects = [
+            meta("live", None, &[FOREGROUND_CASCADE_FINALIZER]),
+            meta(
+                "converting",
+                Some("2026-01-01T11:59:50Z"),
+                &[FOREGROUND_CASCADE_FINALIZER],
+            ),
+            meta(
+                "cascading",
+                Some("2026-01-01T11:55:00Z"),
+                &[FOREGROUND_DELETION_FINALIZER, FOREGROUND_CASCADE_FINALIZER],
+            ),
+            meta(
+                "refuse-mode",
+                Some("2026-01-01T10:00:00Z"),
+                &[FOREGROUND_DELETION_FINALIZER],
+            ),
+            meta(
+                "wedged",
+                Some("2025-12-30T12:00:00Z"),
+                &["example.org/cleanup"],
+            ),
+        ];
+        let got = cascading_objects("Cluster.example.org", &objects, now);
+        let rows: Vec<(&str, u64, bool, bool, &str)> = got
+            .iter()
+            .map(|c| {
+                (
+                    c.name.as_str(),
+                    c.age_seconds,
+                    c.held,
+                    c.foreground,
+                    c.state(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (
+                    "converting",
+                    10,
+                    true,
+                    false,
+                    "held by cascade-guard, waiting for it to re-issue the delete"
+                ),
+                (
+                    "cascading",
+                    300,
+                    true,
+                    true,
+                    "foreground cascade, held by cascade-guard"
+                ),
+                ("refuse-mode", 7200, false, true, "foreground cascade"),
+                (
+                    "wedged",
+                    172_800,
+                    false,
+                    false,
+                    "terminating, waiting on its finalizers"
+                ),
+            ]
+        );
+        assert_eq!(got[0].deleting_since, "2026-01-01T11:59:50Z");
+        assert_eq!(got[3].finalizers, ["example.org/cleanup"]);
+    }
+}

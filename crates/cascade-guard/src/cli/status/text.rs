@@ -1,0 +1,242 @@
+//! `cascade-guard status` for people: the report as tables.
+
+use std::fmt::Write as _;
+
+use super::report::{Mismatch, Report, SourceKind};
+
+/// `45s`, `3m12s`, `2h5m`, `3d4h`, as kubectl prints ages.
+fn age(seconds: u64) -> String {
+    let (d, h, m, s) = (
+        seconds / 86_400,
+        seconds / 3_600 % 24,
+        seconds / 60 % 60,
+        seconds % 60,
+    );
+    if d > 0 {
+        format!("{d}d{h}h")
+    } else if h > 0 {
+        format!("{h}h{m}m")
+    } else if m > 0 {
+        format!("{m}m{s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// The report for people.
+pub fn render_text(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "PROTECTED ({})", report.protected.len());
+    if report.protected.is_empty() {
+        let _ = writeln!(out, "  nothing: no XRDs and no CascadePolicies");
+    } else {
+        let mut rows = vec![vec![
+            "KIND".to_string(),
+            "MODE".to_string(),
+            "SOURCE".to_string(),
+        ]];
+        for p in &report.protected {
+            let source = match p.source {
+                SourceKind::XrdAnnotation => format!("XRD annotation ({})", p.from),
+                SourceKind::Default => format!(
+                    "default, --xrd-default-mode={} ({})",
+                    report.xrd_default_mode, p.from
+                ),
+                SourceKind::CascadePolicy => format!("CascadePolicy {}", p.from),
+            };
+            let kind = match &p.selector {
+                Some(s) => format!("{} [{s}]", p.kind),
+                None => p.kind.clone(),
+            };
+            rows.push(vec![kind, p.mode.to_string(), source]);
+        }
+        table(&mut out, &rows);
+    }
+
+    let sync = &report.admission;
+    if sync.in_sync {
+        let _ = writeln!(
+            out,
+            "\nADMISSION POLICIES: in sync ({} objects)",
+            sync.wanted
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "\nADMISSION POLICIES: out of sync ({} of {} wanted objects missing or different, {} extra)",
+            sync.differences
+                .iter()
+                .filter(|d| d.state != Mismatch::Extra)
+                .count(),
+            sync.wanted,
+            sync.differences
+                .iter()
+                .filter(|d| d.state == Mismatch::Extra)
+                .count(),
+        );
+        let mut rows = vec![vec![
+            "STATE".to_string(),
+            "KIND".to_string(),
+            "NAME".to_string(),
+            "DETAIL".to_string(),
+        ]];
+        for d in &sync.differences {
+            rows.push(vec![
+                format!("{:?}", d.state).to_lowercase(),
+                d.kind.to_string(),
+                d.name.clone(),
+                d.detail.clone().unwrap_or_default(),
+            ]);
+        }
+        table(&mut out, &rows);
+        let _ = writeln!(
+            out,
+            "  The controller (its leader) puts them right within a second; if it does not, check that it runs and its log."
+        );
+    }
+
+    if report.cascading.is_empty() {
+        let _ = writeln!(out, "\nCASCADING: no protected object is being deleted");
+    } else {
+        let _ = writeln!(out, "\nCASCADING ({})", report.cascading.len());
+        let mut rows = vec![vec![
+            "KIND".to_string(),
+            "OBJECT".to_string(),
+            "AGE".to_string(),
+            "STATE".to_string(),
+            "FINALIZERS".to_string(),
+        ]];
+        for c in &report.cascading {
+            let object = match &c.namespace {
+                Some(ns) => format!("{ns}/{}", c.name),
+                None => c.name.clone(),
+            };
+            let state = match &c.stalled {
+                Some(_) => format!("STALLED: {}", c.state()),
+                None => c.state().to_string(),
+            };
+            rows.push(vec![
+                c.kind.clone(),
+                object,
+                age(c.age_seconds),
+                state,
+                c.finalizers.join(","),
+            ]);
+        }
+        table(&mut out, &rows);
+        for c in &report.cascading {
+            if let Some(note) = &c.stalled {
+                let _ = writeln!(out, "  {} {} stalled: {note}", c.kind, c.name);
+            }
+        }
+    }
+
+    if !report.problems.is_empty() {
+        let _ = writeln!(out, "\nPROBLEMS ({})", report.problems.len());
+        for p in &report.problems {
+            let _ = writeln!(out, "  {p}");
+        }
+    }
+    out
+}
+
+/// Left-aligned columns, two spaces apart, indented by two.
+fn table(out: &mut String, rows: &[Vec<String>]) {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let mut line = String::from(" ");
+        for (c, cell) in row.iter().enumerate() {
+            let pad = widths[c].saturating_sub(cell.chars().count());
+            let _ = write!(line, " {cell}{}", " ".repeat(pad));
+            line.push(' ');
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::super::fixtures::{live, meta, resolution, sync};
+    use super::super::report::{Report, cascading_objects, protected};
+    use super::*;
+    use crate::policy::names::{FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER};
+    use crate::policy::plan::plan;
+    use crate::policy::{CompileSettings, Mode};
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        let cases = [
+            (0, "0s"),
+            (45, "45s"),
+            (192, "3m12s"),
+            (7_500, "2h5m"),
+            (273_600, "3d4h"),
+        ];
+        for (secs, want) in cases {
+            assert_eq!(age(secs), want);
+        }
+    }
+
+    #[test]
+    fn text_report() {
+        let r = resolution(Mode::Refuse);
+        let (policies, bindings) = live(&r);
+        let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let report = Report {
+            xrd_default_mode: Mode::Refuse,
+            protected: protected(&plan(&r, &CompileSettings::default(), BTreeSet::new())),
+            admission: sync(&r, &policies, &bindings[1..]),
+            cascading: cascading_objects(
+                "Cluster.example.org",
+                &[meta(
+                    "prod",
+                    Some("2026-01-01T11:58:00Z"),
+                    &[FOREGROUND_DELETION_FINALIZER, FOREGROUND_CASCADE_FINALIZER],
+                )],
+                now,
+            ),
+            problems: vec!["warning: something".into()],
+        };
+        let text = render_text(&report);
+        let expected = "\
+PROTECTED (4)
+  KIND                               MODE     SOURCE
+  Cluster.example.org                Convert  XRD annotation (clusters.example.org)
+  Network.example.org                Refuse   default, --xrd-default-mode=Refuse (networks.example.org)
+  Quiet.example.org                  Off      XRD annotation (quiet.example.org)
+  Release.helm.example.org [team=a]  Refuse   CascadePolicy releases
+
+ADMISSION POLICIES: out of sync (1 of 12 wanted objects missing or different, 0 extra)
+  STATE    KIND                              NAME                                  DETAIL
+  missing  ValidatingAdmissionPolicyBinding  cascade-guard-xrds-convert-composite  unguarded until it is back: Cluster.example.org
+  The controller (its leader) puts them right within a second; if it does not, check that it runs and its log.
+
+CASCADING (1)
+  KIND                 OBJECT       AGE   STATE                                      FINALIZERS
+  Cluster.example.org  team-a/prod  2m0s  foreground cascade, held by cascade-guard  foregroundDeletion,cascade-guard.dev/foreground-cascade
+
+PROBLEMS (1)
+  warning: something
+";
+        assert_eq!(text, expected, "\n{text}");
+        // And as JSON, for scripts.
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["admission"]["inSync"], false);
+        assert_eq!(json["protected"][1]["source"], "Default");
+        assert_eq!(json["cascading"][0]["held"], true);
+        assert_eq!(json["cascading"][0]["ageSeconds"], 120);
+    }
+}

@@ -1,0 +1,14 @@
+//! What the CLI commands and the controller both read from a cluster, read
+//! the same way by each: the policies' inputs read once ([`inputs`]), the
+//! objects cascade-guard's finalizer holds ([`held`]), where a kind is served
+//! ([`served_resource`]), what the API server's type check says of a policy
+//! ([`type_check`]), and which Kubernetes release it runs
+//! ([`server_version`]).
+
+pub mod held;
+pub(crate) mod inputs;
+mod served;
+pub mod server_version;
+pub mod type_check;
+
+pub(crate) use served::served_resource;
