@@ -9,7 +9,9 @@
 //! mode and shape, one per CascadePolicy); [`render`] does all of it for a set
 //! of documents. [`cascade`] is Convert's state machine, [`stall`] tells a
 //! stalled cascade from a slow one, [`holders`] says what holds an object,
-//! and [`composed`] reads what an XR composes.
+//! and [`composed`] reads what an XR composes. [`order`] reads which objects
+//! of a live tree need which, the order its siblings must go in, and what a
+//! Background or Foreground delete of it would break.
 
 pub mod admission;
 pub mod cascade;
@@ -22,6 +24,7 @@ pub mod kind;
 pub mod last_good;
 pub mod mode;
 pub mod names;
+pub mod order;
 pub mod plan;
 pub mod render;
 pub mod replay;
