@@ -63,8 +63,25 @@ pub struct UnknownMode {
 impl FromStr for Mode {
     type Err = UnknownMode;
 
-    /// Strict: exactly the four spellings the CRD schema allows.
+    /// Any case of the four names (`convert`, `CONVERT`), as the XRD
+    /// annotation reads them, so that a flag, an environment variable and the
+    /// chart's value accept what the annotation does; nothing else, not even
+    /// surrounding whitespace.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownMode {
+                value: s.to_string(),
+            })
+    }
+}
+
+impl Mode {
+    /// Exactly one of the four spellings, as the CascadePolicy CRD's schema
+    /// allows them: `render` reads a CascadePolicy file with it, so that it
+    /// never accepts a policy the API server would refuse.
+    pub fn parse_exact(s: &str) -> Result<Mode, UnknownMode> {
         Mode::ALL
             .into_iter()
             .find(|m| m.as_str() == s)
@@ -99,19 +116,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn strict_parse_accepts_only_exact_spellings() {
+    fn parse_accepts_the_four_names_in_any_case_and_nothing_else() {
         let cases: &[(&str, Option<Mode>)] = &[
             ("Refuse", Some(Mode::Refuse)),
             ("Convert", Some(Mode::Convert)),
             ("Warn", Some(Mode::Warn)),
             ("Off", Some(Mode::Off)),
-            ("off", None),
+            ("off", Some(Mode::Off)),
+            ("convert", Some(Mode::Convert)),
+            ("REFUSE", Some(Mode::Refuse)),
             (" Off", None),
+            ("Off ", None),
             ("", None),
             ("Disabled", None),
         ];
         for (input, want) in cases {
             assert_eq!(input.parse::<Mode>().ok(), *want, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn exact_parse_accepts_only_the_schemas_spellings() {
+        for mode in Mode::ALL {
+            assert_eq!(Mode::parse_exact(mode.as_str()), Ok(mode));
+        }
+        for input in ["off", "CONVERT", " Off", ""] {
+            assert!(Mode::parse_exact(input).is_err(), "input {input:?}");
         }
     }
 

@@ -209,7 +209,7 @@ fn read_cascade_policy(
     };
     let mode = match doc.pointer("/spec/mode") {
         None | Some(Value::Null) => Mode::default(),
-        Some(value) => match value.as_str().map(str::parse::<Mode>) {
+        Some(value) => match value.as_str().map(Mode::parse_exact) {
             Some(Ok(mode)) => mode,
             _ => {
                 problems.push(Problem {
