@@ -3,7 +3,9 @@
 //! pass `promtool test rules` (the pinned promtool, built from the Go module
 //! proxy by scripts/promtool.sh) on the rules the chart renders; and the
 //! rendered object is accepted by a real API server that serves
-//! prometheus-operator's own PrometheusRule CRD, from its module zip.
+//! prometheus-operator's own PrometheusRule CRD, from its module zip. The
+//! chart's ServiceMonitor (templates/servicemonitor.yaml; when it renders is
+//! tests/chart.rs's) likewise against the operator's ServiceMonitor CRD.
 
 #[allow(dead_code)]
 #[path = "support/install.rs"]
@@ -18,6 +20,7 @@ use local_cluster::{ControlPlane, Options};
 use serde_json::{Value, json};
 
 const API_VERSION: &str = "monitoring.coreos.com/v1/PrometheusRule";
+const SERVICE_MONITOR_API_VERSION: &str = "monitoring.coreos.com/v1/ServiceMonitor";
 const ENABLED: &str = "prometheusRule:\n  enabled: true\n";
 
 /// The promtool unit tests of the alerts, in git beside the chart.
@@ -31,15 +34,17 @@ fn promtool() -> PathBuf {
     chart::pinned_tool("PROMTOOL_BIN", "promtool.sh")
 }
 
-/// prometheus-operator's PrometheusRule CRD, which scripts/promtool.sh puts
-/// beside promtool from the operator's module zip.
-fn prometheus_rule_crd() -> CustomResourceDefinition {
+/// One of prometheus-operator's CRDs (`file`: prometheusrules.yaml,
+/// servicemonitors.yaml), which scripts/promtool.sh puts beside promtool from
+/// the operator's module zip.
+fn operator_crd(file: &str) -> CustomResourceDefinition {
     let bin = promtool();
     let path = bin
         .parent()
         .and_then(Path::parent)
         .expect("promtool's cache dir")
-        .join("crd/prometheusrules.yaml");
+        .join("crd")
+        .join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -153,43 +158,86 @@ fn the_alerts_pass_promtools_unit_tests() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The API server validates the rendered PrometheusRule against
-/// prometheus-operator's schema (strict field validation: an unknown or
-/// misplaced field is an error, not silently pruned), and a wrong value in
-/// the same place is refused, so the check has teeth.
-#[tokio::test]
-async fn the_prometheus_rule_is_valid_for_prometheus_operators_crd() {
+/// Applies `object` to a real API server that serves prometheus-operator's
+/// CRD `crd_file`, with strict field validation (an unknown or misplaced
+/// field is an error, not silently pruned): it must be stored as rendered.
+/// Then the same object with `malformed` in place must be refused (422), so
+/// that the check has teeth.
+async fn assert_valid_for_operators_crd(crd_file: &str, object: &Value, malformed: (&str, Value)) {
     local_cluster::testing::init_tracing();
     let cp = ControlPlane::start(Options {
-        crds: vec![prometheus_rule_crd()],
+        crds: vec![operator_crd(crd_file)],
         ..Options::default()
     })
     .await
     .unwrap_or_else(|e| panic!("cannot start the control plane: {e}"));
     let admin = cp.admin().await.expect("admin client");
 
-    let rule = rendered_rule(ENABLED);
     // The release namespace, as `helm install --create-namespace` makes it.
     chart::apply(&admin, &[], &[]).await;
-    let key = chart::key(&rule);
+    let key = chart::key(object);
     let api = chart::api_for(&admin, &key).await;
     let strict = PatchParams::apply("helm")
         .force()
         .validation(ValidationDirective::Strict);
     let stored = api
-        .patch(&key.3, &strict, &Patch::Apply(&rule))
+        .patch(&key.3, &strict, &Patch::Apply(object))
         .await
-        .unwrap_or_else(|e| panic!("the API server refuses the rendered PrometheusRule: {e}"));
+        .unwrap_or_else(|e| panic!("the API server refuses the rendered {}: {e}", key.1));
     assert_eq!(
-        stored.data["spec"], rule["spec"],
+        stored.data["spec"], object["spec"],
         "stored as rendered, nothing pruned"
     );
 
-    let mut bad = rule.clone();
-    bad["spec"]["groups"][0]["rules"][0]["for"] = json!("five minutes");
+    let (pointer, value) = malformed;
+    let mut bad = object.clone();
+    *bad.pointer_mut(pointer)
+        .unwrap_or_else(|| panic!("{} has no {pointer}", key.1)) = value;
     let refused = api.patch(&key.3, &strict, &Patch::Apply(&bad)).await;
     match refused {
         Err(kube::Error::Api(s)) if s.code == 422 => {}
-        other => panic!("a malformed duration must be refused by the CRD's schema: {other:?}"),
+        other => panic!("a malformed {pointer} must be refused by the CRD's schema: {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn the_prometheus_rule_is_valid_for_prometheus_operators_crd() {
+    assert_valid_for_operators_crd(
+        "prometheusrules.yaml",
+        &rendered_rule(ENABLED),
+        ("/spec/groups/0/rules/0/for", json!("five minutes")),
+    )
+    .await;
+}
+
+/// The ServiceMonitor with every optional field set, so that each is checked
+/// against the operator's schema.
+const SERVICE_MONITOR_VALUES: &str = r#"
+serviceMonitor:
+  enabled: true
+  labels: {release: kube-prometheus-stack}
+  annotations: {team: platform}
+  interval: 30s
+  scrapeTimeout: 10s
+  relabelings:
+    - action: replace
+      sourceLabels: [__meta_kubernetes_pod_node_name]
+      targetLabel: node
+  metricRelabelings:
+    - action: drop
+      sourceLabels: [__name__]
+      regex: process_.*
+"#;
+
+#[tokio::test]
+async fn the_service_monitor_is_valid_for_prometheus_operators_crd() {
+    let text = chart::template_text_with(SERVICE_MONITOR_VALUES, &[SERVICE_MONITOR_API_VERSION])
+        .unwrap_or_else(|e| panic!("helm template failed: {e}"));
+    let docs = chart::documents(&text);
+    assert_valid_for_operators_crd(
+        "servicemonitors.yaml",
+        chart::find(&docs, "ServiceMonitor"),
+        ("/spec/endpoints/0/interval", json!("five minutes")),
+    )
+    .await;
 }

@@ -36,3 +36,31 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+xrdDefaultMode in its canonical case (convert: Convert), so that the
+Deployment's flag and what NOTES.txt prints are the same whatever case the
+value was given in; fails on anything but the four modes.
+*/}}
+{{- define "cascade-guard.xrdDefaultMode" -}}
+{{- $given := toString .Values.xrdDefaultMode -}}
+{{- $canonical := get (dict "refuse" "Refuse" "convert" "Convert" "warn" "Warn" "off" "Off") (lower $given) -}}
+{{- if not $canonical -}}
+{{- fail (printf "xrdDefaultMode %q is not one of Refuse, Convert, Warn, Off (in any case)" $given) -}}
+{{- end -}}
+{{- $canonical -}}
+{{- end -}}
+
+{{/*
+A map of values without its null entries, as YAML (for fromYaml): a user's
+null removes a default key, and must not render as a key with no value.
+*/}}
+{{- define "cascade-guard.withoutNulls" -}}
+{{- $out := dict -}}
+{{- range $key, $value := . -}}
+{{- if not (kindIs "invalid" $value) -}}
+{{- $_ := set $out $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
