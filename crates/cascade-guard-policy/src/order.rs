@@ -23,7 +23,9 @@
 //!   ProviderConfig (kind defaults to ProviderConfig; a ProviderConfig is
 //!   looked up in the object's own namespace, none for a cluster-scoped
 //!   object; a ClusterProviderConfig without one). The provider's API group is
-//!   not on the reference, so every group with such a kind and name matches.
+//!   not on the reference: a ProviderConfig in the object's group or a parent
+//!   of it (`aws.upbound.io` for `ec2.aws.upbound.io`) matches, else every
+//!   group with such a kind and name.
 //! - A ProviderConfig's `spec.credentials.secretRef` {name, namespace}: it
 //!   needs that Secret (namespace defaults to its own).
 //! - `spec.writeConnectionSecretToRef` {name, namespace} on any object, and a
@@ -153,14 +155,27 @@ impl PartialOrd for ObjectRef {
 }
 
 impl fmt::Display for ObjectRef {
-    /// `Kind name`, or `Kind namespace/name`.
+    /// `Kind name`, or `Kind namespace/name`; `Kind.group …` for the kinds
+    /// every provider defines, where the name alone says too little (a
+    /// helm and a kubernetes ProviderConfig often share one).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.kind)?;
+        if PROVIDER_KINDS.contains(&self.kind.as_str()) && !self.group.is_empty() {
+            write!(f, ".{}", self.group)?;
+        }
         match &self.namespace {
-            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
-            None => write!(f, "{} {}", self.kind, self.name),
+            Some(ns) => write!(f, " {ns}/{}", self.name),
+            None => write!(f, " {}", self.name),
         }
     }
 }
+
+/// Kinds that every Crossplane provider defines in its own group.
+const PROVIDER_KINDS: [&str; 3] = [
+    "ProviderConfig",
+    "ClusterProviderConfig",
+    "ProviderConfigUsage",
+];
 
 /// Where an edge "A needs B" was read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -560,11 +575,12 @@ impl Graph {
     ///   and its user leaves at once).
     /// - Foreground: every need lifted to siblings, unless a Usage holds it:
     ///   `of` is the needed object or above it, `by` is the needer or above
-    ///   it, and neither the Usage nor any of its owners is on the needer's
-    ///   side (a' or under it). A Usage composed beside them lasts until its
-    ///   user is gone; one owned on the needer's side, as Crossplane's owner
-    ///   reference to the user makes it, is deleted in that side's cascade,
-    ///   and is not counted on. Also every conflict.
+    ///   it, and the Usage is not placed on the needer's side (a' or under
+    ///   it, by its controller, else its first owner). A Usage composed
+    ///   beside them lasts until its user is gone, whatever other owner
+    ///   references Crossplane adds; a standalone one that Crossplane gives
+    ///   its user as owner is deleted in that side's cascade first, and is
+    ///   not counted on. Also every conflict.
     /// - Ordered: conflicts, and needs a cycle leaves unordered.
     pub fn hazards(&self, teardown: Teardown) -> Vec<Hazard> {
         let mut broken: Vec<(usize, HazardKind, Rel)> = Vec::new();
@@ -684,7 +700,6 @@ struct Index {
     /// Position in a depth-first walk of the tree, and the end of the subtree.
     tin: Vec<usize>,
     tout: Vec<usize>,
-    owners: Vec<Vec<usize>>,
     usages: Vec<UsageFact>,
     /// Parallel to `Graph::needs`.
     needs: Vec<NeedIx>,
@@ -756,14 +771,17 @@ impl Index {
             .any(|u| self.covers(u.of, need.x) && self.covers(need.a, u.by))
     }
 
+    /// A Usage placed in the tree beside the two sides (its controller, else
+    /// its first owner, is not on the needer's side) holds: the cascade
+    /// deletes it with the siblings, and Crossplane keeps a deleting Usage
+    /// until its user is gone (the seed's tree, on real Crossplane). One
+    /// under the needer's side, as a standalone Usage is once Crossplane makes
+    /// its user its owner, goes in that side's own cascade first.
     fn held_in_foreground(&self, need: &NeedIx, needer_side: usize) -> bool {
         self.usages.iter().any(|u| {
             self.covers(u.of, need.x)
                 && self.covers(u.by, need.a)
                 && !self.covers(needer_side, u.usage)
-                && !self.owners[u.usage]
-                    .iter()
-                    .any(|&o| self.covers(needer_side, o))
         })
     }
 }
@@ -898,10 +916,6 @@ impl<'a> Builder<'a> {
             depth: vec![0; n],
             tin: vec![0; n],
             tout: vec![0; n],
-            owners: links
-                .iter()
-                .map(|l| l.iter().map(|o| o.owner).collect())
-                .collect(),
             ..Index::default()
         };
         let mut builder = Self {
@@ -1051,6 +1065,17 @@ impl<'a> Builder<'a> {
         let key = (kind.to_string(), namespace, name.to_string());
         match self.by_kind_name.get(&key).cloned() {
             Some(found) => {
+                // A provider's ProviderConfig is in its managed resources'
+                // group or a parent of it (helm.m.crossplane.io for a
+                // Release, aws.upbound.io for ec2.aws.upbound.io): when one
+                // is, the same name in another provider's group is not this.
+                let group = self.refs[i].group.as_str();
+                let own: Vec<usize> = found
+                    .iter()
+                    .copied()
+                    .filter(|&pc| group_family(group, &self.refs[pc].group))
+                    .collect();
+                let found = if own.is_empty() { found } else { own };
                 for pc in found {
                     self.edge(i, pc, Provenance::ProviderConfigRef, i);
                 }
@@ -1580,6 +1605,15 @@ fn str_at<'v>(value: &'v Value, pointer: &str) -> Option<&'v str> {
         .filter(|s| !s.is_empty())
 }
 
+/// `provider` is `group` or a parent domain of it.
+fn group_family(group: &str, provider: &str) -> bool {
+    group == provider
+        || (!provider.is_empty()
+            && group
+                .strip_suffix(provider)
+                .is_some_and(|head| head.ends_with('.')))
+}
+
 /// The group of an apiVersion: "" for the core group's `v1`.
 fn group_of(api_version: &str) -> &str {
     api_version.split_once('/').map_or("", |(group, _)| group)
@@ -1592,6 +1626,107 @@ fn join_words(words: &[String]) -> String {
         [one] => one.clone(),
         [init @ .., last] => format!("{} and {last}", init.join(", ")),
     }
+}
+
+/// An object that another one names, as a reader of the cluster must fetch
+/// it for [`graph`] to follow the reference. A providerConfigRef names no API
+/// group: `group` is None, any group serving `kind` may hold it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reference {
+    pub group: Option<String>,
+    pub kind: String,
+    /// The namespace to look in when `kind` is namespaced (the referrer's own
+    /// unless the reference names one); ignored for a cluster-scoped kind.
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+/// What `object` names that [`graph`] would follow, other than its owners
+/// and the resources it composes: its ProviderConfig, a ProviderConfig's
+/// credentials Secret, the Secret it writes its connection details to, a
+/// provider-kubernetes Object's references, and the objects its
+/// [`NEEDS_ANNOTATION`] names (composition resource names are its siblings,
+/// already in the tree). Malformed references are left out here; [`graph`]
+/// reports them.
+pub fn references(object: &Value) -> Vec<Reference> {
+    let Some(own) = ObjectRef::of_object(object) else {
+        return Vec::new();
+    };
+    let own_ns = own.namespace.as_deref();
+    let mut out = Vec::new();
+    let mut push = |group: Option<&str>, kind: &str, namespace: Option<&str>, name: &str| {
+        out.push(Reference {
+            group: group.map(str::to_string),
+            kind: kind.to_string(),
+            namespace: namespace.map(str::to_string),
+            name: name.to_string(),
+        });
+    };
+    if let Some(r) = object.pointer("/spec/providerConfigRef")
+        && let Some(name) = str_at(r, "/name")
+    {
+        let kind = str_at(r, "/kind").unwrap_or("ProviderConfig");
+        let namespace = (kind != "ClusterProviderConfig")
+            .then_some(own_ns)
+            .flatten();
+        push(None, kind, namespace, name);
+    }
+    let mut secret = |pointer: &str| {
+        if let Some(r) = object.pointer(pointer)
+            && let Some(name) = str_at(r, "/name")
+        {
+            let namespace = str_at(r, "/namespace").or(own_ns);
+            push(Some(""), "Secret", namespace, name);
+        }
+    };
+    if matches!(
+        own.kind.as_str(),
+        "ProviderConfig" | "ClusterProviderConfig"
+    ) {
+        secret("/spec/credentials/secretRef");
+    }
+    secret("/spec/writeConnectionSecretToRef");
+    let kubernetes_object = own.kind == "Object"
+        && matches!(
+            own.group.as_str(),
+            "kubernetes.crossplane.io" | "kubernetes.m.crossplane.io"
+        );
+    if kubernetes_object {
+        let entries = object.pointer("/spec/references").and_then(Value::as_array);
+        for entry in entries.into_iter().flatten() {
+            for target in ["dependsOn", "patchesFrom"].map(|f| entry.get(f)) {
+                if let Some(t) = target
+                    && let (Some(api_version), Some(kind), Some(name)) = (
+                        str_at(t, "/apiVersion"),
+                        str_at(t, "/kind"),
+                        str_at(t, "/name"),
+                    )
+                {
+                    let namespace = str_at(t, "/namespace").or(own_ns);
+                    push(Some(group_of(api_version)), kind, namespace, name);
+                }
+            }
+        }
+    }
+    let annotation = object
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(NEEDS_ANNOTATION))
+        .and_then(Value::as_str);
+    for entry in annotation.map(parse_needs).into_iter().flatten().flatten() {
+        if let NeedsEntry::Object {
+            group,
+            kind,
+            namespace,
+            name,
+        } = entry
+        {
+            push(Some(&group), &kind, namespace.as_deref().or(own_ns), &name);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 #[cfg(test)]
@@ -2293,8 +2428,9 @@ mod tests {
         None,
         /// Composed by InferenceCluster, the common parent.
         ComposedBeside,
-        /// Composed by InferenceCluster, and owned by ServingStack as
-        /// Crossplane's Usage controller makes it.
+        /// Composed by InferenceCluster, and also owned (not controlled) by
+        /// ServingStack, as Crossplane's Usage controller makes it: still
+        /// held, as the seed's tree is on real Crossplane.
         OwnedByUser,
         /// Composed by ServingStack itself.
         ComposedByUser,
@@ -2429,7 +2565,10 @@ mod tests {
                     "Usage prod-serving-uses-eks",
                 ],
                 vec!["ServingStack prod-serving"],
-                vec!["ProviderConfig prod-helm", "ProviderConfig prod-kubeconfig"],
+                vec![
+                    "ProviderConfig.helm.crossplane.io prod-helm",
+                    "ProviderConfig.kubernetes.crossplane.io prod-kubeconfig"
+                ],
                 vec!["Secret crossplane-system/prod-conn"],
                 vec!["Cluster prod"],
                 vec!["EKSCluster prod-eks"],
@@ -2444,8 +2583,8 @@ mod tests {
         assert_eq!(
             sibling,
             [
-                "ProviderConfig prod-helm before Cluster prod: 1",
-                "ProviderConfig prod-kubeconfig before Cluster prod: 1",
+                "ProviderConfig.helm.crossplane.io prod-helm before Cluster prod: 1",
+                "ProviderConfig.kubernetes.crossplane.io prod-kubeconfig before Cluster prod: 1",
                 "ServingStack prod-serving before EKSCluster prod-eks: 5",
             ]
         );
@@ -2497,7 +2636,7 @@ mod tests {
         let cases = [
             (None, Foreground, four.clone()),
             (ComposedBeside, Foreground, vec![]),
-            (OwnedByUser, Foreground, five.clone()),
+            (OwnedByUser, Foreground, vec![]),
             (ComposedByUser, Foreground, five),
             (None, Background, four.clone()),
             (ComposedBeside, Background, four.clone()),
@@ -2523,14 +2662,14 @@ mod tests {
             .iter()
             .map(ToString::to_string)
             .collect();
-        assert!(sentences.contains(&"Release prod-cert-manager needs Cluster prod (through ProviderConfig prod-helm and Secret crossplane-system/prod-conn): ServingStack prod-serving and EKSCluster prod-eks are deleted at the same time".to_string()), "{sentences:#?}");
-        assert!(sentences.contains(&"Object prod-namespace needs Cluster prod (through ProviderConfig prod-kubeconfig and Secret crossplane-system/prod-conn): ServingStack prod-serving and EKSCluster prod-eks are deleted at the same time".to_string()), "{sentences:#?}");
+        assert!(sentences.contains(&"Release prod-cert-manager needs Cluster prod (through ProviderConfig.helm.crossplane.io prod-helm and Secret crossplane-system/prod-conn): ServingStack prod-serving and EKSCluster prod-eks are deleted at the same time".to_string()), "{sentences:#?}");
+        assert!(sentences.contains(&"Object prod-namespace needs Cluster prod (through ProviderConfig.kubernetes.crossplane.io prod-kubeconfig and Secret crossplane-system/prod-conn): ServingStack prod-serving and EKSCluster prod-eks are deleted at the same time".to_string()), "{sentences:#?}");
         let background: Vec<String> = g
             .hazards(Background)
             .iter()
             .map(ToString::to_string)
             .collect();
-        assert!(background.contains(&"Release prod-vllm needs Cluster prod (through ProviderConfig prod-helm and Secret crossplane-system/prod-conn): a Background delete takes EKSCluster prod-eks without waiting for ServingStack prod-serving".to_string()), "{background:#?}");
+        assert!(background.contains(&"Release prod-vllm needs Cluster prod (through ProviderConfig.helm.crossplane.io prod-helm and Secret crossplane-system/prod-conn): a Background delete takes EKSCluster prod-eks without waiting for ServingStack prod-serving".to_string()), "{background:#?}");
     }
 
     #[test]
@@ -2772,5 +2911,139 @@ mod tests {
         let h = serde_json::to_value(g.hazards(Teardown::Foreground)).expect("json");
         assert_eq!(h[0]["teardown"], json!("Foreground"));
         assert_eq!(h[0]["kind"], json!("Together"));
+    }
+
+    #[test]
+    fn references_name_what_a_reader_must_fetch() {
+        let r = |group: Option<&str>, kind: &str, ns: Option<&str>, name: &str| Reference {
+            group: group.map(str::to_string),
+            kind: kind.to_string(),
+            namespace: ns.map(str::to_string),
+            name: name.to_string(),
+        };
+        let mut release = obj(
+            "helm.m.crossplane.io/v1beta1",
+            "Release",
+            Some("apps"),
+            "web",
+        );
+        release["spec"] = json!({"providerConfigRef": {"name": "helm"}});
+        let mut cluster_pc = obj("helm.crossplane.io/v1beta1", "Release", None, "legacy");
+        cluster_pc["spec"] =
+            json!({"providerConfigRef": {"name": "all", "kind": "ClusterProviderConfig"}});
+        let mut pc = obj(
+            "helm.m.crossplane.io/v1beta1",
+            "ProviderConfig",
+            Some("apps"),
+            "helm",
+        );
+        pc["spec"] = json!({"credentials": {"secretRef": {"name": "kubeconfig", "key": "k"}}});
+        let mut writer = obj("cloud.example.org/v1", "Cluster", Some("apps"), "prod");
+        writer["spec"] =
+            json!({"writeConnectionSecretToRef": {"name": "conn", "namespace": "sys"}});
+        let mut object = obj(
+            "kubernetes.m.crossplane.io/v1alpha1",
+            "Object",
+            Some("apps"),
+            "o",
+        );
+        object["spec"] = json!({"references": [
+            {"dependsOn": {"apiVersion": "v1", "kind": "Namespace", "name": "team"},
+             "patchesFrom": {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "namespace": "x"}},
+            {"dependsOn": {"kind": "Broken"}},
+        ]});
+        let mut annotated = obj("example.org/v1", "Thing", Some("apps"), "t");
+        annotated["metadata"]["annotations"] = json!({NEEDS_ANNOTATION:
+            "sibling, Database.db.example.org/main, Secret/other/creds, not valid"});
+        let cases: Vec<(&str, &Value, Vec<Reference>)> = vec![
+            (
+                "providerConfigRef in the object's namespace",
+                &release,
+                vec![r(None, "ProviderConfig", Some("apps"), "helm")],
+            ),
+            (
+                "ClusterProviderConfig has no namespace",
+                &cluster_pc,
+                vec![r(None, "ClusterProviderConfig", None, "all")],
+            ),
+            (
+                "a ProviderConfig's credentials",
+                &pc,
+                vec![r(Some(""), "Secret", Some("apps"), "kubeconfig")],
+            ),
+            (
+                "the connection Secret it writes",
+                &writer,
+                vec![r(Some(""), "Secret", Some("sys"), "conn")],
+            ),
+            (
+                "an Object's dependsOn and patchesFrom, the broken one left out",
+                &object,
+                vec![
+                    r(Some(""), "ConfigMap", Some("x"), "cm"),
+                    r(Some(""), "Namespace", Some("apps"), "team"),
+                ],
+            ),
+            (
+                "the annotation's objects, not its siblings or malformed entries",
+                &annotated,
+                vec![
+                    r(Some("db.example.org"), "Database", Some("apps"), "main"),
+                    r(Some(""), "Secret", Some("other"), "creds"),
+                ],
+            ),
+        ];
+        for (what, object, want) in cases {
+            let mut want = want;
+            want.sort();
+            assert_eq!(references(object), want, "{what}");
+        }
+        assert!(references(&json!({"kind": "NoName"})).is_empty());
+    }
+
+    #[test]
+    fn a_provider_config_ref_prefers_its_providers_group() {
+        let cases = [
+            ("helm.m.crossplane.io", "helm.m.crossplane.io", true),
+            ("ec2.aws.upbound.io", "aws.upbound.io", true),
+            ("helm.m.crossplane.io", "kubernetes.m.crossplane.io", false),
+            ("xaws.upbound.io", "aws.upbound.io", false),
+            ("helm.crossplane.io", "", false),
+        ];
+        for (group, provider, want) in cases {
+            assert_eq!(group_family(group, provider), want, "{group} {provider}");
+        }
+        let root = obj("example.org/v1", "XR", Some("ns"), "root");
+        let mut release = under(
+            obj("helm.m.crossplane.io/v1beta1", "Release", Some("ns"), "web"),
+            &root,
+        );
+        release["spec"] = json!({"providerConfigRef": {"name": "conn"}});
+        let helm = under(
+            obj(
+                "helm.m.crossplane.io/v1beta1",
+                "ProviderConfig",
+                Some("ns"),
+                "conn",
+            ),
+            &root,
+        );
+        let kubernetes = under(
+            obj(
+                "kubernetes.m.crossplane.io/v1alpha1",
+                "ProviderConfig",
+                Some("ns"),
+                "conn",
+            ),
+            &root,
+        );
+        let g = graph_of(&[root, release, helm, kubernetes]);
+        let needed: Vec<&str> = g
+            .edges
+            .iter()
+            .filter(|e| e.object.name == "web")
+            .map(|e| e.needs.group.as_str())
+            .collect();
+        assert_eq!(needed, ["helm.m.crossplane.io"]);
     }
 }

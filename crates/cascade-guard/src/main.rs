@@ -57,6 +57,11 @@ enum Command {
     /// Follow a deletion tree until everything in it is gone: what is left,
     /// what state each object is in, what holds it.
     Trace(TraceArgs),
+    /// What a delete of this object would do now, with today's policies: the
+    /// waves in which its tree can leave, what each waits on and why, and
+    /// every hazard (two objects that need each other deleted at once).
+    /// Exits 3 when there is a hazard.
+    Plan(PlanArgs),
     /// Print cascade-guard's version, and the API server's when one is reachable.
     Version {
         /// Only the client's version; do not contact the API server.
@@ -191,6 +196,34 @@ struct TraceArgs {
 }
 
 #[derive(Args)]
+struct PlanArgs {
+    /// The root's resource: plural, singular or kind, optionally with .group
+    /// (inferenceclusters, InferenceCluster.modelplane.ai).
+    resource: String,
+    /// The root's name.
+    name: String,
+    /// The root's namespace, if it is namespaced (default: the kubeconfig
+    /// context's).
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// Plan for this mode instead of the one today's policies give the kind.
+    #[arg(long)]
+    mode: Option<Mode>,
+    /// The mode of XRDs without the annotation, as the controller runs with.
+    #[arg(long, env = "CASCADE_GUARD_XRD_DEFAULT_MODE", default_value = "Refuse")]
+    xrd_default_mode: Mode,
+    #[arg(short, long, value_enum, default_value = "text")]
+    output: PlanOutput,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PlanOutput {
+    Text,
+    Json,
+    Yaml,
+}
+
+#[derive(Args)]
 struct StatusArgs {
     /// Compile with the controller's settings: pass the flags it runs with.
     #[command(flatten)]
@@ -237,6 +270,7 @@ async fn main() -> Result<()> {
         Command::Uninstall(args) => uninstall(cli.kubeconfig, args).await,
         Command::Status(args) => status(cli.kubeconfig, args).await,
         Command::Trace(args) => trace(cli.kubeconfig, args).await,
+        Command::Plan(args) => plan(cli.kubeconfig, args).await,
     };
     match result {
         // The reader went away (`cascade-guard crd | head -1`): not an error.
@@ -295,6 +329,12 @@ fn init_logging(json: bool) {
 }
 
 async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client> {
+    Ok(connect(kubeconfig).await?.0)
+}
+
+/// A client, and the namespace of the kubeconfig's context (`default` when
+/// it names none), which commands use as kubectl does when `-n` is not given.
+async fn connect(kubeconfig: Option<PathBuf>) -> Result<(kube::Client, String)> {
     let config = match &kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -307,7 +347,9 @@ async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client> {
             "cannot configure a Kubernetes client (KUBECONFIG, ~/.kube/config or in-cluster)",
         )?,
     };
-    kube::Client::try_from(config).context("cannot make a Kubernetes client")
+    let namespace = config.default_namespace.clone();
+    let client = kube::Client::try_from(config).context("cannot make a Kubernetes client")?;
+    Ok((client, namespace))
 }
 
 async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
@@ -421,6 +463,31 @@ async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
     let summary = cli::trace::trace(&client, &options, &mut out).await?;
     if !summary.complete {
         bail!("the teardown did not complete");
+    }
+    Ok(())
+}
+
+/// Exit status of `plan` when the delete it plans has a hazard: apart from 1
+/// (the plan could not be made) and 2 (bad arguments).
+const PLAN_HAZARD_EXIT: i32 = 3;
+
+async fn plan(kubeconfig: Option<PathBuf>, args: PlanArgs) -> Result<()> {
+    let (client, context_namespace) = connect(kubeconfig).await?;
+    let options = cli::plan::Options {
+        resource: args.resource,
+        name: args.name,
+        namespace: args.namespace.unwrap_or(context_namespace),
+        mode: args.mode,
+        xrd_default_mode: args.xrd_default_mode,
+    };
+    let plan = cli::plan::plan(&client, &options).await?;
+    match args.output {
+        PlanOutput::Text => out(&cli::plan::text::render_text(&plan))?,
+        PlanOutput::Json => out(&format!("{}\n", serde_json::to_string_pretty(&plan)?))?,
+        PlanOutput::Yaml => out(&serde_yaml::to_string(&plan)?)?,
+    }
+    if !plan.hazards.is_empty() {
+        std::process::exit(PLAN_HAZARD_EXIT);
     }
     Ok(())
 }

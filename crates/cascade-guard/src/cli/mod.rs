@@ -4,11 +4,14 @@
 //!   cluster are the ones the policies compile to, and what is being deleted;
 //! - [`render`]: the admission objects for a set of files, without a cluster;
 //! - [`trace`]: a deletion tree followed until everything in it is gone;
+//! - [`plan`]: what a delete would do before anyone deletes: the order a
+//!   tree can leave in, and the hazards of today's mode;
 //! - [`uninstall`]: everything cascade-guard put into a cluster taken out.
 //!
 //! `run` (the controller) is [`crate::controller`]; `crd` and `version` are a
-//! line each in main.rs. A `plan` command would go in `plan.rs`.
+//! line each in main.rs.
 
+pub mod plan;
 pub mod render;
 pub mod status;
 pub mod trace;

@@ -1,12 +1,13 @@
 //! What the CLI commands and the controller both read from a cluster, read
 //! the same way by each: the policies' inputs read once ([`inputs`]), the
 //! objects cascade-guard's finalizer holds ([`held`]), where a kind is served
-//! ([`served_resource`]), what the API server's type check says of a policy
+//! ([`served_resource`], and every kind at once: [`kinds`]), what the API server's type check says of a policy
 //! ([`type_check`]), and which Kubernetes release it runs
 //! ([`server_version`]).
 
 pub mod held;
 pub(crate) mod inputs;
+pub mod kinds;
 mod served;
 pub mod server_version;
 pub mod type_check;

@@ -7,15 +7,14 @@
 
 pub mod view;
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use kube::api::{ApiResource, DynamicObject, ListParams};
-use kube::discovery::{Discovery, Scope};
+use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
+use crate::cluster::kinds::ServedKinds;
 use crate::policy::composed_resources;
 use view::{Key, Seen, State, Summary, Trace};
 
@@ -59,60 +58,15 @@ pub struct Options {
     pub live: bool,
 }
 
-/// Kinds as the API serves them, from one discovery pass.
-struct Kinds {
-    by_gvk: HashMap<(String, String), (ApiResource, bool)>,
-    all: Vec<(ApiResource, bool)>,
-}
-
-impl Kinds {
-    async fn discover(client: &Client) -> Result<Self, TraceError> {
-        let discovery = Discovery::new(client.clone())
-            .run_aggregated()
-            .await
-            .map_err(TraceError::Discovery)?;
-        let mut by_gvk = HashMap::new();
-        let mut all = Vec::new();
-        for group in discovery.groups() {
-            for (resource, caps) in group.recommended_resources() {
-                let namespaced = caps.scope == Scope::Namespaced;
-                by_gvk.insert(
-                    (resource.api_version.clone(), resource.kind.clone()),
-                    (resource.clone(), namespaced),
-                );
-                all.push((resource, namespaced));
-            }
-        }
-        Ok(Self { by_gvk, all })
-    }
-
-    /// `inferenceclusters`, `inferencecluster`, `InferenceCluster` or any of
-    /// them with `.group`.
-    fn find(&self, wanted: &str) -> Option<&(ApiResource, bool)> {
-        let (name, group) = match wanted.split_once('.') {
-            Some((n, g)) => (n, Some(g)),
-            None => (wanted, None),
-        };
-        let name = name.to_lowercase();
-        self.all.iter().find(|(r, _)| {
-            group.is_none_or(|g| r.group == g)
-                && (r.plural == name || r.kind.to_lowercase() == name)
-        })
-    }
-
-    fn get(&self, api_version: &str, kind: &str) -> Option<&(ApiResource, bool)> {
-        self.by_gvk
-            .get(&(api_version.to_string(), kind.to_string()))
-    }
-}
-
 /// Follows the tree until it is done, printing to `out`; returns the summary.
 pub async fn trace(
     client: &Client,
     options: &Options,
     out: &mut impl Write,
 ) -> Result<Summary, TraceError> {
-    let kinds = Kinds::discover(client).await?;
+    let kinds = ServedKinds::discover(client)
+        .await
+        .map_err(TraceError::Discovery)?;
     let (resource, namespaced) = kinds
         .find(&options.resource)
         .cloned()
@@ -239,7 +193,7 @@ fn redraw(
 }
 
 /// Reads one object: its state, its composed resources, the Usages on it.
-async fn read(client: &Client, kinds: &Kinds, key: &Key, usages: &[Usage]) -> Seen {
+async fn read(client: &Client, kinds: &ServedKinds, key: &Key, usages: &[Usage]) -> Seen {
     let unknown = |reason: String| Seen {
         state: State::Unknown { reason },
         children: Vec::new(),
@@ -248,10 +202,11 @@ async fn read(client: &Client, kinds: &Kinds, key: &Key, usages: &[Usage]) -> Se
     let Some((resource, namespaced)) = kinds.get(&key.api_version, &key.kind) else {
         return unknown(format!("{} {} is not served", key.api_version, key.kind));
     };
-    let api: Api<DynamicObject> = match (&key.namespace, namespaced) {
-        (Some(ns), true) => Api::namespaced_with(client.clone(), ns, resource),
-        _ => Api::all_with(client.clone(), resource),
-    };
+    let api = ServedKinds::api(
+        client,
+        &(resource.clone(), *namespaced),
+        key.namespace.as_deref(),
+    );
     let object = match api.get_opt(&key.name).await {
         Ok(Some(o)) => o,
         Ok(None) => {
@@ -324,13 +279,10 @@ impl Usage {
 }
 
 /// Crossplane's Usages and ClusterUsages, when the cluster serves them.
-async fn usages(client: &Client, kinds: &Kinds) -> Vec<Usage> {
+async fn usages(client: &Client, kinds: &ServedKinds) -> Vec<Usage> {
     let mut found = Vec::new();
     for (kind, cluster) in [("Usage", false), ("ClusterUsage", true)] {
-        let Some((resource, _)) = kinds
-            .all
-            .iter()
-            .find(|(r, _)| r.group == "protection.crossplane.io" && r.kind == kind)
+        let Some((resource, _)) = kinds.of_kind(Some("protection.crossplane.io"), kind).next()
         else {
             continue;
         };

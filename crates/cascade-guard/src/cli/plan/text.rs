@@ -1,0 +1,232 @@
+//! `plan` for people (pure): the mode and what a plain delete does in it,
+//! the waves in which the tree can leave, the sibling order and the edges
+//! behind it, then the hazards, last, where a terminal leaves them in view.
+
+use std::fmt::Write;
+
+use super::{ModeSource, Plan};
+use crate::policy::Mode;
+use crate::policy::order::Teardown;
+
+pub fn render_text(plan: &Plan) -> String {
+    let mut out = String::new();
+    let graph = &plan.graph;
+    let mode = match &plan.mode_source {
+        ModeSource::Flag => format!("{} (--mode)", plan.mode),
+        ModeSource::Policy { source } => format!("{} ({source})", plan.mode),
+        ModeSource::Unprotected => "not protected".to_string(),
+    };
+    let _ = writeln!(out, "{}: {mode}", plan.root);
+    let _ = writeln!(
+        out,
+        "a plain delete: {}",
+        describe(plan.mode, plan.teardown)
+    );
+    let in_tree = graph.nodes.iter().filter(|n| n.in_tree).count();
+    let _ = writeln!(
+        out,
+        "{in_tree} objects in the tree, {} referenced outside it",
+        graph.nodes.len() - in_tree
+    );
+
+    let _ = writeln!(
+        out,
+        "\nThe order that works (wave 1 leaves first; each object after its children and after all that needs it):"
+    );
+    for (i, wave) in graph.waves.iter().enumerate() {
+        let names: Vec<String> = wave.iter().map(ToString::to_string).collect();
+        let _ = writeln!(out, "  {:>2}. {}", i + 1, names.join(", "));
+    }
+
+    if !graph.sibling_edges.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nSibling order (what a foreground cascade does not order by itself):"
+        );
+        for edge in &graph.sibling_edges {
+            let cycle = if edge.in_cycle { " (in a cycle)" } else { "" };
+            let _ = writeln!(
+                out,
+                "  under {}: {} must be gone before {} goes{cycle}, because",
+                edge.parent, edge.before, edge.after
+            );
+            // A need that a longer one of the same object goes through says
+            // less than that one.
+            let longest = edge.reasons.iter().filter(|need| {
+                !edge
+                    .reasons
+                    .iter()
+                    .any(|other| other.object == need.object && other.through.contains(&need.needs))
+            });
+            for need in longest {
+                let _ = writeln!(out, "    {need}");
+            }
+        }
+    }
+
+    if !graph.edges.is_empty() {
+        let _ = writeln!(out, "\nEdges (A needs B: B must stay until A is gone):");
+        for edge in &graph.edges {
+            let _ = writeln!(out, "  {edge}");
+        }
+    }
+
+    for cycle in &graph.cycles {
+        let names: Vec<String> = cycle.objects.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            out,
+            "\nCycle under {}: {} need one another; they are deleted together",
+            cycle.parent,
+            names.join(", ")
+        );
+    }
+
+    let problems = graph
+        .problems
+        .iter()
+        .map(ToString::to_string)
+        .chain(plan.unread.iter().map(|u| format!("not read: {u}")));
+    let problems: Vec<String> = problems.collect();
+    if !problems.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nProblems (edges that could not be read are missing above):"
+        );
+        for p in problems {
+            let _ = writeln!(out, "  {p}");
+        }
+    }
+
+    if plan.hazards.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNo hazard: a plain delete now tears the tree down in an order that works."
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "\n{} hazard{} of a plain delete now:",
+            plan.hazards.len(),
+            if plan.hazards.len() == 1 { "" } else { "s" }
+        );
+        for hazard in &plan.hazards {
+            let _ = writeln!(out, "  {hazard}");
+        }
+    }
+    out
+}
+
+fn describe(mode: Mode, teardown: Teardown) -> &'static str {
+    match (mode, teardown) {
+        (Mode::Off, _) => {
+            "Background: the root leaves at once and everything under it is deleted at once"
+        }
+        (Mode::Warn, _) => {
+            "Background (warned): the root leaves at once and everything under it is deleted at once"
+        }
+        (Mode::Refuse, _) => {
+            "refused; `--cascade=foreground` then deletes each parent after its children, siblings at once"
+        }
+        (Mode::Convert, _) => {
+            "turned into a foreground cascade: each parent after its children, siblings at once"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::cli::plan::teardown_of;
+    use crate::policy::order;
+
+    fn obj(api_version: &str, kind: &str, name: &str, owner: Option<&str>, spec: Value) -> Value {
+        let mut metadata = json!({"name": name, "namespace": "ns", "uid": name});
+        if let Some(owner) = owner {
+            metadata["ownerReferences"] = json!([{
+                "apiVersion": "example.org/v1", "kind": "XR", "name": owner, "uid": owner,
+                "controller": true, "blockOwnerDeletion": true,
+            }]);
+        }
+        json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec})
+    }
+
+    /// A root composing a cluster side (a Cluster writing a Secret, a
+    /// ProviderConfig reading it) and a workload side (a Release using the
+    /// ProviderConfig), with no Usage between them.
+    fn tree() -> Vec<Value> {
+        vec![
+            obj("example.org/v1", "XR", "root", None, json!({})),
+            obj("example.org/v1", "XR", "cluster", Some("root"), json!({})),
+            obj("example.org/v1", "XR", "stack", Some("root"), json!({})),
+            obj(
+                "cloud.example.org/v1",
+                "Cluster",
+                "prod",
+                Some("cluster"),
+                json!({"writeConnectionSecretToRef": {"name": "conn"}}),
+            ),
+            obj("v1", "Secret", "conn", Some("prod"), json!(null)),
+            obj(
+                "helm.m.crossplane.io/v1beta1",
+                "ProviderConfig",
+                "helm",
+                Some("cluster"),
+                json!({"credentials": {"secretRef": {"name": "conn"}}}),
+            ),
+            obj(
+                "helm.m.crossplane.io/v1beta1",
+                "Release",
+                "web",
+                Some("stack"),
+                json!({"providerConfigRef": {"name": "helm"}}),
+            ),
+        ]
+    }
+
+    fn plan_for(mode: Mode) -> Plan {
+        let graph = order::graph(&tree(), "root").expect("the root is in the tree");
+        let teardown = teardown_of(mode);
+        Plan {
+            root: graph.root.clone(),
+            mode,
+            mode_source: ModeSource::Policy {
+                source: "XRD xrs.example.org".to_string(),
+            },
+            teardown,
+            hazards: graph.hazards(teardown),
+            graph,
+            unread: vec!["Secret other: forbidden".to_string()],
+        }
+    }
+
+    #[test]
+    fn the_text_names_the_order_the_edges_and_each_hazard() {
+        let text = render_text(&plan_for(Mode::Convert));
+        for want in [
+            "XR ns/root: Convert (XRD xrs.example.org)",
+            "a plain delete: turned into a foreground cascade",
+            "7 objects in the tree, 0 referenced outside it",
+            "under XR ns/root: XR ns/stack must be gone before XR ns/cluster goes, because\n    Release ns/web needs ProviderConfig.helm.m.crossplane.io ns/helm",
+            "Release ns/web needs ProviderConfig.helm.m.crossplane.io ns/helm (spec.providerConfigRef)",
+            "not read: Secret other: forbidden",
+            "hazard",
+            "Release ns/web needs Cluster ns/prod",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
+        let hazards = text.rfind("hazard").expect("a hazard line");
+        let order = text.find("The order that works").expect("the waves");
+        assert!(order < hazards, "the hazards come last:\n{text}");
+    }
+
+    #[test]
+    fn an_unprotected_kind_says_so() {
+        let mut plan = plan_for(Mode::Off);
+        plan.mode_source = ModeSource::Unprotected;
+        let text = render_text(&plan);
+        assert!(text.starts_with("XR ns/root: not protected\n"), "{text}");
+        assert!(text.contains("a plain delete: Background"), "{text}");
+    }
+}
