@@ -579,7 +579,7 @@ fn break_glass(settings: &CompileSettings) -> String {
     break_glass_for(settings, "oldObject")
 }
 
-fn break_glass_for(settings: &CompileSettings, object: &str) -> String {
+pub(crate) fn break_glass_for(settings: &CompileSettings, object: &str) -> String {
     let annotated = break_glass_annotated(object);
     if settings.break_glass_needs_permission {
         format!(

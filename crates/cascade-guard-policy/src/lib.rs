@@ -19,6 +19,7 @@ pub mod cel;
 pub mod composed;
 pub mod decision;
 pub mod drift;
+pub mod hold;
 pub mod holders;
 pub mod kind;
 pub mod last_good;

@@ -132,9 +132,26 @@ struct RunArgs {
     /// Seconds between full passes when nothing changes.
     #[arg(long, env = "CASCADE_GUARD_RESYNC_SECONDS", default_value_t = 300)]
     resync_seconds: u64,
+    /// enforce: in the trees of Refuse and Convert kinds, an object a sibling
+    /// still needs is held (its delete refused, the garbage collector's too)
+    /// until what needs it is gone, then deleted; off: siblings go together,
+    /// as a foreground cascade deletes them.
+    #[arg(
+        long,
+        env = "CASCADE_GUARD_SIBLING_ORDER",
+        value_enum,
+        default_value = "enforce"
+    )]
+    sibling_order: SiblingOrder,
     /// Log as JSON lines.
     #[arg(long, env = "CASCADE_GUARD_LOG_JSON")]
     log_json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SiblingOrder {
+    Enforce,
+    Off,
 }
 
 #[derive(Args)]
@@ -361,6 +378,7 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
         compile: args.policy.compile_settings(),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         stall_after: args.stall_after,
+        sibling_order: args.sibling_order == SiblingOrder::Enforce,
         ..Settings::default()
     };
     let metrics = Arc::new(Metrics::new());

@@ -2,14 +2,15 @@
 //! the same way by each: the policies' inputs read once ([`inputs`]), the
 //! objects cascade-guard's finalizer holds ([`held`]), where a kind is served
 //! ([`served_resource`], and every kind at once: [`kinds`]), what the API server's type check says of a policy
-//! ([`type_check`]), and which Kubernetes release it runs
-//! ([`server_version`]).
+//! ([`type_check`]), which Kubernetes release it runs ([`server_version`]),
+//! and a live tree with what it references ([`tree`]).
 
 pub mod held;
 pub(crate) mod inputs;
 pub mod kinds;
 mod served;
 pub mod server_version;
+pub mod tree;
 pub mod type_check;
 
 pub(crate) use served::served_resource;

@@ -5,12 +5,14 @@
 //! [`run`] is the loop. Each change wakes one pass over everything
 //! ([`sync`]); [`convert`] runs a controller per Convert kind, holding and
 //! finishing cascades; [`watches`] watches the kinds guarded by admission
-//! alone for stalled cascades and refused replays. [`leader`] elects the one
+//! alone for stalled cascades and refused replays; [`sibling_order`] holds
+//! what a sibling still needs. [`leader`] elects the one
 //! replica that runs it, and [`telemetry`] serves its metrics and probes.
 
 mod backoff;
 pub mod convert;
 pub mod leader;
+pub mod sibling_order;
 pub mod sync;
 pub mod telemetry;
 pub(crate) mod watches;
@@ -47,6 +49,9 @@ pub struct Settings {
     /// A cascade cascade-guard holds with no progress for this long gets a
     /// `CascadeStalled` Warning Event and counts in the stalled gauge.
     pub stall_after: Duration,
+    /// Order the siblings of the trees of Refuse and Convert kinds
+    /// ([`sibling_order`]).
+    pub sibling_order: bool,
 }
 
 impl Default for Settings {
@@ -57,6 +62,7 @@ impl Default for Settings {
             resync: Duration::from_secs(300),
             debounce: Duration::from_millis(100),
             stall_after: convert::DEFAULT_STALL_AFTER,
+            sibling_order: true,
         }
     }
 }
@@ -74,6 +80,14 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     let recorder = Recorder::new(client.clone(), reporter.clone());
     let mut publisher = publish::Publisher::new(client.clone(), reporter);
     let mut type_checks = type_check::Reporting::new(recorder.clone(), metrics.clone());
+    let ordering = settings.sibling_order.then(|| {
+        sibling_order::start(
+            client.clone(),
+            settings.compile.clone(),
+            recorder.clone(),
+            settings.resync,
+        )
+    });
     let mut converter = convert::Converter::new(client.clone(), recorder.clone(), metrics.clone())
         .with_stall_after(settings.stall_after);
     let mut kind_watches = watches::Watches::new(
@@ -143,6 +157,14 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
                 }
             })
             .collect();
+        if let Some(ordering) = &ordering {
+            ordering.send_if_modified(|kinds| {
+                let now = sibling_order::OrderedKinds::of(policies);
+                let changed = *kinds != now;
+                *kinds = now;
+                changed
+            });
+        }
         let convert_kinds = convert::convert_kinds(policies);
         kind_watches.update(watches::watched_kinds(policies, &convert_kinds));
         converter

@@ -187,13 +187,14 @@ mod tests {
 
     fn plan_for(mode: Mode) -> Plan {
         let graph = order::graph(&tree(), "root").expect("the root is in the tree");
-        let teardown = teardown_of(mode);
+        let teardown = teardown_of(mode, false);
         Plan {
             root: graph.root.clone(),
             mode,
             mode_source: ModeSource::Policy {
                 source: "XRD xrs.example.org".to_string(),
             },
+            sibling_order: false,
             teardown,
             hazards: graph.hazards(teardown),
             graph,

@@ -6,7 +6,7 @@
 //! pure function of the inputs plus an apply.
 
 pub(crate) mod apply;
-mod limits;
+pub(crate) mod limits;
 pub(crate) mod managed;
 pub(crate) mod publish;
 pub(crate) mod sources;

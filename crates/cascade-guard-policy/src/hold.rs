@@ -1,0 +1,352 @@
+//! Ordered teardown (pure): holding back the delete of an object that a
+//! sibling still needs, and letting it go when nothing needs it.
+//!
+//! A foreground cascade deletes all children of a parent at once, so the
+//! [`order`](crate::order) graph's sibling edges ("ServingStack must be gone
+//! before EKSCluster goes") are not kept by the API. cascade-guard keeps them
+//! with a label and one admission policy:
+//!
+//! - every object that must wait for a sibling (the `after` of a sibling
+//!   edge) carries [`HOLD_LABEL`] (its value: the root's uid) and
+//!   [`HELD_FOR_ANNOTATION`] (what it waits for, in words);
+//! - the ValidatingAdmissionPolicy of [`compile_hold`] refuses every DELETE
+//!   of a labelled object, the garbage collector's and the namespace
+//!   controller's included, and every UPDATE that takes the label away or
+//!   changes it, except by cascade-guard itself or with break-glass. The
+//!   object stays live: no deletionTimestamp, so no provider starts deleting
+//!   what it manages. A finalizer could not do that;
+//! - when everything it waits for is gone, cascade-guard removes the label
+//!   and, if its parent is being deleted (the garbage collector's delete was
+//!   refused), deletes it itself, with a foreground cascade ([`actions`]).
+//!
+//! Objects in a cycle of sibling edges are not held: the cycle is reported
+//! and the tree falls back to the plain foreground cascade.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, Validation,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+
+use crate::admission::Compiled;
+use crate::cel::break_glass_for;
+use crate::names::BREAK_GLASS_ANNOTATION;
+use crate::order::{Graph, ObjectRef};
+use crate::settings::CompileSettings;
+
+/// On an object whose delete waits for its siblings; the value is the uid of
+/// the root of the tree that holds it.
+pub const HOLD_LABEL: &str = "cascade-guard.dev/hold";
+/// What a held object waits for, in words: the refusal quotes it.
+pub const HELD_FOR_ANNOTATION: &str = "cascade-guard.dev/held-for";
+/// The name of the hold policy and its binding.
+pub const HOLD_OBJECT_NAME: &str = "cascade-guard-sibling-order";
+/// The label on the hold policy and binding, by which cascade-guard finds
+/// them (they are not part of the policies' plan, whose objects carry the
+/// managed-by label, so the sync pass leaves them alone).
+pub const SIBLING_ORDER_LABEL: &str = "cascade-guard.dev/sibling-order";
+
+/// The ValidatingAdmissionPolicy and binding that hold labelled objects.
+pub fn compile_hold(settings: &CompileSettings) -> Compiled {
+    let controller = cel_string(&settings.controller_user);
+    let allowed_delete = format!(
+        "request.userInfo.username == {controller} || ({})",
+        break_glass_for(settings, "oldObject")
+    );
+    let label = |o: &str| {
+        format!(
+            "(has({o}.metadata.labels) && '{HOLD_LABEL}' in {o}.metadata.labels ? {o}.metadata.labels['{HOLD_LABEL}'] : '')"
+        )
+    };
+    let allowed_update = format!(
+        "{new} == {old} || request.userInfo.username == {controller} || ({bg})",
+        new = label("object"),
+        old = label("oldObject"),
+        bg = break_glass_for(settings, "object"),
+    );
+    let held_for = format!(
+        "(has(oldObject.metadata.annotations) && '{HELD_FOR_ANNOTATION}' in oldObject.metadata.annotations ? oldObject.metadata.annotations['{HELD_FOR_ANNOTATION}'] : 'what needs it')"
+    );
+    let validations = vec![
+        Validation {
+            expression: format!("request.operation != 'DELETE' || {allowed_delete}"),
+            message_expression: Some(format!(
+                "'cascade-guard holds ' + oldObject.kind + ' ' + oldObject.metadata.name + ' until ' + {held_for} + ' is gone (sibling order); it deletes it then. To delete it now: annotate it {BREAK_GLASS_ANNOTATION}=<reason>.'"
+            )),
+            reason: Some("Forbidden".to_string()),
+            ..Validation::default()
+        },
+        Validation {
+            expression: format!("request.operation != 'UPDATE' || {allowed_update}"),
+            message: Some(format!(
+                "only cascade-guard may change or remove the label {HOLD_LABEL}: it holds the object until what needs it is gone"
+            )),
+            reason: Some("Forbidden".to_string()),
+            ..Validation::default()
+        },
+    ];
+    let metadata = ObjectMeta {
+        name: Some(HOLD_OBJECT_NAME.to_string()),
+        labels: Some(BTreeMap::from([(
+            SIBLING_ORDER_LABEL.to_string(),
+            "true".to_string(),
+        )])),
+        ..ObjectMeta::default()
+    };
+    let held = LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: HOLD_LABEL.to_string(),
+            operator: "Exists".to_string(),
+            values: None,
+        }]),
+        match_labels: None,
+    };
+    let policy = ValidatingAdmissionPolicy {
+        metadata: metadata.clone(),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".to_string()),
+            match_constraints: Some(MatchResources {
+                // Any kind can be needed; the object selector keeps every
+                // request but those of held objects to one label lookup.
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec!["*".to_string()]),
+                    api_versions: Some(vec!["*".to_string()]),
+                    resources: Some(vec!["*".to_string()]),
+                    operations: Some(vec!["DELETE".to_string(), "UPDATE".to_string()]),
+                    scope: Some("*".to_string()),
+                    resource_names: None,
+                }]),
+                object_selector: Some(held.clone()),
+                match_policy: Some("Exact".to_string()),
+                ..MatchResources::default()
+            }),
+            validations: Some(validations),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata,
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            policy_name: HOLD_OBJECT_NAME.to_string(),
+            validation_actions: vec!["Deny".to_string()],
+            match_resources: None,
+            param_ref: None,
+        },
+    };
+    Compiled { policy, binding }
+}
+
+/// A string as a CEL literal.
+fn cel_string(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// What cascade-guard does to one object of a tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Label it: a sibling still needs it.
+    Hold { object: ObjectRef, held_for: String },
+    /// Take the label away: nothing needs it any more.
+    Release { object: ObjectRef },
+    /// Delete it (Foreground): its parent is being deleted, so the garbage
+    /// collector tried and was refused while it was held.
+    Delete { object: ObjectRef },
+}
+
+/// What to do to the tree of `graph`, given which of its objects carry the
+/// hold label now. Objects outside the tree are never touched; neither is
+/// one already being deleted (its delete went through: holding it now
+/// would hold nothing back).
+pub fn actions(graph: &Graph, held_now: &BTreeSet<ObjectRef>) -> Vec<Action> {
+    let mut wanted: BTreeMap<&ObjectRef, BTreeSet<String>> = BTreeMap::new();
+    for edge in graph.sibling_edges.iter().filter(|e| !e.in_cycle) {
+        let deleting = graph.node(&edge.after).is_some_and(|n| n.deleting);
+        if !deleting {
+            wanted
+                .entry(&edge.after)
+                .or_default()
+                .insert(edge.before.to_string());
+        }
+    }
+    let mut out = Vec::new();
+    for node in graph.nodes.iter().filter(|n| n.in_tree) {
+        let held = held_now.contains(&node.object);
+        match (wanted.get(&node.object), held) {
+            (Some(before), false) => out.push(Action::Hold {
+                object: node.object.clone(),
+                held_for: before.iter().cloned().collect::<Vec<_>>().join(", "),
+            }),
+            (None, true) => {
+                out.push(Action::Release {
+                    object: node.object.clone(),
+                });
+                let parent_deleting = node
+                    .parent
+                    .as_ref()
+                    .and_then(|p| graph.node(p))
+                    .is_some_and(|p| p.deleting);
+                if parent_deleting && !node.deleting {
+                    out.push(Action::Delete {
+                        object: node.object.clone(),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::order::graph;
+
+    fn obj(kind: &str, name: &str, owner: Option<&str>, deleting: bool) -> Value {
+        let mut metadata = json!({"name": name, "namespace": "ns", "uid": name});
+        if let Some(owner) = owner {
+            metadata["ownerReferences"] = json!([{
+                "apiVersion": "example.org/v1", "kind": "XR", "name": owner, "uid": owner,
+                "controller": true, "blockOwnerDeletion": true,
+            }]);
+        }
+        if deleting {
+            metadata["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+        }
+        json!({"apiVersion": "example.org/v1", "kind": kind, "metadata": metadata})
+    }
+
+    /// root composes `stack` and `cluster`; stack's `app` needs `cluster`
+    /// (the annotation), so stack must be gone before cluster goes.
+    fn tree(root_deleting: bool, stack: bool, cluster_deleting: bool) -> Vec<Value> {
+        let mut objects = vec![
+            obj("XR", "root", None, root_deleting),
+            obj("XR", "cluster", Some("root"), cluster_deleting),
+        ];
+        if stack {
+            let mut app = obj("App", "app", Some("stack"), false);
+            app["metadata"]["annotations"] =
+                json!({"cascade-guard.dev/needs": "XR.example.org/cluster"});
+            objects.push(obj("XR", "stack", Some("root"), root_deleting));
+            objects.push(app);
+        }
+        objects
+    }
+
+    fn r(kind: &str, name: &str) -> ObjectRef {
+        ObjectRef::new("example.org", kind, Some("ns"), name)
+    }
+
+    #[test]
+    fn a_needed_sibling_is_held_until_its_needers_are_gone_then_deleted_if_its_parent_is() {
+        let cluster = || r("XR", "cluster");
+        let held = || BTreeSet::from([cluster()]);
+        type Case = (&'static str, Vec<Value>, BTreeSet<ObjectRef>, Vec<Action>);
+        let cases: Vec<Case> = vec![
+            (
+                "live tree, not yet held: hold it",
+                tree(false, true, false),
+                BTreeSet::new(),
+                vec![Action::Hold {
+                    object: cluster(),
+                    held_for: "XR ns/stack".to_string(),
+                }],
+            ),
+            (
+                "live tree, held: nothing",
+                tree(false, true, false),
+                held(),
+                vec![],
+            ),
+            (
+                "root deleting, the needer still there: keep holding",
+                tree(true, true, false),
+                held(),
+                vec![],
+            ),
+            (
+                "root deleting, the needer gone: release and delete",
+                tree(true, false, false),
+                held(),
+                vec![
+                    Action::Release { object: cluster() },
+                    Action::Delete { object: cluster() },
+                ],
+            ),
+            (
+                "live root, the needer gone: release only",
+                tree(false, false, false),
+                held(),
+                vec![Action::Release { object: cluster() }],
+            ),
+            (
+                "already deleting (held too late, or break-glass): never held",
+                tree(true, true, true),
+                BTreeSet::new(),
+                vec![],
+            ),
+            (
+                "deleting and still labelled: released, not deleted again",
+                tree(true, false, true),
+                held(),
+                vec![Action::Release { object: cluster() }],
+            ),
+        ];
+        for (what, objects, held_now, want) in cases {
+            let g = graph(&objects, "root").expect("root");
+            assert_eq!(actions(&g, &held_now), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn siblings_in_a_cycle_are_not_held() {
+        let mut objects = tree(false, true, false);
+        objects[1]["metadata"]["annotations"] =
+            json!({"cascade-guard.dev/needs": "XR.example.org/stack"});
+        let g = graph(&objects, "root").expect("root");
+        assert!(!g.cycles.is_empty(), "{:?}", g.sibling_edges);
+        assert_eq!(actions(&g, &BTreeSet::new()), vec![]);
+    }
+
+    #[test]
+    fn the_hold_policy_refuses_deletes_and_label_changes_but_cascade_guards_own() {
+        let settings = CompileSettings {
+            controller_user: "system:serviceaccount:cg:cascade-guard".to_string(),
+            ..CompileSettings::default()
+        };
+        let compiled = compile_hold(&settings);
+        let policy = serde_json::to_value(&compiled.policy).expect("serializes");
+        let rules = &policy["spec"]["matchConstraints"];
+        assert_eq!(rules["resourceRules"][0]["resources"], json!(["*"]));
+        assert_eq!(
+            rules["objectSelector"]["matchExpressions"][0]["key"],
+            json!(HOLD_LABEL)
+        );
+        let expressions: Vec<&str> = policy["spec"]["validations"]
+            .as_array()
+            .expect("validations")
+            .iter()
+            .filter_map(|v| v["expression"].as_str())
+            .collect();
+        assert_eq!(expressions.len(), 2);
+        for e in &expressions {
+            assert!(
+                e.contains("request.userInfo.username == 'system:serviceaccount:cg:cascade-guard'"),
+                "{e}"
+            );
+            assert!(e.contains("breakglass"), "{e}");
+        }
+        let binding = serde_json::to_value(&compiled.binding).expect("serializes");
+        assert_eq!(binding["spec"]["policyName"], json!(HOLD_OBJECT_NAME));
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        assert_eq!(cel_string("a'b\\c"), "'a\\'b\\\\c'");
+    }
+}

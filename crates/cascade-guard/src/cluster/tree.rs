@@ -1,0 +1,245 @@
+//! Reading a live tree as `plan` and the sibling-order loop need it: the
+//! root and what it composes, recursively (Crossplane's `resourceRefs`),
+//! what those objects reference ([`order::references`]: ProviderConfigs,
+//! credentials and connection Secrets, Object references, the
+//! `cascade-guard.dev/needs` annotation), and the Usages that name any of
+//! them. What cannot be read is said, never guessed.
+
+use std::collections::{BTreeSet, HashSet, VecDeque};
+
+use kube::api::{DynamicObject, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+
+use crate::cluster::kinds::{Served, ServedKinds};
+use crate::policy::composed_resources;
+use crate::policy::order::{self, ObjectRef};
+
+/// A tree larger than this is cut, and the reader says so: a composition
+/// does not reach it, a loop in resourceRefs would.
+const MAX_OBJECTS: usize = 5_000;
+/// How many times references are followed from what was found the time
+/// before (a Release's ProviderConfig, then its credentials Secret, then
+/// that Secret's writer is three).
+const REFERENCE_ROUNDS: usize = 4;
+
+/// The objects read, as stored, and what could not be read.
+pub struct TreeRead {
+    pub objects: Vec<Value>,
+    pub unread: Vec<String>,
+}
+
+/// Reads the tree under `root`, what it references and the Usages naming it.
+pub async fn read_tree(client: &Client, kinds: &ServedKinds, root: &DynamicObject) -> TreeRead {
+    let mut reading = Reading::new(client, kinds);
+    reading.tree(root);
+    reading.expand().await;
+    for _ in 0..REFERENCE_ROUNDS {
+        if !reading.follow_references().await {
+            break;
+        }
+    }
+    reading.usages().await;
+    TreeRead {
+        objects: reading.objects.into_iter().map(|(_, v)| v).collect(),
+        unread: reading.unread,
+    }
+}
+
+/// An object as it is fetched: apiVersion, kind, namespace, name.
+type Key = (String, String, Option<String>, String);
+
+/// The objects read so far, each once, and the queue of those whose
+/// composed resources are still to be read.
+struct Reading<'a> {
+    client: &'a Client,
+    kinds: &'a ServedKinds,
+    objects: Vec<(Key, Value)>,
+    seen: HashSet<Key>,
+    /// Group, kind, namespace and name of every object read: a reference
+    /// names no version.
+    refs: HashSet<ObjectRef>,
+    queue: VecDeque<Key>,
+    /// Objects whose references were followed.
+    followed: usize,
+    unread: Vec<String>,
+    /// The tree reached [`MAX_OBJECTS`]: nothing more is taken.
+    full: bool,
+}
+
+impl<'a> Reading<'a> {
+    fn new(client: &'a Client, kinds: &'a ServedKinds) -> Self {
+        Self {
+            client,
+            kinds,
+            objects: Vec::new(),
+            seen: HashSet::new(),
+            refs: HashSet::new(),
+            queue: VecDeque::new(),
+            followed: 0,
+            unread: Vec::new(),
+            full: false,
+        }
+    }
+
+    /// Takes in an object read, and queues what it composes.
+    fn tree(&mut self, object: &DynamicObject) {
+        let Some(key) = key_of(object) else { return };
+        if !self.take(key.clone(), object) {
+            return;
+        }
+        for c in composed_resources(&object.data, key.2.as_deref()).resources {
+            let child = (c.api_version, c.kind, c.namespace, c.name);
+            if !self.seen.contains(&child) {
+                self.queue.push_back(child);
+            }
+        }
+    }
+
+    /// Records an object; false if it was already there or the plan is full.
+    fn take(&mut self, key: Key, object: &DynamicObject) -> bool {
+        if self.full || self.seen.contains(&key) {
+            return false;
+        }
+        if self.objects.len() >= MAX_OBJECTS {
+            self.unread.push(format!(
+                "more than {MAX_OBJECTS} objects: the rest of the tree was not read"
+            ));
+            self.full = true;
+            self.queue.clear();
+            return false;
+        }
+        let value = serde_value(object);
+        if let Some(r) = ObjectRef::of_object(&value) {
+            self.refs.insert(r);
+        }
+        self.seen.insert(key.clone());
+        self.objects.push((key, value));
+        true
+    }
+
+    /// Reads every queued composed resource, and what they compose.
+    async fn expand(&mut self) {
+        while let Some(key) = self.queue.pop_front() {
+            if self.seen.contains(&key) {
+                continue;
+            }
+            let (api_version, kind, namespace, name) = &key;
+            let Some(served) = self.kinds.get(api_version, kind).cloned() else {
+                self.unread
+                    .push(format!("{kind} {name}: {api_version} {kind} is not served"));
+                continue;
+            };
+            match ServedKinds::api(self.client, &served, namespace.as_deref())
+                .get_opt(name)
+                .await
+            {
+                Ok(Some(object)) => self.tree(&object),
+                Ok(None) => {}
+                Err(e) => self.unread.push(format!("{kind} {name}: {e}")),
+            }
+        }
+    }
+
+    /// Reads what the objects read since the last round reference; true if
+    /// anything new was found.
+    async fn follow_references(&mut self) -> bool {
+        let from = self.followed;
+        self.followed = self.objects.len();
+        let wanted: BTreeSet<order::Reference> = self.objects[from..]
+            .iter()
+            .flat_map(|(_, v)| order::references(v))
+            .collect();
+        let mut found = false;
+        for r in wanted {
+            let served: Vec<Served> = self
+                .kinds
+                .of_kind(r.group.as_deref(), &r.kind)
+                .cloned()
+                .collect();
+            for s in served {
+                let namespace = if s.1 { r.namespace.as_deref() } else { None };
+                let known = ObjectRef::new(&s.0.group, &r.kind, namespace, &r.name);
+                if self.refs.contains(&known) {
+                    continue;
+                }
+                match ServedKinds::api(self.client, &s, namespace)
+                    .get_opt(&r.name)
+                    .await
+                {
+                    Ok(Some(object)) => {
+                        if let Some(key) = key_of(&object) {
+                            found |= self.take(key, &object);
+                        }
+                    }
+                    Ok(None) => {}
+                    // A reader without access to Secrets still gets a
+                    // plan; the graph reports the reference unresolved.
+                    Err(e) => self.unread.push(format!("{} {}: {e}", r.kind, r.name)),
+                }
+            }
+        }
+        found
+    }
+
+    /// Crossplane's Usages and ClusterUsages that name an object read.
+    async fn usages(&mut self) {
+        let kinds = self.kinds;
+        let served: Vec<Served> = ["protection.crossplane.io", "apiextensions.crossplane.io"]
+            .into_iter()
+            .flat_map(|g| {
+                ["Usage", "ClusterUsage"]
+                    .into_iter()
+                    .flat_map(move |k| kinds.of_kind(Some(g), k).cloned())
+            })
+            .collect();
+        let names: HashSet<(String, String)> = self
+            .refs
+            .iter()
+            .map(|r| (r.kind.clone(), r.name.clone()))
+            .collect();
+        for s in served {
+            let list = match ServedKinds::api(self.client, &s, None)
+                .list(&ListParams::default())
+                .await
+            {
+                Ok(list) => list.items,
+                Err(e) => {
+                    self.unread.push(format!("{}s: {e}", s.0.kind));
+                    continue;
+                }
+            };
+            for usage in list {
+                let value = serde_value(&usage);
+                let names_one = ["/spec/of", "/spec/by"].iter().any(|side| {
+                    let kind = value
+                        .pointer(&format!("{side}/kind"))
+                        .and_then(Value::as_str);
+                    let name = value
+                        .pointer(&format!("{side}/resourceRef/name"))
+                        .and_then(Value::as_str);
+                    kind.zip(name)
+                        .is_some_and(|(k, n)| names.contains(&(k.to_string(), n.to_string())))
+                });
+                if names_one && let Some(key) = key_of(&usage) {
+                    self.take(key, &usage);
+                }
+            }
+        }
+    }
+}
+
+fn key_of(object: &DynamicObject) -> Option<Key> {
+    let types = object.types.as_ref()?;
+    Some((
+        types.api_version.clone(),
+        types.kind.clone(),
+        object.namespace(),
+        object.metadata.name.clone()?,
+    ))
+}
+
+/// The object as stored: apiVersion, kind, metadata and the rest.
+fn serde_value(object: &DynamicObject) -> Value {
+    serde_json::to_value(object).unwrap_or(Value::Null)
+}

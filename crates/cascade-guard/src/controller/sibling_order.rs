@@ -1,0 +1,428 @@
+//! Ordered teardown: keeps the hold label ([`hold`](crate::policy::hold)) on
+//! every object of a live tree of a Refuse or Convert kind that a sibling
+//! still needs, so that whatever deletes the tree (a foreground cascade, a
+//! namespace deletion) cannot take it before what needs it is gone; and
+//! when nothing needs it any more, takes the label away and deletes it if
+//! its parent is being deleted.
+//!
+//! A loop, not a watch per kind: every tick it lists each such kind's
+//! objects (metadata only) and reads the trees whose root changed, is being
+//! deleted, or has not been read for a resync period. The tree, what it
+//! references and the graph are the ones `cascade-guard plan` shows.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use kube::api::{
+    DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::MANAGER;
+use crate::cluster::kinds::ServedKinds;
+use crate::cluster::tree::read_tree;
+use crate::policy::hold::{
+    Action, HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, actions, compile_hold,
+};
+use crate::policy::order::{self, ObjectRef};
+use crate::policy::{CompileSettings, Mode, Policy};
+
+/// How often the loop looks.
+const TICK: Duration = Duration::from_secs(1);
+/// Discovery (which kinds exist, in which versions) is read again this often.
+const DISCOVERY_EVERY: Duration = Duration::from_secs(30);
+
+/// The kinds whose trees are ordered: Refuse and Convert ones, each with the
+/// selectors of its policies (none: every object).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OrderedKinds(Vec<(String, String, Vec<Selector>)>);
+
+impl OrderedKinds {
+    pub fn of(policies: &[Policy]) -> Self {
+        let mut kinds: Vec<(String, String, Vec<Selector>)> = Vec::new();
+        for p in policies
+            .iter()
+            .filter(|p| matches!(p.mode, Mode::Refuse | Mode::Convert))
+        {
+            let selector = p
+                .selector
+                .clone()
+                .and_then(|s| Selector::try_from(s).ok())
+                .unwrap_or_default();
+            match kinds
+                .iter_mut()
+                .find(|(g, k, _)| *g == p.kind.group && *k == p.kind.kind)
+            {
+                Some((_, _, selectors)) => selectors.push(selector),
+                None => kinds.push((p.kind.group.clone(), p.kind.kind.clone(), vec![selector])),
+            }
+        }
+        Self(kinds)
+    }
+}
+
+/// Starts the loop; the controller sends it the ordered kinds after every
+/// pass.
+pub fn start(
+    client: Client,
+    settings: CompileSettings,
+    recorder: Recorder,
+    resync: Duration,
+) -> watch::Sender<OrderedKinds> {
+    let (tx, rx) = watch::channel(OrderedKinds::default());
+    let mut order = SiblingOrder {
+        client,
+        settings,
+        recorder,
+        resync,
+        roots: HashMap::new(),
+        kinds: None,
+        hold_written: None,
+        reported: HashMap::new(),
+    };
+    tokio::spawn(async move {
+        loop {
+            let kinds = rx.borrow().clone();
+            order.tick(&kinds).await;
+            tokio::time::sleep(TICK).await;
+        }
+    });
+    tx
+}
+
+struct SiblingOrder {
+    client: Client,
+    settings: CompileSettings,
+    recorder: Recorder,
+    resync: Duration,
+    /// Each root read: its resourceVersion then, when, and whether its tree
+    /// had anything held or deleting (then it is read every tick).
+    roots: HashMap<String, (String, Instant, bool)>,
+    kinds: Option<(ServedKinds, Instant)>,
+    hold_written: Option<Instant>,
+    /// The problems last reported per root, so each is an Event once.
+    reported: HashMap<String, BTreeSet<String>>,
+}
+
+impl SiblingOrder {
+    async fn tick(&mut self, ordered: &OrderedKinds) {
+        if ordered.0.is_empty() {
+            return;
+        }
+        self.write_hold().await;
+        let stale = self
+            .kinds
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() > DISCOVERY_EVERY);
+        if stale {
+            match ServedKinds::discover(&self.client).await {
+                Ok(kinds) => self.kinds = Some((kinds, Instant::now())),
+                Err(e) => tracing::warn!(error = %e, "sibling order: cannot discover the API"),
+            }
+        }
+        let Some((kinds, _)) = self.kinds.take() else {
+            return;
+        };
+        let mut seen = BTreeSet::new();
+        for (group, kind, selectors) in &ordered.0 {
+            let Some(served) = kinds.of_kind(Some(group), kind).next().cloned() else {
+                continue;
+            };
+            let list = match ServedKinds::api(&self.client, &served, None)
+                .list_metadata(&ListParams::default())
+                .await
+            {
+                Ok(list) => list.items,
+                Err(e) => {
+                    tracing::warn!(%kind, error = %e, "sibling order: cannot list");
+                    continue;
+                }
+            };
+            for meta in list {
+                let is_root = meta
+                    .owner_references()
+                    .iter()
+                    .all(|o| o.controller != Some(true));
+                let selected = selectors
+                    .iter()
+                    .any(|s| s.selects_all() || s.matches(meta.labels()));
+                let (Some(uid), Some(rv)) = (meta.uid(), meta.resource_version()) else {
+                    continue;
+                };
+                if !is_root || !selected {
+                    continue;
+                }
+                seen.insert(uid.clone());
+                let due = match self.roots.get(&uid) {
+                    None => true,
+                    Some((last_rv, at, active)) => {
+                        *active
+                            || *last_rv != rv
+                            || meta.metadata.deletion_timestamp.is_some()
+                            || at.elapsed() > self.resync
+                    }
+                };
+                if due {
+                    let namespace = meta.namespace();
+                    let root = ServedKinds::api(&self.client, &served, namespace.as_deref())
+                        .get_opt(&meta.name_any())
+                        .await;
+                    match root {
+                        Ok(Some(root)) => {
+                            let active = self.reconcile(&kinds, &root).await;
+                            self.roots.insert(uid, (rv, Instant::now(), active));
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::warn!(%kind, error = %e, "sibling order: cannot read"),
+                    }
+                }
+            }
+        }
+        self.roots.retain(|uid, _| seen.contains(uid));
+        self.reported.retain(|uid, _| seen.contains(uid));
+        self.kinds = Some((kinds, Instant::now()));
+    }
+
+    /// Brings one tree's labels to what its graph says; true while anything
+    /// in it is held or being deleted (it is then read every tick).
+    async fn reconcile(&mut self, kinds: &ServedKinds, root: &DynamicObject) -> bool {
+        let Some(root_uid) = root.uid() else {
+            return false;
+        };
+        let read = read_tree(&self.client, kinds, root).await;
+        let graph = match order::graph(&read.objects, &root_uid) {
+            Ok(graph) => graph,
+            Err(e) => {
+                tracing::warn!(error = %e, "sibling order: the root vanished from its own tree");
+                return false;
+            }
+        };
+        let mut held_now = BTreeSet::new();
+        let mut by_ref: HashMap<ObjectRef, &Value> = HashMap::new();
+        for v in &read.objects {
+            let Some(r) = ObjectRef::of_object(v) else {
+                continue;
+            };
+            if v.pointer("/metadata/labels")
+                .and_then(|l| l.get(HOLD_LABEL))
+                .is_some()
+            {
+                held_now.insert(r.clone());
+            }
+            by_ref.insert(r, v);
+        }
+        self.report(root, &graph, &read.unread).await;
+        let todo = actions(&graph, &held_now);
+        for action in &todo {
+            let object = match action {
+                Action::Hold { object, .. }
+                | Action::Release { object }
+                | Action::Delete { object } => object,
+            };
+            let Some(value) = by_ref.get(object) else {
+                continue;
+            };
+            if let Err(e) = self.act(kinds, &root_uid, action, value).await {
+                let note = format!("cannot {}: {e}", describe(action));
+                tracing::warn!(root = %root.name_any(), %note, "sibling order");
+                self.event(root, EventType::Warning, "SiblingOrderFailed", &note)
+                    .await;
+            } else {
+                tracing::info!(root = %root.name_any(), action = %describe(action), "sibling order");
+                let reason = match action {
+                    Action::Hold { .. } => "HeldForOrder",
+                    Action::Release { .. } => "ReleasedForOrder",
+                    Action::Delete { .. } => "DeletedInOrder",
+                };
+                self.event(root, EventType::Normal, reason, &describe(action))
+                    .await;
+            }
+        }
+        let deleting = graph.nodes.iter().any(|n| n.in_tree && n.deleting);
+        deleting || !held_now.is_empty() || !todo.is_empty()
+    }
+
+    async fn act(
+        &self,
+        kinds: &ServedKinds,
+        root_uid: &str,
+        action: &Action,
+        object: &Value,
+    ) -> Result<(), kube::Error> {
+        let text = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
+        let (api_version, kind, name) =
+            (text("/apiVersion"), text("/kind"), text("/metadata/name"));
+        let namespace = object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str);
+        let uid = text("/metadata/uid").to_string();
+        let Some(served) = kinds.get(api_version, kind) else {
+            return Ok(());
+        };
+        let api = ServedKinds::api(&self.client, served, namespace);
+        // The uid in the patch makes it apply to this object only: a newer
+        // one of the same name has another, and the API server refuses to
+        // change it.
+        let patch = |labels: Value, annotations: Value| json!({"metadata": {"uid": uid, "labels": labels, "annotations": annotations}});
+        let params = PatchParams::apply(MANAGER);
+        let merge = PatchParams {
+            field_manager: params.field_manager,
+            ..PatchParams::default()
+        };
+        match action {
+            Action::Hold { held_for, .. } => {
+                let body = patch(
+                    json!({ HOLD_LABEL: root_uid }),
+                    json!({ HELD_FOR_ANNOTATION: held_for }),
+                );
+                api.patch(name, &merge, &Patch::Merge(body)).await?;
+            }
+            Action::Release { .. } => {
+                let body = patch(
+                    json!({ HOLD_LABEL: null }),
+                    json!({ HELD_FOR_ANNOTATION: null }),
+                );
+                api.patch(name, &merge, &Patch::Merge(body)).await?;
+            }
+            Action::Delete { .. } => {
+                let params = DeleteParams {
+                    propagation_policy: Some(PropagationPolicy::Foreground),
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match api.delete(name, &params).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cycles, conflicts and what could not be read, as Warning Events on the
+    /// root, each once: where they are, the tree falls back to the plain
+    /// foreground cascade for those objects.
+    async fn report(&mut self, root: &DynamicObject, graph: &order::Graph, unread: &[String]) {
+        let Some(uid) = root.uid() else { return };
+        let mut now = BTreeSet::new();
+        for cycle in &graph.cycles {
+            let names: Vec<String> = cycle.objects.iter().map(ToString::to_string).collect();
+            now.insert(format!(
+                "a cycle of needs under {}: {} are not ordered, and are deleted together",
+                cycle.parent,
+                names.join(", ")
+            ));
+        }
+        for conflict in &graph.conflicts {
+            now.insert(format!(
+                "{conflict}: it is under what needs it, and cannot wait"
+            ));
+        }
+        for problem in &graph.problems {
+            now.insert(problem.to_string());
+        }
+        for u in unread {
+            now.insert(format!("not read: {u}"));
+        }
+        let before = self.reported.entry(uid).or_default().clone();
+        for note in now.difference(&before) {
+            self.event(root, EventType::Warning, "SiblingOrderProblem", note)
+                .await;
+        }
+        self.reported.insert(root.uid().unwrap_or_default(), now);
+    }
+
+    async fn event(&self, root: &DynamicObject, type_: EventType, reason: &str, note: &str) {
+        let Some(types) = root.types.as_ref() else {
+            return;
+        };
+        let resource = kube::api::ApiResource {
+            group: types
+                .api_version
+                .split_once('/')
+                .map_or("", |(g, _)| g)
+                .to_string(),
+            version: types
+                .api_version
+                .rsplit_once('/')
+                .map_or(types.api_version.as_str(), |(_, v)| v)
+                .to_string(),
+            api_version: types.api_version.clone(),
+            kind: types.kind.clone(),
+            plural: String::new(),
+        };
+        let reference = root.object_ref(&resource);
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(crate::controller::sync::limits::event_note(note)),
+            action: "SiblingOrder".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %e, "sibling order: cannot publish event");
+        }
+    }
+
+    /// Writes the hold policy and binding at start and every resync, and at
+    /// once when either is missing (someone deleted it).
+    async fn write_hold(&mut self) {
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
+        let due = match self.hold_written {
+            None => true,
+            Some(at) if at.elapsed() > self.resync => true,
+            Some(_) => !matches!(
+                (
+                    policies.get_opt(HOLD_OBJECT_NAME).await,
+                    bindings.get_opt(HOLD_OBJECT_NAME).await,
+                ),
+                (Ok(Some(_)), Ok(Some(_)))
+            ),
+        };
+        if !due {
+            return;
+        }
+        let compiled = compile_hold(&self.settings);
+        let params = PatchParams::apply(MANAGER).force();
+        let written = policies
+            .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.policy))
+            .await
+            .and(
+                bindings
+                    .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.binding))
+                    .await,
+            );
+        match written {
+            Ok(_) => self.hold_written = Some(Instant::now()),
+            Err(e) => {
+                tracing::error!(error = %e, "sibling order: cannot write the hold policy; trees are not ordered")
+            }
+        }
+    }
+}
+
+fn describe(action: &Action) -> String {
+    match action {
+        Action::Hold { object, held_for } => {
+            format!("hold {object} until {held_for} is gone")
+        }
+        Action::Release { object } => format!("release {object}: nothing needs it any more"),
+        Action::Delete { object } => {
+            format!(
+                "delete {object} (Foreground): its parent is being deleted, and what needed it is gone"
+            )
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Sibling order on the real control plane: in the tree of a Refuse or
+//! Convert kind, an object a sibling needs (here through the
+//! `cascade-guard.dev/needs` annotation) is held until that sibling is gone,
+//! whatever deletes the tree; the order is asserted from etcd revisions
+//! (the watch events' resourceVersions), not from timing. Without holding
+//! (an Off kind), the garbage collector deletes both siblings at once: the
+//! hazard, shown.
+
+mod support;
+
+use std::time::Duration;
+
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
+use kube::{Api, Client};
+use local_cluster::testing::Scope;
+use local_cluster::timeline::Timeline;
+use local_cluster::wait;
+use serde_json::json;
+use support::tree::{Provider, config_maps, create_tree, wait_held};
+use support::*;
+
+const HOLD_LABEL: &str = "cascade-guard.dev/hold";
+
+async fn timeline(client: &Client, resource: &ApiResource, ns: &str) -> Timeline {
+    Timeline::start(
+        client,
+        &[
+            (resource.clone(), Some(ns.to_string())),
+            (config_maps(), Some(ns.to_string())),
+        ],
+    )
+    .await
+}
+
+/// XR `tree` composing ConfigMaps `tree-0` (which needs `tree-1`, by the
+/// annotation) and `tree-1`, each held by the test provider's finalizer.
+async fn needy_tree(client: &Client, resource: &ApiResource, ns: &str) {
+    create_tree(client, resource, ns, "tree", 2).await;
+    let maps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &config_maps());
+    maps.patch(
+        "tree-0",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"annotations": {"cascade-guard.dev/needs": "ConfigMap/tree-1"}}}),
+        ),
+    )
+    .await
+    .expect("annotate tree-0");
+}
+
+async fn wait_labelled(client: &Client, ns: &str, name: &str) {
+    let maps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &config_maps());
+    let labelled = wait::until(Duration::from_secs(60), || async {
+        let cm = maps.get(name).await.ok()?;
+        cm.metadata.labels.as_ref()?.get(HOLD_LABEL).map(|_| ())
+    })
+    .await;
+    assert!(labelled.is_some(), "cascade-guard never held {ns}/{name}");
+    // The hold policy is in effect once a dry-run delete is refused (the API
+    // server loads a new policy a moment after it is written).
+    let dry_run = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    let refused = wait::until(Duration::from_secs(60), || async {
+        maps.delete(name, &dry_run).await.err().map(|_| ())
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "the hold policy never refused a delete of {ns}/{name}"
+    );
+}
+
+/// `tree-1` started deleting only after `tree-0` was gone, by etcd revision.
+fn assert_in_order(timeline: &Timeline, what: &str) {
+    let needer_gone = timeline
+        .gone("ConfigMap", "tree-0")
+        .and_then(|e| e.revision)
+        .unwrap_or_else(|| panic!("{what}: tree-0 never left\n{}", timeline.describe()));
+    let needed_deleting = timeline
+        .terminating("ConfigMap", "tree-1")
+        .and_then(|e| e.revision)
+        .unwrap_or_else(|| panic!("{what}: tree-1 never deleted\n{}", timeline.describe()));
+    assert!(
+        needed_deleting > needer_gone,
+        "{what}: tree-1 was deleted (revision {needed_deleting}) before tree-0 was gone (revision {needer_gone})\n{}",
+        timeline.describe()
+    );
+}
+
+async fn delete_tree(
+    client: &Client,
+    resource: &ApiResource,
+    ns: &str,
+    policy: Option<PropagationPolicy>,
+) {
+    let xrs: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
+    xrs.delete(
+        "tree",
+        &DeleteParams {
+            propagation_policy: policy,
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .expect("delete the tree");
+}
+
+#[tokio::test]
+async fn convert_deletes_what_a_sibling_needs_only_after_that_sibling_is_gone() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "sibling-convert").await;
+    let resource = CONVERT.resource();
+    let timeline = timeline(&s.client, &resource, &s.namespace).await;
+    let _provider = Provider::start(
+        s.client.clone(),
+        s.namespace.clone(),
+        Duration::from_secs(2),
+    );
+    needy_tree(&s.client, &resource, &s.namespace).await;
+    wait_held(&s.client, &resource, &s.namespace, "tree").await;
+    wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    // A client that sends no policy: Convert makes it a foreground cascade.
+    delete_tree(&s.client, &resource, &s.namespace, None).await;
+    let gone = timeline
+        .wait_gone(resource.kind.as_str(), "tree", Duration::from_secs(120))
+        .await;
+    assert!(
+        gone.is_some(),
+        "the tree never left\n{}",
+        timeline.describe()
+    );
+    assert_in_order(&timeline, "Convert, no policy");
+}
+
+#[tokio::test]
+async fn a_foreground_delete_under_refuse_keeps_the_siblings_order_too() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "sibling-refuse").await;
+    let resource = REFUSE.resource();
+    let timeline = timeline(&s.client, &resource, &s.namespace).await;
+    let _provider = Provider::start(
+        s.client.clone(),
+        s.namespace.clone(),
+        Duration::from_secs(2),
+    );
+    needy_tree(&s.client, &resource, &s.namespace).await;
+    wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    delete_tree(
+        &s.client,
+        &resource,
+        &s.namespace,
+        Some(PropagationPolicy::Foreground),
+    )
+    .await;
+    let gone = timeline
+        .wait_gone(resource.kind.as_str(), "tree", Duration::from_secs(120))
+        .await;
+    assert!(
+        gone.is_some(),
+        "the tree never left\n{}",
+        timeline.describe()
+    );
+    assert_in_order(&timeline, "Refuse, --cascade=foreground");
+}
+
+/// The hazard itself: with no holding (an Off kind), a foreground cascade
+/// deletes the needed sibling while the one that needs it is still there.
+#[tokio::test]
+async fn without_holding_a_foreground_cascade_deletes_both_siblings_at_once() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "sibling-off").await;
+    let resource = OFF.resource();
+    let timeline = timeline(&s.client, &resource, &s.namespace).await;
+    let _provider = Provider::start(
+        s.client.clone(),
+        s.namespace.clone(),
+        Duration::from_secs(2),
+    );
+    needy_tree(&s.client, &resource, &s.namespace).await;
+    delete_tree(
+        &s.client,
+        &resource,
+        &s.namespace,
+        Some(PropagationPolicy::Foreground),
+    )
+    .await;
+    let gone = timeline
+        .wait_gone(resource.kind.as_str(), "tree", Duration::from_secs(120))
+        .await;
+    assert!(
+        gone.is_some(),
+        "the tree never left\n{}",
+        timeline.describe()
+    );
+    let needer_gone = timeline
+        .gone("ConfigMap", "tree-0")
+        .and_then(|e| e.revision);
+    let needed_deleting = timeline
+        .terminating("ConfigMap", "tree-1")
+        .and_then(|e| e.revision);
+    assert!(
+        needed_deleting < needer_gone,
+        "tree-1 was held although its kind is Off\n{}",
+        timeline.describe()
+    );
+}
+
+/// Nobody but cascade-guard takes the label away, and a direct delete of the
+/// held object is refused with what it waits for; break-glass gets through.
+#[tokio::test]
+async fn the_hold_is_guarded_and_break_glass_gets_past_it() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "sibling-guard").await;
+    let resource = CONVERT.resource();
+    let _provider = Provider::start(
+        s.client.clone(),
+        s.namespace.clone(),
+        Duration::from_secs(1),
+    );
+    needy_tree(&s.client, &resource, &s.namespace).await;
+    wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    let maps: Api<DynamicObject> =
+        Api::namespaced_with(s.client.clone(), &s.namespace, &config_maps());
+    let unlabel = maps
+        .patch(
+            "tree-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {HOLD_LABEL: null}}})),
+        )
+        .await;
+    let refused = unlabel.expect_err("an admin took the hold label away");
+    assert!(refused.to_string().contains(HOLD_LABEL), "{refused}");
+    let delete = maps.delete("tree-1", &DeleteParams::default()).await;
+    let refused = delete.expect_err("an admin deleted a held object");
+    assert!(
+        refused.to_string().contains("until ConfigMap") && refused.to_string().contains("tree-0"),
+        "{refused}"
+    );
+    // Break-glass, by an admin (system:masters may `use` it).
+    maps.patch(
+        "tree-1",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"annotations": {"cascade-guard.dev/break-glass": "test"}}}),
+        ),
+    )
+    .await
+    .expect("annotate break-glass");
+    maps.delete("tree-1", &DeleteParams::default())
+        .await
+        .expect("break-glass lets the delete through");
+}
