@@ -15,9 +15,10 @@
 //!   changes it, except by cascade-guard itself or with break-glass. The
 //!   object stays live: no deletionTimestamp, so no provider starts deleting
 //!   what it manages. A finalizer could not do that;
-//! - when everything it waits for is gone, cascade-guard removes the label
-//!   and, if its parent is being deleted (the garbage collector's delete was
-//!   refused), deletes it itself, with a foreground cascade ([`actions`]).
+//! - when everything it waits for is gone, cascade-guard deletes it itself
+//!   if its parent is being deleted (the garbage collector's delete was
+//!   refused), with a foreground cascade, and then removes the label; if its
+//!   parent is not being deleted, it only removes the label ([`actions`]).
 //!
 //! Objects in a cycle of sibling edges are not held: the cycle is reported
 //! and the tree falls back to the plain foreground cascade.
@@ -183,19 +184,20 @@ pub fn actions(graph: &Graph, held_now: &BTreeSet<ObjectRef>) -> Vec<Action> {
                 held_for: before.iter().cloned().collect::<Vec<_>>().join(", "),
             }),
             (None, true) => {
-                out.push(Action::Release {
-                    object: node.object.clone(),
-                });
                 let parent_deleting = node
                     .parent
                     .as_ref()
                     .and_then(|p| graph.node(p))
                     .is_some_and(|p| p.deleting);
-                if parent_deleting && !node.deleting {
-                    out.push(Action::Delete {
-                        object: node.object.clone(),
-                    });
-                }
+                // Deleted while still labelled, so that a delete refused by
+                // someone else (Crossplane's Usage webhook) is simply tried
+                // again; the label goes once the delete went through.
+                let object = node.object.clone();
+                out.push(if parent_deleting && !node.deleting {
+                    Action::Delete { object }
+                } else {
+                    Action::Release { object }
+                });
             }
             _ => {}
         }
@@ -273,13 +275,10 @@ mod tests {
                 vec![],
             ),
             (
-                "root deleting, the needer gone: release and delete",
+                "root deleting, the needer gone: delete it, still labelled",
                 tree(true, false, false),
                 held(),
-                vec![
-                    Action::Release { object: cluster() },
-                    Action::Delete { object: cluster() },
-                ],
+                vec![Action::Delete { object: cluster() }],
             ),
             (
                 "live root, the needer gone: release only",
@@ -294,7 +293,7 @@ mod tests {
                 vec![],
             ),
             (
-                "deleting and still labelled: released, not deleted again",
+                "deleting and still labelled: released, not deleted again (the next look after a delete)",
                 tree(true, false, true),
                 held(),
                 vec![Action::Release { object: cluster() }],

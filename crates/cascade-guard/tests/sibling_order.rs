@@ -252,3 +252,40 @@ async fn the_hold_is_guarded_and_break_glass_gets_past_it() {
         .await
         .expect("break-glass lets the delete through");
 }
+
+/// A kind that stops being protected keeps nothing held: its trees' labels
+/// come off.
+#[tokio::test]
+async fn a_kind_that_stops_being_protected_lets_go_of_what_it_held() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "sibling-toggle").await;
+    let resource = TOGGLED.resource();
+    needy_tree(&s.client, &resource, &s.namespace).await;
+    wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    xrd_api(&s.client)
+        .patch(
+            &TOGGLED.xrd_name(),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"cascade-guard.dev/deletion-policy": "Off"}}}),
+            ),
+        )
+        .await
+        .expect("make the kind Off");
+    let maps: Api<DynamicObject> =
+        Api::namespaced_with(s.client.clone(), &s.namespace, &config_maps());
+    let released = wait::until(Duration::from_secs(60), || async {
+        let cm = maps.get("tree-1").await.ok()?;
+        let held = cm
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(HOLD_LABEL));
+        (!held).then_some(())
+    })
+    .await;
+    assert!(
+        released.is_some(),
+        "tree-1 is still held after its kind became Off"
+    );
+}

@@ -22,9 +22,12 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::Error;
 use crate::cluster::held;
+use crate::cluster::kinds::ServedKinds;
+use crate::cluster::unhold;
 use crate::controller::MANAGER;
 use crate::controller::convert::Converter;
 use crate::controller::telemetry::Metrics;
+use crate::policy::hold::SIBLING_ORDER_LABEL;
 use crate::policy::names::MANAGED_BY_SELECTOR;
 
 #[derive(Clone, Debug)]
@@ -48,6 +51,8 @@ pub struct UninstallSummary {
     pub left: Vec<String>,
     /// Kinds that could not be read: what they hold is not known.
     pub unreadable: Vec<String>,
+    /// Objects that lost the sibling-order hold label.
+    pub unheld: usize,
 }
 
 pub async fn uninstall(
@@ -82,6 +87,36 @@ pub async fn uninstall(
     {
         delete(&policies, &p.name_any(), "ValidatingAdmissionPolicy").await?;
         summary.admission_objects += 1;
+    }
+
+    // The sibling-order hold policy, then its label on every object: what
+    // was held goes as the garbage collector or its deleter goes on.
+    let order_selector = ListParams::default().labels(&format!("{SIBLING_ORDER_LABEL}=true"));
+    for b in bindings
+        .list_metadata(&order_selector)
+        .await
+        .map_err(list("bindings"))?
+    {
+        delete(&bindings, &b.name_any(), "ValidatingAdmissionPolicyBinding").await?;
+        summary.admission_objects += 1;
+    }
+    for p in policies
+        .list_metadata(&order_selector)
+        .await
+        .map_err(list("policies"))?
+    {
+        delete(&policies, &p.name_any(), "ValidatingAdmissionPolicy").await?;
+        summary.admission_objects += 1;
+    }
+    let kinds = ServedKinds::discover(client)
+        .await
+        .map_err(list("the cluster's kinds"))?;
+    summary.unheld = unhold::sweep(client, &kinds, |_| false, |line| progress(line)).await;
+    if summary.unheld > 0 {
+        progress(&format!(
+            "took the sibling-order hold off {} objects",
+            summary.unheld
+        ));
     }
 
     // Every object that carries the finalizer, of any kind: one may hold it

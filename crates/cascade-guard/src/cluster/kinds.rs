@@ -67,6 +67,11 @@ impl ServedKinds {
             .filter(move |(r, _)| r.kind == kind && group.is_none_or(|g| r.group == g))
     }
 
+    /// Every served resource.
+    pub fn all(&self) -> impl Iterator<Item = &Served> {
+        self.all.iter()
+    }
+
     /// The API of `resource`, in `namespace` when it is namespaced.
     pub fn api(
         client: &Client,

@@ -3,7 +3,8 @@
 //! objects cascade-guard's finalizer holds ([`held`]), where a kind is served
 //! ([`served_resource`], and every kind at once: [`kinds`]), what the API server's type check says of a policy
 //! ([`type_check`]), which Kubernetes release it runs ([`server_version`]),
-//! and a live tree with what it references ([`tree`]).
+//! a live tree with what it references ([`tree`]), and letting go of what
+//! sibling order holds ([`unhold`]).
 
 pub mod held;
 pub(crate) mod inputs;
@@ -12,5 +13,6 @@ mod served;
 pub mod server_version;
 pub mod tree;
 pub mod type_check;
+pub mod unhold;
 
 pub(crate) use served::served_resource;

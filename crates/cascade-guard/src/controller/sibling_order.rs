@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use super::MANAGER;
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::tree::read_tree;
+use crate::cluster::unhold;
 use crate::policy::hold::{
     Action, HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, actions, compile_hold,
 };
@@ -86,6 +87,8 @@ pub fn start(
         kinds: None,
         hold_written: None,
         reported: HashMap::new(),
+        warned: BTreeSet::new(),
+        swept: None,
     };
     tokio::spawn(async move {
         loop {
@@ -109,11 +112,16 @@ struct SiblingOrder {
     hold_written: Option<Instant>,
     /// The problems last reported per root, so each is an Event once.
     reported: HashMap<String, BTreeSet<String>>,
+    /// Warnings already logged, each once.
+    warned: BTreeSet<String>,
+    /// When every kind was last searched for objects held by a root that is
+    /// no longer ordered.
+    swept: Option<Instant>,
 }
 
 impl SiblingOrder {
     async fn tick(&mut self, ordered: &OrderedKinds) {
-        if ordered.0.is_empty() {
+        if ordered.0.is_empty() && self.roots.is_empty() && self.swept.is_some() {
             return;
         }
         self.write_hold().await;
@@ -141,7 +149,11 @@ impl SiblingOrder {
             {
                 Ok(list) => list.items,
                 Err(e) => {
-                    tracing::warn!(%kind, error = %e, "sibling order: cannot list");
+                    // Said once per kind: without list (RBAC: the chart's
+                    // protectedGroups) the kind's trees are not ordered.
+                    if self.warned.insert(format!("list {group}/{kind}")) {
+                        tracing::warn!(%kind, %group, error = %e, "sibling order: cannot list this kind; its trees are not ordered (cascade-guard needs get, list, patch and delete on the group: the chart's protectedGroups)");
+                    }
                     continue;
                 }
             };
@@ -184,6 +196,27 @@ impl SiblingOrder {
                     }
                 }
             }
+        }
+        // A root that left (gone, relabelled out, its kind no longer
+        // ordered) may leave held objects behind: look for them across every
+        // kind then, and every resync in case a restart forgot one.
+        let lost_root = self.roots.keys().any(|uid| !seen.contains(uid));
+        let sweep_due = self.swept.is_none_or(|at| at.elapsed() > self.resync);
+        if lost_root || sweep_due {
+            let released = unhold::sweep(
+                &self.client,
+                &kinds,
+                |root| seen.contains(root),
+                |line| tracing::warn!("sibling order: {line}"),
+            )
+            .await;
+            if released > 0 {
+                tracing::info!(
+                    released,
+                    "sibling order: let go of objects whose tree is no longer ordered"
+                );
+            }
+            self.swept = Some(Instant::now());
         }
         self.roots.retain(|uid, _| seen.contains(uid));
         self.reported.retain(|uid, _| seen.contains(uid));

@@ -1,0 +1,109 @@
+//! Letting go of what sibling order holds, outside a tree's own reconcile:
+//! objects whose root is no longer ordered (its kind lost its policy, the
+//! root is gone) and, at uninstall, every one. The label comes off, and an
+//! object whose owner is being deleted or gone is deleted (Foreground): the
+//! garbage collector was refused its delete and would otherwise try again
+//! only after its back-off, which grows to 17 minutes.
+
+use kube::api::{
+    DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams,
+    PropagationPolicy,
+};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::cluster::kinds::{Served, ServedKinds};
+use crate::policy::hold::{HELD_FOR_ANNOTATION, HOLD_LABEL};
+
+/// Lets go of every held object of every kind whose root (the label's value)
+/// `keep` does not name; returns how many. What cannot be listed or written
+/// is said through `progress` and left.
+pub async fn sweep(
+    client: &Client,
+    kinds: &ServedKinds,
+    keep: impl Fn(&str) -> bool,
+    progress: impl Fn(&str),
+) -> usize {
+    let held = ListParams::default().labels(HOLD_LABEL);
+    let mut count = 0;
+    for served in kinds.all() {
+        let Ok(list) = ServedKinds::api(client, served, None)
+            .list_metadata(&held)
+            .await
+        else {
+            continue;
+        };
+        for object in list {
+            let root = object.labels().get(HOLD_LABEL).cloned().unwrap_or_default();
+            if keep(&root) {
+                continue;
+            }
+            match let_go(client, kinds, served, &object).await {
+                Ok(()) => count += 1,
+                Err(e) => progress(&format!(
+                    "cannot let go of {} {}: {e}",
+                    served.0.kind,
+                    object.name_any()
+                )),
+            }
+        }
+    }
+    count
+}
+
+/// Takes the label off `object` and deletes it if an owner is leaving.
+pub async fn let_go(
+    client: &Client,
+    kinds: &ServedKinds,
+    served: &Served,
+    object: &PartialObjectMeta<DynamicObject>,
+) -> Result<(), kube::Error> {
+    let api = ServedKinds::api(client, served, object.namespace().as_deref());
+    let patch = json!({"metadata": {
+        "uid": object.uid(),
+        "labels": {HOLD_LABEL: null},
+        "annotations": {HELD_FOR_ANNOTATION: null},
+    }});
+    api.patch(
+        &object.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await?;
+    if object.metadata.deletion_timestamp.is_none() && owner_leaving(client, kinds, object).await {
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Foreground),
+            ..DeleteParams::default()
+        };
+        match api.delete(&object.name_any(), &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Some blocking owner of `object` is being deleted or gone.
+async fn owner_leaving(
+    client: &Client,
+    kinds: &ServedKinds,
+    object: &PartialObjectMeta<DynamicObject>,
+) -> bool {
+    for owner in object.owner_references() {
+        if owner.block_owner_deletion != Some(true) {
+            continue;
+        }
+        let Some(served) = kinds.get(&owner.api_version, &owner.kind) else {
+            continue;
+        };
+        let api = ServedKinds::api(client, served, object.namespace().as_deref());
+        match api.get_opt(&owner.name).await {
+            Ok(None) => return true,
+            Ok(Some(o)) if o.uid().as_deref() != Some(owner.uid.as_str()) => return true,
+            Ok(Some(o)) if o.metadata.deletion_timestamp.is_some() => return true,
+            _ => {}
+        }
+    }
+    false
+}
