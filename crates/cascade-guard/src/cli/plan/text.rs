@@ -117,17 +117,24 @@ pub fn render_text(plan: &Plan) -> String {
 }
 
 fn describe(mode: Mode, teardown: Teardown) -> &'static str {
-    match (mode, teardown) {
-        (Mode::Off, _) => {
+    let ordered = teardown == Teardown::Ordered;
+    match mode {
+        Mode::Off => {
             "Background: the root leaves at once and everything under it is deleted at once"
         }
-        (Mode::Warn, _) => {
+        Mode::Warn => {
             "Background (warned): the root leaves at once and everything under it is deleted at once"
         }
-        (Mode::Refuse, _) => {
+        Mode::Refuse if ordered => {
+            "refused; `--cascade=foreground` then deletes each parent after its children, and cascade-guard holds each object a sibling still needs until that sibling is gone"
+        }
+        Mode::Refuse => {
             "refused; `--cascade=foreground` then deletes each parent after its children, siblings at once"
         }
-        (Mode::Convert, _) => {
+        Mode::Convert if ordered => {
+            "turned into a foreground cascade, each parent after its children, and cascade-guard holds each object a sibling still needs until that sibling is gone"
+        }
+        Mode::Convert => {
             "turned into a foreground cascade: each parent after its children, siblings at once"
         }
     }
@@ -220,6 +227,20 @@ mod tests {
         let hazards = text.rfind("hazard").expect("a hazard line");
         let order = text.find("The order that works").expect("the waves");
         assert!(order < hazards, "the hazards come last:\n{text}");
+    }
+
+    #[test]
+    fn with_sibling_order_enforced_the_plan_has_no_hazard_and_says_why() {
+        let mut plan = plan_for(Mode::Convert);
+        plan.sibling_order = true;
+        plan.teardown = teardown_of(Mode::Convert, true);
+        plan.hazards = plan.graph.hazards(plan.teardown);
+        let text = render_text(&plan);
+        assert!(
+            text.contains("cascade-guard holds each object a sibling still needs"),
+            "{text}"
+        );
+        assert!(text.contains("No hazard"), "{text}");
     }
 
     #[test]
