@@ -12,7 +12,8 @@
 //! - the ValidatingAdmissionPolicy of [`compile_hold`] refuses every DELETE
 //!   of a labelled object, the garbage collector's and the namespace
 //!   controller's included, and every UPDATE that takes the label away or
-//!   changes it, except by cascade-guard itself or with break-glass. The
+//!   changes it, except by cascade-guard itself or with break-glass (and a
+//!   delete by Crossplane, which cascade-guard never refuses). The
 //!   object stays live: no deletionTimestamp, so no provider starts deleting
 //!   what it manages. A finalizer could not do that;
 //! - when everything it waits for is gone, cascade-guard deletes it itself
@@ -55,8 +56,12 @@ pub const SIBLING_ORDER_LABEL: &str = "cascade-guard.dev/sibling-order";
 /// The ValidatingAdmissionPolicy and binding that hold labelled objects.
 pub fn compile_hold(settings: &CompileSettings) -> Compiled {
     let controller = cel_string(&settings.controller_user);
+    // Crossplane's own deletes go through: a composition that drops a
+    // resource, and a Usage's replay, which comes only once the Usage's user
+    // is gone. cascade-guard never refuses Crossplane.
+    let crossplane = cel_string(&settings.crossplane_user);
     let allowed_delete = format!(
-        "request.userInfo.username == {controller} || ({})",
+        "request.userInfo.username == {controller} || request.userInfo.username == {crossplane} || ({})",
         break_glass_for(settings, "oldObject")
     );
     let label = |o: &str| {
@@ -168,7 +173,11 @@ pub fn actions(graph: &Graph, held_now: &BTreeSet<ObjectRef>) -> Vec<Action> {
     let mut wanted: BTreeMap<&ObjectRef, BTreeSet<String>> = BTreeMap::new();
     for edge in graph.sibling_edges.iter().filter(|e| !e.in_cycle) {
         let deleting = graph.node(&edge.after).is_some_and(|n| n.deleting);
-        if !deleting {
+        // A Usage composed beside the two already keeps every need of the
+        // edge: Crossplane's webhook refuses the delete and replays it, and
+        // a second hold would only refuse that replay.
+        let usage_keeps_it = edge.reasons.iter().all(|need| graph.held_by_usage(need));
+        if !deleting && !usage_keeps_it {
             wanted
                 .entry(&edge.after)
                 .or_default()
@@ -303,6 +312,21 @@ mod tests {
             let g = graph(&objects, "root").expect("root");
             assert_eq!(actions(&g, &held_now), want, "{what}");
         }
+    }
+
+    #[test]
+    fn a_usage_composed_beside_the_siblings_needs_no_hold() {
+        let mut objects = tree(false, true, false);
+        let mut usage = obj("Usage", "uses", Some("root"), false);
+        usage["apiVersion"] = json!("protection.crossplane.io/v1beta1");
+        usage["spec"] = json!({
+            "of": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": "cluster"}},
+            "by": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": "stack"}},
+        });
+        objects.push(usage);
+        let g = graph(&objects, "root").expect("root");
+        assert!(!g.sibling_edges.is_empty());
+        assert_eq!(actions(&g, &BTreeSet::new()), vec![]);
     }
 
     #[test]

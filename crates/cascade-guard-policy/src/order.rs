@@ -564,6 +564,24 @@ impl Graph {
         })
     }
 
+    /// Whether a Crossplane Usage already keeps `need` through a foreground
+    /// cascade (see [`Graph::hazards`]): then nothing more has to hold it.
+    pub fn held_by_usage(&self, need: &Need) -> bool {
+        let (Some(&a), Some(&x)) = (
+            self.ix.by_ref.get(&need.object),
+            self.ix.by_ref.get(&need.needs),
+        ) else {
+            return false;
+        };
+        let Some(ix) = self.ix.needs.iter().find(|n| n.a == a && n.x == x) else {
+            return false;
+        };
+        match self.ix.relation(a, x) {
+            Rel::Siblings { a: side, .. } => self.ix.held_in_foreground(ix, side),
+            _ => false,
+        }
+    }
+
     /// The needs (of [`Graph::needs`], both ends in the tree) that
     /// `teardown` would break. Of a need through go-betweens and the shorter
     /// needs along it, only the longest broken one is named.
