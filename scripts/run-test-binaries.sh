@@ -11,12 +11,22 @@
 #                                                 line) beside the background
 #                                                 ones, after the others
 #   other arguments                               passed to every binary
+#   TEST_ARGS_<name>="--test-threads=4"           passed to binary <name> only
+#                                                 (every character of the name
+#                                                 other than a letter, digit or
+#                                                 _ as _), after those
+#
+# TEST_ARGS_seed_real is --test-threads=16 unless set: its tests wait on real
+# Crossplane's timers, not the CPU, and are written to run all at once on its
+# one stack (see tests/seed_real.rs); libtest's default, one per core, would
+# run them a few at a time.
 #
 # Exits non-zero when any binary fails (after all have run), naming them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 background=${TEST_BACKGROUND:-seed_real}
+: "${TEST_ARGS_seed_real=--test-threads=16}"
 then=
 if [ "${1:-}" = --then ]; then
   then=$2
@@ -52,11 +62,14 @@ fi
 failed=()
 declare -A pids
 
-# Like cargo test: each binary runs in its package's directory.
+# Like cargo test: each binary runs in its package's directory. Binary
+# <name>'s own arguments (TEST_ARGS_<name>) come last.
 run() {
-  local dir=$1 exe=$2
-  shift 2
-  (cd "$dir" && "$exe" "$@")
+  local name=$1 dir=$2 exe=$3 var own
+  shift 3
+  var=TEST_ARGS_${name//[^A-Za-z0-9_]/_}
+  read -ra own <<<"${!var:-}"
+  (cd "$dir" && "$exe" "$@" "${own[@]}")
 }
 
 is_background() {
@@ -68,7 +81,7 @@ is_background() {
 while IFS=$'\t' read -r name dir exe; do
   if is_background "$name"; then
     echo "==> $name: started in the background (log: $logs/$name.log)"
-    run "$dir" "$exe" "$@" >"$logs/$name.log" 2>&1 &
+    run "$name" "$dir" "$exe" "$@" >"$logs/$name.log" 2>&1 &
     pids[$name]=$!
   fi
 done <"$list"
@@ -76,7 +89,7 @@ done <"$list"
 while IFS=$'\t' read -r name dir exe; do
   is_background "$name" && continue
   echo "==> $name"
-  if ! run "$dir" "$exe" "$@" </dev/null; then
+  if ! run "$name" "$dir" "$exe" "$@" </dev/null; then
     failed+=("$name")
   fi
 done <"$list"

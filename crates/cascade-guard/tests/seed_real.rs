@@ -11,9 +11,19 @@
 //! then wedge on their provider's finalizer and leak the load balancer);
 //! Refuse, the plain delete is refused with its message and
 //! `--cascade=foreground` tears down in order; Convert, the plain delete tears
-//! down in order. Each test builds its own tree at once (they run
-//! concurrently); the mode, an annotation on the XRDs, is cluster-wide, so the
-//! deletes take turns.
+//! down in order.
+//!
+//! The tests run concurrently on one stack. The mode is an annotation on the
+//! XRDs, which applies to every object of a kind, so the platform is installed
+//! once per mode, each copy under API groups of its own (`off.modelplane.ai`,
+//! `infrastructure.refuse.modelplane.ai`, ...: `modelplane::Platform`), and
+//! each test builds its tree on its mode's copy. Copies share the cloud and
+//! the providers, so every test names its trees (and so everything in them)
+//! differently. Only the randomized test, which kills Crossplane core and
+//! cascade-guard, has the stack to itself (see `Stack::exclusive`). cargo
+//! runs as many tests at once as there are cores unless told otherwise:
+//! `--test-threads=16` has them all at once (scripts/run-test-binaries.sh
+//! passes it).
 //!
 //! And a legacy XRD with a claim, in each mode (its own XRD per mode, so
 //! concurrently): deleting the claim ends with everything gone (in order,
@@ -56,8 +66,10 @@
 //! has the findings): a composed Usage re-checks its user every 30 s, a
 //! managed resource deleted within 30 s of its create keeps its finalizer until
 //! then, and the gateway's load balancer takes 40 s to delete (the
-//! Composition's annotation), longer than the Usage can hold the cluster after
-//! a background delete.
+//! Composition's annotation; an engine's 60 s), longer than the Usage can hold
+//! the cluster after a background delete. Off needs those times to show the
+//! wedge, and the randomized test keeps them; the Refuse and Convert copies
+//! have shorter ones ([`SHORT_LOAD_BALANCER_SECONDS`]).
 
 mod support;
 
@@ -85,6 +97,13 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(600);
 /// A teardown waits for the Usage's 30 s re-check, the load balancer's 40 s
 /// and the creation grace period.
 const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(300);
+/// The load balancers' deletion time on the Refuse and Convert copies of the
+/// platform: their tests assert a teardown in order, which does not depend on
+/// it, and each of their teardowns waits it out once or twice. Still longer
+/// than the 5 to 8 s a background delete leaves the cloud cluster (the Off
+/// runs in BENCHMARKS.md), so a delete that failed to cascade would still
+/// lose the cluster first.
+const SHORT_LOAD_BALANCER_SECONDS: u32 = 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -103,6 +122,32 @@ impl Mode {
             Mode::Convert => "Convert",
         }
     }
+
+    /// The copy of the platform whose XRDs carry this mode from the install
+    /// on (one of [`PLATFORM_MODES`]): the tests of this mode share it, each
+    /// with trees of its own names.
+    fn platform(self) -> modelplane::Platform {
+        let platform = modelplane::Platform::variant(
+            &self.as_str().to_lowercase(),
+            json!({ POLICY_ANNOTATION: self.as_str() }),
+        );
+        match self {
+            // Off shows the wedge: a load balancer still deleting when the
+            // cloud cluster goes, which takes the Compositions' times.
+            Mode::Off => platform,
+            _ => platform.with_load_balancer_seconds(SHORT_LOAD_BALANCER_SECONDS),
+        }
+    }
+}
+
+/// The modes with a copy of the platform of their own.
+const PLATFORM_MODES: [Mode; 3] = [Mode::Off, Mode::Refuse, Mode::Convert];
+
+/// The randomized test's copy of the platform: it puts a random mode on it
+/// each round (it has the stack to itself then), and keeps the Compositions'
+/// load balancer times.
+fn random_platform() -> modelplane::Platform {
+    modelplane::Platform::variant("random", json!({ POLICY_ANNOTATION: "Off" }))
 }
 
 struct Stack {
@@ -112,13 +157,24 @@ struct Stack {
     kubectl: PathBuf,
     /// cascade-guard: how many were started, and the one running.
     controller: StdMutex<(usize, Option<Process>)>,
-    /// Held by the test whose mode is in effect.
-    turn: tokio::sync::Mutex<()>,
+    /// The randomized test SIGKILLs Crossplane core and cascade-guard, which
+    /// every test's objects need (a build, a refusal, a conversion, a
+    /// teardown in time): it takes this for writing while it kills, every
+    /// other test takes it for reading throughout ([`shared_stack`]).
+    exclusive: tokio::sync::RwLock<()>,
 }
 
 async fn stack() -> &'static Stack {
     static STACK: OnceCell<Stack> = OnceCell::const_new();
     STACK.get_or_init(start).await
+}
+
+/// The stack, and a read guard that keeps the randomized test's kills away
+/// until the caller's test ends. Take it once per test: a second one could
+/// wait behind the randomized test, which waits for the first.
+async fn shared_stack() -> (&'static Stack, tokio::sync::RwLockReadGuard<'static, ()>) {
+    let stack = stack().await;
+    (stack, stack.exclusive.read().await)
 }
 
 async fn start() -> Stack {
@@ -134,14 +190,22 @@ async fn start() -> Stack {
         .unwrap_or_else(|e| panic!("cannot start Crossplane: {e}"));
     eprintln!("real Crossplane started in {:?}", crossplane.started_in());
     let client = cp.admin().await.expect("admin client");
-    modelplane::install(
-        &client,
-        &crossplane,
-        &cp.dir().join("charts"),
-        &json!({ POLICY_ANNOTATION: "Off" }),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("cannot install the platform: {e}"));
+    let platforms: Vec<modelplane::Platform> = PLATFORM_MODES
+        .iter()
+        .map(|m| m.platform())
+        .chain([random_platform()])
+        .collect();
+    let installs = platforms.iter().enumerate().map(|(i, platform)| {
+        let (client, crossplane) = (&client, &crossplane);
+        // Each install packs the charts: a directory of its own.
+        let scratch = cp.dir().join("charts").join(i.to_string());
+        async move {
+            modelplane::install(client, crossplane, &scratch, platform)
+                .await
+                .unwrap_or_else(|e| panic!("cannot install the platform {platform:?}: {e}"))
+        }
+    });
+    futures::future::join_all(installs).await;
     cp.write_kubeconfig_as(
         &cp.dir().join("cascade-guard.kubeconfig"),
         support::CONTROLLER_USER,
@@ -155,7 +219,7 @@ async fn start() -> Stack {
         crossplane: StdMutex::new(crossplane),
         kubectl,
         controller: StdMutex::new((1, Some(controller))),
-        turn: tokio::sync::Mutex::new(()),
+        exclusive: tokio::sync::RwLock::new(()),
     }
 }
 
@@ -251,33 +315,36 @@ async fn left_of(
 /// One InferenceCluster's tree, watched from before it exists.
 struct Tree {
     name: String,
+    /// The copy of the platform it is built on.
+    platform: modelplane::Platform,
     client: Client,
     timeline: Timeline,
 }
 
 impl Tree {
-    /// Creates InferenceCluster `name` and waits until it is Ready and its
-    /// Usage guards the EKSCluster.
-    async fn build(stack: &Stack, name: &str) -> Self {
+    /// Creates InferenceCluster `name` on `platform` and waits until it is
+    /// Ready and its Usage guards the EKSCluster.
+    async fn build(stack: &Stack, platform: &modelplane::Platform, name: &str) -> Self {
         let client = stack.cp.admin().await.expect("admin client");
         let mut watched: Vec<(ApiResource, Option<String>)> = Vec::new();
-        for (r, ns, _) in modelplane::tree(name) {
+        for (r, ns, _) in platform.tree(name) {
             if !watched.iter().any(|(w, _)| w == &r) {
                 watched.push((r, ns));
             }
         }
         let timeline = Timeline::start(&client, &watched).await;
-        let ics = api(&client, &modelplane::inference_clusters(), None);
+        let ics = api(&client, &platform.inference_clusters(), None);
         ics.patch(
             name,
             &PatchParams::apply("seed-real").force(),
-            &Patch::Apply(modelplane::inference_cluster(name)),
+            &Patch::Apply(platform.inference_cluster(name)),
         )
         .await
         .unwrap_or_else(|e| panic!("create InferenceCluster {name}: {e}"));
         let started = Instant::now();
         let tree = Self {
             name: name.to_string(),
+            platform: platform.clone(),
             client,
             timeline,
         };
@@ -293,7 +360,7 @@ impl Tree {
         );
         let eks = api(
             &tree.client,
-            &modelplane::eks_clusters(),
+            &platform.eks_clusters(),
             Some(SYSTEM_NAMESPACE),
         );
         let in_use = wait::until(Duration::from_secs(60), || async {
@@ -307,7 +374,7 @@ impl Tree {
     }
 
     fn objects(&self) -> Vec<(ApiResource, Option<String>, String)> {
-        modelplane::tree(&self.name)
+        self.platform.tree(&self.name)
     }
 
     fn stack_name(&self) -> String {
@@ -456,13 +523,13 @@ impl Stack {
         }
     }
 
-    /// Waits for its turn, then puts `mode` on the three XRDs and waits until
-    /// it is in effect for InferenceCluster `name`.
-    async fn enter(&self, mode: Mode, name: &str) -> tokio::sync::MutexGuard<'_, ()> {
-        let turn = self.turn.lock().await;
+    /// Puts `mode` on `platform`'s XRDs. The mode applies to every object of
+    /// those kinds: only for a platform no other test uses (the randomized
+    /// test's).
+    async fn put_mode(&self, platform: &modelplane::Platform, mode: Mode) {
         let client = self.cp.admin().await.expect("admin client");
         let xrds = api(&client, &v2_xrds(), None);
-        for r in modelplane::xr_kinds() {
+        for r in platform.xr_kinds() {
             let xrd = format!("{}.{}", r.plural, r.group);
             xrds.patch(
                 &xrd,
@@ -474,9 +541,13 @@ impl Stack {
             .await
             .unwrap_or_else(|e| panic!("annotate {xrd}: {e}"));
         }
-        self.wait_in_effect(&modelplane::inference_clusters(), None, name, mode)
+    }
+
+    /// Waits until `mode`, which `tree`'s platform carries, is in effect for
+    /// its InferenceCluster.
+    async fn enter(&self, mode: Mode, tree: &Tree) {
+        self.wait_in_effect(&tree.platform.inference_clusters(), None, &tree.name, mode)
             .await;
-        turn
     }
 
     /// Waits until `mode` is in effect for object `name` of `resource`: held
@@ -520,10 +591,15 @@ impl Stack {
         );
     }
 
-    /// `kubectl delete inferencecluster <name>`: (succeeded, stderr).
-    async fn kubectl_delete(&self, name: &str, foreground: bool) -> (bool, String) {
-        self.kubectl_delete_of(&modelplane::inference_clusters(), None, name, foreground)
-            .await
+    /// `kubectl delete inferencecluster <tree>`: (succeeded, stderr).
+    async fn kubectl_delete(&self, tree: &Tree, foreground: bool) -> (bool, String) {
+        self.kubectl_delete_of(
+            &tree.platform.inference_clusters(),
+            None,
+            &tree.name,
+            foreground,
+        )
+        .await
     }
 
     /// `kubectl delete <resource> <name> [-n <ns>]`: (succeeded, stderr).
@@ -630,11 +706,11 @@ async fn assert_torn_down_in_order(stack: &Stack, tree: &Tree, what: &str, start
 #[tokio::test]
 async fn without_cascade_guard_a_plain_delete_wedges_the_serving_stack_and_leaks_its_load_balancer()
 {
-    let stack = stack().await;
-    let tree = Tree::build(stack, "seed-off").await;
-    let _turn = stack.enter(Mode::Off, &tree.name).await;
+    let (stack, _shared) = shared_stack().await;
+    let tree = Tree::build(stack, &Mode::Off.platform(), "seed-off").await;
+    stack.enter(Mode::Off, &tree).await;
     let started = Instant::now();
-    let (ok, stderr) = stack.kubectl_delete(&tree.name, false).await;
+    let (ok, stderr) = stack.kubectl_delete(&tree, false).await;
     assert!(ok, "kubectl delete: {stderr}");
 
     // The XR is gone at once: Crossplane drops its finalizer, and nothing
@@ -687,10 +763,10 @@ async fn without_cascade_guard_a_plain_delete_wedges_the_serving_stack_and_leaks
 
 #[tokio::test]
 async fn refuse_refuses_the_plain_delete_and_a_foreground_delete_tears_down_in_order() {
-    let stack = stack().await;
-    let tree = Tree::build(stack, "seed-refuse").await;
-    let _turn = stack.enter(Mode::Refuse, &tree.name).await;
-    let (ok, stderr) = stack.kubectl_delete(&tree.name, false).await;
+    let (stack, _shared) = shared_stack().await;
+    let tree = Tree::build(stack, &Mode::Refuse.platform(), "seed-refuse").await;
+    stack.enter(Mode::Refuse, &tree).await;
+    let (ok, stderr) = stack.kubectl_delete(&tree, false).await;
     assert!(!ok, "the plain delete was allowed");
     assert!(
         stderr.contains("(Forbidden)")
@@ -703,18 +779,18 @@ async fn refuse_refuses_the_plain_delete_and_a_foreground_delete_tears_down_in_o
     );
     eprintln!("Refuse: kubectl said: {}", stderr.trim());
     let started = Instant::now();
-    let (ok, stderr) = stack.kubectl_delete(&tree.name, true).await;
+    let (ok, stderr) = stack.kubectl_delete(&tree, true).await;
     assert!(ok, "kubectl delete --cascade=foreground: {stderr}");
     assert_torn_down_in_order(stack, &tree, "Refuse", started).await;
 }
 
 #[tokio::test]
 async fn convert_tears_a_plain_delete_down_in_order() {
-    let stack = stack().await;
-    let tree = Tree::build(stack, "seed-convert").await;
-    let _turn = stack.enter(Mode::Convert, &tree.name).await;
+    let (stack, _shared) = shared_stack().await;
+    let tree = Tree::build(stack, &Mode::Convert.platform(), "seed-convert").await;
+    stack.enter(Mode::Convert, &tree).await;
     let started = Instant::now();
-    let (ok, stderr) = stack.kubectl_delete(&tree.name, false).await;
+    let (ok, stderr) = stack.kubectl_delete(&tree, false).await;
     assert!(ok, "kubectl delete: {stderr}");
     assert_torn_down_in_order(stack, &tree, "Convert", started).await;
     assert!(
@@ -1030,7 +1106,7 @@ async fn claim_outcome(stack: &Stack, mode: Mode, how: ClaimDelete) -> Result<St
 
 #[tokio::test]
 async fn deleting_a_legacy_claim_ends_gone_in_order_or_says_which_command_works() {
-    let stack = stack().await;
+    let (stack, _shared) = shared_stack().await;
     let (off, refuse, convert) = tokio::join!(
         claim_outcome(stack, Mode::Off, ClaimDelete::Claim),
         claim_outcome(stack, Mode::Refuse, ClaimDelete::Claim),
@@ -1055,8 +1131,9 @@ async fn deleting_a_legacy_claim_ends_gone_in_order_or_says_which_command_works(
 /// managed resources can wedge in a terminating namespace upstream.)
 #[tokio::test]
 async fn convert_tears_a_deleted_namespace_holding_a_claim_down_in_order() {
+    let (stack, _shared) = shared_stack().await;
     let outcome = claim_outcome(
-        stack().await,
+        stack,
         Mode::Convert,
         ClaimDelete::Namespace("seed-claims-team"),
     )
@@ -1077,11 +1154,11 @@ enum How {
 }
 
 async fn random_delete(stack: &Stack, tree: &Tree, how: How, mode: Mode) {
-    let ics = api(&tree.client, &modelplane::inference_clusters(), None);
+    let ics = api(&tree.client, &tree.platform.inference_clusters(), None);
     let refused = match how {
         How::KubectlPlain | How::KubectlForeground => {
             let (ok, stderr) = stack
-                .kubectl_delete(&tree.name, matches!(how, How::KubectlForeground))
+                .kubectl_delete(tree, matches!(how, How::KubectlForeground))
                 .await;
             (!ok).then_some(stderr)
         }
@@ -1112,7 +1189,7 @@ async fn random_delete(stack: &Stack, tree: &Tree, how: How, mode: Mode) {
                 tree.name
             );
             // As the message says.
-            let (ok, stderr) = stack.kubectl_delete(&tree.name, true).await;
+            let (ok, stderr) = stack.kubectl_delete(tree, true).await;
             assert!(
                 ok,
                 "{}: kubectl delete --cascade=foreground: {stderr}",
@@ -1130,6 +1207,7 @@ async fn random_delete(stack: &Stack, tree: &Tree, how: How, mode: Mode) {
 /// Crossplane's 30-second timers (CASCADE_GUARD_REAL_TREES runs more).
 #[tokio::test]
 async fn random_trees_clients_and_kills_never_lose_a_cluster_first() {
+    // No read guard: each round takes the stack for writing (random_round).
     let stack = stack().await;
     let mut rng = support::rng::Rng::from_env("seed_real random");
     let trees: usize = std::env::var("CASCADE_GUARD_REAL_TREES")
@@ -1168,12 +1246,19 @@ async fn random_round(
         Mode::Convert
     };
     let names: Vec<String> = (0..trees).map(|i| format!("rnd-{round}-{i}")).collect();
-    let built = futures::future::join_all(names.iter().map(|n| Tree::build(stack, n))).await;
-    let _turn = stack.enter(mode, &names[0]).await;
+    let platform = random_platform();
+    let built =
+        futures::future::join_all(names.iter().map(|n| Tree::build(stack, &platform, n))).await;
+    // The kills below reach every test: the round waits until no other test
+    // runs, and has the stack to itself until its trees are gone. Only once
+    // they are built, so that the builds overlap the other tests.
+    let _owner = stack.exclusive.write().await;
+    stack.put_mode(&platform, mode).await;
+    stack.enter(mode, &built[0]).await;
     // Convert holds every InferenceCluster before any delete is sent.
     if mode == Mode::Convert {
         for tree in &built {
-            let ics = api(&tree.client, &modelplane::inference_clusters(), None);
+            let ics = api(&tree.client, &tree.platform.inference_clusters(), None);
             wait_held(&ics, &tree.name).await;
         }
     }
@@ -1488,7 +1573,7 @@ async fn dropped_outcome(stack: &Stack, mode: Mode) {
 
 #[tokio::test]
 async fn crossplane_deleting_a_dropped_composite_is_never_refused() {
-    let stack = stack().await;
+    let (stack, _shared) = shared_stack().await;
     tokio::join!(
         dropped_outcome(stack, Mode::Refuse),
         dropped_outcome(stack, Mode::Convert)
@@ -1513,6 +1598,8 @@ const CONSUMERS_TEARDOWN_TIMEOUT: Duration = Duration::from_secs(480);
 /// ModelDeployments (namespace, name) and an InferenceGateway on one
 /// InferenceCluster, watched from before they exist.
 struct Consumers {
+    /// Their InferenceCluster's copy of the platform.
+    platform: modelplane::Platform,
     model_deployments: Vec<(String, String)>,
     gateway: String,
     timeline: Timeline,
@@ -1524,6 +1611,7 @@ impl Consumers {
     async fn create(tree: &Tree, model_deployments: Vec<(String, String)>) -> Self {
         let gateway = format!("{}-gw", tree.name);
         let mut consumers = Self {
+            platform: tree.platform.clone(),
             model_deployments,
             gateway,
             timeline: Timeline::start(&tree.client, &[]).await,
@@ -1538,23 +1626,23 @@ impl Consumers {
         let params = PatchParams::apply("seed-real").force();
         for (ns, name) in &consumers.model_deployments {
             create_namespace(&tree.client, ns).await;
-            api(&tree.client, &modelplane::model_deployments(), Some(ns))
+            api(&tree.client, &tree.platform.model_deployments(), Some(ns))
                 .patch(
                     name,
                     &params,
-                    &Patch::Apply(modelplane::model_deployment(ns, name, &tree.name)),
+                    &Patch::Apply(tree.platform.model_deployment(ns, name, &tree.name)),
                 )
                 .await
                 .unwrap_or_else(|e| panic!("create ModelDeployment {name}: {e}"));
         }
-        api(&tree.client, &modelplane::inference_gateways(), None)
+        api(&tree.client, &tree.platform.inference_gateways(), None)
             .patch(
                 &consumers.gateway,
                 &params,
-                &Patch::Apply(modelplane::inference_gateway(
-                    &consumers.gateway,
-                    &tree.name,
-                )),
+                &Patch::Apply(
+                    tree.platform
+                        .inference_gateway(&consumers.gateway, &tree.name),
+                ),
             )
             .await
             .unwrap_or_else(|e| panic!("create InferenceGateway: {e}"));
@@ -1591,9 +1679,9 @@ impl Consumers {
     fn objects(&self) -> Vec<(ApiResource, Option<String>, String)> {
         let mut objects = Vec::new();
         for (ns, name) in &self.model_deployments {
-            objects.extend(modelplane::model_deployment_tree(ns, name));
+            objects.extend(self.platform.model_deployment_tree(ns, name));
         }
-        objects.extend(modelplane::inference_gateway_tree(&self.gateway));
+        objects.extend(self.platform.inference_gateway_tree(&self.gateway));
         objects
     }
 
@@ -1787,13 +1875,13 @@ async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: bool) {
     } else {
         mode.as_str().to_lowercase()
     };
-    let tree = Tree::build(stack, &format!("use-{lower}")).await;
+    let tree = Tree::build(stack, &mode.platform(), &format!("use-{lower}")).await;
     let model_deployments = vec![(format!("team-{lower}"), format!("{}-llama", tree.name))];
     let consumers = Consumers::create(&tree, model_deployments).await;
-    let _turn = stack.enter(mode, &tree.name).await;
+    stack.enter(mode, &tree).await;
     let client = &tree.client;
-    let mds = modelplane::model_deployments();
-    let igs = modelplane::inference_gateways();
+    let mds = tree.platform.model_deployments();
+    let igs = tree.platform.inference_gateways();
     for (ns, name) in &consumers.model_deployments {
         stack.wait_in_effect(&mds, Some(ns), name, mode).await;
     }
@@ -1814,7 +1902,7 @@ async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: bool) {
                 let (ok, stderr) = stack.kubectl_delete_of(r, ns, name, false).await;
                 assert!(ok, "kubectl delete {name}: {stderr}");
             }
-            let (ok, stderr) = stack.kubectl_delete(&tree.name, false).await;
+            let (ok, stderr) = stack.kubectl_delete(&tree, false).await;
             assert!(ok, "kubectl delete: {stderr}");
             tree.wait_cluster_gone(&what, started).await;
             // The ModelReplica and its guard went at once; the engine's
@@ -1864,9 +1952,9 @@ async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: bool) {
             wait_terminating(&consumers, "Object", &engine).await;
             // While they go away: the plain delete is refused, the foreground
             // one goes through and waits for the guards.
-            let refused = stack.kubectl_delete(&tree.name, false).await;
+            let refused = stack.kubectl_delete(&tree, false).await;
             assert_refused(&refused, "InferenceCluster", &tree.name);
-            let (ok, stderr) = stack.kubectl_delete(&tree.name, true).await;
+            let (ok, stderr) = stack.kubectl_delete(&tree, true).await;
             assert!(ok, "kubectl delete --cascade=foreground: {stderr}");
         }
         Mode::Warn => panic!("no consumers scenario under Warn"),
@@ -1888,7 +1976,7 @@ async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: bool) {
                 .await;
             assert!(ok, "kubectl delete {}: {stderr}", consumers.gateway);
             wait_terminating(&consumers, "Object", &engine).await;
-            let (ok, stderr) = stack.kubectl_delete(&tree.name, false).await;
+            let (ok, stderr) = stack.kubectl_delete(&tree, false).await;
             assert!(ok, "kubectl delete: {stderr}");
         }
     }
@@ -1953,17 +2041,20 @@ async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: bool) {
 
 #[tokio::test]
 async fn without_cascade_guard_the_consumers_race_wedges_an_engine_and_leaks_its_load_balancer() {
-    consumers_outcome(stack().await, Mode::Off, false).await;
+    let (stack, _shared) = shared_stack().await;
+    consumers_outcome(stack, Mode::Off, false).await;
 }
 
 #[tokio::test]
 async fn refuse_refuses_the_consumers_plain_deletes_and_foreground_tears_down_in_order() {
-    consumers_outcome(stack().await, Mode::Refuse, false).await;
+    let (stack, _shared) = shared_stack().await;
+    consumers_outcome(stack, Mode::Refuse, false).await;
 }
 
 #[tokio::test]
 async fn convert_tears_the_consumers_down_in_order() {
-    consumers_outcome(stack().await, Mode::Convert, false).await;
+    let (stack, _shared) = shared_stack().await;
+    consumers_outcome(stack, Mode::Convert, false).await;
 }
 
 /// Not run by default: with the pinned providers it passes only when the
@@ -1978,7 +2069,8 @@ async fn convert_tears_the_consumers_down_in_order() {
 #[tokio::test]
 #[ignore = "crossplane-runtime#1150: a managed resource in a terminating namespace can wedge on its ProviderConfigUsage"]
 async fn convert_tears_a_deleted_namespace_down_in_order() {
-    consumers_outcome(stack().await, Mode::Convert, true).await;
+    let (stack, _shared) = shared_stack().await;
+    consumers_outcome(stack, Mode::Convert, true).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -2027,7 +2119,7 @@ async fn kubectl_delete_args(
 /// tears it down in order.
 #[tokio::test]
 async fn a_replayed_background_delete_under_refuse_leaves_nothing_stuck_and_says_why() {
-    let stack = stack().await;
+    let (stack, _shared) = shared_stack().await;
     let client = stack.cp.admin().await.expect("admin client");
     let kind = "ReplayApp";
     let xrds = v2_xrds();

@@ -23,6 +23,11 @@
 //!   in `modelplane-system` ServingStack `<g>-gateway` (installed on the
 //!   cluster as the InferenceCluster's is) and Usage `<g>-guard` of EKSCluster
 //!   `<n>` by that ServingStack.
+//!
+//! [`Platform`] says which copy: Modelplane's own groups ([`Platform::modelplane`],
+//! what the demo and most tests install), or a variant under groups of its own
+//! ([`Platform::variant`]), so that copies with different deletion policies
+//! (an annotation on the XRDs, per kind) live side by side on one stack.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -79,59 +84,28 @@ pub fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiReso
     }
 }
 
+/// The default platform's kinds (Modelplane's own groups).
 pub fn inference_clusters() -> ApiResource {
-    resource(
-        "modelplane.ai",
-        "v1alpha1",
-        "InferenceCluster",
-        "inferenceclusters",
-    )
+    Platform::default().inference_clusters()
 }
 pub fn eks_clusters() -> ApiResource {
-    resource(
-        "infrastructure.modelplane.ai",
-        "v1alpha1",
-        "EKSCluster",
-        "eksclusters",
-    )
+    Platform::default().eks_clusters()
 }
 pub fn serving_stacks() -> ApiResource {
-    resource(
-        "infrastructure.modelplane.ai",
-        "v1alpha1",
-        "ServingStack",
-        "servingstacks",
-    )
+    Platform::default().serving_stacks()
 }
 pub fn model_deployments() -> ApiResource {
-    resource(
-        "modelplane.ai",
-        "v1alpha1",
-        "ModelDeployment",
-        "modeldeployments",
-    )
+    Platform::default().model_deployments()
 }
 pub fn model_replicas() -> ApiResource {
-    resource("modelplane.ai", "v1alpha1", "ModelReplica", "modelreplicas")
+    Platform::default().model_replicas()
 }
 pub fn inference_gateways() -> ApiResource {
-    resource(
-        "modelplane.ai",
-        "v1alpha1",
-        "InferenceGateway",
-        "inferencegateways",
-    )
+    Platform::default().inference_gateways()
 }
 /// Every XR kind of the platform, in [`XRD_DIRS`] order.
 pub fn xr_kinds() -> [ApiResource; 6] {
-    [
-        inference_clusters(),
-        eks_clusters(),
-        serving_stacks(),
-        model_deployments(),
-        model_replicas(),
-        inference_gateways(),
-    ]
+    Platform::default().xr_kinds()
 }
 pub fn usages() -> ApiResource {
     resource("protection.crossplane.io", "v1beta1", "Usage", "usages")
@@ -167,91 +141,28 @@ pub fn kubernetes_provider_configs() -> ApiResource {
 /// Every object of InferenceCluster `name`'s tree: (kind, namespace, name),
 /// top first.
 pub fn tree(name: &str) -> Vec<(ApiResource, Option<String>, String)> {
-    let ns = Some(SYSTEM_NAMESPACE.to_string());
-    let stack = format!("{name}-serving-stack");
-    let config = format!("{name}-kubeconfig");
-    let mut objects = vec![
-        (inference_clusters(), None, name.to_string()),
-        (eks_clusters(), ns.clone(), name.to_string()),
-        (super::cloud::clusters(), ns.clone(), name.to_string()),
-        (helm_provider_configs(), ns.clone(), config.clone()),
-        (kubernetes_provider_configs(), ns.clone(), config),
-        (serving_stacks(), ns.clone(), stack.clone()),
-        (objects(), ns.clone(), format!("{stack}-gateway")),
-        (usages(), ns.clone(), format!("{name}-usage-eks-by-backend")),
-    ];
-    for chart in CHARTS {
-        objects.push((releases(), ns.clone(), format!("{stack}-{chart}")));
-    }
-    objects
+    Platform::default().tree(name)
 }
 
 /// Every object of ModelDeployment `name`'s tree in namespace `ns`:
 /// (kind, namespace, name), top first.
 pub fn model_deployment_tree(ns: &str, name: &str) -> Vec<(ApiResource, Option<String>, String)> {
-    let at = Some(ns.to_string());
-    let replica = format!("{name}-0");
-    vec![
-        (model_deployments(), at.clone(), name.to_string()),
-        (model_replicas(), at.clone(), replica.clone()),
-        (usages(), at.clone(), format!("{name}-replica-guard")),
-        (
-            kubernetes_provider_configs(),
-            at.clone(),
-            format!("{replica}-cluster"),
-        ),
-        (usages(), at.clone(), format!("{replica}-config-in-use")),
-        (objects(), at, format!("{replica}-engine")),
-    ]
+    Platform::default().model_deployment_tree(ns, name)
 }
 
 /// Every object of InferenceGateway `name`'s tree, top first.
 pub fn inference_gateway_tree(name: &str) -> Vec<(ApiResource, Option<String>, String)> {
-    let ns = Some(SYSTEM_NAMESPACE.to_string());
-    let stack = format!("{name}-gateway");
-    let mut objects = vec![
-        (inference_gateways(), None, name.to_string()),
-        (serving_stacks(), ns.clone(), stack.clone()),
-        (usages(), ns.clone(), format!("{name}-guard")),
-        (self::objects(), ns.clone(), format!("{stack}-gateway")),
-    ];
-    for chart in CHARTS {
-        objects.push((releases(), ns.clone(), format!("{stack}-{chart}")));
-    }
-    objects
+    Platform::default().inference_gateway_tree(name)
 }
 
 /// A ModelDeployment `name` in namespace `ns`, on InferenceCluster `cluster`.
 pub fn model_deployment(ns: &str, name: &str, cluster: &str) -> Value {
-    json!({
-        "apiVersion": "modelplane.ai/v1alpha1",
-        "kind": "ModelDeployment",
-        "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_LABEL: cluster}},
-        "spec": {
-            "replicas": 1,
-            "template": {"spec": {"engines": [{"name": "engine", "members": [{
-                "role": "Standalone",
-                "nodeSelector": {"devices": [{"name": "gpu",
-                    "selectors": [{"cel": "device.driver == 'gpu.nvidia.com'"}]}]},
-                "template": {"spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}]}},
-            }]}]}},
-            "crossplane": {"compositionRef": {"name": "modeldeployments-local"}},
-        },
-    })
+    Platform::default().model_deployment(ns, name, cluster)
 }
 
 /// An InferenceGateway `name` on InferenceCluster `cluster`.
 pub fn inference_gateway(name: &str, cluster: &str) -> Value {
-    json!({
-        "apiVersion": "modelplane.ai/v1alpha1",
-        "kind": "InferenceGateway",
-        "metadata": {"name": name, "labels": {CLUSTER_LABEL: cluster}},
-        "spec": {
-            "backend": "Traefik",
-            "traefik": {"version": "39.0.0"},
-            "crossplane": {"compositionRef": {"name": "inferencegateways-local"}},
-        },
-    })
+    Platform::default().inference_gateway(name, cluster)
 }
 
 /// What the local cloud's log (`local-cloud.log`) says InferenceCluster
@@ -268,27 +179,370 @@ pub fn leaked(log: &str, name: &str) -> Vec<String> {
 
 /// The InferenceCluster `name`, on EKS.
 pub fn inference_cluster(name: &str) -> Value {
-    json!({
-        "apiVersion": "modelplane.ai/v1alpha1",
-        "kind": "InferenceCluster",
-        "metadata": {"name": name},
-        "spec": {
-            "cluster": {"source": "EKS", "eks": {"region": "us-west-2"}},
-            "crossplane": {"compositionRef": {"name": "inferenceclusters-local"}},
-        },
-    })
+    Platform::default().inference_cluster(name)
 }
 
-/// Installs the platform on a running stack: the namespace, the charts
-/// (served), the XRDs (each with `annotations` added) and the Compositions,
-/// and waits until Crossplane has established the XRs' CRDs. `scratch` is a
-/// directory for the packed charts.
+/// Which copy of the platform, and what its XRDs and Compositions carry.
+///
+/// The default is Modelplane's own groups, as the fixtures have them. A
+/// variant ([`Platform::variant`]) has groups of its own, so that copies with
+/// different deletion policies (an annotation on the XRDs, which applies to
+/// every object of a kind) can be installed side by side on one stack. The
+/// copies share the namespace, the providers and the local cloud, whose kinds
+/// (cloud Clusters, Releases, Objects, ProviderConfigs, Usages) are not
+/// copied: objects of different copies need different names, and an
+/// InferenceCluster's name names its whole tree.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Platform {
+    /// `None`: Modelplane's groups; `Some(v)`: `<v>.modelplane.ai` and
+    /// `infrastructure.<v>.modelplane.ai`, Compositions `<name>-<v>`.
+    variant: Option<String>,
+    /// Put on every XRD; `null` leaves the fixtures' (none).
+    annotations: Value,
+    /// Every load balancer's deletion time, in seconds; `None` keeps the
+    /// Compositions' (40 s for a gateway's, 60 s for an engine's).
+    load_balancer_seconds: Option<u32>,
+}
+
+impl Platform {
+    /// Modelplane's own groups, each XRD annotated with `annotations`.
+    pub fn modelplane(annotations: Value) -> Self {
+        Self {
+            annotations,
+            ..Self::default()
+        }
+    }
+
+    /// A copy under groups `<name>.modelplane.ai` and
+    /// `infrastructure.<name>.modelplane.ai` (valid group and XRD names for a
+    /// DNS label `name`, checked by [`install`]), its Compositions named
+    /// `<composition>-<name>`, each XRD annotated with `annotations`.
+    pub fn variant(name: &str, annotations: Value) -> Self {
+        Self {
+            variant: Some(name.to_string()),
+            annotations,
+            load_balancer_seconds: None,
+        }
+    }
+
+    /// Every load balancer of this copy takes `seconds` to delete.
+    pub fn with_load_balancer_seconds(mut self, seconds: u32) -> Self {
+        self.load_balancer_seconds = Some(seconds);
+        self
+    }
+
+    /// What every XRD is annotated with.
+    pub fn annotations(&self) -> &Value {
+        &self.annotations
+    }
+
+    /// `group` in this copy: one of Modelplane's (`modelplane.ai`,
+    /// `<x>.modelplane.ai`) gets the variant before `modelplane.ai`; any
+    /// other stays.
+    pub fn group(&self, group: &str) -> String {
+        let Some(variant) = &self.variant else {
+            return group.to_string();
+        };
+        match group.strip_suffix("modelplane.ai") {
+            Some(prefix) if prefix.is_empty() || prefix.ends_with('.') => {
+                format!("{prefix}{variant}.modelplane.ai")
+            }
+            _ => group.to_string(),
+        }
+    }
+
+    /// `api_version` (`<group>/<version>`) in this copy.
+    fn api_version(&self, api_version: &str) -> String {
+        match api_version.split_once('/') {
+            Some((group, version)) => format!("{}/{version}", self.group(group)),
+            None => api_version.to_string(),
+        }
+    }
+
+    /// The name of Composition `name` in this copy.
+    pub fn composition(&self, name: &str) -> String {
+        match &self.variant {
+            Some(variant) => format!("{name}-{variant}"),
+            None => name.to_string(),
+        }
+    }
+
+    fn modelplane_kind(&self, kind: &str, plural: &str) -> ApiResource {
+        resource(&self.group("modelplane.ai"), "v1alpha1", kind, plural)
+    }
+
+    fn infrastructure_kind(&self, kind: &str, plural: &str) -> ApiResource {
+        resource(
+            &self.group("infrastructure.modelplane.ai"),
+            "v1alpha1",
+            kind,
+            plural,
+        )
+    }
+
+    pub fn inference_clusters(&self) -> ApiResource {
+        self.modelplane_kind("InferenceCluster", "inferenceclusters")
+    }
+    pub fn eks_clusters(&self) -> ApiResource {
+        self.infrastructure_kind("EKSCluster", "eksclusters")
+    }
+    pub fn serving_stacks(&self) -> ApiResource {
+        self.infrastructure_kind("ServingStack", "servingstacks")
+    }
+    pub fn model_deployments(&self) -> ApiResource {
+        self.modelplane_kind("ModelDeployment", "modeldeployments")
+    }
+    pub fn model_replicas(&self) -> ApiResource {
+        self.modelplane_kind("ModelReplica", "modelreplicas")
+    }
+    pub fn inference_gateways(&self) -> ApiResource {
+        self.modelplane_kind("InferenceGateway", "inferencegateways")
+    }
+    /// Every XR kind of this copy, in [`XRD_DIRS`] order.
+    pub fn xr_kinds(&self) -> [ApiResource; 6] {
+        [
+            self.inference_clusters(),
+            self.eks_clusters(),
+            self.serving_stacks(),
+            self.model_deployments(),
+            self.model_replicas(),
+            self.inference_gateways(),
+        ]
+    }
+
+    /// Every object of InferenceCluster `name`'s tree: (kind, namespace,
+    /// name), top first.
+    pub fn tree(&self, name: &str) -> Vec<(ApiResource, Option<String>, String)> {
+        let ns = Some(SYSTEM_NAMESPACE.to_string());
+        let stack = format!("{name}-serving-stack");
+        let config = format!("{name}-kubeconfig");
+        let mut objects = vec![
+            (self.inference_clusters(), None, name.to_string()),
+            (self.eks_clusters(), ns.clone(), name.to_string()),
+            (super::cloud::clusters(), ns.clone(), name.to_string()),
+            (helm_provider_configs(), ns.clone(), config.clone()),
+            (kubernetes_provider_configs(), ns.clone(), config),
+            (self.serving_stacks(), ns.clone(), stack.clone()),
+            (objects(), ns.clone(), format!("{stack}-gateway")),
+            (usages(), ns.clone(), format!("{name}-usage-eks-by-backend")),
+        ];
+        for chart in CHARTS {
+            objects.push((releases(), ns.clone(), format!("{stack}-{chart}")));
+        }
+        objects
+    }
+
+    /// Every object of ModelDeployment `name`'s tree in namespace `ns`:
+    /// (kind, namespace, name), top first.
+    pub fn model_deployment_tree(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Vec<(ApiResource, Option<String>, String)> {
+        let at = Some(ns.to_string());
+        let replica = format!("{name}-0");
+        vec![
+            (self.model_deployments(), at.clone(), name.to_string()),
+            (self.model_replicas(), at.clone(), replica.clone()),
+            (usages(), at.clone(), format!("{name}-replica-guard")),
+            (
+                kubernetes_provider_configs(),
+                at.clone(),
+                format!("{replica}-cluster"),
+            ),
+            (usages(), at.clone(), format!("{replica}-config-in-use")),
+            (objects(), at, format!("{replica}-engine")),
+        ]
+    }
+
+    /// Every object of InferenceGateway `name`'s tree, top first.
+    pub fn inference_gateway_tree(&self, name: &str) -> Vec<(ApiResource, Option<String>, String)> {
+        let ns = Some(SYSTEM_NAMESPACE.to_string());
+        let stack = format!("{name}-gateway");
+        let mut objects = vec![
+            (self.inference_gateways(), None, name.to_string()),
+            (self.serving_stacks(), ns.clone(), stack.clone()),
+            (usages(), ns.clone(), format!("{name}-guard")),
+            (self::objects(), ns.clone(), format!("{stack}-gateway")),
+        ];
+        for chart in CHARTS {
+            objects.push((releases(), ns.clone(), format!("{stack}-{chart}")));
+        }
+        objects
+    }
+
+    /// A ModelDeployment `name` in namespace `ns`, on InferenceCluster
+    /// `cluster`.
+    pub fn model_deployment(&self, ns: &str, name: &str, cluster: &str) -> Value {
+        json!({
+            "apiVersion": self.model_deployments().api_version,
+            "kind": "ModelDeployment",
+            "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_LABEL: cluster}},
+            "spec": {
+                "replicas": 1,
+                "template": {"spec": {"engines": [{"name": "engine", "members": [{
+                    "role": "Standalone",
+                    "nodeSelector": {"devices": [{"name": "gpu",
+                        "selectors": [{"cel": "device.driver == 'gpu.nvidia.com'"}]}]},
+                    "template": {"spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}]}},
+                }]}]}},
+                "crossplane": {"compositionRef": {"name": self.composition("modeldeployments-local")}},
+            },
+        })
+    }
+
+    /// An InferenceGateway `name` on InferenceCluster `cluster`.
+    pub fn inference_gateway(&self, name: &str, cluster: &str) -> Value {
+        json!({
+            "apiVersion": self.inference_gateways().api_version,
+            "kind": "InferenceGateway",
+            "metadata": {"name": name, "labels": {CLUSTER_LABEL: cluster}},
+            "spec": {
+                "backend": "Traefik",
+                "traefik": {"version": "39.0.0"},
+                "crossplane": {"compositionRef": {"name": self.composition("inferencegateways-local")}},
+            },
+        })
+    }
+
+    /// The InferenceCluster `name`, on EKS.
+    pub fn inference_cluster(&self, name: &str) -> Value {
+        json!({
+            "apiVersion": self.inference_clusters().api_version,
+            "kind": "InferenceCluster",
+            "metadata": {"name": name},
+            "spec": {
+                "cluster": {"source": "EKS", "eks": {"region": "us-west-2"}},
+                "crossplane": {"compositionRef": {"name": self.composition("inferenceclusters-local")}},
+            },
+        })
+    }
+
+    /// A variant's name must make valid group and object names: a DNS label.
+    fn check(&self) -> Result<(), Error> {
+        let Some(variant) = &self.variant else {
+            return Ok(());
+        };
+        let label = !variant.is_empty()
+            && variant.len() <= 63
+            && variant
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !variant.starts_with('-')
+            && !variant.ends_with('-');
+        if label {
+            Ok(())
+        } else {
+            Err(Error::Io(format!(
+                "platform variant {variant:?} is not a DNS label"
+            )))
+        }
+    }
+
+    /// This copy's XRDs: Modelplane's from the fixtures, in [`XRD_DIRS`]
+    /// order, in this copy's groups and with its annotations.
+    pub fn definitions(&self) -> Result<Vec<Value>, Error> {
+        let mut out = Vec::new();
+        for dir in XRD_DIRS {
+            let mut xrd = definition(dir)?;
+            if self.variant.is_some() {
+                let names = xrd
+                    .pointer("/spec/group")
+                    .and_then(Value::as_str)
+                    .zip(xrd.pointer("/spec/names/plural").and_then(Value::as_str))
+                    .map(|(group, plural)| (self.group(group), plural.to_string()));
+                let Some((group, plural)) = names else {
+                    return Err(Error::Manifest {
+                        path: definition_path(dir),
+                        detail: "no spec.group or spec.names.plural".into(),
+                    });
+                };
+                xrd["metadata"]["name"] = json!(format!("{plural}.{group}"));
+                xrd["spec"]["group"] = json!(group);
+            }
+            if !self.annotations.is_null() {
+                xrd["metadata"]["annotations"] = self.annotations.clone();
+            }
+            out.push(xrd);
+        }
+        Ok(out)
+    }
+
+    /// This copy's Compositions: the project's, with the charts' URLs filled
+    /// in, each named for this copy, every apiVersion of Modelplane's groups
+    /// (the composite type, the composed XRs, the Usages' `of` and `by`) in
+    /// this copy's, and its load balancers' deletion time. Labels such as
+    /// [`CLUSTER_LABEL`] stay: they are not API groups.
+    pub fn compositions(&self, urls: &[(&str, String)]) -> Result<Vec<Value>, Error> {
+        let mut out = compositions_with(urls)?;
+        for composition in &mut out {
+            if let Some(name) = composition
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(|n| self.composition(n))
+            {
+                composition["metadata"]["name"] = json!(name);
+            }
+            self.rewrite(composition);
+        }
+        Ok(out)
+    }
+
+    fn rewrite(&self, value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                for (key, v) in map.iter_mut() {
+                    match v {
+                        Value::String(s) if key == "apiVersion" => *s = self.api_version(s),
+                        Value::String(s) if key == super::load_balancer::DELETION_ANNOTATION => {
+                            if let Some(seconds) = self.load_balancer_seconds {
+                                *s = seconds.to_string();
+                            }
+                        }
+                        v => self.rewrite(v),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| self.rewrite(v)),
+            _ => {}
+        }
+    }
+
+    /// Waits until Crossplane has created and the API server established the
+    /// CRDs of this copy's XRs.
+    pub async fn wait_established(&self, client: &Client) -> Result<(), Error> {
+        for r in self.xr_kinds() {
+            let name = format!("{}.{}", r.plural, r.group);
+            let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+            let found = crate::wait::until(Duration::from_secs(120), || async {
+                crds.get_opt(&name).await.ok().flatten()
+            })
+            .await;
+            if found.is_none() {
+                return Err(Error::NotReady {
+                    component: format!("the CRD Crossplane generates for {name}"),
+                    last: "never created".into(),
+                });
+            }
+            crate::wait::crd_established(client, &name, Duration::from_secs(60))
+                .await
+                .map_err(api_error(format!("waiting for CRD {name}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// Installs `platform` on a running stack: the namespace, the charts
+/// (served), its XRDs and Compositions, and waits until Crossplane has
+/// established the XRs' CRDs. `scratch` is a directory for the packed charts,
+/// one per concurrent install.
 pub async fn install(
     client: &Client,
     crossplane: &Crossplane,
     scratch: &Path,
-    annotations: &Value,
+    platform: &Platform,
 ) -> Result<(), Error> {
+    platform.check()?;
     ensure_namespace(client).await?;
     let urls = serve_charts(crossplane, scratch)?;
     let xrds = resource(
@@ -297,9 +551,7 @@ pub async fn install(
         "CompositeResourceDefinition",
         "compositeresourcedefinitions",
     );
-    for d in XRD_DIRS {
-        let mut xrd = definition(d)?;
-        xrd["metadata"]["annotations"] = annotations.clone();
+    for xrd in platform.definitions()? {
         apply(client, &xrds, &xrd).await?;
     }
     let compositions = resource(
@@ -308,10 +560,10 @@ pub async fn install(
         "Composition",
         "compositions",
     );
-    for composition in compositions_with(&urls)? {
+    for composition in platform.compositions(&urls)? {
         apply(client, &compositions, &composition).await?;
     }
-    wait_established(client).await
+    platform.wait_established(client).await
 }
 
 /// The namespace the platform composes into.
@@ -346,9 +598,11 @@ pub fn serve_charts(
 /// Modelplane's real XRD from the fixtures' `apis/<dir>/definition.yaml`, as
 /// it is there (without annotations).
 pub fn definition(dir: &str) -> Result<Value, Error> {
-    read_yaml(
-        &crate::crossplane::fixtures_dir().join(format!("modelplane/apis/{dir}/definition.yaml")),
-    )
+    read_yaml(&definition_path(dir))
+}
+
+fn definition_path(dir: &str) -> PathBuf {
+    crate::crossplane::fixtures_dir().join(format!("modelplane/apis/{dir}/definition.yaml"))
 }
 
 /// The project's Compositions, with the charts' URLs filled in.
@@ -369,26 +623,9 @@ pub fn compositions_with(urls: &[(&str, String)]) -> Result<Vec<Value>, Error> {
 }
 
 /// Waits until Crossplane has created and the API server established the
-/// CRDs of the platform's XRs.
+/// CRDs of the default platform's XRs.
 pub async fn wait_established(client: &Client) -> Result<(), Error> {
-    for r in xr_kinds() {
-        let name = format!("{}.{}", r.plural, r.group);
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let found = crate::wait::until(Duration::from_secs(120), || async {
-            crds.get_opt(&name).await.ok().flatten()
-        })
-        .await;
-        if found.is_none() {
-            return Err(Error::NotReady {
-                component: format!("the CRD Crossplane generates for {name}"),
-                last: "never created".into(),
-            });
-        }
-        crate::wait::crd_established(client, &name, Duration::from_secs(60))
-            .await
-            .map_err(api_error(format!("waiting for CRD {name}")))?;
-    }
-    Ok(())
+    Platform::default().wait_established(client).await
 }
 
 fn read_yaml(path: &Path) -> Result<Value, Error> {
@@ -449,6 +686,125 @@ fn pack_chart(chart: &Path, scratch: &Path) -> Result<Vec<u8>, Error> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
+    use super::Platform;
+
+    fn urls() -> Vec<(&'static str, String)> {
+        super::CHARTS
+            .iter()
+            .map(|c| (*c, format!("http://127.0.0.1:1/{c}")))
+            .collect()
+    }
+
+    /// Every string in `value` at a key named `key`.
+    fn strings_at(value: &Value, key: &str, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    match v {
+                        Value::String(s) if k == key => out.push(s.clone()),
+                        v => strings_at(v, key, out),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|v| strings_at(v, key, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_default_platform_is_the_fixtures_and_compositions_as_they_are() {
+        let annotations = json!({"cascade-guard.dev/deletion-policy": "Off"});
+        let platform = Platform::modelplane(annotations.clone());
+        let mut expected = Vec::new();
+        for dir in super::XRD_DIRS {
+            let mut xrd = super::definition(dir).expect("fixture");
+            xrd["metadata"]["annotations"] = annotations.clone();
+            expected.push(xrd);
+        }
+        assert_eq!(platform.definitions().expect("definitions"), expected);
+        assert_eq!(
+            platform.compositions(&urls()).expect("compositions"),
+            super::compositions_with(&urls()).expect("compositions")
+        );
+        assert_eq!(
+            super::inference_clusters().api_version,
+            "modelplane.ai/v1alpha1"
+        );
+        assert_eq!(
+            super::inference_cluster("prod")["spec"]["crossplane"]["compositionRef"]["name"],
+            "inferenceclusters-local"
+        );
+    }
+
+    #[test]
+    fn a_variant_has_groups_compositions_and_load_balancers_of_its_own() {
+        let platform = Platform::variant("off", json!({"a": "b"})).with_load_balancer_seconds(7);
+        assert_eq!(platform.group("modelplane.ai"), "off.modelplane.ai");
+        assert_eq!(
+            platform.group("infrastructure.modelplane.ai"),
+            "infrastructure.off.modelplane.ai"
+        );
+        assert_eq!(platform.group("notmodelplane.ai"), "notmodelplane.ai");
+        assert_eq!(
+            platform.group("protection.crossplane.io"),
+            "protection.crossplane.io"
+        );
+        let xrds = platform.definitions().expect("definitions");
+        let names: Vec<&str> = xrds
+            .iter()
+            .filter_map(|x| x.pointer("/metadata/name").and_then(Value::as_str))
+            .collect();
+        let kinds: Vec<String> = platform
+            .xr_kinds()
+            .iter()
+            .map(|r| format!("{}.{}", r.plural, r.group))
+            .collect();
+        assert_eq!(names, kinds);
+        assert!(
+            xrds.iter()
+                .all(|x| x["metadata"]["annotations"] == json!({"a": "b"}))
+        );
+
+        let compositions = platform.compositions(&urls()).expect("compositions");
+        let mut api_versions = Vec::new();
+        let mut seconds = Vec::new();
+        for c in &compositions {
+            strings_at(c, "apiVersion", &mut api_versions);
+            strings_at(
+                c,
+                super::super::load_balancer::DELETION_ANNOTATION,
+                &mut seconds,
+            );
+        }
+        assert!(
+            api_versions
+                .iter()
+                .filter(|v| v.contains("modelplane.ai"))
+                .all(|v| v.starts_with("off.modelplane.ai/")
+                    || v.starts_with("infrastructure.off.modelplane.ai/")),
+            "{api_versions:?}"
+        );
+        // The Usages' `of` and `by` too.
+        assert!(api_versions.contains(&"infrastructure.off.modelplane.ai/v1alpha1".to_string()));
+        assert_eq!(seconds, vec!["7".to_string(), "7".to_string()]);
+        // The label that places consumers on a cluster is not a group.
+        let text = serde_json::to_string(&compositions).expect("json");
+        assert!(text.contains("metadata.labels[modelplane.ai/cluster]"));
+        let ic = platform.inference_cluster("prod");
+        assert_eq!(ic["apiVersion"], "off.modelplane.ai/v1alpha1");
+        let name = &ic["spec"]["crossplane"]["compositionRef"]["name"];
+        assert!(
+            compositions.iter().any(|c| &c["metadata"]["name"] == name
+                && c["spec"]["compositeTypeRef"]["apiVersion"] == ic["apiVersion"]),
+            "no Composition {name} for {}",
+            ic["apiVersion"]
+        );
+        assert!(Platform::variant("Off", json!({})).check().is_err());
+        assert!(Platform::variant("a.b", json!({})).check().is_err());
+    }
+
     #[test]
     fn leaked_reads_only_the_named_clusters_leaks() {
         let log = "modelplane-system/prod/u1: cloud cluster up at https://127.0.0.1:1

@@ -172,7 +172,9 @@ pub async fn serve(dir: &Path, modelplane: bool) -> Result<()> {
             &client,
             &crossplane,
             &dir.join("crossplane").join("charts"),
-            &serde_json::json!({}),
+            &local_cluster::real_crossplane::modelplane::Platform::modelplane(
+                serde_json::json!({}),
+            ),
         )
         .await?;
         eprintln!("crossplane-supervisor: the seed's platform installed");
