@@ -13,6 +13,10 @@
 #   scripts/demo.sh                 Convert mode
 #   scripts/demo.sh --mode Refuse   the plain delete is refused; foreground goes through
 #   scripts/demo.sh --mode Off      without cascade-guard: the seed's failure
+#   scripts/demo.sh --no-usage      the tree without its hand-written Usage: plan
+#                                   shows the order, and cascade-guard keeps it
+#   scripts/demo.sh --no-usage --sibling-order off
+#                                   the same tree, siblings deleted together: it wedges
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

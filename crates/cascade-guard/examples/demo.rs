@@ -4,11 +4,16 @@
 //! `kubectl delete`, with cascade-guard in Convert mode, followed live by
 //! `cascade-guard trace`.
 //!
-//!   demo --kubeconfig PATH [--mode Convert|Refuse|Off]
+//!   demo --kubeconfig PATH [--mode Convert|Refuse|Off] [--no-usage] [--sibling-order enforce|off]
 //!
 //! Off shows the failure the seed reports: the cloud cluster goes while the
 //! gateway's load balancer is still being deleted, its Object wedges on the
-//! provider's finalizer, and the load balancer leaks.
+//! provider's finalizer, and the load balancer leaks. `--no-usage` composes
+//! the tree without the hand-written Usage of the EKSCluster by the
+//! ServingStack: with sibling order (cascade-guard's default) the teardown
+//! is still in order, and `plan` shows why beforehand; with
+//! `--sibling-order off` the foreground cascade deletes both at once and the
+//! Object wedges, as in Modelplane #212.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -39,6 +44,11 @@ async fn main() -> Result<()> {
     };
     let kubeconfig = PathBuf::from(arg("--kubeconfig").context("--kubeconfig PATH is required")?);
     let mode = arg("--mode").unwrap_or_else(|| "Convert".into());
+    let no_usage = args.iter().any(|a| a == "--no-usage");
+    let sibling_order = arg("--sibling-order").unwrap_or_else(|| "enforce".into());
+    if !["enforce", "off"].contains(&sibling_order.as_str()) {
+        bail!("--sibling-order is enforce or off");
+    }
     if !["Convert", "Refuse", "Off"].contains(&mode.as_str()) {
         bail!("--mode is Convert, Refuse or Off");
     }
@@ -90,6 +100,7 @@ async fn main() -> Result<()> {
             "--no-leader-election",
             "--http-address=127.0.0.1:0",
             &format!("--controller-user={me}"),
+            &format!("--sibling-order={sibling_order}"),
             "--kubeconfig",
         ])
         .arg(&kubeconfig)
@@ -98,7 +109,17 @@ async fn main() -> Result<()> {
         .spawn()
         .context("starting cascade-guard")?;
 
-    let result = run(&client, &cascade_guard, &kubeconfig, &logs, &mode).await;
+    let wait_for_hold = no_usage && sibling_order == "enforce" && mode != "Off";
+    let result = run(
+        &client,
+        &cascade_guard,
+        &kubeconfig,
+        &logs,
+        &mode,
+        no_usage,
+        wait_for_hold,
+    )
+    .await;
     let _ = controller.kill();
     let _ = controller.wait();
     println!();
@@ -115,6 +136,8 @@ async fn run(
     kubeconfig: &Path,
     logs: &Path,
     mode: &str,
+    no_usage: bool,
+    wait_for_hold: bool,
 ) -> Result<()> {
     let ics: Api<DynamicObject> = Api::all_with(client.clone(), &modelplane::inference_clusters());
     if ics.get_opt(NAME).await?.is_some() {
@@ -152,16 +175,24 @@ async fn run(
     say(
         "  provider-kubernetes Object for the gateway's LoadBalancer Service (its load balancer takes 40 s",
     );
-    say(
-        "  to delete); and a Usage of the EKSCluster by the ServingStack that replays a refused delete",
-    );
+    let mut ic = modelplane::inference_cluster(NAME);
+    if no_usage {
+        say(
+            "  to delete); and no Usage between the two (--no-usage): nothing written by hand orders them",
+        );
+        ic["spec"]["crossplane"]["compositionRef"]["name"] = json!(without_usage(client).await?);
+    } else {
+        say(
+            "  to delete); and a Usage of the EKSCluster by the ServingStack that replays a refused delete",
+        );
+    }
     ics.patch(
         NAME,
         &PatchParams::apply("cascade-guard-demo").force(),
-        &Patch::Apply(modelplane::inference_cluster(NAME)),
+        &Patch::Apply(ic),
     )
     .await?;
-    wait_built(client).await?;
+    wait_built(client, !no_usage).await?;
     if mode == "Convert" {
         let held = wait::until(Duration::from_secs(60), || async {
             let o = ics.get(NAME).await.ok()?;
@@ -175,6 +206,17 @@ async fn run(
             bail!("cascade-guard did not hold the InferenceCluster");
         }
     }
+
+    if wait_for_hold {
+        // The first look at a new tree takes a moment (the controller reads
+        // trees as they change): wait until what a sibling needs is held.
+        wait_for_sibling_order(client).await;
+    }
+    println!("\n$ cascade-guard plan inferencecluster {NAME}");
+    Command::new(cascade_guard)
+        .args(["plan", "inferencecluster", NAME, "--kubeconfig"])
+        .arg(kubeconfig)
+        .status()?;
 
     let kubectl = Binaries::locate()?.kubectl;
     let mut delete_args = vec!["delete", "inferencecluster", NAME, "--wait=false"];
@@ -259,13 +301,73 @@ async fn run(
     Ok(())
 }
 
+/// The seed's InferenceCluster Composition without its Usage, as
+/// `inferenceclusters-local-without-usage`; returns its name.
+async fn without_usage(client: &Client) -> Result<String> {
+    let resource = kube::api::ApiResource {
+        group: "apiextensions.crossplane.io".into(),
+        version: "v1".into(),
+        api_version: "apiextensions.crossplane.io/v1".into(),
+        kind: "Composition".into(),
+        plural: "compositions".into(),
+    };
+    let compositions: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let original = compositions
+        .get("inferenceclusters-local")
+        .await
+        .context("the seed's InferenceCluster Composition")?;
+    let name = "inferenceclusters-local-without-usage".to_string();
+    let mut spec = original.data["spec"].clone();
+    for step in spec["pipeline"].as_array_mut().into_iter().flatten() {
+        if let Some(resources) = step
+            .pointer_mut("/input/resources")
+            .and_then(Value::as_array_mut)
+        {
+            resources.retain(|r| r["name"] != "usage-eks-by-backend");
+        }
+    }
+    let composition = json!({
+        "apiVersion": "apiextensions.crossplane.io/v1",
+        "kind": "Composition",
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    compositions
+        .patch(
+            &name,
+            &PatchParams::apply("cascade-guard-demo").force(),
+            &Patch::Apply(composition),
+        )
+        .await?;
+    Ok(name)
+}
+
+/// Waits (up to a minute) until cascade-guard holds the EKSCluster for the
+/// ServingStack.
+async fn wait_for_sibling_order(client: &Client) {
+    let ekss: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        SYSTEM_NAMESPACE,
+        &modelplane::eks_clusters(),
+    );
+    let _ = wait::until(Duration::from_secs(60), || async {
+        let eks = ekss.get(NAME).await.ok()?;
+        eks.labels()
+            .contains_key("cascade-guard.dev/hold")
+            .then_some(())
+    })
+    .await;
+}
+
 fn say(line: &str) {
     println!("demo: {line}");
 }
 
 /// Waits until the InferenceCluster is Ready and its Usage guards the
 /// EKSCluster, saying what is still coming up.
-async fn wait_built(client: &Client) -> Result<()> {
+/// Waits until the tree is ready and, unless it has none, its Usage holds
+/// the EKSCluster.
+async fn wait_built(client: &Client, with_usage: bool) -> Result<()> {
     let started = Instant::now();
     let mut last = String::new();
     loop {
@@ -289,9 +391,10 @@ async fn wait_built(client: &Client) -> Result<()> {
             SYSTEM_NAMESPACE,
             &modelplane::eks_clusters(),
         );
-        let in_use = eks.get_opt(NAME).await.ok().flatten().is_some_and(|o| {
-            o.labels().get("crossplane.io/in-use").map(String::as_str) == Some("true")
-        });
+        let in_use = !with_usage
+            || eks.get_opt(NAME).await.ok().flatten().is_some_and(|o| {
+                o.labels().get("crossplane.io/in-use").map(String::as_str) == Some("true")
+            });
         if waiting.is_empty() && in_use {
             say(&format!(
                 "the tree is ready after {:.0}s",
