@@ -88,6 +88,9 @@ use local_cluster::{Binaries, ControlPlane, Options, wait};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
+/// The label by which cascade-guard holds what a sibling still needs.
+const SIBLING_HOLD_LABEL: &str = "cascade-guard.dev/hold";
+
 const POLICY_ANNOTATION: &str = "cascade-guard.dev/deletion-policy";
 const HOLD_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
 const MANAGED_FINALIZER: &str = "finalizer.managedresource.crossplane.io";
@@ -317,6 +320,9 @@ struct Tree {
     name: String,
     /// The copy of the platform it is built on.
     platform: modelplane::Platform,
+    /// Composed with the seed's hand-written Usage of the EKSCluster by the
+    /// ServingStack; without it, only sibling order keeps the two in order.
+    usage: bool,
     client: Client,
     timeline: Timeline,
 }
@@ -325,6 +331,41 @@ impl Tree {
     /// Creates InferenceCluster `name` on `platform` and waits until it is
     /// Ready and its Usage guards the EKSCluster.
     async fn build(stack: &Stack, platform: &modelplane::Platform, name: &str) -> Self {
+        Self::build_with(stack, platform, name, true).await
+    }
+
+    /// The same tree composed without its Usage; waits until it is Ready and,
+    /// when `held`, until cascade-guard holds the EKSCluster for the
+    /// ServingStack (sibling order).
+    async fn build_without_usage(
+        stack: &Stack,
+        platform: &modelplane::Platform,
+        name: &str,
+        held: bool,
+    ) -> Self {
+        let tree = Self::build_with(stack, platform, name, false).await;
+        if held {
+            let eks = api(
+                &tree.client,
+                &platform.eks_clusters(),
+                Some(SYSTEM_NAMESPACE),
+            );
+            let hold = wait::until(Duration::from_secs(60), || async {
+                let o = eks.get_opt(name).await.ok().flatten()?;
+                o.labels().contains_key(SIBLING_HOLD_LABEL).then_some(())
+            })
+            .await;
+            assert!(hold.is_some(), "cascade-guard never held EKSCluster {name}");
+        }
+        tree
+    }
+
+    async fn build_with(
+        stack: &Stack,
+        platform: &modelplane::Platform,
+        name: &str,
+        usage: bool,
+    ) -> Self {
         let client = stack.cp.admin().await.expect("admin client");
         let mut watched: Vec<(ApiResource, Option<String>)> = Vec::new();
         for (r, ns, _) in platform.tree(name) {
@@ -337,7 +378,11 @@ impl Tree {
         ics.patch(
             name,
             &PatchParams::apply("seed-real").force(),
-            &Patch::Apply(platform.inference_cluster(name)),
+            &Patch::Apply(if usage {
+                platform.inference_cluster(name)
+            } else {
+                platform.inference_cluster_without_usage(name)
+            }),
         )
         .await
         .unwrap_or_else(|e| panic!("create InferenceCluster {name}: {e}"));
@@ -345,6 +390,7 @@ impl Tree {
         let tree = Self {
             name: name.to_string(),
             platform: platform.clone(),
+            usage,
             client,
             timeline,
         };
@@ -365,7 +411,8 @@ impl Tree {
         );
         let in_use = wait::until(Duration::from_secs(60), || async {
             let o = eks.get_opt(name).await.ok().flatten()?;
-            (o.labels().get(IN_USE_LABEL).map(String::as_str) == Some("true")).then_some(())
+            (!usage || o.labels().get(IN_USE_LABEL).map(String::as_str) == Some("true"))
+                .then_some(())
         })
         .await;
         assert!(in_use.is_some(), "EKSCluster {name} never became in use");
@@ -374,7 +421,11 @@ impl Tree {
     }
 
     fn objects(&self) -> Vec<(ApiResource, Option<String>, String)> {
-        self.platform.tree(&self.name)
+        let mut objects = self.platform.tree(&self.name);
+        if !self.usage {
+            objects.retain(|(r, _, _)| r.kind != "Usage");
+        }
+        objects
     }
 
     fn stack_name(&self) -> String {
@@ -643,11 +694,16 @@ fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: &str) {
         "{what}: Crossplane was refused: {refused:?}"
     );
     // Whichever comes first once the Usage lets go: Crossplane's replay or
-    // the garbage collector's retry.
-    let deleters = [
-        local_cluster::real_crossplane::CROSSPLANE_USER,
-        stack.cp.garbage_collector_username(),
-    ];
+    // the garbage collector's retry; without a Usage, cascade-guard, once the
+    // ServingStack it held the EKSCluster for is gone.
+    let deleters: Vec<&str> = if tree.usage {
+        vec![
+            local_cluster::real_crossplane::CROSSPLANE_USER,
+            stack.cp.garbage_collector_username(),
+        ]
+    } else {
+        vec![support::CONTROLLER_USER]
+    };
     let deleted = events.iter().find(|e| {
         e.verb == "delete"
             && e.is_about("eksclusters", SYSTEM_NAMESPACE, &tree.name)
@@ -660,6 +716,118 @@ fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: &str) {
         tree.name,
         deleted.map(|e| (e.effective_username().to_string(), e.propagation_policy()))
     );
+}
+
+/// `cascade-guard plan` of InferenceCluster `name` on `platform`: its exit
+/// code and output.
+fn plan(stack: &Stack, platform: &modelplane::Platform, name: &str) -> (Option<i32>, String) {
+    let resource = platform.inference_clusters();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+        .args([
+            "plan",
+            &format!("{}.{}", resource.plural, resource.group),
+            name,
+            "--kubeconfig",
+        ])
+        .arg(stack.cp.kubeconfig_path())
+        .output()
+        .expect("cascade-guard plan runs");
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The seed's tree without its hand-written Usage (Modelplane #212's
+/// shape), under Convert: `plan` shows the order beforehand, and a plain
+/// delete tears it down in that order, nothing wedged, nothing leaked.
+#[tokio::test]
+async fn without_its_usage_the_seed_tree_still_tears_down_in_order_under_convert() {
+    let (stack, _shared) = shared_stack().await;
+    let platform = Mode::Convert.platform();
+    let tree = Tree::build_without_usage(stack, &platform, "bare-convert", true).await;
+    stack.enter(Mode::Convert, &tree).await;
+    let (code, said) = plan(stack, &platform, &tree.name);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "ServingStack {SYSTEM_NAMESPACE}/{} must be gone before EKSCluster {SYSTEM_NAMESPACE}/{} goes",
+            tree.stack_name(),
+            tree.name
+        )) && said.contains("No hazard"),
+        "{said}"
+    );
+    let started = Instant::now();
+    let (ok, stderr) = stack.kubectl_delete(&tree, false).await;
+    assert!(ok, "kubectl delete: {stderr}");
+    assert_torn_down_in_order(stack, &tree, "Convert without the Usage", started).await;
+}
+
+/// The same under Refuse: the plain delete is refused, and the
+/// `--cascade=foreground` it names keeps the siblings in order too.
+#[tokio::test]
+async fn without_its_usage_a_foreground_delete_under_refuse_keeps_the_order() {
+    let (stack, _shared) = shared_stack().await;
+    let platform = Mode::Refuse.platform();
+    let tree = Tree::build_without_usage(stack, &platform, "bare-refuse", true).await;
+    stack.enter(Mode::Refuse, &tree).await;
+    let started = Instant::now();
+    let (ok, stderr) = stack.kubectl_delete(&tree, true).await;
+    assert!(ok, "kubectl delete --cascade=foreground: {stderr}");
+    assert_torn_down_in_order(stack, &tree, "Refuse without the Usage", started).await;
+}
+
+/// The hazard itself: without the Usage and without holding (an Off kind),
+/// even a foreground cascade deletes the EKSCluster beside the ServingStack,
+/// and the gateway's Object wedges; `plan` names it beforehand and exits 3.
+#[tokio::test]
+async fn without_its_usage_a_foreground_cascade_alone_wedges_the_gateway() {
+    let (stack, _shared) = shared_stack().await;
+    let platform = Mode::Off.platform();
+    let tree = Tree::build_without_usage(stack, &platform, "bare-off", false).await;
+    stack.enter(Mode::Off, &tree).await;
+    let (code, said) = plan(stack, &platform, &tree.name);
+    assert_eq!(code, Some(3), "{said}");
+    assert!(
+        said.contains(&format!(
+            "Object {SYSTEM_NAMESPACE}/{}-gateway needs Cluster",
+            tree.stack_name()
+        )),
+        "{said}"
+    );
+    let started = Instant::now();
+    let (ok, stderr) = stack.kubectl_delete(&tree, true).await;
+    assert!(ok, "kubectl delete --cascade=foreground: {stderr}");
+    tree.wait_cluster_gone("Off without the Usage", started)
+        .await;
+    let objects = api(
+        &tree.client,
+        &platform_objects(&tree),
+        Some(SYSTEM_NAMESPACE),
+    );
+    let gateway = format!("{}-gateway", tree.stack_name());
+    let wedged = wait_wedged(&objects, &gateway, Duration::from_secs(90)).await;
+    assert!(
+        wedged.is_some(),
+        "Object/{gateway} did not wedge\n{}\n{}",
+        tree.states().await,
+        tree.timeline.describe()
+    );
+    eprintln!("Off without the Usage: Object/{gateway} wedged: {wedged:?}");
+    tree.clean_up().await;
+}
+
+/// The provider-kubernetes Object kind of a tree.
+fn platform_objects(tree: &Tree) -> ApiResource {
+    tree.on_the_cluster()
+        .into_iter()
+        .map(|(r, _)| r)
+        .find(|r| r.kind == "Object")
+        .expect("the tree has an Object")
 }
 
 /// Crossplane's deletes of `objects` that were refused (403).

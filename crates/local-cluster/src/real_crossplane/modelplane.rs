@@ -42,6 +42,11 @@ use super::manifest::FIELD_MANAGER;
 use super::{Crossplane, Error, api_error, io_error};
 
 pub const SYSTEM_NAMESPACE: &str = "modelplane-system";
+const INFERENCE_CLUSTER_COMPOSITION: &str = "inferenceclusters-local";
+const WITHOUT_USAGE_COMPOSITION: &str = "inferenceclusters-local-without-usage";
+/// The InferenceCluster Composition's entry for the Usage of the EKSCluster
+/// by the ServingStack.
+const USAGE_RESOURCE: &str = "usage-eks-by-backend";
 /// The charts a ServingStack installs, as its Composition names them.
 pub const CHARTS: [&str; 3] = ["cert-manager", "envoy-gateway", "kube-prometheus-stack"];
 /// The XRDs of the fixtures this platform composes.
@@ -406,6 +411,15 @@ impl Platform {
     }
 
     /// The InferenceCluster `name`, on EKS.
+    /// InferenceCluster `name` composed without the Usage of its EKSCluster
+    /// by its ServingStack: nothing written by hand orders the two.
+    pub fn inference_cluster_without_usage(&self, name: &str) -> Value {
+        let mut ic = self.inference_cluster(name);
+        ic["spec"]["crossplane"]["compositionRef"]["name"] =
+            json!(self.composition(WITHOUT_USAGE_COMPOSITION));
+        ic
+    }
+
     pub fn inference_cluster(&self, name: &str) -> Value {
         json!({
             "apiVersion": self.inference_clusters().api_version,
@@ -413,7 +427,7 @@ impl Platform {
             "metadata": {"name": name},
             "spec": {
                 "cluster": {"source": "EKS", "eks": {"region": "us-west-2"}},
-                "crossplane": {"compositionRef": {"name": self.composition("inferenceclusters-local")}},
+                "crossplane": {"compositionRef": {"name": self.composition(INFERENCE_CLUSTER_COMPOSITION)}},
             },
         })
     }
@@ -475,6 +489,29 @@ impl Platform {
     /// [`CLUSTER_LABEL`] stay: they are not API groups.
     pub fn compositions(&self, urls: &[(&str, String)]) -> Result<Vec<Value>, Error> {
         let mut out = compositions_with(urls)?;
+        // The InferenceCluster's tree without its hand-written Usage, beside
+        // the seed's own: what sibling order must keep in order by itself.
+        if let Some(with) = out
+            .iter()
+            .find(|c| c.pointer("/metadata/name") == Some(&json!(INFERENCE_CLUSTER_COMPOSITION)))
+        {
+            let mut without = with.clone();
+            without["metadata"]["name"] = json!(WITHOUT_USAGE_COMPOSITION);
+            for step in without
+                .pointer_mut("/spec/pipeline")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(resources) = step
+                    .pointer_mut("/input/resources")
+                    .and_then(Value::as_array_mut)
+                {
+                    resources.retain(|r| r["name"] != USAGE_RESOURCE);
+                }
+            }
+            out.push(without);
+        }
         for composition in &mut out {
             if let Some(name) = composition
                 .pointer("/metadata/name")
@@ -724,8 +761,23 @@ mod tests {
             expected.push(xrd);
         }
         assert_eq!(platform.definitions().expect("definitions"), expected);
+        let mut compositions = platform.compositions(&urls()).expect("compositions");
+        // Beside the project's own: the InferenceCluster's without its Usage.
+        let without = compositions.pop().expect("the derived composition");
         assert_eq!(
-            platform.compositions(&urls()).expect("compositions"),
+            without["metadata"]["name"],
+            super::WITHOUT_USAGE_COMPOSITION
+        );
+        let names: Vec<&str> = without
+            .pointer("/spec/pipeline/0/input/resources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert_eq!(names, ["eks-cluster", "serving-stack"]);
+        assert_eq!(
+            compositions,
             super::compositions_with(&urls()).expect("compositions")
         );
         assert_eq!(
