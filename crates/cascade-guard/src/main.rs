@@ -195,18 +195,20 @@ struct UninstallArgs {
 #[derive(Args)]
 struct TraceArgs {
     /// The root's resource: plural, singular or kind, optionally with .group
-    /// (inferenceclusters, inferencecluster.modelplane.ai).
+    /// (inferenceclusters, inferencecluster.modelplane.ai), or TYPE/NAME.
     resource: String,
-    name: String,
+    /// The root's name (unless given as TYPE/NAME).
+    name: Option<String>,
     #[arg(short, long)]
     namespace: Option<String>,
     /// text: a live tree on a terminal, change lines otherwise; json: one JSON
     /// object per change, then the summary.
     #[arg(short, long, default_value = "text", value_parser = ["text", "json"])]
     output: String,
-    /// Give up after this many seconds and summarize (0: never).
-    #[arg(long, default_value_t = 0)]
-    timeout: u64,
+    /// Give up after this long and summarize (90s, 10m, 1h or seconds; 0:
+    /// never). Exits 4 when the teardown did not complete.
+    #[arg(long, value_parser = humantime_duration, default_value = "0")]
+    timeout: Duration,
     /// Milliseconds between looks.
     #[arg(long, default_value_t = 500)]
     interval_ms: u64,
@@ -215,10 +217,10 @@ struct TraceArgs {
 #[derive(Args)]
 struct PlanArgs {
     /// The root's resource: plural, singular or kind, optionally with .group
-    /// (inferenceclusters, InferenceCluster.modelplane.ai).
+    /// (inferenceclusters, InferenceCluster.modelplane.ai), or TYPE/NAME.
     resource: String,
-    /// The root's name.
-    name: String,
+    /// The root's name (unless given as TYPE/NAME).
+    name: Option<String>,
     /// The root's namespace, if it is namespaced (default: the kubeconfig
     /// context's).
     #[arg(short, long)]
@@ -460,9 +462,26 @@ async fn report_server_version(client: &kube::Client) {
     }
 }
 
+/// `TYPE NAME` or `TYPE/NAME`, as kubectl takes them.
+fn target(resource: String, name: Option<String>) -> Result<(String, String)> {
+    match (resource.split_once('/'), name) {
+        (Some((r, n)), None) if !r.is_empty() && !n.is_empty() => {
+            Ok((r.to_string(), n.to_string()))
+        }
+        (Some(_), Some(_)) => bail!("give TYPE NAME or TYPE/NAME, not both"),
+        (None, Some(name)) => Ok((resource, name)),
+        _ => bail!("name the object: TYPE NAME or TYPE/NAME"),
+    }
+}
+
+/// Exit status of `trace` when the teardown did not complete (1: it could
+/// not follow it at all, e.g. the cluster cannot be reached).
+const TRACE_INCOMPLETE_EXIT: i32 = 4;
+
 async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
     use std::io::IsTerminal;
-    let client = client(kubeconfig).await?;
+    let (resource, name) = target(args.resource, args.name)?;
+    let (client, context_namespace) = connect(kubeconfig).await?;
     let output = if args.output == "json" {
         cli::trace::Output::Json
     } else {
@@ -470,17 +489,18 @@ async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
     };
     let options = cli::trace::Options {
         live: output == cli::trace::Output::Text && std::io::stdout().is_terminal(),
-        resource: args.resource,
-        name: args.name,
-        namespace: args.namespace,
+        resource,
+        name,
+        namespace: Some(args.namespace.unwrap_or(context_namespace)),
         output,
         interval: Duration::from_millis(args.interval_ms.max(50)),
-        timeout: (args.timeout > 0).then(|| Duration::from_secs(args.timeout)),
+        timeout: (!args.timeout.is_zero()).then_some(args.timeout),
     };
     let mut out = std::io::stdout().lock();
     let summary = cli::trace::trace(&client, &options, &mut out).await?;
     if !summary.complete {
-        bail!("the teardown did not complete");
+        eprintln!("cascade-guard trace: the teardown did not complete");
+        std::process::exit(TRACE_INCOMPLETE_EXIT);
     }
     Ok(())
 }
@@ -490,10 +510,11 @@ async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
 const PLAN_HAZARD_EXIT: i32 = 3;
 
 async fn plan(kubeconfig: Option<PathBuf>, args: PlanArgs) -> Result<()> {
+    let (resource, name) = target(args.resource, args.name)?;
     let (client, context_namespace) = connect(kubeconfig).await?;
     let options = cli::plan::Options {
-        resource: args.resource,
-        name: args.name,
+        resource,
+        name,
         namespace: args.namespace.unwrap_or(context_namespace),
         mode: args.mode,
         xrd_default_mode: args.xrd_default_mode,
@@ -587,4 +608,58 @@ async fn version(kubeconfig: Option<PathBuf>, client_only: bool) -> Result<()> {
         .await
         .context("cannot reach the API server")?;
     out(&format!("kubernetes {}\n", info.git_version))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_is_named_as_kubectl_takes_it() {
+        let some = |s: &str| Some(s.to_string());
+        type Case = (
+            &'static str,
+            Option<String>,
+            Option<(&'static str, &'static str)>,
+        );
+        let cases: [Case; 6] = [
+            (
+                "inferencecluster",
+                some("prod"),
+                Some(("inferencecluster", "prod")),
+            ),
+            (
+                "inferencecluster/prod",
+                None,
+                Some(("inferencecluster", "prod")),
+            ),
+            ("cpol/db", None, Some(("cpol", "db"))),
+            ("inferencecluster/prod", some("prod"), None),
+            ("inferencecluster", None, None),
+            ("/prod", None, None),
+        ];
+        for (resource, name, want) in cases {
+            let got = target(resource.to_string(), name.clone()).ok();
+            let want = want.map(|(r, n)| (r.to_string(), n.to_string()));
+            assert_eq!(got, want, "{resource} {name:?}");
+        }
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        for (text, want) in [
+            ("90s", 90),
+            ("10m", 600),
+            ("1h", 3600),
+            ("600", 600),
+            ("0", 0),
+        ] {
+            assert_eq!(
+                humantime_duration(text),
+                Ok(Duration::from_secs(want)),
+                "{text}"
+            );
+        }
+        assert!(humantime_duration("10 minutes").is_err());
+    }
 }
