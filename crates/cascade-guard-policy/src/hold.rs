@@ -166,10 +166,18 @@ pub enum Action {
 }
 
 /// What to do to the tree of `graph`, given which of its objects carry the
-/// hold label now. Objects outside the tree are never touched; neither is
-/// one already being deleted (its delete went through: holding it now
-/// would hold nothing back).
-pub fn actions(graph: &Graph, held_now: &BTreeSet<ObjectRef>) -> Vec<Action> {
+/// hold label now and which a Crossplane Usage marks in use
+/// (`crossplane.io/in-use`). Objects outside the tree are never touched;
+/// neither is one already being deleted (its delete went through: holding
+/// it now would hold nothing back), nor one in use: Crossplane's webhook
+/// refuses its delete and replays it when the Usage lets go, and a hold,
+/// which admission checks before any webhook, would keep the webhook from
+/// recording the attempt it replays.
+pub fn actions(
+    graph: &Graph,
+    held_now: &BTreeSet<ObjectRef>,
+    in_use: &BTreeSet<ObjectRef>,
+) -> Vec<Action> {
     let mut wanted: BTreeMap<&ObjectRef, BTreeSet<String>> = BTreeMap::new();
     for edge in graph.sibling_edges.iter().filter(|e| !e.in_cycle) {
         let deleting = graph.node(&edge.after).is_some_and(|n| n.deleting);
@@ -177,7 +185,7 @@ pub fn actions(graph: &Graph, held_now: &BTreeSet<ObjectRef>) -> Vec<Action> {
         // edge: Crossplane's webhook refuses the delete and replays it, and
         // a second hold would only refuse that replay.
         let usage_keeps_it = edge.reasons.iter().all(|need| graph.held_by_usage(need));
-        if !deleting && !usage_keeps_it {
+        if !deleting && !usage_keeps_it && !in_use.contains(&edge.after) {
             wanted
                 .entry(&edge.after)
                 .or_default()
@@ -310,7 +318,7 @@ mod tests {
         ];
         for (what, objects, held_now, want) in cases {
             let g = graph(&objects, "root").expect("root");
-            assert_eq!(actions(&g, &held_now), want, "{what}");
+            assert_eq!(actions(&g, &held_now, &BTreeSet::new()), want, "{what}");
         }
     }
 
@@ -326,7 +334,21 @@ mod tests {
         objects.push(usage);
         let g = graph(&objects, "root").expect("root");
         assert!(!g.sibling_edges.is_empty());
-        assert_eq!(actions(&g, &BTreeSet::new()), vec![]);
+        assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
+    }
+
+    #[test]
+    fn an_object_a_usage_marks_in_use_is_left_to_crossplane() {
+        let g = graph(&tree(false, true, false), "root").expect("root");
+        let cluster = BTreeSet::from([r("XR", "cluster")]);
+        assert_eq!(actions(&g, &BTreeSet::new(), &cluster), vec![]);
+        // Held before the Usage took hold of it: let go.
+        assert_eq!(
+            actions(&g, &cluster, &cluster),
+            vec![Action::Release {
+                object: r("XR", "cluster")
+            }]
+        );
     }
 
     #[test]
@@ -336,7 +358,7 @@ mod tests {
             json!({"cascade-guard.dev/needs": "XR.example.org/stack"});
         let g = graph(&objects, "root").expect("root");
         assert!(!g.cycles.is_empty(), "{:?}", g.sibling_edges);
-        assert_eq!(actions(&g, &BTreeSet::new()), vec![]);
+        assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
     }
 
     #[test]

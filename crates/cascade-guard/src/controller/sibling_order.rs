@@ -32,6 +32,7 @@ use crate::cluster::unhold;
 use crate::policy::hold::{
     Action, HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, actions, compile_hold,
 };
+use crate::policy::holders::IN_USE_LABEL;
 use crate::policy::order::{self, ObjectRef};
 use crate::policy::{CompileSettings, Mode, Policy};
 
@@ -238,21 +239,27 @@ impl SiblingOrder {
             }
         };
         let mut held_now = BTreeSet::new();
+        let mut in_use = BTreeSet::new();
         let mut by_ref: HashMap<ObjectRef, &Value> = HashMap::new();
         for v in &read.objects {
             let Some(r) = ObjectRef::of_object(v) else {
                 continue;
             };
-            if v.pointer("/metadata/labels")
-                .and_then(|l| l.get(HOLD_LABEL))
-                .is_some()
-            {
+            let labels = v.pointer("/metadata/labels");
+            if labels.and_then(|l| l.get(HOLD_LABEL)).is_some() {
                 held_now.insert(r.clone());
+            }
+            if labels
+                .and_then(|l| l.get(IN_USE_LABEL))
+                .and_then(Value::as_str)
+                == Some("true")
+            {
+                in_use.insert(r.clone());
             }
             by_ref.insert(r, v);
         }
         self.report(root, &graph, &read.unread).await;
-        let todo = actions(&graph, &held_now);
+        let todo = actions(&graph, &held_now, &in_use);
         for action in &todo {
             let object = match action {
                 Action::Hold { object, .. }
