@@ -38,6 +38,8 @@ use crate::policy::{CompileSettings, Mode, Policy};
 
 /// How often the loop looks.
 const TICK: Duration = Duration::from_secs(1);
+/// A tree this young (seconds since its root was created) is read every tick.
+const SETTLING_SECS: i64 = 120;
 /// Discovery (which kinds exist, in which versions) is read again this often.
 const DISCOVERY_EVERY: Duration = Duration::from_secs(30);
 
@@ -107,7 +109,7 @@ struct SiblingOrder {
     recorder: Recorder,
     resync: Duration,
     /// Each root read: its resourceVersion then, when, and whether its tree
-    /// had anything held or deleting (then it is read every tick).
+    /// is active (then it is read every tick).
     roots: HashMap<String, (String, Instant, bool)>,
     kinds: Option<(ServedKinds, Instant)>,
     hold_written: Option<Instant>,
@@ -225,7 +227,8 @@ impl SiblingOrder {
     }
 
     /// Brings one tree's labels to what its graph says; true while anything
-    /// in it is held or being deleted (it is then read every tick).
+    /// in it is being deleted or was just changed, or the tree is young (it
+    /// is then read every tick).
     async fn reconcile(&mut self, kinds: &ServedKinds, root: &DynamicObject) -> bool {
         let Some(root_uid) = root.uid() else {
             return false;
@@ -286,7 +289,16 @@ impl SiblingOrder {
             }
         }
         let deleting = graph.nodes.iter().any(|n| n.in_tree && n.deleting);
-        deleting || !held_now.is_empty() || !todo.is_empty()
+        // A young tree is still being composed (its Usages taking hold, its
+        // references filled in) without its root always changing: it is read
+        // every tick until it settles, then when its root changes.
+        let settling = root.creation_timestamp().is_some_and(|t| {
+            k8s_openapi::jiff::Timestamp::now()
+                .duration_since(t.0)
+                .as_secs()
+                < SETTLING_SECS
+        });
+        deleting || settling || !todo.is_empty()
     }
 
     async fn act(
