@@ -85,6 +85,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
             client.clone(),
             settings.compile.clone(),
             recorder.clone(),
+            metrics.clone(),
             settings.resync,
         )
     });

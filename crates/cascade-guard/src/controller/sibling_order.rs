@@ -25,7 +25,10 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use std::sync::Arc;
+
 use super::MANAGER;
+use super::telemetry::Metrics;
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::tree::read_tree;
 use crate::cluster::unhold;
@@ -78,6 +81,7 @@ pub fn start(
     client: Client,
     settings: CompileSettings,
     recorder: Recorder,
+    metrics: Arc<Metrics>,
     resync: Duration,
 ) -> watch::Sender<OrderedKinds> {
     let (tx, rx) = watch::channel(OrderedKinds::default());
@@ -85,8 +89,10 @@ pub fn start(
         client,
         settings,
         recorder,
+        metrics,
         resync,
         roots: HashMap::new(),
+        holds: HashMap::new(),
         kinds: None,
         hold_written: None,
         reported: HashMap::new(),
@@ -107,6 +113,9 @@ struct SiblingOrder {
     client: Client,
     settings: CompileSettings,
     recorder: Recorder,
+    metrics: Arc<Metrics>,
+    /// How many objects each root's tree holds, as last read.
+    holds: HashMap<String, usize>,
     resync: Duration,
     /// Each root read: its resourceVersion then, when, and whether its tree
     /// is active (then it is read every tick).
@@ -223,6 +232,11 @@ impl SiblingOrder {
         }
         self.roots.retain(|uid, _| seen.contains(uid));
         self.reported.retain(|uid, _| seen.contains(uid));
+        self.holds.retain(|uid, _| seen.contains(uid));
+        self.metrics.set_sibling_order(
+            self.holds.values().sum(),
+            self.reported.values().map(BTreeSet::len).sum(),
+        );
         self.kinds = Some((kinds, Instant::now()));
     }
 
@@ -263,6 +277,16 @@ impl SiblingOrder {
         }
         self.report(root, &graph, &read.unread).await;
         let todo = actions(&graph, &held_now, &in_use);
+        let holding = held_now.len()
+            + todo
+                .iter()
+                .filter(|a| matches!(a, Action::Hold { .. }))
+                .count()
+            - todo
+                .iter()
+                .filter(|a| matches!(a, Action::Release { .. }))
+                .count();
+        self.holds.insert(root_uid.clone(), holding);
         for action in &todo {
             let object = match action {
                 Action::Hold { object, .. }

@@ -70,6 +70,8 @@ pub struct Metrics {
     leader: Gauge,
     inputs: Family<InputLabel, Gauge>,
     type_check_warnings: Family<PolicyLabel, Gauge>,
+    sibling_holds: Gauge,
+    sibling_order_problems: Gauge,
 }
 
 impl Default for Metrics {
@@ -93,6 +95,8 @@ impl Metrics {
         let leader = Gauge::default();
         let inputs = Family::<InputLabel, Gauge>::default();
         let type_check_warnings = Family::<PolicyLabel, Gauge>::default();
+        let sibling_holds = Gauge::default();
+        let sibling_order_problems = Gauge::default();
         // Families share their state with these clones.
         registry.register(
             "cascade_guard_protected_objects",
@@ -145,6 +149,16 @@ impl Metrics {
             "Expressions of an admission policy that the API server could not type-check (status.typeChecking)",
             type_check_warnings.clone(),
         );
+        registry.register(
+            "cascade_guard_sibling_holds",
+            "Objects held (label cascade-guard.dev/hold) until a sibling that needs them is gone",
+            sibling_holds.clone(),
+        );
+        registry.register(
+            "cascade_guard_sibling_order_problems",
+            "Cycles, conflicts and unresolved references in the live trees sibling order reads: those edges are not kept",
+            sibling_order_problems.clone(),
+        );
         Self {
             registry,
             protected,
@@ -157,6 +171,8 @@ impl Metrics {
             leader,
             inputs,
             type_check_warnings,
+            sibling_holds,
+            sibling_order_problems,
         }
     }
 
@@ -207,6 +223,12 @@ impl Metrics {
                 reason: reason.to_owned(),
             })
             .inc();
+    }
+
+    /// Objects sibling order holds, and the problems it met, over every tree.
+    pub fn set_sibling_order(&self, holds: usize, problems: usize) {
+        self.sibling_holds.set(saturate(holds));
+        self.sibling_order_problems.set(saturate(problems));
     }
 
     pub fn set_policies(&self, n: usize) {
