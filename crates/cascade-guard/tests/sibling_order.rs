@@ -107,11 +107,18 @@ async fn delete_tree(
     .expect("delete the tree");
 }
 
-#[tokio::test]
-async fn convert_deletes_what_a_sibling_needs_only_after_that_sibling_is_gone() {
+/// Builds the needy tree of `kind` in a namespace of its own, waits until
+/// `tree-1` is held (when `held`), deletes the tree with `policy` and waits
+/// until it is gone: the timeline of it all.
+async fn tear_down(
+    test: &str,
+    kind: &TestKind,
+    held: bool,
+    policy: Option<PropagationPolicy>,
+) -> Timeline {
     let env = env().await;
-    let s = Scope::new(&env.cp, "sibling-convert").await;
-    let resource = CONVERT.resource();
+    let s = Scope::new(&env.cp, test).await;
+    let resource = kind.resource();
     let timeline = timeline(&s.client, &resource, &s.namespace).await;
     let _provider = Provider::start(
         s.client.clone(),
@@ -119,49 +126,35 @@ async fn convert_deletes_what_a_sibling_needs_only_after_that_sibling_is_gone() 
         Duration::from_secs(2),
     );
     needy_tree(&s.client, &resource, &s.namespace).await;
-    wait_held(&s.client, &resource, &s.namespace, "tree").await;
-    wait_labelled(&s.client, &s.namespace, "tree-1").await;
-    // A client that sends no policy: Convert makes it a foreground cascade.
-    delete_tree(&s.client, &resource, &s.namespace, None).await;
+    if kind.annotation == Some("Convert") {
+        wait_held(&s.client, &resource, &s.namespace, "tree").await;
+    }
+    if held {
+        wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    }
+    delete_tree(&s.client, &resource, &s.namespace, policy).await;
     let gone = timeline
         .wait_gone(resource.kind.as_str(), "tree", Duration::from_secs(120))
         .await;
     assert!(
         gone.is_some(),
-        "the tree never left\n{}",
+        "{test}: the tree never left\n{}",
         timeline.describe()
     );
+    timeline
+}
+
+#[tokio::test]
+async fn convert_deletes_what_a_sibling_needs_only_after_that_sibling_is_gone() {
+    // A client that sends no policy: Convert makes it a foreground cascade.
+    let timeline = tear_down("sibling-convert", &CONVERT, true, None).await;
     assert_in_order(&timeline, "Convert, no policy");
 }
 
 #[tokio::test]
 async fn a_foreground_delete_under_refuse_keeps_the_siblings_order_too() {
-    let env = env().await;
-    let s = Scope::new(&env.cp, "sibling-refuse").await;
-    let resource = REFUSE.resource();
-    let timeline = timeline(&s.client, &resource, &s.namespace).await;
-    let _provider = Provider::start(
-        s.client.clone(),
-        s.namespace.clone(),
-        Duration::from_secs(2),
-    );
-    needy_tree(&s.client, &resource, &s.namespace).await;
-    wait_labelled(&s.client, &s.namespace, "tree-1").await;
-    delete_tree(
-        &s.client,
-        &resource,
-        &s.namespace,
-        Some(PropagationPolicy::Foreground),
-    )
-    .await;
-    let gone = timeline
-        .wait_gone(resource.kind.as_str(), "tree", Duration::from_secs(120))
-        .await;
-    assert!(
-        gone.is_some(),
-        "the tree never left\n{}",
-        timeline.describe()
-    );
+    let foreground = Some(PropagationPolicy::Foreground);
+    let timeline = tear_down("sibling-refuse", &REFUSE, true, foreground).await;
     assert_in_order(&timeline, "Refuse, --cascade=foreground");
 }
 
@@ -169,31 +162,8 @@ async fn a_foreground_delete_under_refuse_keeps_the_siblings_order_too() {
 /// deletes the needed sibling while the one that needs it is still there.
 #[tokio::test]
 async fn without_holding_a_foreground_cascade_deletes_both_siblings_at_once() {
-    let env = env().await;
-    let s = Scope::new(&env.cp, "sibling-off").await;
-    let resource = OFF.resource();
-    let timeline = timeline(&s.client, &resource, &s.namespace).await;
-    let _provider = Provider::start(
-        s.client.clone(),
-        s.namespace.clone(),
-        Duration::from_secs(2),
-    );
-    needy_tree(&s.client, &resource, &s.namespace).await;
-    delete_tree(
-        &s.client,
-        &resource,
-        &s.namespace,
-        Some(PropagationPolicy::Foreground),
-    )
-    .await;
-    let gone = timeline
-        .wait_gone(resource.kind.as_str(), "tree", Duration::from_secs(120))
-        .await;
-    assert!(
-        gone.is_some(),
-        "the tree never left\n{}",
-        timeline.describe()
-    );
+    let foreground = Some(PropagationPolicy::Foreground);
+    let timeline = tear_down("sibling-off", &OFF, false, foreground).await;
     let needer_gone = timeline
         .gone("ConfigMap", "tree-0")
         .and_then(|e| e.revision);

@@ -69,44 +69,14 @@ pub async fn uninstall(
         ));
     }
     let mut summary = UninstallSummary::default();
-    let selector = ListParams::default().labels(MANAGED_BY_SELECTOR);
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    for b in bindings
-        .list_metadata(&selector)
-        .await
-        .map_err(list("bindings"))?
-    {
-        delete(&bindings, &b.name_any(), "ValidatingAdmissionPolicyBinding").await?;
-        summary.admission_objects += 1;
-    }
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    for p in policies
-        .list_metadata(&selector)
-        .await
-        .map_err(list("policies"))?
-    {
-        delete(&policies, &p.name_any(), "ValidatingAdmissionPolicy").await?;
-        summary.admission_objects += 1;
-    }
-
-    // The sibling-order hold policy, then its label on every object: what
-    // was held goes as the garbage collector or its deleter goes on.
-    let order_selector = ListParams::default().labels(&format!("{SIBLING_ORDER_LABEL}=true"));
-    for b in bindings
-        .list_metadata(&order_selector)
-        .await
-        .map_err(list("bindings"))?
-    {
-        delete(&bindings, &b.name_any(), "ValidatingAdmissionPolicyBinding").await?;
-        summary.admission_objects += 1;
-    }
-    for p in policies
-        .list_metadata(&order_selector)
-        .await
-        .map_err(list("policies"))?
-    {
-        delete(&policies, &p.name_any(), "ValidatingAdmissionPolicy").await?;
-        summary.admission_objects += 1;
+    // The compiled admission objects, then the sibling-order hold policy
+    // (labelled apart, so the sync pass leaves it alone) and its label on
+    // every object: what was held goes as its deleter goes on.
+    for selector in [
+        MANAGED_BY_SELECTOR.to_string(),
+        format!("{SIBLING_ORDER_LABEL}=true"),
+    ] {
+        summary.admission_objects += delete_admission_objects(client, &selector).await?;
     }
     let kinds = ServedKinds::discover(client)
         .await
@@ -189,6 +159,32 @@ async fn running_controller(client: &Client, id: &str) -> Result<Option<String>,
             )
         })
     }))
+}
+
+/// Deletes the ValidatingAdmissionPolicyBindings, then the policies, that
+/// `selector` picks; returns how many.
+async fn delete_admission_objects(client: &Client, selector: &str) -> Result<usize, Error> {
+    let params = ListParams::default().labels(selector);
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let mut count = 0;
+    for b in bindings
+        .list_metadata(&params)
+        .await
+        .map_err(list("bindings"))?
+    {
+        delete(&bindings, &b.name_any(), "ValidatingAdmissionPolicyBinding").await?;
+        count += 1;
+    }
+    for p in policies
+        .list_metadata(&params)
+        .await
+        .map_err(list("policies"))?
+    {
+        delete(&policies, &p.name_any(), "ValidatingAdmissionPolicy").await?;
+        count += 1;
+    }
+    Ok(count)
 }
 
 fn list(what: &'static str) -> impl Fn(kube::Error) -> Error {

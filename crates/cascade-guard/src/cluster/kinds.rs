@@ -9,6 +9,29 @@ use kube::Client;
 use kube::api::{ApiResource, DynamicObject};
 use kube::discovery::{Discovery, Scope};
 
+/// Why a command could not find the object a person named.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    #[error("cannot discover the cluster's API: {0}")]
+    Discovery(#[source] kube::Error),
+    #[error(
+        "the cluster serves no resource called {0:?} (try its plural, e.g. inferenceclusters, or plural.group)"
+    )]
+    UnknownResource(String),
+    #[error("{resource} {name} not found{}", namespace.as_deref().map(|n| format!(" in namespace {n}")).unwrap_or_default())]
+    NotFound {
+        resource: String,
+        name: String,
+        namespace: Option<String>,
+    },
+    #[error("cannot read {what}: {source}")]
+    Read {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
 /// One served resource and whether it is namespaced.
 pub type Served = (ApiResource, bool);
 

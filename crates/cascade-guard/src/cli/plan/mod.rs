@@ -16,31 +16,15 @@ use kube::{Client, ResourceExt};
 use serde::Serialize;
 
 use crate::cluster::inputs::read_once;
-use crate::cluster::kinds::{Served, ServedKinds};
+use crate::cluster::kinds::{LookupError, Served, ServedKinds};
 use crate::cluster::tree::read_tree;
 use crate::policy::order::{self, Graph, Hazard, ObjectRef, Teardown};
 use crate::policy::{Mode, Policy, resolve};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    #[error("cannot discover the cluster's API: {0}")]
-    Discovery(#[source] kube::Error),
-    #[error(
-        "the cluster serves no resource called {0:?} (try its plural, e.g. inferenceclusters, or plural.group)"
-    )]
-    UnknownResource(String),
-    #[error("{resource} {name} not found{}", namespace.as_deref().map(|n| format!(" in namespace {n}")).unwrap_or_default())]
-    NotFound {
-        resource: String,
-        name: String,
-        namespace: Option<String>,
-    },
-    #[error("cannot read {what}: {source}")]
-    Read {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
     #[error("cannot read the policies to find {kind}'s mode ({source}); name the mode with --mode")]
     Policies {
         kind: String,
@@ -121,20 +105,20 @@ async fn sibling_order_enforced(client: &Client) -> bool {
 pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError> {
     let kinds = ServedKinds::discover(client)
         .await
-        .map_err(PlanError::Discovery)?;
+        .map_err(LookupError::Discovery)?;
     let root_served = kinds
         .find(&options.resource)
         .cloned()
-        .ok_or_else(|| PlanError::UnknownResource(options.resource.clone()))?;
+        .ok_or_else(|| LookupError::UnknownResource(options.resource.clone()))?;
     let namespace = root_served.1.then_some(options.namespace.as_str());
     let root = ServedKinds::api(client, &root_served, namespace)
         .get_opt(&options.name)
         .await
-        .map_err(|source| PlanError::Read {
+        .map_err(|source| LookupError::Read {
             what: format!("{} {}", root_served.0.kind, options.name),
             source,
         })?
-        .ok_or_else(|| PlanError::NotFound {
+        .ok_or_else(|| LookupError::NotFound {
             resource: options.resource.clone(),
             name: options.name.clone(),
             namespace: namespace.map(str::to_string),

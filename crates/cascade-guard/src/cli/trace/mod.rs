@@ -14,26 +14,14 @@ use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::cluster::kinds::ServedKinds;
+use crate::cluster::kinds::{LookupError, ServedKinds};
 use crate::policy::composed_resources;
 use view::{Key, Seen, State, Summary, Trace};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("cannot discover the cluster's API: {0}")]
-    Discovery(kube::Error),
-    #[error(
-        "the cluster serves no resource called {0:?} (try its plural, e.g. inferenceclusters, or plural.group)"
-    )]
-    UnknownResource(String),
-    #[error("{resource} {name} not found{}", namespace.as_deref().map(|n| format!(" in namespace {n}")).unwrap_or_default())]
-    NotFound {
-        resource: String,
-        name: String,
-        namespace: Option<String>,
-    },
-    #[error("cannot read {what}: {source}")]
-    Read { what: String, source: kube::Error },
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
     #[error("cannot write output: {0}")]
     Output(#[source] std::io::Error),
 }
@@ -66,11 +54,11 @@ pub async fn trace(
 ) -> Result<Summary, TraceError> {
     let kinds = ServedKinds::discover(client)
         .await
-        .map_err(TraceError::Discovery)?;
+        .map_err(LookupError::Discovery)?;
     let (resource, namespaced) = kinds
         .find(&options.resource)
         .cloned()
-        .ok_or_else(|| TraceError::UnknownResource(options.resource.clone()))?;
+        .ok_or_else(|| LookupError::UnknownResource(options.resource.clone()))?;
     let namespace = namespaced.then(|| {
         options
             .namespace
@@ -85,11 +73,12 @@ pub async fn trace(
     };
     let first = read(client, &kinds, &root, &[]).await;
     if first.state == State::Gone {
-        return Err(TraceError::NotFound {
+        return Err(LookupError::NotFound {
             resource: options.resource.clone(),
             name: options.name.clone(),
             namespace,
-        });
+        }
+        .into());
     }
     let mut trace = Trace::new(root.clone());
     let start = Instant::now();
