@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Benchmarks that print figures (recorded in BENCHMARKS.md). Each starts its own
-# local control plane. Usage: scripts/bench.sh refuse|update|convert|static
+# local control plane. Usage: scripts/bench.sh refuse|update|convert|plan|static
 #
+#   plan     sibling order (#24): `cascade-guard plan` on a tree of 200 objects
+#            (the binary's wall time, in-process, the pure graph), then the
+#            controller at rest with 1,000 trees, --sibling-order off beside
+#            enforce (BENCH_ONLY=plan|rest, BENCH_PLAN_RUNS, BENCH_TREES,
+#            BENCH_REST_SECONDS)
 #   static   convert's scale part (10,000 objects) for the release build (glibc)
 #            and for the image's static musl build (scripts/image.sh binary),
 #            one after the other, BENCH_ROUNDS times (default 1)
@@ -25,6 +30,7 @@ case "${1:-refuse}" in
   refuse) target/release/examples/bench-refuse ;;
   update) target/release/examples/bench-update ;;
   convert) target/release/examples/bench-convert ;;
+  plan) target/release/examples/bench-plan ;;
   static)
     static_bin=$(scripts/image.sh binary | tail -n 1)
     for round in $(seq "${BENCH_ROUNDS:-1}"); do
@@ -34,5 +40,5 @@ case "${1:-refuse}" in
       BENCH_ONLY=scale BENCH_CONTROLLER_BIN=$static_bin target/release/examples/bench-convert
     done
     ;;
-  *) echo "unknown benchmark ${1}; known: refuse, update, convert, static" >&2; exit 2 ;;
+  *) echo "unknown benchmark ${1}; known: refuse, update, convert, plan, static" >&2; exit 2 ;;
 esac
