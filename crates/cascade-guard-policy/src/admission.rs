@@ -53,7 +53,8 @@ pub fn validation_actions(mode: Mode) -> Option<Vec<String>> {
 /// the pair that checks UPDATEs; nothing for mode Off. An XRD's policy gets
 /// the objects it would share with the other XRDs of its mode and shape,
 /// naming only its own kind (see [`compile_all`]).
-pub fn compile(policy: &Policy, settings: &CompileSettings) -> Vec<Compiled> {
+#[cfg(test)]
+pub(crate) fn compile(policy: &Policy, settings: &CompileSettings) -> Vec<Compiled> {
     compile_all(std::slice::from_ref(policy), settings)
 }
 
@@ -67,12 +68,14 @@ pub fn compile(policy: &Policy, settings: &CompileSettings) -> Vec<Compiled> {
 /// CEL reads nothing of the kind, so sharing changes no verdict. A
 /// CascadePolicy keeps its own pair: its selector is its own, and its last
 /// good compilation is kept by name (see [`crate::last_good`]).
-pub fn compile_all(policies: &[Policy], settings: &CompileSettings) -> Vec<Compiled> {
+#[cfg(test)]
+pub(crate) fn compile_all(policies: &[Policy], settings: &CompileSettings) -> Vec<Compiled> {
     compile_with_names(policies, settings).0
 }
 
-/// [`compile_all`], and for each policy the names of the objects it is put in
-/// (empty for Off), from one grouping of the policies.
+/// What a set of policies compiles to (see `compile_all`, its tests' name
+/// for the first half), and for each policy the names of the objects it is
+/// put in (empty for Off), from one grouping of the policies.
 pub fn compile_with_names(
     policies: &[Policy],
     settings: &CompileSettings,

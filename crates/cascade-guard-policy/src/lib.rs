@@ -35,7 +35,7 @@ pub mod settings;
 pub mod stall;
 pub mod xrd;
 
-pub use admission::{Compiled, compile, object_name, object_names, update_object_name};
+pub use admission::{Compiled, object_name, object_names, update_object_name};
 pub use composed::{ComposedResource, ComposedResources, composed_resources};
 pub use decision::{DeleteRequest, ObjectState, Propagation, Verdict, decide};
 pub use kind::{ProtectedKind, Scope, Shape};

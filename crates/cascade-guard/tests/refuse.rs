@@ -1172,9 +1172,9 @@ async fn updates_that_would_let_an_object_go_early_are_refused_except_for_who_ma
 /// the field.
 #[tokio::test]
 async fn compiled_objects_compare_equal_as_stored_and_anything_added_differs() {
-    use cascade_guard::policy::admission::compile_all;
+    use cascade_guard::policy::admission::compile_with_names;
     use cascade_guard::policy::drift::first_difference;
-    use cascade_guard::policy::{Policy, ProtectedKind, Scope as KindScope, Source, compile};
+    use cascade_guard::policy::{Policy, ProtectedKind, Scope as KindScope, Source};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
     let env = env().await;
@@ -1321,7 +1321,8 @@ async fn compiled_objects_compare_equal_as_stored_and_anything_added_differs() {
                 name: format!("oracle-{i}"),
             },
         };
-        compiled_sets.extend(compile(&policy, &CompileSettings::default()));
+        let (compiled, _) = compile_with_names(&[policy], &CompileSettings::default());
+        compiled_sets.extend(compiled);
     }
     // The pair XRDs share: several kinds, groups and scopes in one object,
     // renamed so as not to meet the controller's own.
@@ -1346,7 +1347,7 @@ async fn compiled_objects_compare_equal_as_stored_and_anything_added_differs() {
         xrd_kind("Beta", "oracle.example.org", KindScope::Cluster),
         xrd_kind("Gamma", "other.oracle.example.org", KindScope::Namespaced),
     ];
-    for mut c in compile_all(&shared, &CompileSettings::default()) {
+    for mut c in compile_with_names(&shared, &CompileSettings::default()).0 {
         let name = format!("oracle-{}", c.policy.name_any());
         c.policy.metadata.name = Some(name.clone());
         c.binding.metadata.name = Some(name.clone());
