@@ -12,6 +12,14 @@ cd "$(dirname "$0")/.."
 timings=()
 current=""
 step_start=$SECONDS
+# The time of each step, also when one fails.
+print_timings() {
+  end_step
+  current=""
+  printf '\n==> time by step\n'
+  printf '%s\n' "${timings[@]}"
+}
+trap print_timings EXIT
 end_step() {
   if [ -n "$current" ]; then
     timings+=("$(printf '%6ds  %s' $((SECONDS - step_start)) "$current")")
@@ -120,6 +128,5 @@ step "tests, and the oldest supported Kubernetes release (scripts/compat.sh 1.30
 scripts/run-test-binaries.sh --then "scripts/compat.sh 1.30"
 
 end_step
-printf '\n==> time by step\n'
-printf '%s\n' "${timings[@]}"
+current=""
 printf '\n==> all tests passed in %ss\n' "$((SECONDS - start))"
