@@ -247,7 +247,7 @@ struct StatusArgs {
     /// Compile with the controller's settings: pass the flags it runs with.
     #[command(flatten)]
     policy: PolicyArgs,
-    /// text for people, json for scripts.
+    /// text for people, json or yaml for scripts.
     #[arg(short, long, value_enum, default_value = "text")]
     output: StatusOutput,
 }
@@ -256,6 +256,7 @@ struct StatusArgs {
 enum StatusOutput {
     Text,
     Json,
+    Yaml,
 }
 
 #[derive(Args)]
@@ -569,6 +570,7 @@ async fn status(kubeconfig: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     match args.output {
         StatusOutput::Text => out(&cli::status::render_text(&report)),
         StatusOutput::Json => out(&format!("{}\n", serde_json::to_string_pretty(&report)?)),
+        StatusOutput::Yaml => out(&serde_yaml::to_string(&report)?),
     }
 }
 
