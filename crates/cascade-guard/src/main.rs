@@ -62,6 +62,11 @@ enum Command {
     /// every hazard (two objects that need each other deleted at once).
     /// Exits 3 when there is a hazard.
     Plan(PlanArgs),
+    /// Print a shell completion script: `source <(cascade-guard completion bash)`.
+    Completion {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Print cascade-guard's version, and the API server's when one is reachable.
     Version {
         /// Only the client's version; do not contact the API server.
@@ -287,6 +292,12 @@ async fn main() -> Result<()> {
             out(&cascade_guard::policy::render::to_yaml_stream(&[crd]))
         }
         Command::Version { client } => version(cli.kubeconfig, client).await,
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "cascade-guard", &mut script);
+            out(&String::from_utf8_lossy(&script))
+        }
         Command::Uninstall(args) => uninstall(cli.kubeconfig, args).await,
         Command::Status(args) => status(cli.kubeconfig, args).await,
         Command::Trace(args) => trace(cli.kubeconfig, args).await,
@@ -644,6 +655,23 @@ mod tests {
             let got = target(resource.to_string(), name.clone()).ok();
             let want = want.map(|(r, n)| (r.to_string(), n.to_string()));
             assert_eq!(got, want, "{resource} {name:?}");
+        }
+    }
+
+    #[test]
+    fn completion_scripts_name_every_command() {
+        use clap::CommandFactory;
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "cascade-guard", &mut script);
+            let script = String::from_utf8_lossy(&script);
+            for command in ["run", "render", "status", "trace", "plan", "uninstall"] {
+                assert!(script.contains(command), "{shell}: {command}");
+            }
         }
     }
 
