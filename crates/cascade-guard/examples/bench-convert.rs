@@ -26,7 +26,6 @@ use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject, PartialObjectMeta, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
-use local_cluster::{ControlPlane, Options, crossplane};
 use serde_json::{Value, json};
 
 const KINDS: usize = 20;
@@ -51,41 +50,6 @@ fn xrd(kind: &str, plural: &str, mode: Option<&str>) -> Value {
         x["metadata"]["annotations"] = json!({"cascade-guard.dev/deletion-policy": m});
     }
     x
-}
-
-/// A control plane serving the kinds of `xrds`, with an XRD object for each
-/// that carries a deletion policy (the others stay unprotected), and the
-/// namespaces.
-async fn start_plane(xrds: &[Value], namespaces: &[&str]) -> Result<(ControlPlane, Client)> {
-    let mut crds =
-        vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
-    for x in xrds {
-        crds.push(crossplane::xrd_to_crd(x).map_err(anyhow::Error::msg)?);
-    }
-    let cp = ControlPlane::start(Options {
-        crds,
-        ..Options::default()
-    })
-    .await?;
-    let admin = cp.admin().await?;
-    let xrd_api: Api<DynamicObject> = Api::all_with(admin.clone(), &crossplane::xrd_resource());
-    for x in xrds
-        .iter()
-        .filter(|x| x["metadata"]["annotations"].is_object())
-    {
-        xrd_api
-            .create(&PostParams::default(), &serde_json::from_value(x.clone())?)
-            .await?;
-    }
-    for ns in namespaces {
-        Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-            )
-            .await?;
-    }
-    Ok((cp, admin))
 }
 
 fn config_maps() -> ApiResource {
@@ -121,7 +85,8 @@ async fn main() -> Result<()> {
             Some("Convert"),
         ));
     }
-    let (cp, admin) = start_plane(&xrds, &["fresh", "latency", "teardown", "scale"]).await?;
+    let (cp, admin) =
+        common::start_plane(&xrds, &["fresh", "latency", "teardown", "scale"]).await?;
 
     // 3 first: the objects exist before cascade-guard starts.
     println!(

@@ -33,11 +33,11 @@ use cascade_guard::policy::hold::{self, HOLD_LABEL};
 use cascade_guard::policy::order::{self, COMPOSITION_RESOURCE_NAME_ANNOTATION, NEEDS_ANNOTATION};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use local_cluster::ControlPlane;
 use local_cluster::process::{self, Lifetime, Process};
-use local_cluster::{ControlPlane, Options, crossplane};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
@@ -119,32 +119,7 @@ async fn start_plane(kinds: &[Kind], ns: &str) -> Result<(ControlPlane, Client)>
             })
         })
         .collect();
-    let mut crds =
-        vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
-    for x in &xrds {
-        crds.push(crossplane::xrd_to_crd(x).map_err(anyhow::Error::msg)?);
-    }
-    let cp = ControlPlane::start(Options {
-        crds,
-        ..Options::default()
-    })
-    .await?;
-    let admin = cp.admin().await?;
-    let xrd_api: Api<DynamicObject> = Api::all_with(admin.clone(), &crossplane::xrd_resource());
-    for (x, (_, _, mode)) in xrds.into_iter().zip(kinds) {
-        if mode.is_some() {
-            xrd_api
-                .create(&PostParams::default(), &serde_json::from_value(x)?)
-                .await?;
-        }
-    }
-    Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
-    Ok((cp, admin))
+    common::start_plane(&xrds, &[ns]).await
 }
 
 /// The release build of cascade-guard beside the examples

@@ -6,9 +6,11 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use kube::api::ApiResource;
-use local_cluster::ControlPlane;
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::{Api, Client};
 use local_cluster::process::{self, Lifetime, Process};
+use local_cluster::{ControlPlane, Options, crossplane};
+use serde_json::{Value, json};
 
 /// The user of the local control plane's admin kubeconfig.
 const ADMIN_USER: &str = "admin";
@@ -140,4 +142,39 @@ pub fn report(phase: &str, rounds: &Rounds) {
         rounds.median_difference(50.0),
         rounds.median_difference(99.0)
     );
+}
+
+/// A control plane serving the kinds of `xrds`, with an XRD object for each
+/// that carries a deletion policy (the others stay unprotected), and the
+/// namespaces.
+pub async fn start_plane(xrds: &[Value], namespaces: &[&str]) -> Result<(ControlPlane, Client)> {
+    let mut crds =
+        vec![crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?];
+    for x in xrds {
+        crds.push(crossplane::xrd_to_crd(x).map_err(anyhow::Error::msg)?);
+    }
+    let cp = ControlPlane::start(Options {
+        crds,
+        ..Options::default()
+    })
+    .await?;
+    let admin = cp.admin().await?;
+    let xrd_api: Api<DynamicObject> = Api::all_with(admin.clone(), &crossplane::xrd_resource());
+    for x in xrds
+        .iter()
+        .filter(|x| x["metadata"]["annotations"].is_object())
+    {
+        xrd_api
+            .create(&PostParams::default(), &serde_json::from_value(x.clone())?)
+            .await?;
+    }
+    for ns in namespaces {
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+            )
+            .await?;
+    }
+    Ok((cp, admin))
 }

@@ -20,10 +20,10 @@ use futures::StreamExt;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::{Api, Client};
 
-use super::common::{percentile, resource, start_controller};
+use super::common::{percentile, resource, start_controller, start_plane};
 use super::{
     AT_ONCE, FirstSeen, HeldCounter, cpu_ticks, create_many, make_tree, print_latencies,
-    rest_usage, start_plane, status_kib, xrd,
+    rest_usage, status_kib, xrd,
 };
 
 /// The page size of cascade-guard's lists of a Convert kind (convert/runner.rs).
