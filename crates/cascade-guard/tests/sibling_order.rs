@@ -259,3 +259,43 @@ async fn a_kind_that_stops_being_protected_lets_go_of_what_it_held() {
         "tree-1 is still held after its kind became Off"
     );
 }
+
+/// The hold policy edited by someone else (its checks made to pass
+/// everything) is put back: the held object is refused again.
+#[tokio::test]
+async fn an_edited_hold_policy_is_put_back() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+    let env = env().await;
+    let s = Scope::new(&env.cp, "sibling-edited").await;
+    let resource = CONVERT.resource();
+    let _provider = Provider::start(
+        s.client.clone(),
+        s.namespace.clone(),
+        Duration::from_secs(1),
+    );
+    needy_tree(&s.client, &resource, &s.namespace).await;
+    wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(s.client.clone());
+    policies
+        .patch(
+            "cascade-guard-sibling-order",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"validations": [{"expression": "true"}]}})),
+        )
+        .await
+        .expect("weaken the hold policy");
+    // Within a few of the loop's one-second ticks, well inside the 20-second
+    // resync these tests run with: the edit itself is noticed.
+    let restored = wait::until(Duration::from_secs(10), || async {
+        let p = policies.get("cascade-guard-sibling-order").await.ok()?;
+        let validations = p.spec?.validations?;
+        (validations.len() == 2).then_some(())
+    })
+    .await;
+    assert!(
+        restored.is_some(),
+        "the edited hold policy was not put back"
+    );
+    // And in effect again: a dry-run delete of the held object is refused.
+    wait_labelled(&s.client, &s.namespace, "tree-1").await;
+}

@@ -32,6 +32,7 @@ use super::telemetry::Metrics;
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::tree::read_tree;
 use crate::cluster::unhold;
+use crate::policy::drift::first_difference;
 use crate::policy::hold::{
     Action, HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, actions, compile_hold,
 };
@@ -452,25 +453,23 @@ impl SiblingOrder {
     }
 
     /// Writes the hold policy and binding at start and every resync, and at
-    /// once when either is missing (someone deleted it).
+    /// once when either is missing or differs from what it compiles to
+    /// (someone deleted or edited it).
     async fn write_hold(&mut self) {
         let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
         let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
+        let compiled = compile_hold(&self.settings);
         let due = match self.hold_written {
             None => true,
             Some(at) if at.elapsed() > self.resync => true,
-            Some(_) => !matches!(
-                (
-                    policies.get_opt(HOLD_OBJECT_NAME).await,
-                    bindings.get_opt(HOLD_OBJECT_NAME).await,
-                ),
-                (Ok(Some(_)), Ok(Some(_)))
-            ),
+            Some(_) => {
+                drifted(&policies, &compiled.policy).await
+                    || drifted(&bindings, &compiled.binding).await
+            }
         };
         if !due {
             return;
         }
-        let compiled = compile_hold(&self.settings);
         let params = PatchParams::apply(MANAGER).force();
         let written = policies
             .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.policy))
@@ -487,6 +486,23 @@ impl SiblingOrder {
             }
         }
     }
+}
+
+/// The live hold object is missing, unreadable or not what `desired` is once
+/// stored.
+async fn drifted<K>(api: &Api<K>, desired: &K) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let (Ok(Some(live)), Ok(desired)) = (
+        api.get_opt(HOLD_OBJECT_NAME).await,
+        serde_json::to_value(desired),
+    ) else {
+        return true;
+    };
+    serde_json::to_value(&live)
+        .map(|live| first_difference(&desired, &live).is_some())
+        .unwrap_or(true)
 }
 
 fn describe(action: &Action) -> String {
