@@ -148,7 +148,7 @@ impl SiblingOrder {
                 Err(e) => tracing::warn!(error = %e, "sibling order: cannot discover the API"),
             }
         }
-        let Some((kinds, _)) = self.kinds.take() else {
+        let Some((kinds, discovered)) = self.kinds.take() else {
             return;
         };
         let mut seen = BTreeSet::new();
@@ -238,7 +238,9 @@ impl SiblingOrder {
             self.holds.values().sum(),
             self.reported.values().map(BTreeSet::len).sum(),
         );
-        self.kinds = Some((kinds, Instant::now()));
+        // Put back with the time of its discovery, so that it is read again
+        // every DISCOVERY_EVERY and a kind served later is found.
+        self.kinds = Some((kinds, discovered));
     }
 
     /// Brings one tree's labels to what its graph says; true while anything
