@@ -11,7 +11,8 @@
 //! stalled cascade from a slow one, [`holders`] says what holds an object,
 //! and [`composed`] reads what an XR composes. [`order`] reads which objects
 //! of a live tree need which, the order its siblings must go in, and what a
-//! Background or Foreground delete of it would break.
+//! Background or Foreground delete of it would break. [`static_manifest`]
+//! writes the compiled objects as files the API server serves on its own.
 
 pub mod admission;
 pub mod cascade;
@@ -33,6 +34,7 @@ pub mod resolve;
 pub mod selector;
 pub mod settings;
 pub mod stall;
+pub mod static_manifest;
 pub mod xrd;
 
 pub use admission::{Compiled, object_name, object_names, update_object_name};

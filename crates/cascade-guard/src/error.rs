@@ -38,6 +38,10 @@ pub enum Error {
         "{holder} is running: it would put back what uninstall removes. Stop it first (kubectl -n <namespace> scale deployment cascade-guard --replicas=0), or pass --force"
     )]
     ControllerRunning { holder: String },
+    #[error(
+        "the API server serves cascade-guard's static manifests ({files}): nothing removed through the API takes them away. Stop their writer (helm upgrade --set staticManifests.enabled=false), delete each file on its node, check with cascade-guard status that the API server no longer loads them, then uninstall (or pass --force)"
+    )]
+    StaticProtectionInForce { files: String },
     #[error("cannot serialize {what}: {message}")]
     Serialize { what: String, message: String },
     #[error("invalid lease settings: {0}")]
@@ -50,6 +54,17 @@ pub enum Error {
         // Boxed: kube::Error is large and this sits in every Result.
         source: Box<kube::Error>,
     },
+    #[error("static manifests directory {path}: {source}")]
+    StaticDirectory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    StaticManifest(#[from] crate::policy::static_manifest::StaticError),
+    #[error(
+        "cannot read the API server's /metrics (it says what static policies it loaded; reading it needs get on the non-resource URL /metrics): {source}"
+    )]
+    ServerMetrics { source: kube::Error },
     #[error("cannot serve metrics and health on {addr}: {source}")]
     Bind {
         addr: SocketAddr,

@@ -148,6 +148,24 @@ struct RunArgs {
         default_value = "enforce"
     )]
     sibling_order: SiblingOrder,
+    /// Also write the compiled policies as static admission manifests into
+    /// this directory: the one the API server's AdmissionConfiguration names
+    /// as staticManifestsDir (Kubernetes 1.36 with the feature gate
+    /// ManifestBasedAdmissionControlConfig, on by default from 1.37). The API
+    /// server serves them outside the API, so they cannot be deleted or
+    /// edited through it. Every replica writes (one per control-plane node,
+    /// each with that node's directory mounted); only the leader does the rest.
+    #[arg(long, env = "CASCADE_GUARD_STATIC_MANIFESTS_DIR", value_name = "DIR")]
+    static_manifests_dir: Option<PathBuf>,
+    /// Only write the static manifests directory: no leader election, no
+    /// admission objects, no Convert (the chart's DaemonSet on control-plane
+    /// nodes runs so, beside the Deployment that does the rest).
+    #[arg(
+        long,
+        env = "CASCADE_GUARD_STATIC_ONLY",
+        requires = "static_manifests_dir"
+    )]
+    static_only: bool,
     /// Log as JSON lines.
     #[arg(long, env = "CASCADE_GUARD_LOG_JSON")]
     log_json: bool,
@@ -279,6 +297,16 @@ struct RenderArgs {
     /// applied separately, one per package, do not overwrite one another's.
     #[arg(long, value_name = "NAME")]
     set_name: Option<String>,
+    /// Write static admission manifests instead: the same policies and
+    /// bindings, named *.static.k8s.io, for the API server's
+    /// staticManifestsDir (save the output as a .yaml file there on every
+    /// control-plane node). Needs Kubernetes 1.36 or newer.
+    #[arg(long = "static")]
+    static_manifests: bool,
+    /// The Kubernetes release the static manifests are for (1.37, v1.36.5);
+    /// default: the release of the cluster in the kubeconfig.
+    #[arg(long, requires = "static_manifests", value_name = "RELEASE")]
+    kubernetes_version: Option<String>,
 }
 
 #[tokio::main]
@@ -286,7 +314,7 @@ async fn main() -> Result<()> {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(cli.kubeconfig, args).await,
-        Command::Render(args) => render(args),
+        Command::Render(args) => render(cli.kubeconfig, args).await,
         Command::Crd => {
             let crd = serde_json::to_value(CascadePolicy::crd())?;
             out(&cascade_guard::policy::render::to_yaml_stream(&[crd]))
@@ -396,6 +424,15 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
         ..Settings::default()
     };
     let metrics = Arc::new(Metrics::new());
+    let writer = match &args.static_manifests_dir {
+        Some(dir) => Some(controller::static_writer::run(
+            client.clone(),
+            settings.clone(),
+            static_target(&client, dir).await?,
+            metrics.clone(),
+        )),
+        None => None,
+    };
     let health = Health::new();
     let (bound, server) =
         telemetry::bind(args.http_address, metrics.clone(), health.clone()).await?;
@@ -410,6 +447,17 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
             _ = tokio::signal::ctrl_c() => {}
         }
     };
+    if let Some(writer) = writer {
+        if args.static_only {
+            health.set_ready(true);
+            tokio::select! {
+                () = writer => {}
+                () = stop => tracing::info!("stopping"),
+            }
+            return Ok(());
+        }
+        tokio::spawn(writer);
+    }
     if args.leader.no_leader_election {
         metrics.set_leader(true);
         tokio::select! {
@@ -461,6 +509,69 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
 
 /// Logs the API server's release against the proven ones; an unreadable
 /// version is only logged, never fatal.
+/// Refuses a release without static admission manifests: the one given, else
+/// the cluster's.
+async fn static_release_check(kubeconfig: Option<PathBuf>, release: Option<&str>) -> Result<()> {
+    use cascade_guard::policy::static_manifest::{parse_release, release_supports};
+    let (major, minor) = match release {
+        Some(release) => parse_release(release)?,
+        None => {
+            let client = client(kubeconfig).await.context(
+                "render --static needs the Kubernetes release it is for: give --kubernetes-version, or a kubeconfig whose cluster answers",
+            )?;
+            let info = client
+                .apiserver_version()
+                .await
+                .context("cannot read the API server's version (or give --kubernetes-version)")?;
+            (info.major, info.minor)
+        }
+    };
+    release_supports(&major, &minor)?;
+    Ok(())
+}
+
+/// The checks `run --static-manifests-dir` makes before it starts: a
+/// release with the feature, the gate on where the API server says, and a
+/// directory to write to.
+async fn static_target(
+    client: &kube::Client,
+    dir: &std::path::Path,
+) -> Result<controller::static_writer::Target> {
+    use cascade_guard::cluster::static_protection::{StaticDirectory, read_server_report};
+    use cascade_guard::policy::static_manifest::{FEATURE_GATE, release_supports};
+    let info = client
+        .apiserver_version()
+        .await
+        .context("cannot read the API server's version, which --static-manifests-dir needs")?;
+    release_supports(&info.major, &info.minor)
+        .with_context(|| format!("--static-manifests-dir {}", dir.display()))?;
+    match read_server_report(client).await {
+        Ok(report) if report.gate_enabled == Some(false) => bail!(
+            "--static-manifests-dir: the API server ({}) reports the feature gate {FEATURE_GATE} off; start it with --feature-gates={FEATURE_GATE}=true",
+            info.git_version
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check the API server's feature gate; writing static manifests anyway")
+        }
+    }
+    let directory = StaticDirectory::open(dir)?;
+    let writer = std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| format!("pid-{}", std::process::id()))
+        });
+    let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());
+    Ok(controller::static_writer::Target {
+        directory,
+        writer,
+        namespace,
+    })
+}
+
 async fn report_server_version(client: &kube::Client) {
     use cascade_guard::cluster::server_version::{Support, support};
     match client.apiserver_version().await {
@@ -585,7 +696,10 @@ async fn status(kubeconfig: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     }
 }
 
-fn render(args: RenderArgs) -> Result<()> {
+async fn render(kubeconfig: Option<PathBuf>, args: RenderArgs) -> Result<()> {
+    if args.static_manifests {
+        static_release_check(kubeconfig, args.kubernetes_version.as_deref()).await?;
+    }
     let mut rendered = cli::render::render_paths(
         &args.paths,
         args.policy.xrd_default_mode,
@@ -598,7 +712,12 @@ fn render(args: RenderArgs) -> Result<()> {
     for problem in &rendered.problems {
         eprintln!("cascade-guard render: {problem}");
     }
-    out(&cli::render::to_yaml(&rendered))?;
+    if args.static_manifests {
+        let docs = cascade_guard::policy::static_manifest::to_static_documents(&rendered.objects)?;
+        out(&cascade_guard::policy::static_manifest::with_header(&docs))?;
+    } else {
+        out(&cli::render::to_yaml(&rendered))?;
+    }
     let errors = rendered
         .problems
         .iter()

@@ -427,6 +427,87 @@ const CASES: &[Case] = &[
         &["--set", "podSecurityContext.runAsUser=nobody"],
         Expect::RefusedBySchema(&["/podSecurityContext/runAsUser"]),
     ),
+    case(
+        "static protection off by default",
+        &[],
+        Expect::Renders(|docs| assert!(!has_kind(docs, "DaemonSet"))),
+    ),
+    // The writer must compile exactly what the controller compiles: every
+    // policy flag of the Deployment, the same values.
+    case(
+        "static protection on",
+        &[
+            "--set",
+            "staticManifests.enabled=true",
+            "--set",
+            "xrdDefaultMode=convert",
+            "--set",
+            "breakGlass.requirePermission=false",
+        ],
+        Expect::Renders(|docs| {
+            let ds = find(docs, "DaemonSet");
+            let pod = &ds["spec"]["template"]["spec"];
+            let args: Vec<&str> = pod["containers"][0]["args"]
+                .as_array()
+                .expect("args")
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            assert!(args.contains(&"--static-only"), "{args:?}");
+            assert!(args.contains(&"--static-manifests-dir=/static-manifests"));
+            let policy_flag = |a: &&str| {
+                [
+                    "--xrd-default-mode=",
+                    "--gc-",
+                    "--crossplane-user=",
+                    "--controller-user=",
+                    "--sibling-order=",
+                    "--break-glass",
+                ]
+                .iter()
+                .any(|p| a.starts_with(p))
+            };
+            let controller: Vec<&str> = container(docs)["args"]
+                .as_array()
+                .expect("args")
+                .iter()
+                .filter_map(Value::as_str)
+                .filter(policy_flag)
+                .collect();
+            let writer: Vec<&str> = args.iter().copied().filter(policy_flag).collect();
+            assert_eq!(writer, controller);
+            assert_eq!(
+                pod["volumes"][0]["hostPath"],
+                json!({"path": "/etc/kubernetes/admission/cascade-guard", "type": "DirectoryOrCreate"})
+            );
+            assert_eq!(
+                pod["nodeSelector"],
+                json!({"node-role.kubernetes.io/control-plane": ""})
+            );
+            // Not selected by the Deployment's Service or PDB.
+            let deployment_selector = &find(docs, "Deployment")["spec"]["selector"]["matchLabels"];
+            let labels = &pod["containers"][0]["name"];
+            assert_eq!(labels, "static-manifests");
+            assert_ne!(
+                ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"],
+                deployment_selector["app.kubernetes.io/name"]
+            );
+            assert_eq!(
+                pod["containers"][0]["securityContext"]["capabilities"],
+                json!({"drop": ["ALL"]})
+            );
+        }),
+    ),
+    case(
+        "a relative static manifests path",
+        &[
+            "--set",
+            "staticManifests.enabled=true",
+            "--set",
+            "staticManifests.hostPath=etc/static",
+        ],
+        Expect::RefusedBySchema(&["/staticManifests/hostPath"]),
+    ),
 ];
 
 /// Every case, all run before any assertion, so that one failure lists

@@ -35,6 +35,12 @@ pub struct Options {
     /// directory under /dev/shm (or the temp dir), removed on stop.
     pub dir: Option<PathBuf>,
     pub lifetime: Lifetime,
+    /// The directory the API server loads static ValidatingAdmissionPolicies
+    /// from (its AdmissionConfiguration's `staticManifestsDir`); created if
+    /// missing. Needs 1.36 or newer; on 1.36 also the feature gate below.
+    pub static_manifests_dir: Option<PathBuf>,
+    /// `--feature-gates` of kube-apiserver (`Name=true`), if any.
+    pub feature_gates: Vec<String>,
 }
 
 impl Default for Options {
@@ -44,6 +50,8 @@ impl Default for Options {
             crds: Vec::new(),
             dir: None,
             lifetime: Lifetime::Owned,
+            static_manifests_dir: None,
+            feature_gates: Vec::new(),
         }
     }
 }
@@ -166,7 +174,7 @@ impl ControlPlane {
         self.spawn("etcd", &binaries.etcd, &etcd_args, options.lifetime)?;
         wait_for_tcp(etcd_client, "etcd", &mut self.processes).await?;
 
-        let apiserver_args = vec![
+        let mut apiserver_args = vec![
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".to_string(),
             "--advertise-address=127.0.0.1".to_string(),
@@ -196,6 +204,21 @@ impl ControlPlane {
             "--audit-log-format=json".to_string(),
             "--audit-log-maxsize=0".to_string(),
         ];
+        if let Some(static_dir) = &options.static_manifests_dir {
+            std::fs::create_dir_all(static_dir).map_err(io_error(static_dir))?;
+            let config = dir.join("admission-config.yaml");
+            std::fs::write(&config, admission_config(static_dir)).map_err(io_error(&config))?;
+            apiserver_args.push(format!(
+                "--admission-control-config-file={}",
+                config.display()
+            ));
+        }
+        if !options.feature_gates.is_empty() {
+            apiserver_args.push(format!(
+                "--feature-gates={}",
+                options.feature_gates.join(",")
+            ));
+        }
         self.spawn(
             "kube-apiserver",
             &binaries.kube_apiserver,
@@ -761,6 +784,23 @@ rules:
   verbs: [delete, deletecollection]
 - level: None
 ";
+
+/// An AdmissionConfiguration that loads static ValidatingAdmissionPolicies
+/// from `dir` (manifest-based admission control, KEP-5793).
+fn admission_config(dir: &Path) -> String {
+    format!(
+        "apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: ValidatingAdmissionPolicy
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: ValidatingAdmissionPolicyConfiguration
+    staticManifestsDir: {}
+",
+        serde_json::to_string(&dir.display().to_string()).unwrap_or_default()
+    )
+}
 
 #[cfg(test)]
 mod tests {

@@ -68,6 +68,14 @@ pub async fn uninstall(
             "warning: {holder} holds the leader Lease: it puts back what this removes; going on (--force)"
         ));
     }
+    if let Some(files) = static_protection_in_force(client).await {
+        if !options.force {
+            return Err(Error::StaticProtectionInForce { files });
+        }
+        progress(&format!(
+            "warning: the API server serves cascade-guard's static manifests ({files}): its refusals stay until those files are deleted; going on (--force)"
+        ));
+    }
     let mut summary = UninstallSummary::default();
     // The compiled admission objects, then the sibling-order hold policy
     // (labelled apart, so the sync pass leaves it alone) and its label on
@@ -204,4 +212,24 @@ where
             source,
         }),
     }
+}
+
+/// The static manifests files the API server reports it loaded, as
+/// `writer:path` (None when none is, or it cannot be told): they stay in
+/// force whatever is removed through the API, the hold policy included, which
+/// would refuse taking the hold labels off.
+async fn static_protection_in_force(client: &Client) -> Option<String> {
+    use crate::cluster::static_protection::{read_server_report, records};
+    use crate::policy::static_manifest::FILE_NAME;
+    let records = records(client).await.ok()?;
+    if records.is_empty() {
+        return None;
+    }
+    let loaded = read_server_report(client).await.ok()?.loaded_hash?;
+    let files: Vec<String> = records
+        .iter()
+        .filter(|r| r.hash.as_deref() == Some(loaded.as_str()))
+        .map(|r| format!("{}:{}/{FILE_NAME}", r.writer, r.directory))
+        .collect();
+    (!files.is_empty()).then(|| files.join(", "))
 }

@@ -4,13 +4,15 @@
 //! ([`served_resource`], and every kind at once: [`kinds`]), what the API server's type check says of a policy
 //! ([`type_check`]), which Kubernetes release it runs ([`server_version`]),
 //! a live tree with what it references ([`tree`]), and letting go of what
-//! sibling order holds ([`unhold`]).
+//! sibling order holds ([`unhold`]), and the directory of static admission
+//! manifests with what the API server loaded of it ([`static_protection`]).
 
 pub mod held;
 pub(crate) mod inputs;
 pub mod kinds;
 mod served;
 pub mod server_version;
+pub mod static_protection;
 pub mod tree;
 pub mod type_check;
 pub mod unhold;

@@ -6,13 +6,15 @@
 //! ([`sync`]); [`convert`] runs a controller per Convert kind, holding and
 //! finishing cascades; [`watches`] watches the kinds guarded by admission
 //! alone for stalled cascades and refused replays; [`sibling_order`] holds
-//! what a sibling still needs. [`leader`] elects the one
+//! what a sibling still needs; [`static_writer`] keeps a static manifests
+//! directory in step, in every replica. [`leader`] elects the one
 //! replica that runs it, and [`telemetry`] serves its metrics and probes.
 
 mod backoff;
 pub mod convert;
 pub mod leader;
 pub mod sibling_order;
+pub mod static_writer;
 pub mod sync;
 pub mod telemetry;
 pub(crate) mod watches;

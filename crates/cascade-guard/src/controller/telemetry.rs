@@ -72,6 +72,8 @@ pub struct Metrics {
     type_check_warnings: Family<PolicyLabel, Gauge>,
     sibling_holds: Gauge,
     sibling_order_problems: Gauge,
+    static_policies: Gauge,
+    static_loaded: Gauge,
 }
 
 impl Default for Metrics {
@@ -97,6 +99,8 @@ impl Metrics {
         let type_check_warnings = Family::<PolicyLabel, Gauge>::default();
         let sibling_holds = Gauge::default();
         let sibling_order_problems = Gauge::default();
+        let static_policies = Gauge::default();
+        let static_loaded = Gauge::default();
         // Families share their state with these clones.
         registry.register(
             "cascade_guard_protected_objects",
@@ -159,6 +163,16 @@ impl Metrics {
             "Cycles, conflicts and unresolved references in the live trees sibling order reads: those edges are not kept",
             sibling_order_problems.clone(),
         );
+        registry.register(
+            "cascade_guard_static_policies",
+            "Admission policies in the static manifests file this replica writes (--static-manifests-dir)",
+            static_policies.clone(),
+        );
+        registry.register(
+            "cascade_guard_static_manifests_loaded",
+            "1 when the API server reports it loaded the static manifests directory as this replica last wrote it, else 0",
+            static_loaded.clone(),
+        );
         Self {
             registry,
             protected,
@@ -173,6 +187,8 @@ impl Metrics {
             type_check_warnings,
             sibling_holds,
             sibling_order_problems,
+            static_policies,
+            static_loaded,
         }
     }
 
@@ -229,6 +245,12 @@ impl Metrics {
     pub fn set_sibling_order(&self, holds: usize, problems: usize) {
         self.sibling_holds.set(saturate(holds));
         self.sibling_order_problems.set(saturate(problems));
+    }
+
+    /// The policies in the static file, and whether the API server loaded it.
+    pub fn set_static(&self, policies: usize, loaded: bool) {
+        self.static_policies.set(saturate(policies));
+        self.static_loaded.set(i64::from(loaded));
     }
 
     pub fn set_policies(&self, n: usize) {

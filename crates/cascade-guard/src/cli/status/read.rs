@@ -1,7 +1,8 @@
 //! What `cascade-guard status` reads: the policies' inputs and
 //! cascade-guard's admission objects (to compare), the protected objects
 //! being deleted, the held ones of kinds no policy names, and the
-//! controller's stall Events.
+//! controller's stall Events, and what static manifests writers published
+//! against what the API server loaded.
 
 use std::collections::BTreeMap;
 
@@ -15,10 +16,10 @@ use kube::{Api, Client};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::report::{Report, admission_sync, cascading_objects, protected};
+use super::report::{self, Report, admission_sync, cascading_objects, protected};
 use crate::Error;
 use crate::cluster::inputs::read_once;
-use crate::cluster::{held, served_resource, type_check};
+use crate::cluster::{held, served_resource, static_protection, type_check};
 use crate::policy::last_good::{LastGood, keep_last_good, recall};
 use crate::policy::names::MANAGED_BY_SELECTOR;
 use crate::policy::plan::{Known, Live, plan};
@@ -148,12 +149,28 @@ pub async fn status(client: &Client, settings: &ControllerFlags) -> Result<Repor
             .then_with(|| (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name)))
     });
 
+    let mut protected = protected(&plan);
+    report::mark_missing_api_objects(&mut protected, &admission);
+    let static_protection = match static_protection::records(client).await {
+        Ok(records) if records.is_empty() => None,
+        Ok(records) => {
+            let server = static_protection::read_server_report(client).await.ok();
+            report::static_protection(&mut protected, &records, server.as_ref(), &mut problems)
+        }
+        Err(e) => {
+            problems.push(format!(
+                "cannot read the static manifests records, so static protection is not shown: {e}"
+            ));
+            None
+        }
+    };
     Ok(Report {
         xrd_default_mode: settings.xrd_default_mode,
-        protected: protected(&plan),
+        protected,
         admission,
         cascading,
         problems,
+        static_protection,
     })
 }
 

@@ -10,12 +10,15 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cluster::static_protection::Record;
 use crate::policy::names::{
     FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, MODE_ANNOTATION,
     PROTECTED_KINDS_ANNOTATION,
 };
 use crate::policy::plan::{self, Known, Live, Plan};
 use crate::policy::selector::query_string;
+use crate::policy::split_yaml_documents;
+use crate::policy::static_manifest::{FEATURE_GATE, ServerReport, protected_kinds};
 use crate::policy::{Mode, Source};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -29,6 +32,68 @@ pub struct Report {
     pub cascading: Vec<Cascading>,
     /// What the policies' inputs say is wrong, and what could not be read.
     pub problems: Vec<String>,
+    /// Static protection, when some replica writes a static manifests
+    /// directory (`run --static-manifests-dir`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub static_protection: Option<StaticProtection>,
+}
+
+/// What the static manifests writers published, against what the API server
+/// reports it loaded.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticProtection {
+    pub writers: Vec<StaticWriter>,
+    /// The hash of the directory the answering API server loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loaded_hash: Option<String>,
+    /// The feature gate, as the API server reports it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gate_enabled: Option<bool>,
+    pub failed_reloads: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticWriter {
+    pub writer: String,
+    pub directory: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hash: Option<String>,
+    /// Its directory, as written, is what the API server reports loaded.
+    pub loaded: bool,
+    /// The protected kinds its file carries.
+    pub kinds: Vec<String>,
+}
+
+/// Where a kind's protection is served from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Served {
+    /// ValidatingAdmissionPolicies in the API (the controller keeps them).
+    Api,
+    /// Its API objects are missing, and no static file carries it.
+    Unguarded,
+    /// From the static directory alone (its API objects are missing).
+    Static,
+    /// From the static directory and the API: cannot be switched off through the API.
+    StaticAndApi,
+    /// A static writer runs, but its file does not carry the kind.
+    NotInStaticFile,
+    /// The file carries it, but the API server has not loaded the file as written.
+    StaticStale,
+}
+
+impl Served {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Served::Api => "API",
+            Served::Unguarded => "nothing (its API objects are missing)",
+            Served::Static => "static (its API objects are missing)",
+            Served::StaticAndApi => "static + API",
+            Served::NotInStaticFile => "API (missing from the static file)",
+            Served::StaticStale => "API (static file not loaded)",
+        }
+    }
 }
 
 /// One policy: a kind, its mode, and what asked for it.
@@ -49,6 +114,9 @@ pub struct Protected {
     /// The ValidatingAdmissionPolicy and binding it compiles to (None for Off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admission_objects: Option<String>,
+    /// Where its protection is served from (None for Off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served: Option<Served>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -157,9 +225,112 @@ pub(super) fn protected(plan: &Plan) -> Vec<Protected> {
                     .as_ref()
                     .map(|s| query_string(s).unwrap_or_else(|e| format!("(invalid: {e})"))),
                 admission_objects: Some(planned.names().join(", ")).filter(|n| !n.is_empty()),
+                served: (p.mode != Mode::Off).then_some(Served::Api),
             }
         })
         .collect()
+}
+
+/// Marks the kinds whose API objects are missing (their delete policy or
+/// binding is not in the cluster) as unguarded by the API.
+pub(super) fn mark_missing_api_objects(protected: &mut [Protected], admission: &AdmissionSync) {
+    let missing: Vec<&str> = admission
+        .differences
+        .iter()
+        .filter(|d| d.state == Mismatch::Missing)
+        .map(|d| d.name.as_str())
+        .collect();
+    for row in protected.iter_mut() {
+        let names = row.admission_objects.as_deref().unwrap_or_default();
+        if row.served.is_some() && names.split(", ").any(|n| missing.contains(&n)) {
+            row.served = Some(Served::Unguarded);
+        }
+    }
+}
+
+/// Compares what the static writers published with what the API server
+/// reports it loaded, marks each protected kind with where it is served from,
+/// and says what is wrong. None when no writer publishes (static protection
+/// is not in use). Behind a load balancer `report` is one API server's.
+pub(super) fn static_protection(
+    protected: &mut [Protected],
+    records: &[Record],
+    report: Option<&ServerReport>,
+    problems: &mut Vec<String>,
+) -> Option<StaticProtection> {
+    if records.is_empty() {
+        return None;
+    }
+    if report.is_none() {
+        problems.push(
+            "cannot read the API server's /metrics, which says what static manifests it loaded: static protection is shown as not loaded".to_string(),
+        );
+    }
+    let loaded_hash = report.and_then(|r| r.loaded_hash.clone());
+    let writers: Vec<StaticWriter> = records
+        .iter()
+        .map(|r| {
+            let docs = split_yaml_documents(&r.manifest).unwrap_or_default();
+            StaticWriter {
+                writer: r.writer.clone(),
+                directory: r.directory.clone(),
+                hash: r.hash.clone(),
+                loaded: r.hash.is_some() && r.hash == loaded_hash,
+                kinds: protected_kinds(&docs).into_iter().collect(),
+            }
+        })
+        .collect();
+    let any_loaded = writers.iter().any(|w| w.loaded);
+    if !any_loaded && report.is_some() {
+        problems.push(format!(
+            "the API server has not loaded the static manifests as written (it reports {}, {} failed reload(s)): is the directory its AdmissionConfiguration's staticManifestsDir{}?",
+            loaded_hash.as_deref().unwrap_or("no static policies"),
+            report.map_or(0, |r| r.failed_reloads),
+            match report.and_then(|r| r.gate_enabled) {
+                Some(false) => format!(", and the feature gate {FEATURE_GATE} is off"),
+                _ => String::new(),
+            }
+        ));
+    }
+    for row in protected.iter_mut() {
+        if row.served.is_none() {
+            continue;
+        }
+        let missing: Vec<&str> = writers
+            .iter()
+            .filter(|w| !w.kinds.contains(&row.kind))
+            .map(|w| w.writer.as_str())
+            .collect();
+        let api = row.served == Some(Served::Api);
+        row.served = Some(if !missing.is_empty() {
+            problems.push(format!(
+                "{} is not in the static file of {}: only its API objects protect it (is that writer running and reading the same policies?)",
+                row.kind,
+                missing.join(", ")
+            ));
+            if api {
+                Served::NotInStaticFile
+            } else {
+                Served::Unguarded
+            }
+        } else if any_loaded {
+            if api {
+                Served::StaticAndApi
+            } else {
+                Served::Static
+            }
+        } else if api {
+            Served::StaticStale
+        } else {
+            Served::Unguarded
+        });
+    }
+    Some(StaticProtection {
+        writers,
+        loaded_hash,
+        gate_enabled: report.and_then(|r| r.gate_enabled),
+        failed_reloads: report.map_or(0, |r| r.failed_reloads),
+    })
 }
 
 /// The plan's diff against the managed admission objects in the cluster,
@@ -375,6 +546,7 @@ mod tests {
                 from: from.into(),
                 selector: selector.map(str::to_string),
                 admission_objects: objects.map(str::to_string),
+                served: (mode != Mode::Off).then_some(Served::Api),
             }
         };
         let want = [
@@ -617,5 +789,114 @@ mod tests {
         );
         assert_eq!(got[0].deleting_since, "2026-01-01T11:59:50Z");
         assert_eq!(got[3].finalizers, ["example.org/cleanup"]);
+    }
+
+    #[test]
+    fn static_protection_marks_each_kind_and_says_what_is_wrong() {
+        use crate::cluster::static_protection::Record;
+        use crate::policy::static_manifest::{ServerReport, manifest};
+        let r = resolution(Mode::Refuse);
+        let p = plan(&r, &CompileSettings::default(), BTreeSet::new());
+        let full = manifest(&p.objects).unwrap();
+        // Another writer's file carries only the first pair.
+        let partial = manifest(&p.objects[..1]).unwrap();
+        let record = |writer: &str, hash: &str, text: &str| Record {
+            writer: writer.into(),
+            directory: "/etc/kubernetes/cascade-guard".into(),
+            hash: Some(hash.into()),
+            manifest: text.into(),
+        };
+        let server = ServerReport {
+            gate_enabled: Some(true),
+            loaded_hash: Some("sha256:a".into()),
+            failed_reloads: 0,
+        };
+
+        // Not in use: nothing changes.
+        let mut rows = protected(&p);
+        let mut problems = Vec::new();
+        assert_eq!(
+            static_protection(&mut rows, &[], Some(&server), &mut problems),
+            None
+        );
+        assert!(problems.is_empty());
+
+        // One writer, loaded: every protected kind is static + API; Off has none.
+        let mut rows = protected(&p);
+        let st = static_protection(
+            &mut rows,
+            &[record("cp-1", "sha256:a", &full)],
+            Some(&server),
+            &mut problems,
+        )
+        .unwrap();
+        assert!(st.writers[0].loaded);
+        for row in &rows {
+            let want = (row.mode != Mode::Off).then_some(Served::StaticAndApi);
+            assert_eq!(row.served, want, "{}", row.kind);
+        }
+        assert!(problems.is_empty(), "{problems:?}");
+
+        // Its API objects gone: static alone.
+        let mut rows = protected(&p);
+        for row in rows.iter_mut().filter(|r| r.served.is_some()) {
+            row.served = Some(Served::Unguarded);
+        }
+        static_protection(
+            &mut rows,
+            &[record("cp-1", "sha256:a", &full)],
+            Some(&server),
+            &mut problems,
+        );
+        assert!(
+            rows.iter()
+                .filter(|r| r.mode != Mode::Off)
+                .all(|r| r.served == Some(Served::Static))
+        );
+
+        // A second writer whose file lacks kinds: those kinds say so.
+        let mut rows = protected(&p);
+        static_protection(
+            &mut rows,
+            &[
+                record("cp-1", "sha256:a", &full),
+                record("cp-2", "sha256:b", &partial),
+            ],
+            Some(&server),
+            &mut problems,
+        );
+        assert!(
+            rows.iter()
+                .any(|r| r.served == Some(Served::NotInStaticFile))
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("not in the static file of cp-2")),
+            "{problems:?}"
+        );
+
+        // Written but not loaded: stale, and the gate named when it is off.
+        let mut rows = protected(&p);
+        let mut problems = Vec::new();
+        let off = ServerReport {
+            gate_enabled: Some(false),
+            loaded_hash: None,
+            failed_reloads: 2,
+        };
+        static_protection(
+            &mut rows,
+            &[record("cp-1", "sha256:a", &full)],
+            Some(&off),
+            &mut problems,
+        );
+        assert!(
+            rows.iter()
+                .filter(|r| r.mode != Mode::Off)
+                .all(|r| r.served == Some(Served::StaticStale))
+        );
+        assert!(problems[0].contains("has not loaded"), "{problems:?}");
+        assert!(problems[0].contains("2 failed"), "{problems:?}");
+        assert!(problems[0].contains("feature gate"), "{problems:?}");
     }
 }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::report::{Mismatch, Report, SourceKind};
+use super::report::{Mismatch, Report, SourceKind, StaticProtection};
 
 /// `45s`, `3m12s`, `2h5m`, `3d4h`, as kubectl prints ages.
 fn age(seconds: u64) -> String {
@@ -23,6 +23,43 @@ fn age(seconds: u64) -> String {
     }
 }
 
+/// Who writes static manifests, and whether the API server loaded them.
+fn static_section(out: &mut String, st: &StaticProtection) {
+    let loaded = st.writers.iter().filter(|w| w.loaded).count();
+    let _ = writeln!(
+        out,
+        "\nSTATIC PROTECTION: {} writer(s), {}",
+        st.writers.len(),
+        if loaded > 0 {
+            "loaded by the API server (it cannot be deleted or edited through the API)"
+        } else {
+            "NOT loaded by the API server"
+        }
+    );
+    let mut rows = vec![vec![
+        "WRITER".to_string(),
+        "DIRECTORY".to_string(),
+        "KINDS".to_string(),
+        "LOADED".to_string(),
+    ]];
+    for w in &st.writers {
+        rows.push(vec![
+            w.writer.clone(),
+            w.directory.clone(),
+            w.kinds.len().to_string(),
+            if w.loaded { "yes" } else { "no" }.to_string(),
+        ]);
+    }
+    table(out, &rows);
+    if st.failed_reloads > 0 {
+        let _ = writeln!(
+            out,
+            "  The API server failed to reload the directory {} time(s): its log says why; it serves the last set it loaded.",
+            st.failed_reloads
+        );
+    }
+}
+
 /// The report for people.
 pub fn render_text(report: &Report) -> String {
     let mut out = String::new();
@@ -30,11 +67,15 @@ pub fn render_text(report: &Report) -> String {
     if report.protected.is_empty() {
         let _ = writeln!(out, "  nothing: no XRDs and no CascadePolicies");
     } else {
+        let with_static = report.static_protection.is_some();
         let mut rows = vec![vec![
             "KIND".to_string(),
             "MODE".to_string(),
             "SOURCE".to_string(),
         ]];
+        if with_static {
+            rows[0].push("SERVED".to_string());
+        }
         for p in &report.protected {
             let source = match p.source {
                 SourceKind::XrdAnnotation => format!("XRD annotation ({})", p.from),
@@ -48,9 +89,16 @@ pub fn render_text(report: &Report) -> String {
                 Some(s) => format!("{} [{s}]", p.kind),
                 None => p.kind.clone(),
             };
-            rows.push(vec![kind, p.mode.to_string(), source]);
+            let mut row = vec![kind, p.mode.to_string(), source];
+            if with_static {
+                row.push(p.served.map_or("-", |s| s.as_str()).to_string());
+            }
+            rows.push(row);
         }
         table(&mut out, &rows);
+    }
+    if let Some(st) = &report.static_protection {
+        static_section(&mut out, st);
     }
 
     let sync = &report.admission;
@@ -209,6 +257,7 @@ mod tests {
                 now,
             ),
             problems: vec!["warning: something".into()],
+            static_protection: None,
         };
         let text = render_text(&report);
         let expected = "\
