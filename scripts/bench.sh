@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks that print figures (recorded in BENCHMARKS.md). Each starts its own
-# local control plane. Usage: scripts/bench.sh refuse|update|convert|plan|static
+# local control plane. Usage: scripts/bench.sh refuse|update|convert|plan|static|static-manifests
 #
 #   plan     sibling order (#24): `cascade-guard plan` on a tree of 200 objects
 #            (the binary's wall time, in-process, the pure graph), then the
@@ -10,6 +10,12 @@
 #   static   convert's scale part (10,000 objects) for the release build (glibc)
 #            and for the image's static musl build (scripts/image.sh binary),
 #            one after the other, BENCH_ROUNDS times (default 1)
+#   static-manifests   static protection (#29): how long a new annotation takes
+#            to reach the static manifests file and to be refused by the API
+#            server from it, BENCH_ROUNDS times (default 5) on each release of
+#            BENCH_RELEASES (default "1.37 1.36"), through
+#            tests/static_protection.rs (the controller is its debug build;
+#            the figure is the API server's reload, not the compile)
 #   BENCH_ONLY=scale refuse   the cost against the number of protected kinds
 #            (BENCH_KINDS, default 10,100,500) beside no policy, the seed
 #            report's own policy and the largest scale compiled a pair per kind
@@ -40,5 +46,15 @@ case "${1:-refuse}" in
       BENCH_ONLY=scale BENCH_CONTROLLER_BIN=$static_bin target/release/examples/bench-convert
     done
     ;;
-  *) echo "unknown benchmark ${1}; known: refuse, update, convert, plan, static" >&2; exit 2 ;;
+  static-manifests)
+    for release in ${BENCH_RELEASES:-1.37 1.36}; do
+      bin=$(controlplane/build.sh "$release" | tail -n 1)
+      for round in $(seq "${BENCH_ROUNDS:-5}"); do
+        LOCAL_CLUSTER_BIN_DIR=$bin cargo test --quiet -p cascade-guard --test static_protection \
+          -- --nocapture --exact static_protection_holds_without_the_api_objects_and_the_controller 2>&1 |
+          sed -n "s/^static: /$(basename "$(dirname "$bin")") round $round: /p"
+      done
+    done
+    ;;
+  *) echo "unknown benchmark ${1}; known: refuse, update, convert, plan, static, static-manifests" >&2; exit 2 ;;
 esac

@@ -289,6 +289,15 @@ async fn static_protection_holds_without_the_api_objects_and_the_controller() {
         in_force.as_secs_f64()
     );
 
+    // Someone on the node deletes the file: it comes back.
+    std::fs::remove_file(dir.join(FILE_NAME)).expect("remove the file");
+    let back = wait::until(Duration::from_secs(30), || async {
+        dir.join(FILE_NAME).exists().then(|| start.elapsed())
+    })
+    .await;
+    assert!(back.is_some(), "a deleted static file is written again");
+    wait_loaded(&client, &dir, Duration::from_secs(120)).await;
+
     // The controller stops; cluster-admin deletes every admission object the
     // API has: the protection stays.
     env.kill_controller(n);

@@ -38,6 +38,9 @@ pub struct Target {
 /// it has not (it reloads on a file event, or within a minute).
 const CONFIRM_WITHIN: Duration = Duration::from_secs(150);
 const CONFIRM_EVERY: Duration = Duration::from_secs(5);
+/// How often the file is compared with what it should hold even when no
+/// input changed: one edited or deleted on the node comes back within this.
+const REWRITE_EVERY: Duration = Duration::from_secs(10);
 
 pub async fn run(client: Client, settings: Settings, target: Target, metrics: Arc<Metrics>) {
     let notify = Arc::new(Notify::new());
@@ -50,7 +53,7 @@ pub async fn run(client: Client, settings: Settings, target: Target, metrics: Ar
         let wait = if unconfirmed.is_some() {
             CONFIRM_EVERY
         } else {
-            settings.resync
+            REWRITE_EVERY.min(settings.resync)
         };
         tokio::select! {
             _ = notify.notified() => {}
