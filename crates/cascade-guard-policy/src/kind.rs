@@ -41,6 +41,55 @@ pub enum Shape {
     Claim,
 }
 
+/// API groups of Kubernetes itself that carry no `.k8s.io` suffix.
+const UNSUFFIXED_KUBERNETES_GROUPS: [&str; 6] =
+    ["", "apps", "batch", "autoscaling", "policy", "extensions"];
+/// cascade-guard's own API group.
+const OWN_GROUP: &str = crate::names::GROUP;
+
+/// Why a kind may never be protected, whoever asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forbidden {
+    /// A kind of Kubernetes' own API: Deployments, CRDs, Leases, admission
+    /// objects, what the garbage collector, leader election and admission
+    /// themselves rest on. cascade-guard protects custom resources.
+    KubernetesGroup,
+    /// cascade-guard's own kinds: guarding a CascadePolicy would block
+    /// deleting the policies themselves.
+    OwnGroup,
+}
+
+impl fmt::Display for Forbidden {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Forbidden::KubernetesGroup => {
+                "it is a kind of Kubernetes' own API (cascade-guard protects custom resources only: the garbage collector, leader election and admission rest on the built-in kinds)"
+            }
+            Forbidden::OwnGroup => {
+                "it is one of cascade-guard's own kinds (guarding them would block removing the policies)"
+            }
+        })
+    }
+}
+
+/// The one rule for what may be protected, applied wherever policies are
+/// resolved (the controller, `render`, `status`): never a kind of
+/// Kubernetes' own groups (the core group, the unsuffixed built-ins, and any
+/// `*.k8s.io` group), never cascade-guard's own.
+pub fn forbidden(group: &str) -> Option<Forbidden> {
+    let group = group.trim().to_ascii_lowercase();
+    if UNSUFFIXED_KUBERNETES_GROUPS.contains(&group.as_str())
+        || group == "k8s.io"
+        || group.ends_with(".k8s.io")
+    {
+        Some(Forbidden::KubernetesGroup)
+    } else if group == OWN_GROUP {
+        Some(Forbidden::OwnGroup)
+    } else {
+        None
+    }
+}
+
 /// A kind whose deletes cascade-guard guards.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ProtectedKind {
@@ -80,6 +129,29 @@ fn join_group(name: &str, group: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_custom_groups_may_be_protected() {
+        for (group, want) in [
+            ("", Some(Forbidden::KubernetesGroup)),
+            ("apps", Some(Forbidden::KubernetesGroup)),
+            ("batch", Some(Forbidden::KubernetesGroup)),
+            ("apiextensions.k8s.io", Some(Forbidden::KubernetesGroup)),
+            ("coordination.k8s.io", Some(Forbidden::KubernetesGroup)),
+            (
+                "admissionregistration.k8s.io",
+                Some(Forbidden::KubernetesGroup),
+            ),
+            ("Coordination.K8S.io", Some(Forbidden::KubernetesGroup)),
+            ("cascade-guard.dev", Some(Forbidden::OwnGroup)),
+            ("modelplane.ai", None),
+            ("table.cascade-guard.dev", None),
+            ("apiextensions.crossplane.io", None),
+            ("k8s.io.example.com", None),
+        ] {
+            assert_eq!(forbidden(group), want, "{group:?}");
+        }
+    }
 
     fn kind(group: &str, kind: &str, plural: &str) -> ProtectedKind {
         ProtectedKind {

@@ -10,7 +10,7 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::Value;
 
-use crate::kind::{ProtectedKind, Scope, Shape};
+use crate::kind::{Forbidden, ProtectedKind, Scope, Shape, forbidden};
 use crate::mode::{Mode, read_mode_annotation};
 use crate::selector::validate_label_selector;
 use crate::xrd::{SalvagedXrd, Xrd, XrdError, read_xrd, salvage_xrd};
@@ -253,6 +253,8 @@ pub mod reasons {
     pub const INVALID_SELECTOR: &str = "InvalidSelector";
     pub const OVERLAP: &str = "Overlap";
     pub const DUPLICATE_NAME: &str = "DuplicateName";
+    /// A kind no policy may protect ([`crate::kind::forbidden`]).
+    pub const FORBIDDEN_KIND: &str = "ForbiddenKind";
 }
 
 /// One kind to guard, and how.
@@ -301,10 +303,30 @@ pub fn resolve(inputs: &Inputs) -> Resolution {
     out
 }
 
+/// Nothing is guarded for a source that names a forbidden kind: said as an
+/// error (a CascadePolicy's Ready=False, an Event, `status`, `render`).
+fn forbidden_problem(subject: Subject, group: &str, kind: &str, why: Forbidden) -> Problem {
+    Problem {
+        subject,
+        reason: reasons::FORBIDDEN_KIND,
+        message: format!(
+            "kind {kind:?} of API group {group:?} cannot be protected: {why}; nothing is guarded for it"
+        ),
+        severity: Severity::Error,
+    }
+}
+
 fn resolve_xrd(xrd: &XrdInput, default_mode: Mode, out: &mut Resolution) {
     let subject = Subject::Xrd {
         name: xrd.name().to_string(),
     };
+    if let Some(kind) = xrd.protected_kind()
+        && let Some(why) = forbidden(&kind.group)
+    {
+        out.problems
+            .push(forbidden_problem(subject, &kind.group, &kind.kind, why));
+        return;
+    }
     match xrd {
         XrdInput::Read(x) => {
             let mode = match &x.deletion_policy {
@@ -401,6 +423,11 @@ fn resolve_cascade_policy(
     let subject = Subject::CascadePolicy {
         name: cp.name.clone(),
     };
+    if let Some(why) = forbidden(&cp.group) {
+        out.problems
+            .push(forbidden_problem(subject, &cp.group, &cp.kind, why));
+        return;
+    }
     // An XRD-defined kind is a composite resource whether or not its CRD
     // has been listed yet.
     let from_xrd = xrds
@@ -759,6 +786,51 @@ mod tests {
         );
     }
 
+    /// Each was compiled and in force once: `kubectl delete crd`, `kubectl
+    /// delete deployment` and `kubectl delete cpol` refused, cascade-guard's
+    /// finalizer on kube-apiserver's own Lease. Discovery serves those kinds,
+    /// so the controller's inputs carry them as the CRDs do here.
+    #[test]
+    fn forbidden_targets_are_refused_whoever_asks() {
+        let crds = vec![
+            crd(
+                "apiextensions.k8s.io",
+                "CustomResourceDefinition",
+                "customresourcedefinitions",
+            ),
+            crd("apps", "Deployment", "deployments"),
+            crd("coordination.k8s.io", "Lease", "leases"),
+            crd("cascade-guard.dev", "CascadePolicy", "cascadepolicies"),
+            crd("", "Pod", "pods"),
+        ];
+        let cps = vec![
+            cp(
+                "crds",
+                "apiextensions.k8s.io",
+                "CustomResourceDefinition",
+                Mode::Refuse,
+            ),
+            cp("deployments", "apps", "Deployment", Mode::Refuse),
+            cp("leases", "coordination.k8s.io", "Lease", Mode::Convert),
+            cp("own", "cascade-guard.dev", "CascadePolicy", Mode::Refuse),
+            cp("pods", "", "Pod", Mode::Warn),
+        ];
+        let xrds = vec![xrd("jobs", "batch.k8s.io", "Job", Some("Refuse"))];
+        let r = resolve(&inputs(xrds, cps, crds));
+        assert!(r.policies.is_empty(), "{:?}", r.policies);
+        let reasons = reasons_of(&r);
+        assert_eq!(reasons.len(), 6, "{reasons:?}");
+        for (subject, reason, severity) in &reasons {
+            assert_eq!(*reason, reasons::FORBIDDEN_KIND, "{subject}");
+            assert_eq!(*severity, Severity::Error, "{subject}");
+        }
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.message.contains("cascade-guard's own kinds"))
+        );
+    }
+
     #[test]
     fn cascade_policy_kind_lookup() {
         let xrds = vec![xrd("widgets", "example.org", "Widget", None)];
@@ -772,7 +844,6 @@ mod tests {
             ("db.example.org", "Database", Some(Shape::Other)),
             ("db.example.org", "database", None),
             ("example.org", "Database", None),
-            ("", "Pod", None),
             ("nothing.example.org", "Thing", None),
         ];
         for (group, kind, shape) in cases {

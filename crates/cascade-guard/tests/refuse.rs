@@ -702,6 +702,105 @@ async fn hostile_and_broken_input_is_reported_and_fails_safe() {
     );
 }
 
+/// CascadePolicies naming kinds no policy may protect: each was compiled and
+/// in force once (`kubectl delete crd`, `kubectl delete deployment` and
+/// `kubectl delete cpol` refused; cascade-guard's finalizer on
+/// kube-apiserver's own Lease). Now each gets Ready=False ForbiddenKind,
+/// nothing is compiled for it, and those deletes go through.
+#[tokio::test]
+async fn dangerous_targets_are_refused_with_a_condition_and_guard_nothing() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "dangerous").await;
+    let c = &s.client;
+    let policies = cascade_policy_api(c);
+    for (name, group, kind, mode) in [
+        (
+            "danger-crds",
+            "apiextensions.k8s.io",
+            "CustomResourceDefinition",
+            "Refuse",
+        ),
+        ("danger-deployments", "apps", "Deployment", "Refuse"),
+        ("danger-leases", "coordination.k8s.io", "Lease", "Convert"),
+        ("danger-own", "cascade-guard.dev", "CascadePolicy", "Refuse"),
+    ] {
+        let mut policy = cascade_policy(name, kind, mode, None);
+        policy["spec"]["group"] = json!(group);
+        create(&policies, policy).await;
+        let ready = wait::until(Duration::from_secs(30), || async {
+            ready_condition(c, name).await
+        })
+        .await;
+        let (status, reason, message) =
+            ready.unwrap_or_else(|| panic!("{name} has no Ready condition"));
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "ForbiddenKind"),
+            "{name}: {message}"
+        );
+        assert!(message.contains("cannot be protected"), "{name}: {message}");
+        let vap = Api::<ValidatingAdmissionPolicy>::all(c.clone())
+            .get_opt(&format!("cascade-guard-policy-{name}"))
+            .await
+            .expect("get");
+        assert!(vap.is_none(), "{name} compiles to nothing");
+    }
+    // A Deployment's plain delete goes through (dry run).
+    let deployments: Api<DynamicObject> = Api::namespaced_with(
+        c.clone(),
+        &s.namespace,
+        &ApiResource {
+            group: "apps".into(),
+            version: "v1".into(),
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            plural: "deployments".into(),
+        },
+    );
+    create(
+        &deployments,
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": s.namespace},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "nginx"}]}}}
+        }),
+    )
+    .await;
+    deployments
+        .delete("web", &DeleteParams::default().dry_run())
+        .await
+        .expect("a Deployment's plain delete is not refused");
+    // No Lease carries cascade-guard's finalizer.
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("leases");
+    for lease in leases.items {
+        assert!(
+            !lease
+                .finalizers()
+                .iter()
+                .any(|f| f.starts_with("cascade-guard.dev/")),
+            "{:?} holds cascade-guard's finalizer",
+            lease.metadata.name
+        );
+    }
+    // The policies themselves delete plainly.
+    for name in [
+        "danger-crds",
+        "danger-deployments",
+        "danger-leases",
+        "danger-own",
+    ] {
+        policies
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+    }
+}
+
 /// `cascade-guard render` on Modelplane's real XRDs (annotated copies): the
 /// API server accepts every object, and they protect exactly the annotated kinds.
 #[tokio::test]
