@@ -35,6 +35,10 @@ pub mod selector;
 pub mod settings;
 pub mod stall;
 pub mod static_manifest;
+#[cfg(test)]
+mod target_fuzz;
+#[cfg(test)]
+mod test_rng;
 pub mod xrd;
 
 pub use admission::{Compiled, object_name, object_names, update_object_name};

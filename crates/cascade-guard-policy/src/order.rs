@@ -2833,17 +2833,7 @@ mod tests {
         assert!(first(19) < first(0));
     }
 
-    /// xorshift64*: enough randomness for generated trees, no dependency.
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: usize) -> usize {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n.max(1)
-        }
-    }
+    use crate::test_rng::Rng;
 
     #[test]
     fn random_trees_keep_needers_before_needed_and_children_before_parents() {

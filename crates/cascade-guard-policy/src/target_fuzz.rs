@@ -5,33 +5,19 @@
 //! kinds included). Nothing may panic, and no compiled admission object may
 //! match a kind of a group no policy may protect.
 //!
-//! The seed is printed; `TARGET_FUZZ_SEED=N` replays one.
+//! The seed is printed; `TARGET_FUZZ_SEED=N` replays one. A unit test (not
+//! under tests/) to share the crate's seeded generator.
 
 use std::collections::BTreeSet;
 
-use cascade_guard_policy::kind::forbidden;
-use cascade_guard_policy::plan::plan;
-use cascade_guard_policy::{
-    CascadePolicyInput, CompileSettings, CrdInfo, Inputs, Mode, Scope, XrdInput, resolve,
-};
+use crate::kind::forbidden;
+use crate::plan::plan;
+use crate::test_rng::Rng;
+use crate::{CascadePolicyInput, CompileSettings, CrdInfo, Inputs, Mode, Scope, XrdInput, resolve};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use serde_json::{Value, json};
 
-/// xorshift64*: enough randomness here, no dependency.
-struct Rng(u64);
-
 impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n.max(1)
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[self.below(from.len())]
-    }
-
     /// Random bytes as text: control characters, quotes, CEL and YAML syntax.
     fn garbage(&mut self) -> String {
         const PIECES: [&str; 14] = [
