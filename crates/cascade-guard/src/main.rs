@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use cascade_guard::api::CascadePolicy;
 use cascade_guard::cli;
+use cascade_guard::cluster::running::ControllerSettings;
 use cascade_guard::controller::leader::{self, LeaseSettings};
 use cascade_guard::controller::telemetry::{self, Health, Metrics};
 use cascade_guard::controller::{self, Settings};
@@ -267,12 +268,21 @@ enum PlanOutput {
 
 #[derive(Args)]
 struct StatusArgs {
-    /// Compile with the controller's settings: pass the flags it runs with.
+    /// The settings to compile with when no running controller publishes its
+    /// own (or with --use-flags): the flags it runs with.
     #[command(flatten)]
     policy: PolicyArgs,
     /// text for people, json or yaml for scripts.
     #[arg(short, long, value_enum, default_value = "text")]
     output: StatusOutput,
+    /// The name of the controller's Lease (its --leader-election-id), looked
+    /// for in every namespace.
+    #[arg(long, default_value = "cascade-guard")]
+    leader_election_id: String,
+    /// Compile with the flags given here even when the running controller
+    /// publishes its own settings on its Lease (they are used by default).
+    #[arg(long)]
+    use_flags: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -334,6 +344,10 @@ async fn main() -> Result<()> {
     match result {
         // The reader went away (`cascade-guard crd | head -1`): not an error.
         Err(e) if is_broken_pipe(&e) => Ok(()),
+        Err(e) if e.chain().any(|c| c.downcast_ref::<Unreachable>().is_some()) => {
+            eprintln!("Error: {e:#}");
+            std::process::exit(UNREACHABLE_EXIT);
+        }
         other => other,
     }
 }
@@ -394,6 +408,42 @@ async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client> {
 /// A client, and the namespace of the kubeconfig's context (`default` when
 /// it names none), which commands use as kubectl does when `-n` is not given.
 async fn connect(kubeconfig: Option<PathBuf>) -> Result<(kube::Client, String)> {
+    let (client, namespace, server) = configure(kubeconfig).await?;
+    // One request that must answer, so that an unreachable cluster is said
+    // once, naming the server, instead of as the first read's error.
+    match tokio::time::timeout(REACH_TIMEOUT, client.apiserver_version()).await {
+        // It answered, even if to say no (403 on /version).
+        Ok(Ok(_)) | Ok(Err(kube::Error::Api(_))) => Ok((client, namespace)),
+        Ok(Err(e)) => Err(Unreachable {
+            server,
+            cause: e.to_string(),
+        }
+        .into()),
+        Err(_) => Err(Unreachable {
+            server,
+            cause: format!("no answer within {}s", REACH_TIMEOUT.as_secs()),
+        }
+        .into()),
+    }
+}
+
+/// How long a command waits for the API server's first answer.
+const REACH_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Exit status of a command that cannot reach the API server (every command
+/// but `run`, which keeps retrying).
+const UNREACHABLE_EXIT: i32 = 5;
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach the API server at {server}: {cause}")]
+struct Unreachable {
+    server: String,
+    cause: String,
+}
+
+/// A client for the kubeconfig (or the environment), its context's
+/// namespace and the server it talks to; nothing is sent yet.
+async fn configure(kubeconfig: Option<PathBuf>) -> Result<(kube::Client, String, String)> {
     let config = match &kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -407,13 +457,14 @@ async fn connect(kubeconfig: Option<PathBuf>) -> Result<(kube::Client, String)> 
         )?,
     };
     let namespace = config.default_namespace.clone();
+    let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("cannot make a Kubernetes client")?;
-    Ok((client, namespace))
+    Ok((client, namespace, server))
 }
 
 async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
     init_logging(args.log_json);
-    let client = client(kubeconfig).await?;
+    let (client, _, _) = configure(kubeconfig).await?;
     report_server_version(&client).await;
     let settings = Settings {
         xrd_default_mode: args.policy.xrd_default_mode,
@@ -458,7 +509,29 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
         }
         tokio::spawn(writer);
     }
+    let published = ControllerSettings::new(
+        settings.xrd_default_mode,
+        &settings.compile,
+        settings.sibling_order,
+    );
+    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let namespace = args
+        .leader
+        .leader_election_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| "default".into());
+    let lease = LeaseSettings {
+        lease_duration: Duration::from_secs(args.leader.leader_election_lease_seconds),
+        renew_interval: Duration::from_secs(args.leader.leader_election_renew_seconds),
+        annotations: published.annotations(!args.leader.no_leader_election),
+        ..LeaseSettings::new(namespace, args.leader.leader_election_id.clone(), identity)
+    };
     if args.leader.no_leader_election {
+        tokio::spawn(leader::announce(client.clone(), lease));
         metrics.set_leader(true);
         tokio::select! {
             () = controller::run(client, settings, metrics, health) => {}
@@ -467,20 +540,6 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
         return Ok(());
     }
 
-    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
-        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
-    });
-    let namespace = args
-        .leader
-        .leader_election_namespace
-        .or_else(|| std::env::var("POD_NAMESPACE").ok())
-        .unwrap_or_else(|| "default".into());
-    let lease = LeaseSettings {
-        lease_duration: Duration::from_secs(args.leader.leader_election_lease_seconds),
-        renew_interval: Duration::from_secs(args.leader.leader_election_renew_seconds),
-        ..LeaseSettings::new(namespace, args.leader.leader_election_id, identity)
-    };
     // A replica waiting for the lease is healthy and ready to take over.
     health.set_ready(true);
     tokio::pin!(stop);
@@ -688,11 +747,17 @@ async fn status(kubeconfig: Option<PathBuf>, args: StatusArgs) -> Result<()> {
         xrd_default_mode: args.policy.xrd_default_mode,
         compile: args.policy.compile_settings(),
     };
-    let report = cli::status::status(&client, &settings).await?;
+    let report =
+        cli::status::status(&client, &settings, &args.leader_election_id, args.use_flags).await?;
     match args.output {
-        StatusOutput::Text => out(&cli::status::render_text(&report)),
-        StatusOutput::Json => out(&format!("{}\n", serde_json::to_string_pretty(&report)?)),
-        StatusOutput::Yaml => out(&serde_yaml::to_string(&report)?),
+        StatusOutput::Text => out(&cli::status::render_text(&report))?,
+        StatusOutput::Json => out(&format!("{}\n", serde_json::to_string_pretty(&report)?))?,
+        StatusOutput::Yaml => out(&serde_yaml::to_string(&report)?)?,
+    }
+    // Exit codes a script can gate on (README, "Watching a teardown").
+    match report.exit_code() {
+        0 => Ok(()),
+        code => std::process::exit(code),
     }
 }
 

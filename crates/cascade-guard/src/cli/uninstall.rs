@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
@@ -148,25 +147,10 @@ pub async fn uninstall(
 /// The holder of the leader Lease named `id` (in any namespace) while it is
 /// valid: a controller that runs and would put back what uninstall removes.
 async fn running_controller(client: &Client, id: &str) -> Result<Option<String>, Error> {
-    let leases: Api<Lease> = Api::all(client.clone());
-    let found = leases
-        .list(&ListParams::default().fields(&format!("metadata.name={id}")))
+    let found = crate::cluster::running::find(client, id)
         .await
         .map_err(list("Leases"))?;
-    let now = k8s_openapi::jiff::Timestamp::now();
-    Ok(found.items.iter().find_map(|lease| {
-        let spec = lease.spec.as_ref()?;
-        let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
-        let renewed = spec.renew_time.as_ref()?.0;
-        let valid = i64::from(spec.lease_duration_seconds.unwrap_or(15));
-        let age = now.duration_since(renewed).as_secs();
-        (age <= valid).then(|| {
-            format!(
-                "controller {holder} (Lease {}/{id}, renewed {age}s ago)",
-                lease.namespace().unwrap_or_default()
-            )
-        })
-    }))
+    Ok(found.into_iter().find(|r| r.live).map(|r| r.describe()))
 }
 
 /// Deletes the ValidatingAdmissionPolicyBindings, then the policies, that

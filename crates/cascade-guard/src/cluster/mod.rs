@@ -5,11 +5,13 @@
 //! ([`type_check`]), which Kubernetes release it runs ([`server_version`]),
 //! a live tree with what it references ([`tree`]), and letting go of what
 //! sibling order holds ([`unhold`]), and the directory of static admission
-//! manifests with what the API server loaded of it ([`static_protection`]).
+//! manifests with what the API server loaded of it ([`static_protection`]),
+//! and what a running controller says of itself on its Lease ([`running`]).
 
 pub mod held;
 pub(crate) mod inputs;
 pub mod kinds;
+pub mod running;
 mod served;
 pub mod server_version;
 pub mod static_protection;

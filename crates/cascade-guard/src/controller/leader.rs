@@ -47,6 +47,9 @@ pub struct LeaseSettings {
     pub renew_interval: Duration,
     /// How often a candidate looks at a Lease someone else holds.
     pub retry_interval: Duration,
+    /// Put on the Lease when this process takes it (what the leader runs
+    /// with, for `status`); renewals keep them.
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 impl LeaseSettings {
@@ -63,6 +66,7 @@ impl LeaseSettings {
             lease_duration: DEFAULT_LEASE_DURATION,
             renew_interval: DEFAULT_RENEW_INTERVAL,
             retry_interval: DEFAULT_RETRY_INTERVAL,
+            annotations: Default::default(),
         }
     }
 
@@ -142,6 +146,43 @@ pub async fn acquire(client: Client, settings: LeaseSettings) -> Result<Leadersh
                 tokio::time::sleep(settings.retry_interval).await;
             }
         }
+    }
+}
+
+/// For a controller run without leader election: keeps the Lease named in
+/// `settings` held by this process and renewed, without contending (the
+/// operator promised a single replica), so that `status` and `uninstall`
+/// find it running. Errors are logged and retried; it never ends.
+pub async fn announce(client: Client, settings: LeaseSettings) {
+    let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
+    let mut warned = false;
+    loop {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(settings.name.clone()),
+                annotations: Some(settings.annotations.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(settings.identity.clone()),
+                lease_duration_seconds: Some(settings.lease_duration_seconds()),
+                renew_time: Some(MicroTime(Timestamp::now())),
+                ..Default::default()
+            }),
+        };
+        let params = kube::api::PatchParams::apply(crate::controller::MANAGER).force();
+        match api
+            .patch(&settings.name, &params, &kube::api::Patch::Apply(&lease))
+            .await
+        {
+            Ok(_) => warned = false,
+            Err(e) if !warned => {
+                warn!(lease = %settings.name, error = %e, "cannot announce this controller on its Lease; status and uninstall will not see it running");
+                warned = true;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(settings.renew_interval).await;
     }
 }
 
@@ -278,6 +319,7 @@ async fn try_acquire(
             metadata: ObjectMeta {
                 name: Some(settings.name.clone()),
                 namespace: Some(settings.namespace.clone()),
+                annotations: Some(settings.annotations.clone()),
                 ..Default::default()
             },
             spec: Some(claimed(
@@ -326,6 +368,10 @@ async fn try_acquire(
     // `current` carries its resourceVersion: the replace fails if anyone
     // wrote the Lease since we read it.
     let mut next = current;
+    next.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .extend(settings.annotations.clone());
     next.spec = Some(claimed(
         Some(&spec),
         &settings.identity,

@@ -345,8 +345,11 @@ pub fn cli(cp: &ControlPlane, args: &[&str]) -> String {
         .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
         .output()
         .expect("cascade-guard runs");
+    // `status` reports through its exit code too (3: a kind unguarded or
+    // drifted, 4: no controller running); what it printed is still the report.
+    let reported = args.first() == Some(&"status") && matches!(out.status.code(), Some(3 | 4));
     assert!(
-        out.status.success(),
+        out.status.success() || reported,
         "cascade-guard {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -16,10 +16,10 @@ use kube::{Api, Client};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::report::{self, Report, admission_sync, cascading_objects, protected};
+use super::report::{self, Report, SettingsFrom, admission_sync, cascading_objects, protected};
 use crate::Error;
 use crate::cluster::inputs::read_once;
-use crate::cluster::{held, served_resource, static_protection, type_check};
+use crate::cluster::{held, running, served_resource, static_protection, type_check};
 use crate::policy::last_good::{LastGood, keep_last_good, recall};
 use crate::policy::names::MANAGED_BY_SELECTOR;
 use crate::policy::plan::{Known, Live, plan};
@@ -35,8 +35,38 @@ pub struct ControllerFlags {
 
 /// Reads the cluster and reports. Fails only when the policies' inputs
 /// cannot be read; anything else that cannot be read becomes a problem line.
-pub async fn status(client: &Client, settings: &ControllerFlags) -> Result<Report, Error> {
+pub async fn status(
+    client: &Client,
+    flags: &ControllerFlags,
+    lease: &str,
+    use_flags: bool,
+) -> Result<Report, Error> {
     let mut problems = Vec::new();
+    let controller = match running::find(client, lease).await {
+        Ok(found) => found.into_iter().next(),
+        Err(e) => {
+            problems.push(format!(
+                "cannot read the controller's Lease {lease:?}, so whether it runs is not known: {e}"
+            ));
+            None
+        }
+    };
+    // What the running controller compiles with, unless told otherwise.
+    let published = controller
+        .as_ref()
+        .filter(|_| !use_flags)
+        .and_then(|c| c.settings.clone());
+    let (owned, settings_from) = match published {
+        Some(s) => (
+            ControllerFlags {
+                xrd_default_mode: s.xrd_default_mode,
+                compile: s.compile(),
+            },
+            SettingsFrom::Controller,
+        ),
+        None => (flags.clone(), SettingsFrom::Flags),
+    };
+    let settings = &owned;
     let read = read_once(client, settings.xrd_default_mode).await?;
     if !read.cascade_policy_crd {
         problems.push("the CascadePolicy CRD is not installed".to_string());
@@ -171,6 +201,8 @@ pub async fn status(client: &Client, settings: &ControllerFlags) -> Result<Repor
         cascading,
         problems,
         static_protection,
+        controller,
+        settings_from,
     })
 }
 

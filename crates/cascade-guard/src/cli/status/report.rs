@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cluster::running::Running;
 use crate::cluster::static_protection::Record;
 use crate::policy::names::{
     FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, MODE_ANNOTATION,
@@ -36,6 +37,46 @@ pub struct Report {
     /// directory (`run --static-manifests-dir`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub static_protection: Option<StaticProtection>,
+    /// The controller's Lease as read: who leads, whether it is live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller: Option<Running>,
+    /// Whose settings the comparison compiled with.
+    pub settings_from: SettingsFrom,
+}
+
+/// Whose settings `status` compiled with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum SettingsFrom {
+    /// The ones the running controller published on its Lease.
+    Controller,
+    /// `status`'s own flags (no controller published any, or `--use-flags`).
+    Flags,
+}
+
+/// Exit status of `status` when a protected kind is unguarded or its
+/// admission objects differ from what its policy compiles to.
+pub const UNGUARDED_EXIT: i32 = 3;
+/// Exit status of `status` when no controller runs (no live Lease).
+pub const NO_CONTROLLER_EXIT: i32 = 4;
+
+impl Report {
+    /// 0 when every protected kind is guarded as compiled and a controller
+    /// runs; [`UNGUARDED_EXIT`] first, as the graver, then
+    /// [`NO_CONTROLLER_EXIT`].
+    pub fn exit_code(&self) -> i32 {
+        let unguarded = !self.admission.in_sync
+            || self
+                .protected
+                .iter()
+                .any(|p| p.served == Some(Served::Unguarded));
+        if unguarded {
+            UNGUARDED_EXIT
+        } else if !self.controller.as_ref().is_some_and(|c| c.live) {
+            NO_CONTROLLER_EXIT
+        } else {
+            0
+        }
+    }
 }
 
 /// What the static manifests writers published, against what the API server
@@ -898,5 +939,49 @@ mod tests {
         assert!(problems[0].contains("has not loaded"), "{problems:?}");
         assert!(problems[0].contains("2 failed"), "{problems:?}");
         assert!(problems[0].contains("feature gate"), "{problems:?}");
+    }
+
+    #[test]
+    fn the_exit_code_says_unguarded_before_no_controller() {
+        use crate::cluster::running::Running;
+        let r = resolution(Mode::Refuse);
+        let p = plan(&r, &CompileSettings::default(), BTreeSet::new());
+        let running = |live: bool| Running {
+            namespace: "cascade-guard-system".into(),
+            lease: "cascade-guard".into(),
+            holder: "pod-a".into(),
+            renewed_seconds_ago: if live { 1 } else { 600 },
+            live,
+            leader_election: true,
+            settings: None,
+        };
+        let report = |in_sync: bool, controller: Option<Running>| Report {
+            xrd_default_mode: Mode::Refuse,
+            protected: protected(&p),
+            admission: AdmissionSync {
+                in_sync,
+                wanted: 4,
+                differences: Vec::new(),
+            },
+            cascading: Vec::new(),
+            problems: Vec::new(),
+            static_protection: None,
+            controller,
+            settings_from: SettingsFrom::Flags,
+        };
+        assert_eq!(report(true, Some(running(true))).exit_code(), 0);
+        assert_eq!(
+            report(false, Some(running(true))).exit_code(),
+            UNGUARDED_EXIT
+        );
+        assert_eq!(
+            report(true, Some(running(false))).exit_code(),
+            NO_CONTROLLER_EXIT
+        );
+        assert_eq!(report(true, None).exit_code(), NO_CONTROLLER_EXIT);
+        assert_eq!(report(false, None).exit_code(), UNGUARDED_EXIT);
+        let mut unguarded = report(true, Some(running(true)));
+        unguarded.protected[0].served = Some(Served::Unguarded);
+        assert_eq!(unguarded.exit_code(), UNGUARDED_EXIT);
     }
 }

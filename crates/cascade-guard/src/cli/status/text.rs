@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::report::{Mismatch, Report, SourceKind, StaticProtection};
+use super::report::{Mismatch, Report, SettingsFrom, SourceKind, StaticProtection};
 
 /// `45s`, `3m12s`, `2h5m`, `3d4h`, as kubectl prints ages.
 fn age(seconds: u64) -> String {
@@ -63,6 +63,33 @@ fn static_section(out: &mut String, st: &StaticProtection) {
 /// The report for people.
 pub fn render_text(report: &Report) -> String {
     let mut out = String::new();
+    let compiled_with = match report.settings_from {
+        SettingsFrom::Controller => "compared with what it compiles, by its own settings",
+        SettingsFrom::Flags => "compared by status's own flags (--xrd-default-mode, --gc-*, ...)",
+    };
+    let _ = match &report.controller {
+        Some(c) if c.live => writeln!(
+            out,
+            "CONTROLLER: running, leader {}; {compiled_with}\n",
+            c.describe().trim_start_matches("controller ")
+        ),
+        Some(c) => writeln!(
+            out,
+            "CONTROLLER: NOT RUNNING: its Lease {}/{} was last renewed {}s ago by {}; nothing puts the admission objects back or converts deletes; {compiled_with}\n",
+            c.namespace,
+            c.lease,
+            c.renewed_seconds_ago,
+            if c.holder.is_empty() {
+                "nobody"
+            } else {
+                &c.holder
+            }
+        ),
+        None => writeln!(
+            out,
+            "CONTROLLER: NOT RUNNING: no Lease found (--leader-election-id); nothing puts the admission objects back or converts deletes; {compiled_with}\n"
+        ),
+    };
     let _ = writeln!(out, "PROTECTED ({})", report.protected.len());
     if report.protected.is_empty() {
         let _ = writeln!(out, "  nothing: no XRDs and no CascadePolicies");
@@ -258,9 +285,13 @@ mod tests {
             ),
             problems: vec!["warning: something".into()],
             static_protection: None,
+            controller: None,
+            settings_from: SettingsFrom::Flags,
         };
         let text = render_text(&report);
         let expected = "\
+CONTROLLER: NOT RUNNING: no Lease found (--leader-election-id); nothing puts the admission objects back or converts deletes; compared by status's own flags (--xrd-default-mode, --gc-*, ...)
+
 PROTECTED (4)
   KIND                               MODE     SOURCE
   Cluster.example.org                Convert  XRD annotation (clusters.example.org)
