@@ -33,6 +33,7 @@ pub mod replay;
 pub mod resolve;
 pub mod selector;
 pub mod settings;
+pub mod shown;
 pub mod stall;
 pub mod static_manifest;
 #[cfg(test)]

@@ -6,6 +6,8 @@ use std::str::FromStr;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::shown::Shown;
+
 /// What cascade-guard does with a delete that would not cascade in the
 /// foreground.
 #[derive(
@@ -55,7 +57,10 @@ impl fmt::Display for Mode {
 
 /// A deletion-policy value that is not one of the four modes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{value:?} is not a deletion policy; use one of Refuse, Convert, Warn or Off")]
+#[error(
+    "{} is not a deletion policy; use one of Refuse, Convert, Warn or Off",
+    Shown(value)
+)]
 pub struct UnknownMode {
     pub value: String,
 }
@@ -114,6 +119,16 @@ pub fn read_mode_annotation(value: &str) -> (Mode, Option<UnknownMode>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_annotation_is_named_by_its_start_and_size() {
+        let value = "x".repeat(300 * 1024);
+        let (mode, problem) = read_mode_annotation(&value);
+        assert_eq!(mode, Mode::Refuse);
+        let message = problem.expect("unknown").to_string();
+        assert!(message.len() < 400, "{} bytes", message.len());
+        assert!(message.contains("307200 bytes in all"), "{message}");
+    }
 
     #[test]
     fn parse_accepts_the_four_names_in_any_case_and_nothing_else() {

@@ -24,10 +24,68 @@ pub struct Rendered {
     pub problems: Vec<Problem>,
     /// What was resolved, Off policies included.
     pub policies: Vec<Policy>,
+    /// Documents that are none of the inputs (an XRD, a CascadePolicy, a
+    /// CRD): render passes over them, `--strict` does not unless they are
+    /// skipped on purpose.
+    pub ignored: Vec<Ignored>,
+}
+
+/// A document render passed over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ignored {
+    pub subject: Subject,
+    /// `Kind.group` (`Kind` for the core group).
+    pub kind: String,
+    pub name: Option<String>,
 }
 
 /// Reason for a CascadePolicy document that cannot be read at all.
 pub const INVALID_CASCADE_POLICY: &str = "InvalidCascadePolicy";
+/// Reason for a CRD document that cannot be read.
+pub const INVALID_CRD: &str = "InvalidCrd";
+
+/// Reason for a document that is not an input, under `--strict`.
+pub const NOT_AN_INPUT: &str = "NotAnInput";
+/// Reason for a strict render that protects nothing.
+pub const NOTHING_PROTECTED: &str = "NothingProtected";
+
+/// What `render --strict` adds to the problems: every document that is not
+/// an input, unless its kind (`Kind` or `Kind.group`) is in `skip`, and a
+/// render that protects nothing. A package's CI must not go green with no
+/// kind protected.
+pub fn strict_problems(rendered: &Rendered, skip: &[String]) -> Vec<Problem> {
+    let mut problems: Vec<Problem> = rendered
+        .ignored
+        .iter()
+        .filter(|i| {
+            let bare = i.kind.split_once('.').map_or(i.kind.as_str(), |(k, _)| k);
+            !skip.iter().any(|s| *s == i.kind || s == bare)
+        })
+        .map(|i| Problem {
+            subject: i.subject.clone(),
+            reason: NOT_AN_INPUT,
+            message: format!(
+                "{} {} is not an XRD, CascadePolicy or CRD, so it protects nothing; pass --skip {} if it is here on purpose",
+                i.kind,
+                i.name.as_deref().unwrap_or("(unnamed)"),
+                i.kind.split_once('.').map_or(i.kind.as_str(), |(k, _)| k)
+            ),
+            severity: Severity::Error,
+        })
+        .collect();
+    if rendered.objects.is_empty() {
+        problems.push(Problem {
+            subject: Subject::Document { index: 0 },
+            reason: NOTHING_PROTECTED,
+            message: "nothing is protected: no XRD or CascadePolicy in the input compiles to an admission policy (every one is Off, or there are none)".to_string(),
+            severity: Severity::Error,
+        });
+    }
+    problems
+}
+
+/// Reason for a CascadePolicy document that cannot be read at all.
+pub use crate::cascade_policy::INVALID_CASCADE_POLICY;
 /// Reason for a CRD document that cannot be read.
 pub const INVALID_CRD: &str = "InvalidCrd";
 
@@ -39,9 +97,10 @@ pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettin
     let mut cascade_policies = Vec::new();
     let mut crds = Vec::new();
     let mut problems = Vec::new();
+    let mut ignored = Vec::new();
     for (index, doc) in docs.iter().enumerate() {
         for item in list_items(doc) {
-            classify(
+            let input = classify(
                 item,
                 index,
                 &mut xrds,
@@ -49,6 +108,16 @@ pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettin
                 &mut crds,
                 &mut problems,
             );
+            if !input {
+                ignored.push(Ignored {
+                    subject: Subject::Document { index },
+                    kind: document_kind(item),
+                    name: item
+                        .pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                });
+            }
         }
     }
     let resolution = resolve(&Inputs {
@@ -91,6 +160,26 @@ pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettin
         objects: policies,
         problems,
         policies: resolution.policies,
+        ignored,
+    }
+}
+
+/// `Kind.group` of a document (`Kind` for the core group), or what it lacks.
+fn document_kind(doc: &Value) -> String {
+    let kind = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .filter(|k| !k.is_empty())
+        .unwrap_or("document without a kind");
+    let group = doc
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .and_then(|v| v.split_once('/'))
+        .map_or("", |(g, _)| g);
+    if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}.{group}")
     }
 }
 
@@ -145,7 +234,7 @@ fn classify(
     cascade_policies: &mut Vec<CascadePolicyInput>,
     crds: &mut Vec<CrdInfo>,
     problems: &mut Vec<Problem>,
-) {
+) -> bool {
     let api_version = doc
         .get("apiVersion")
         .and_then(Value::as_str)
@@ -168,7 +257,10 @@ fn classify(
                 severity: Severity::Warning,
             }),
         }
+    } else {
+        return false;
     }
+    true
 }
 
 fn doc_subject(doc: &Value, index: usize, named: impl Fn(String) -> Subject) -> Subject {
@@ -723,5 +815,58 @@ mod tests {
         for bad in ["Team", "a.b", "", &"x".repeat(41)] {
             assert!(name_set(&mut r.objects, bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn strict_refuses_what_protects_nothing_unless_skipped_on_purpose() {
+        let composition = json!({"apiVersion": "apiextensions.crossplane.io/v1", "kind": "Composition", "metadata": {"name": "c"}});
+        let deployment =
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}});
+        let settings = CompileSettings::default();
+
+        // Nothing at all: an empty directory protects nothing.
+        let empty = render(vec![], Mode::Refuse, &settings);
+        let reasons: Vec<&str> = strict_problems(&empty, &[])
+            .iter()
+            .map(|p| p.reason)
+            .collect();
+        assert_eq!(reasons, [NOTHING_PROTECTED]);
+
+        // A Composition and a Deployment: both named, and nothing protected.
+        let other = render(
+            vec![composition.clone(), deployment.clone()],
+            Mode::Refuse,
+            &settings,
+        );
+        assert!(other.problems.is_empty(), "not a problem without --strict");
+        let strict = strict_problems(&other, &[]);
+        assert_eq!(strict.len(), 3, "{strict:?}");
+        assert!(
+            strict[0]
+                .message
+                .contains("Composition.apiextensions.crossplane.io c"),
+            "{}",
+            strict[0].message
+        );
+        assert!(
+            strict[1].message.contains("Deployment.apps web"),
+            "{}",
+            strict[1].message
+        );
+
+        // An XRD beside them, the Composition skipped on purpose: only the
+        // Deployment is left to say.
+        let xrd = json!({
+            "apiVersion": "apiextensions.crossplane.io/v2", "kind": "CompositeResourceDefinition",
+            "metadata": {"name": "xs.example.org"},
+            "spec": {"group": "example.org", "names": {"kind": "X", "plural": "xs"}, "scope": "Namespaced",
+                     "versions": [{"name": "v1", "served": true, "referenceable": true}]}
+        });
+        let package = render(vec![xrd, composition, deployment], Mode::Refuse, &settings);
+        let strict = strict_problems(&package, &["Composition".to_string()]);
+        assert_eq!(strict.len(), 1, "{strict:?}");
+        assert_eq!(strict[0].reason, NOT_AN_INPUT);
+        let all = strict_problems(&package, &["Composition".into(), "Deployment.apps".into()]);
+        assert!(all.is_empty(), "{all:?}");
     }
 }

@@ -13,6 +13,7 @@ use serde_json::Value;
 use crate::kind::{Forbidden, ProtectedKind, Scope, Shape, forbidden};
 use crate::mode::{Mode, read_mode_annotation};
 use crate::selector::validate_label_selector;
+use crate::shown::Shown;
 use crate::xrd::{SalvagedXrd, Xrd, XrdError, read_xrd, salvage_xrd};
 
 /// One XRD as resolution sees it.
@@ -310,7 +311,9 @@ fn forbidden_problem(subject: Subject, group: &str, kind: &str, why: Forbidden) 
         subject,
         reason: reasons::FORBIDDEN_KIND,
         message: format!(
-            "kind {kind:?} of API group {group:?} cannot be protected: {why}; nothing is guarded for it"
+            "kind {} of API group {} cannot be protected: {why}; nothing is guarded for it",
+            Shown(kind),
+            Shown(group)
         ),
         severity: Severity::Error,
     }
@@ -451,8 +454,9 @@ fn resolve_cascade_policy(
                 subject,
                 reason: reasons::KIND_NOT_DISCOVERED,
                 message: format!(
-                    "API group {:?} could not be read from discovery just now, so kind {:?} is not known for this pass",
-                    cp.group, cp.kind
+                    "API group {} could not be read from discovery just now, so kind {} is not known for this pass",
+                    Shown(&cp.group),
+                    Shown(&cp.kind)
                 ),
                 severity: Severity::Warning,
             });
@@ -460,13 +464,14 @@ fn resolve_cascade_policy(
         }
         let message = if cp.group.is_empty() {
             format!(
-                "spec.group is empty: CascadePolicy guards custom resources only, so name the API group of kind {:?}; nothing is guarded for this policy",
-                cp.kind
+                "spec.group is empty: CascadePolicy guards custom resources only, so name the API group of kind {}; nothing is guarded for this policy",
+                Shown(&cp.kind)
             )
         } else {
             format!(
-                "no CustomResourceDefinition defines kind {:?} in group {:?} (kinds are case-sensitive); nothing is guarded for this policy until one does",
-                cp.kind, cp.group
+                "no CustomResourceDefinition defines kind {} in group {} (kinds are case-sensitive); nothing is guarded for this policy until one does",
+                Shown(&cp.kind),
+                Shown(&cp.group)
             )
         };
         out.problems.push(Problem {

@@ -4,6 +4,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+use crate::shown::Shown;
+
 const MAX_NAME: usize = 63;
 const MAX_SUBDOMAIN: usize = 253;
 
@@ -13,16 +15,20 @@ pub fn validate_label_selector(selector: &LabelSelector) -> Result<(), String> {
     let mut errors = Vec::new();
     for (key, value) in selector.match_labels.iter().flatten() {
         if let Err(e) = check_qualified_name(key) {
-            errors.push(format!("matchLabels key {key:?}: {e}"));
+            errors.push(format!("matchLabels key {}: {e}", Shown(key)));
         }
         if let Err(e) = check_label_value(value) {
-            errors.push(format!("matchLabels[{key:?}] value {value:?}: {e}"));
+            errors.push(format!(
+                "matchLabels[{}] value {}: {e}",
+                Shown(key),
+                Shown(value)
+            ));
         }
     }
     for (i, req) in selector.match_expressions.iter().flatten().enumerate() {
         let at = format!("matchExpressions[{i}]");
         if let Err(e) = check_qualified_name(&req.key) {
-            errors.push(format!("{at} key {:?}: {e}", req.key));
+            errors.push(format!("{at} key {}: {e}", Shown(&req.key)));
         }
         let values = req.values.as_deref().unwrap_or_default();
         match req.operator.as_str() {
@@ -35,12 +41,13 @@ pub fn validate_label_selector(selector: &LabelSelector) -> Result<(), String> {
             }
             "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
             other => errors.push(format!(
-                "{at}: operator {other:?} is not one of In, NotIn, Exists, DoesNotExist"
+                "{at}: operator {} is not one of In, NotIn, Exists, DoesNotExist",
+                Shown(other)
             )),
         }
         for v in values {
             if let Err(e) = check_label_value(v) {
-                errors.push(format!("{at} value {v:?}: {e}"));
+                errors.push(format!("{at} value {}: {e}", Shown(v)));
             }
         }
     }

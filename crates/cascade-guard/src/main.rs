@@ -28,12 +28,17 @@ use kube::CustomResourceExt;
     about = "Makes every delete of a protected Kubernetes object a safe, foreground cascade"
 )]
 struct Cli {
-    /// The kubeconfig to use; without it, KUBECONFIG, ~/.kube/config or the
-    /// in-cluster service account.
-    #[arg(long, global = true)]
-    kubeconfig: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Only on the commands that contact a cluster.
+#[derive(Args)]
+struct ClusterArgs {
+    /// The kubeconfig to use; without it, KUBECONFIG, ~/.kube/config or the
+    /// in-cluster service account.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -73,6 +78,8 @@ enum Command {
         /// Only the client's version; do not contact the API server.
         #[arg(long)]
         client: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
 }
 
@@ -118,6 +125,8 @@ impl PolicyArgs {
 
 #[derive(Args)]
 struct RunArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     #[command(flatten)]
     policy: PolicyArgs,
     /// Where to serve /metrics, /healthz and /readyz.
@@ -203,6 +212,8 @@ struct LeaderArgs {
 
 #[derive(Args)]
 struct UninstallArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Go on although a controller still holds the leader Lease (it will put
     /// back what this removes).
     #[arg(long)]
@@ -218,6 +229,8 @@ struct UninstallArgs {
 
 #[derive(Args)]
 struct TraceArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// The root's resource: plural, singular or kind, optionally with .group
     /// (inferenceclusters, inferencecluster.modelplane.ai), or TYPE/NAME.
     resource: String,
@@ -240,6 +253,8 @@ struct TraceArgs {
 
 #[derive(Args)]
 struct PlanArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// The root's resource: plural, singular or kind, optionally with .group
     /// (inferenceclusters, InferenceCluster.modelplane.ai), or TYPE/NAME.
     resource: String,
@@ -268,6 +283,8 @@ enum PlanOutput {
 
 #[derive(Args)]
 struct StatusArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// The settings to compile with when no running controller publishes its
     /// own (or with --use-flags): the flags it runs with.
     #[command(flatten)]
@@ -285,6 +302,12 @@ struct StatusArgs {
     use_flags: bool,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RenderOutput {
+    Yaml,
+    Json,
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum StatusOutput {
     Text,
@@ -299,9 +322,19 @@ struct RenderArgs {
     paths: Vec<PathBuf>,
     #[command(flatten)]
     policy: PolicyArgs,
-    /// Exit non-zero when any input has a problem, warnings included.
+    /// Exit non-zero when any input has a problem, warnings included, when
+    /// nothing is protected, and when a document is not an XRD,
+    /// CascadePolicy or CRD (unless its kind is given to --skip).
     #[arg(long)]
     strict: bool,
+    /// A kind (Composition, or Composition.apiextensions.crossplane.io)
+    /// that is in the input on purpose and protects nothing: --strict
+    /// passes over it. Repeatable.
+    #[arg(long, value_name = "KIND")]
+    skip: Vec<String>,
+    /// yaml: a multi-document stream for kubectl apply; json: one List.
+    #[arg(short, long, value_enum, default_value = "yaml")]
+    output: RenderOutput,
     /// Append -NAME to the objects every XRD of a mode shares
     /// (cascade-guard-xrds-refuse-composite-NAME), so that sets rendered and
     /// applied separately, one per package, do not overwrite one another's.
@@ -317,29 +350,33 @@ struct RenderArgs {
     /// default: the release of the cluster in the kubeconfig.
     #[arg(long, requires = "static_manifests", value_name = "RELEASE")]
     kubernetes_version: Option<String>,
+    /// With --static and no --kubernetes-version: the kubeconfig whose
+    /// cluster's release to read. render contacts no cluster otherwise.
+    #[arg(long, requires = "static_manifests", value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run(cli.kubeconfig, args).await,
-        Command::Render(args) => render(cli.kubeconfig, args).await,
+        Command::Run(args) => run(args.cluster.kubeconfig.clone(), args).await,
+        Command::Render(args) => render(args.kubeconfig.clone(), args).await,
         Command::Crd => {
             let crd = serde_json::to_value(CascadePolicy::crd())?;
             out(&cascade_guard::policy::render::to_yaml_stream(&[crd]))
         }
-        Command::Version { client } => version(cli.kubeconfig, client).await,
+        Command::Version { client, cluster } => version(cluster.kubeconfig, client).await,
         Command::Completion { shell } => {
             use clap::CommandFactory;
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "cascade-guard", &mut script);
             out(&String::from_utf8_lossy(&script))
         }
-        Command::Uninstall(args) => uninstall(cli.kubeconfig, args).await,
-        Command::Status(args) => status(cli.kubeconfig, args).await,
-        Command::Trace(args) => trace(cli.kubeconfig, args).await,
-        Command::Plan(args) => plan(cli.kubeconfig, args).await,
+        Command::Uninstall(args) => uninstall(args.cluster.kubeconfig.clone(), args).await,
+        Command::Status(args) => status(args.cluster.kubeconfig.clone(), args).await,
+        Command::Trace(args) => trace(args.cluster.kubeconfig.clone(), args).await,
+        Command::Plan(args) => plan(args.cluster.kubeconfig.clone(), args).await,
     };
     match result {
         // The reader went away (`cascade-guard crd | head -1`): not an error.
@@ -774,14 +811,29 @@ async fn render(kubeconfig: Option<PathBuf>, args: RenderArgs) -> Result<()> {
         cascade_guard::policy::render::name_set(&mut rendered.objects, set)
             .map_err(|e| anyhow::anyhow!("--set-name: {e}"))?;
     }
+    if args.strict {
+        let strict = cascade_guard::policy::render::strict_problems(&rendered, &args.skip);
+        rendered.problems.extend(strict);
+    }
     for problem in &rendered.problems {
         eprintln!("cascade-guard render: {problem}");
     }
-    if args.static_manifests {
-        let docs = cascade_guard::policy::static_manifest::to_static_documents(&rendered.objects)?;
-        out(&cascade_guard::policy::static_manifest::with_header(&docs))?;
+    let objects = if args.static_manifests {
+        cascade_guard::policy::static_manifest::to_static_documents(&rendered.objects)?
     } else {
-        out(&cli::render::to_yaml(&rendered))?;
+        rendered.objects.clone()
+    };
+    match (args.output, args.static_manifests) {
+        (RenderOutput::Json, _) => {
+            let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+            out(&format!("{}\n", serde_json::to_string_pretty(&list)?))?;
+        }
+        (RenderOutput::Yaml, true) => out(&cascade_guard::policy::static_manifest::with_header(
+            &objects,
+        ))?,
+        (RenderOutput::Yaml, false) => {
+            out(&cascade_guard::policy::render::to_yaml_stream(&objects))?
+        }
     }
     let errors = rendered
         .problems
@@ -809,6 +861,50 @@ async fn version(kubeconfig: Option<PathBuf>, client_only: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_positional_argument_says_what_it_is() {
+        fn walk(cmd: &clap::Command, path: &str) {
+            for arg in cmd.get_positionals() {
+                assert!(
+                    arg.get_help().is_some(),
+                    "{path} {}: a positional argument without help",
+                    arg.get_id()
+                );
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()));
+            }
+        }
+        walk(&Cli::command(), "cascade-guard");
+    }
+
+    #[test]
+    fn only_commands_that_contact_a_cluster_take_a_kubeconfig() {
+        let parses = |args: &[&str]| Cli::try_parse_from(args).is_ok();
+        for command in [
+            &["run"][..],
+            &["status"],
+            &["uninstall"],
+            &["trace", "xr/a"],
+            &["plan", "xr/a"],
+            &["version"],
+            &["render", "--static", "apis/"],
+        ] {
+            let mut args = vec!["cascade-guard"];
+            args.extend_from_slice(command);
+            args.extend(["--kubeconfig", "k"]);
+            assert!(parses(&args), "{args:?}");
+        }
+        for command in [&["crd"][..], &["render", "apis/"], &["completion", "bash"]] {
+            let mut args = vec!["cascade-guard"];
+            args.extend_from_slice(command);
+            args.extend(["--kubeconfig", "k"]);
+            assert!(!parses(&args), "{args:?} takes no kubeconfig");
+        }
+    }
+
     use super::*;
 
     #[test]

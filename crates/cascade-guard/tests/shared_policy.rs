@@ -172,11 +172,12 @@ async fn a_deleted_shared_pair_is_restored_for_every_kind_and_status_names_the_g
         "deleting the shared binding left a kind refused"
     );
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+        .arg("status")
         .arg(format!(
             "--kubeconfig={}",
             env.cp.kubeconfig_path().display()
         ))
-        .args(["status", "--xrd-default-mode=Refuse", "-o", "json"])
+        .args(["--xrd-default-mode=Refuse", "-o", "json"])
         .output()
         .expect("run status");
     let report: Value = serde_json::from_slice(&output.stdout).expect("status JSON");

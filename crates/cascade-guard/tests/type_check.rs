@@ -78,11 +78,11 @@ async fn condition(client: &Client, policy: &str, type_: &str) -> Option<(String
 
 fn status_text(env: &Env) -> String {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+        .arg("status")
         .arg(format!(
             "--kubeconfig={}",
             env.cp.kubeconfig_path().display()
         ))
-        .arg("status")
         .output()
         .expect("run cascade-guard status");
     String::from_utf8_lossy(&output.stdout).into_owned()

@@ -68,9 +68,3 @@ fn is_manifest(path: &Path) -> bool {
         Some("yaml" | "yml" | "json")
     )
 }
-
-/// The objects as one multi-document YAML stream, every string quoted (an
-/// unquoted `Off` reads as `false` in kubectl's YAML 1.1 reader).
-pub fn to_yaml(rendered: &Rendered) -> String {
-    crate::policy::render::to_yaml_stream(&rendered.objects)
-}
