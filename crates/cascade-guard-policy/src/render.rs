@@ -84,11 +84,6 @@ pub fn strict_problems(rendered: &Rendered, skip: &[String]) -> Vec<Problem> {
     problems
 }
 
-/// Reason for a CascadePolicy document that cannot be read at all.
-pub use crate::cascade_policy::INVALID_CASCADE_POLICY;
-/// Reason for a CRD document that cannot be read.
-pub const INVALID_CRD: &str = "InvalidCrd";
-
 /// Documents may hold XRDs, CascadePolicies, CRDs (which make kinds known to
 /// CascadePolicies), `*List` objects of those, and anything else, which is
 /// ignored.
