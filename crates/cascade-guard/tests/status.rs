@@ -111,6 +111,19 @@ async fn status_compares_by_the_controllers_settings_and_exits_by_what_it_found(
     assert!(stderr.contains("leader election off"), "{stderr}");
     env.stop_controller(solo);
 
+    // Short names, as kubectl takes them (the CascadePolicy CRD's `cpol`).
+    let out = cascade_guard(env, &["plan", "cpol/ghost"]);
+    assert!(
+        matches!(out.status.code(), Some(0 | 3)),
+        "plan cpol/ghost: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ghost"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
     // A drifted kind: its binding deleted, nothing running to put it back: 3.
     let client = env.cp.admin().await.expect("admin");
     let bindings: kube::Api<

@@ -32,6 +32,50 @@ pub enum LookupError {
     },
 }
 
+/// The aggregated discovery document (apidiscovery.k8s.io/v2), which lists
+/// each resource's short names.
+const AGGREGATED_DISCOVERY: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// The group and kind whose short name is `wanted` (lower case), in an
+/// aggregated discovery document (pure).
+fn short_name(document: &serde_json::Value, wanted: &str) -> Option<(String, String)> {
+    use serde_json::Value;
+    for group in document.get("items")?.as_array()? {
+        for version in group
+            .get("versions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            for resource in version
+                .get("resources")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let named = resource
+                    .get("shortNames")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .any(|s| s.eq_ignore_ascii_case(wanted));
+                if !named {
+                    continue;
+                }
+                let kind = resource.pointer("/responseKind/kind")?.as_str()?;
+                let group = resource
+                    .pointer("/responseKind/group")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                return Some((group.to_string(), kind.to_string()));
+            }
+        }
+    }
+    None
+}
+
 /// One served resource and whether it is namespaced.
 pub type Served = (ApiResource, bool);
 
@@ -72,6 +116,36 @@ impl ServedKinds {
         })
     }
 
+    /// As [`ServedKinds::find`], and else by a short name (`cpol`, `xic`) as
+    /// the aggregated discovery documents list them, kubectl's way.
+    pub async fn lookup(&self, client: &Client, wanted: &str) -> Option<&Served> {
+        if let Some(found) = self.find(wanted) {
+            return Some(found);
+        }
+        let wanted = wanted.to_lowercase();
+        for path in ["/api", "/apis"] {
+            let Ok(request) = http::Request::get(path)
+                .header(http::header::ACCEPT, AGGREGATED_DISCOVERY)
+                .body(Vec::new())
+            else {
+                continue;
+            };
+            let Ok(text) = client.request_text(request).await else {
+                continue;
+            };
+            let Ok(document) = serde_json::from_str::<serde_json::Value>(&text) else {
+                continue;
+            };
+            if let Some((group, kind)) = short_name(&document, &wanted) {
+                return self
+                    .all
+                    .iter()
+                    .find(|(r, _)| r.group == group && r.kind == kind);
+            }
+        }
+        None
+    }
+
     /// The resource of an apiVersion and kind, as an object names them.
     pub fn get(&self, api_version: &str, kind: &str) -> Option<&Served> {
         self.by_gvk
@@ -105,5 +179,35 @@ impl ServedKinds {
             (Some(ns), true) => kube::Api::namespaced_with(client.clone(), ns, resource),
             _ => kube::Api::all_with(client.clone(), resource),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn short_names_come_from_aggregated_discovery() {
+        let document = json!({"items": [
+            {"metadata": {"name": "cascade-guard.dev"}, "versions": [{"version": "v1alpha1", "resources": [
+                {"resource": "cascadepolicies", "shortNames": ["cpol"],
+                 "responseKind": {"group": "cascade-guard.dev", "version": "v1alpha1", "kind": "CascadePolicy"}}
+            ]}]},
+            {"metadata": {"name": ""}, "versions": [{"version": "v1", "resources": [
+                {"resource": "pods", "shortNames": ["po"],
+                 "responseKind": {"group": "", "version": "v1", "kind": "Pod"}}
+            ]}]}
+        ]});
+        assert_eq!(
+            short_name(&document, "cpol"),
+            Some(("cascade-guard.dev".into(), "CascadePolicy".into()))
+        );
+        assert_eq!(
+            short_name(&document, "po"),
+            Some((String::new(), "Pod".into()))
+        );
+        assert_eq!(short_name(&document, "nope"), None);
+        assert_eq!(short_name(&json!({}), "cpol"), None);
     }
 }

@@ -107,7 +107,8 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
         .await
         .map_err(LookupError::Discovery)?;
     let root_served = kinds
-        .find(&options.resource)
+        .lookup(client, &options.resource)
+        .await
         .cloned()
         .ok_or_else(|| LookupError::UnknownResource(options.resource.clone()))?;
     let namespace = root_served.1.then_some(options.namespace.as_str());

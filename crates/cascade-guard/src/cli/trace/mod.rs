@@ -56,7 +56,8 @@ pub async fn trace(
         .await
         .map_err(LookupError::Discovery)?;
     let (resource, namespaced) = kinds
-        .find(&options.resource)
+        .lookup(client, &options.resource)
+        .await
         .cloned()
         .ok_or_else(|| LookupError::UnknownResource(options.resource.clone()))?;
     let namespace = namespaced.then(|| {
