@@ -239,8 +239,8 @@ struct TraceArgs {
     #[arg(short, long)]
     namespace: Option<String>,
     /// text: a live tree on a terminal, change lines otherwise; json: one JSON
-    /// object per change, then the summary.
-    #[arg(short, long, default_value = "text", value_parser = ["text", "json"])]
+    /// object per change, then the summary; yaml: one YAML document each.
+    #[arg(short, long, default_value = "text", value_parser = ["text", "json", "yaml"])]
     output: String,
     /// Give up after this long and summarize (90s, 10m, 1h or seconds; 0:
     /// never). Exits 4 when the teardown did not complete.
@@ -701,10 +701,10 @@ async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
     use std::io::IsTerminal;
     let (resource, name) = target(args.resource, args.name)?;
     let (client, context_namespace) = connect(kubeconfig).await?;
-    let output = if args.output == "json" {
-        cli::trace::Output::Json
-    } else {
-        cli::trace::Output::Text
+    let output = match args.output.as_str() {
+        "json" => cli::trace::Output::Json,
+        "yaml" => cli::trace::Output::Yaml,
+        _ => cli::trace::Output::Text,
     };
     let options = cli::trace::Options {
         live: output == cli::trace::Output::Text && std::io::stdout().is_terminal(),

@@ -32,6 +32,9 @@ pub enum Output {
     Text,
     /// One JSON object per change, then the summary.
     Json,
+    /// One YAML document per change, then the summary (a stream a YAML
+    /// reader takes document by document as it comes).
+    Yaml,
 }
 
 pub struct Options {
@@ -127,6 +130,7 @@ pub async fn trace(
     let summary = trace.summary(start.elapsed());
     match options.output {
         Output::Json => writeln!(out, "{}", json!({ "summary": summary })),
+        Output::Yaml => write!(out, "{}", yaml_document(&json!({ "summary": summary }))),
         Output::Text => {
             if options.live {
                 redraw(&trace, &start, out, &mut drawn_lines)?;
@@ -158,12 +162,22 @@ fn emit(
     }
     for c in changes {
         let line = match options.output {
-            Output::Json => json!(c).to_string(),
-            Output::Text => format!("[{:>6.1}s] {}: {}", c.at, c.object, c.what),
+            Output::Json => format!("{}\n", json!(c)),
+            Output::Yaml => yaml_document(&json!(c)),
+            Output::Text => format!("[{:>6.1}s] {}: {}\n", c.at, c.object, c.what),
         };
-        writeln!(out, "{line}").map_err(TraceError::Output)?;
+        write!(out, "{line}").map_err(TraceError::Output)?;
     }
     out.flush().map_err(TraceError::Output)
+}
+
+/// One document of a YAML stream (`---` first, so that each change can be
+/// read as soon as it is written).
+fn yaml_document(value: &Value) -> String {
+    format!(
+        "---\n{}",
+        serde_yaml::to_string(value).unwrap_or_else(|e| format!("# cannot write as YAML: {e}\n"))
+    )
 }
 
 /// Redraws the tree in place: up over the previous drawing, clear, draw.
@@ -308,4 +322,20 @@ async fn usages(client: &Client, kinds: &ServedKinds) -> Vec<Usage> {
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_output_is_a_stream_read_back_document_by_document() {
+        let changes = [
+            json!({"at": 0.5, "object": "XR/a", "what": "deleting"}),
+            json!({"at": 1.0, "object": "XR/a", "what": "gone: it's done"}),
+        ];
+        let stream: String = changes.iter().map(yaml_document).collect();
+        let read = crate::policy::split_yaml_documents(&stream).expect("YAML");
+        assert_eq!(read, changes);
+    }
 }
