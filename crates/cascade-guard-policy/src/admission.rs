@@ -14,13 +14,11 @@ use crate::cel::{DECISION_AUDIT_KEY, WrittenOut, compile_cel, compile_update_cel
 use crate::kind::Shape;
 use crate::mode::Mode;
 use crate::names::{
-    CASCADE_POLICY_OBJECT_PREFIX, CLAIM_OBJECT_PREFIX, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
-    MODE_ANNOTATION, MODE_FROM_ANNOTATION, PROTECTED_KIND_ANNOTATION, PROTECTED_KINDS_ANNOTATION,
-    SOURCE_ANNOTATION, UPDATE_CASCADE_POLICY_OBJECT_PREFIX, UPDATE_CLAIM_OBJECT_PREFIX,
-    UPDATE_XRD_OBJECT_PREFIX, UPDATE_XRDS_OBJECT_PREFIX, XRD_OBJECT_PREFIX, XRDS_OBJECT_PREFIX,
+    MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODE_ANNOTATION, MODE_FROM_ANNOTATION,
+    PROTECTED_KIND_ANNOTATION, PROTECTED_KINDS_ANNOTATION, SOURCE_ANNOTATION,
 };
+use crate::naming::{PairName, fnv1a_64, is_shared};
 use crate::resolve::{Policy, Source};
-use crate::selector::is_dns_subdomain;
 use crate::settings::CompileSettings;
 
 /// The match condition of Refuse and Convert policies: true for exactly the
@@ -151,9 +149,14 @@ fn group(policies: &[Policy]) -> Vec<Group> {
             } else {
                 0
             };
-            shared_names(p.mode, p.kind.shape, part)
+            PairName::Shared {
+                mode: p.mode,
+                shape: p.kind.shape,
+                part,
+            }
+            .names()
         } else {
-            names_of(p)
+            PairName::of(p).names()
         };
         match index.get(&names) {
             Some(&g) => groups[g].members.push(i),
@@ -169,68 +172,12 @@ fn group(policies: &[Policy]) -> Vec<Group> {
     groups
 }
 
-/// Whether a policy's objects are shared with other kinds: an XRD's are,
-/// unless its kind's names could not be in a valid admission rule (possible
-/// only with an XRD no CRD can be made from, such as a plural `*`); such a
-/// kind gets a pair of its own, so that the API server refusing it refuses
-/// nothing else.
-pub fn is_shared(policy: &Policy) -> bool {
-    let plain_plural = is_dns_subdomain(&policy.kind.plural) && !policy.kind.plural.contains('.');
-    let plain_group = policy.kind.group.is_empty() || is_dns_subdomain(&policy.kind.group);
-    matches!(policy.source, Source::Xrd { .. }) && plain_plural && plain_group
-}
-
 /// The names of what [`compile`] makes of a policy on its own (empty for Off).
 pub fn object_names(policy: &Policy) -> Vec<String> {
     if validation_actions(policy.mode).is_none() {
         return Vec::new();
     }
-    names_of(policy).into()
-}
-
-fn names_of(policy: &Policy) -> [String; 2] {
-    if is_shared(policy) {
-        shared_names(policy.mode, policy.kind.shape, 0)
-    } else {
-        [
-            object_name(&policy.source),
-            update_object_name(&policy.source),
-        ]
-    }
-}
-
-/// The first pair of a variant is named plainly; the others of a spread
-/// variant end in their number.
-fn shared_names(mode: Mode, shape: Shape, part: u64) -> [String; 2] {
-    let suffix = if part == 0 {
-        String::new()
-    } else {
-        format!("-{part}")
-    };
-    [
-        format!("{}{suffix}", shared_object_name(mode, shape)),
-        format!("{}{suffix}", shared_update_object_name(mode, shape)),
-    ]
-}
-
-/// `cascade-guard-xrds-<mode>-<shape>`: the DELETE pair every XRD of that
-/// mode and shape shares (`cascade-guard-xrds-refuse-composite`).
-pub fn shared_object_name(mode: Mode, shape: Shape) -> String {
-    format!("{XRDS_OBJECT_PREFIX}{}", variant(mode, shape))
-}
-
-/// `cascade-guard-update-xrds-<mode>-<shape>`: the UPDATE pair they share.
-pub fn shared_update_object_name(mode: Mode, shape: Shape) -> String {
-    format!("{UPDATE_XRDS_OBJECT_PREFIX}{}", variant(mode, shape))
-}
-
-fn variant(mode: Mode, shape: Shape) -> String {
-    let shape = match shape {
-        Shape::CompositeResource => "composite",
-        Shape::Claim => "claim",
-        Shape::Other => "other",
-    };
-    format!("{}-{shape}", mode.as_str().to_ascii_lowercase())
+    PairName::of(policy).names().into()
 }
 
 /// One rule per group and scope, naming every plural of the policies' kinds
@@ -495,81 +442,13 @@ pub fn mode_from(source: &Source) -> &'static str {
     }
 }
 
-const MAX_NAME: usize = 253;
-const HASH_HEX: usize = 10;
-
-/// `cascade-guard-policy-<name>`, or `cascade-guard-xrd-<name>` for an XRD
-/// whose kind is not shared (see [`is_shared`]; earlier releases named every
-/// XRD's pair so), shared by the policy and its binding. A name that would be too long, or is not a valid
-/// object name (possible only with hand-written files), is cleaned and
-/// truncated, with a hash of the source name appended so distinct sources
-/// keep distinct names.
-pub fn object_name(source: &Source) -> String {
-    match source {
-        Source::Xrd {
-            name, claim: true, ..
-        } => prefixed_name(CLAIM_OBJECT_PREFIX, name),
-        Source::Xrd { name, .. } => prefixed_name(XRD_OBJECT_PREFIX, name),
-        Source::CascadePolicy { name } => prefixed_name(CASCADE_POLICY_OBJECT_PREFIX, name),
-    }
-}
-
-/// `cascade-guard-update-xrd-<name>` or `cascade-guard-update-policy-<name>`,
-/// cleaned like [`object_name`].
-pub fn update_object_name(source: &Source) -> String {
-    match source {
-        Source::Xrd {
-            name, claim: true, ..
-        } => prefixed_name(UPDATE_CLAIM_OBJECT_PREFIX, name),
-        Source::Xrd { name, .. } => prefixed_name(UPDATE_XRD_OBJECT_PREFIX, name),
-        Source::CascadePolicy { name } => prefixed_name(UPDATE_CASCADE_POLICY_OBJECT_PREFIX, name),
-    }
-}
-
-fn prefixed_name(prefix: &str, raw: &str) -> String {
-    let plain = format!("{prefix}{raw}");
-    if is_dns_subdomain(&plain) {
-        return plain;
-    }
-    let cleaned: String = plain
-        .chars()
-        .map(|c| match c.to_ascii_lowercase() {
-            c @ ('a'..='z' | '0'..='9' | '-' | '.') => c,
-            _ => '-',
-        })
-        .collect();
-    // Each dot-separated label must start and end with a letter or digit.
-    let labels: Vec<&str> = cleaned
-        .split('.')
-        .map(|l| l.trim_matches('-'))
-        .filter(|l| !l.is_empty())
-        .collect();
-    let mut body = labels.join(".");
-    body.truncate(MAX_NAME - 1 - HASH_HEX);
-    let body = body.trim_end_matches(['-', '.']);
-    let hash = fnv1a_64(raw.as_bytes());
-    format!(
-        "{body}-{:0width$x}",
-        hash >> (64 - 4 * HASH_HEX),
-        width = HASH_HEX
-    )
-}
-
-/// FNV-1a: tiny, stable across releases and platforms, good enough to keep
-/// truncated names apart (not a security boundary).
-fn fnv1a_64(bytes: &[u8]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes
-        .iter()
-        .fold(OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cel::SCHEMA_DEPENDENT_VARIABLES;
     use crate::kind::{ProtectedKind, Scope, Shape};
+    use crate::naming::{object_name, update_object_name};
+    use crate::selector::is_dns_subdomain;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     use kube_core::ResourceExt;
 

@@ -127,6 +127,21 @@ fn join_group(name: &str, group: &str) -> String {
 }
 
 #[cfg(test)]
+impl ProtectedKind {
+    /// A cluster-scoped kind of group `example.org` whose plural is its
+    /// name in lowercase with an `s`, for tests.
+    pub(crate) fn example(kind: &str, shape: Shape) -> Self {
+        ProtectedKind {
+            group: "example.org".into(),
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_lowercase()),
+            scope: Scope::Cluster,
+            shape,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -10,10 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::admission::{object_name, update_object_name};
 use crate::kind::{ProtectedKind, Scope, Shape};
 use crate::mode::Mode;
 use crate::names::{MODE_ANNOTATION, PROTECTED_KIND_ANNOTATION, SOURCE_ANNOTATION};
+use crate::naming::{object_name, update_object_name};
 use crate::resolve::reasons::{KIND_NOT_DISCOVERED, UNKNOWN_KIND};
 use crate::resolve::{Policy, Resolution, Source, Subject};
 

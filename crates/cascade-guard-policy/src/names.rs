@@ -81,6 +81,9 @@ pub const CROSSPLANE_APIEXTENSIONS_GROUP: &str = "apiextensions.crossplane.io";
 /// Kind of a Crossplane CompositeResourceDefinition.
 pub const XRD_KIND: &str = "CompositeResourceDefinition";
 
+/// Kind of cascade-guard's own policy resource.
+pub const CASCADE_POLICY_KIND: &str = "CascadePolicy";
+
 /// Prefixes of the objects every XRD of one mode and shape shares, for
 /// DELETEs and for UPDATEs (`cascade-guard-xrds-refuse-composite`).
 pub const XRDS_OBJECT_PREFIX: &str = "cascade-guard-xrds-";

@@ -9,8 +9,9 @@ use serde_json::Value;
 use crate::admission::{Compiled, compile_with_names};
 use crate::drift::first_difference;
 use crate::names::{
-    CASCADE_POLICY_OBJECT_PREFIX, CLAIM_OBJECT_PREFIX, UPDATE_CASCADE_POLICY_OBJECT_PREFIX,
-    UPDATE_CLAIM_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, UPDATE_XRDS_OBJECT_PREFIX,
+    CASCADE_POLICY_KIND, CASCADE_POLICY_OBJECT_PREFIX, CLAIM_OBJECT_PREFIX,
+    PROTECTED_KINDS_ANNOTATION, SOURCE_ANNOTATION, UPDATE_CASCADE_POLICY_OBJECT_PREFIX,
+    UPDATE_CLAIM_OBJECT_PREFIX, UPDATE_XRD_OBJECT_PREFIX, UPDATE_XRDS_OBJECT_PREFIX, XRD_KIND,
     XRD_OBJECT_PREFIX, XRDS_OBJECT_PREFIX,
 };
 use crate::resolve::{Policy, Resolution, Source};
@@ -254,14 +255,14 @@ pub fn diff(plan: &Plan, live: &Live, known: Known) -> Vec<Difference> {
     out.extend(others);
     let wanted = plan.wanted_names();
     for kind in [ObjectKind::Binding, ObjectKind::Policy] {
-        for name in live.of(kind).keys().filter(|n| !wanted.contains(*n)) {
+        for (name, object) in live.of(kind).iter().filter(|(n, _)| !wanted.contains(*n)) {
             out.push(Difference {
                 kind,
                 name: name.clone(),
                 sources: Vec::new(),
                 loses: true,
                 drift: Drift::Extra {
-                    removable: removable(name, known),
+                    removable: removable(name, object, known),
                 },
             });
         }
@@ -336,9 +337,43 @@ fn matched(object: &Value, kind: ObjectKind) -> Option<BTreeSet<[String; 4]>> {
     Some(out)
 }
 
-/// Whether an extra object may be removed: only when the input its name says
-/// it came from was read completely (an object of unknown origin, when both were).
-fn removable(name: &str, known: Known) -> bool {
+/// The input an admission object came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Input {
+    Xrds,
+    CascadePolicies,
+}
+
+/// Whether an extra object may be removed: only when the input it came from
+/// was read completely (an object of unknown origin, when both were). Where
+/// it came from is what it records ([`recorded_input`]); only an object that
+/// records nothing (written by hand) is placed by its name's prefix.
+fn removable(name: &str, object: &Value, known: Known) -> bool {
+    match recorded_input(object).or_else(|| named_input(name)) {
+        Some(Input::Xrds) => known.xrds,
+        Some(Input::CascadePolicies) => known.cascade_policies,
+        None => known.xrds && known.cascade_policies,
+    }
+}
+
+/// Where an object says it came from: a shared pair lists its XRDs' kinds
+/// ([`PROTECTED_KINDS_ANNOTATION`]), a pair of one source names it
+/// ([`SOURCE_ANNOTATION`], `Kind/name`).
+fn recorded_input(object: &Value) -> Option<Input> {
+    let annotations = object.pointer("/metadata/annotations")?;
+    if annotations.get(PROTECTED_KINDS_ANNOTATION).is_some() {
+        return Some(Input::Xrds);
+    }
+    let source = annotations.get(SOURCE_ANNOTATION)?.as_str()?;
+    match source.split_once('/')?.0 {
+        XRD_KIND => Some(Input::Xrds),
+        CASCADE_POLICY_KIND => Some(Input::CascadePolicies),
+        _ => None,
+    }
+}
+
+/// Where an object's name says it came from.
+fn named_input(name: &str) -> Option<Input> {
     let from_xrd = [
         XRDS_OBJECT_PREFIX,
         UPDATE_XRDS_OBJECT_PREFIX,
@@ -348,13 +383,13 @@ fn removable(name: &str, known: Known) -> bool {
         UPDATE_CLAIM_OBJECT_PREFIX,
     ];
     if from_xrd.iter().any(|p| name.starts_with(p)) {
-        known.xrds
+        Some(Input::Xrds)
     } else if name.starts_with(CASCADE_POLICY_OBJECT_PREFIX)
         || name.starts_with(UPDATE_CASCADE_POLICY_OBJECT_PREFIX)
     {
-        known.cascade_policies
+        Some(Input::CascadePolicies)
     } else {
-        known.xrds && known.cascade_policies
+        None
     }
 }
 
@@ -626,7 +661,75 @@ mod tests {
                 xrds,
                 cascade_policies,
             };
-            assert_eq!(removable(name, known), want, "{name}");
+            assert_eq!(removable(name, &Value::Null, known), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn an_extra_object_is_placed_by_the_source_it_records() {
+        use serde_json::json;
+        let xrds_only = Known {
+            xrds: true,
+            cascade_policies: false,
+        };
+        let recording = |key: &str, value: &str| json!({"metadata": {"annotations": {key: value}}});
+        let cases = [
+            // What the object records, whatever its name says.
+            (
+                "cascade-guard-other",
+                recording(
+                    SOURCE_ANNOTATION,
+                    "CompositeResourceDefinition/x.example.org (its claims)",
+                ),
+                true,
+            ),
+            (
+                "cascade-guard-policy-x",
+                recording(
+                    SOURCE_ANNOTATION,
+                    "CompositeResourceDefinition/x.example.org",
+                ),
+                true,
+            ),
+            (
+                "cascade-guard-xrd-x.example.org",
+                recording(SOURCE_ANNOTATION, "CascadePolicy/x"),
+                false,
+            ),
+            (
+                "cascade-guard-other",
+                recording(PROTECTED_KINDS_ANNOTATION, "{}"),
+                true,
+            ),
+            // Nothing readable recorded: what the name says.
+            (
+                "cascade-guard-xrd-x.example.org",
+                recording(SOURCE_ANNOTATION, "x"),
+                true,
+            ),
+            ("cascade-guard-policy-x", json!({}), false),
+            ("cascade-guard-other", json!({}), false),
+        ];
+        for (name, object, want) in cases {
+            assert_eq!(
+                removable(name, &object, xrds_only),
+                want,
+                "{name}: {object}"
+            );
+        }
+        // What cascade-guard writes records what its name says.
+        let written = plan(
+            &resolution(vec![
+                policy("A", Mode::Refuse, xrd("as.example.org")),
+                policy("Z", Mode::Warn, Source::CascadePolicy { name: "z".into() }),
+            ]),
+            &CompileSettings::default(),
+            BTreeSet::new(),
+        );
+        let live = live_of(&written);
+        for (name, object) in live.policies.iter().chain(&live.bindings) {
+            assert!(recorded_input(object).is_some(), "{name}");
+            assert_eq!(recorded_input(object), named_input(name), "{name}");
         }
     }
 
@@ -709,6 +812,7 @@ mod tests {
         ] {
             assert!(removable(
                 name,
+                &Value::Null,
                 Known {
                     xrds: true,
                     cascade_policies: false
@@ -716,6 +820,7 @@ mod tests {
             ));
             assert!(!removable(
                 name,
+                &Value::Null,
                 Known {
                     xrds: false,
                     cascade_policies: true

@@ -6,12 +6,13 @@ use std::collections::BTreeSet;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::cascade_policy::read_document;
 use crate::mode::Mode;
 use crate::names::GROUP;
 use crate::plan::plan;
 use crate::resolve::{
     CascadePolicyInput, CrdInfo, Inputs, Policy, Problem, Severity, Subject, XrdInput,
-    read_crd_info, reasons, resolve,
+    read_crd_info, resolve,
 };
 use crate::settings::CompileSettings;
 use crate::xrd::looks_like_xrd;
@@ -40,7 +41,7 @@ pub struct Ignored {
 }
 
 /// Reason for a CascadePolicy document that cannot be read at all.
-pub const INVALID_CASCADE_POLICY: &str = "InvalidCascadePolicy";
+pub use crate::cascade_policy::INVALID_CASCADE_POLICY;
 /// Reason for a CRD document that cannot be read.
 pub const INVALID_CRD: &str = "InvalidCrd";
 
@@ -265,76 +266,14 @@ fn doc_subject(doc: &Value, index: usize, named: impl Fn(String) -> Subject) -> 
     }
 }
 
-/// Reads a CascadePolicy from a file leniently, like the XRD annotation:
-/// whatever can be guarded is guarded. The API server's schema would refuse
-/// such a file; here a bad mode reads as Refuse and a bad selector as none.
+/// Reads a CascadePolicy from a file leniently ([`read_document`]).
 fn read_cascade_policy(
     doc: &Value,
     index: usize,
     problems: &mut Vec<Problem>,
 ) -> Option<CascadePolicyInput> {
     let subject = doc_subject(doc, index, |name| Subject::CascadePolicy { name });
-    let mut fail = |message: String| {
-        problems.push(Problem {
-            subject: subject.clone(),
-            reason: INVALID_CASCADE_POLICY,
-            message,
-            severity: Severity::Error,
-        });
-        None
-    };
-    let Subject::CascadePolicy { name } = &subject else {
-        return fail("the CascadePolicy has no metadata.name; it guards nothing".into());
-    };
-    let (Some(group), Some(kind)) = (
-        doc.pointer("/spec/group").and_then(Value::as_str),
-        doc.pointer("/spec/kind").and_then(Value::as_str),
-    ) else {
-        return fail(
-            "spec.group and spec.kind must both be strings; the policy guards nothing".into(),
-        );
-    };
-    let mode = match doc.pointer("/spec/mode") {
-        None | Some(Value::Null) => Mode::default(),
-        Some(value) => match value.as_str().map(Mode::parse_exact) {
-            Some(Ok(mode)) => mode,
-            _ => {
-                problems.push(Problem {
-                    subject: subject.clone(),
-                    reason: reasons::UNKNOWN_MODE,
-                    message: format!(
-                        "spec.mode {value} is not one of Refuse, Convert, Warn or Off (exact spelling); the policy is rendered in Refuse mode"
-                    ),
-                    severity: Severity::Warning,
-                });
-                Mode::Refuse
-            }
-        },
-    };
-    let selector = match doc.pointer("/spec/selector") {
-        None | Some(Value::Null) => None,
-        Some(value) => match serde_json::from_value(value.clone()) {
-            Ok(sel) => Some(sel),
-            Err(e) => {
-                problems.push(Problem {
-                    subject: subject.clone(),
-                    reason: reasons::INVALID_SELECTOR,
-                    message: format!(
-                        "spec.selector cannot be read ({e}); the policy guards every object of its kind instead, which is wider and so safer"
-                    ),
-                    severity: Severity::Warning,
-                });
-                None
-            }
-        },
-    };
-    Some(CascadePolicyInput {
-        name: name.clone(),
-        group: group.to_string(),
-        kind: kind.to_string(),
-        mode,
-        selector,
-    })
+    read_document(doc, subject, problems)
 }
 
 #[derive(Debug, thiserror::Error)]

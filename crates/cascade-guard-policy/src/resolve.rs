@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::kind::{Forbidden, ProtectedKind, Scope, Shape, forbidden};
 use crate::mode::{Mode, read_mode_annotation};
+use crate::names::{CASCADE_POLICY_KIND, XRD_KIND};
 use crate::selector::validate_label_selector;
 use crate::shown::Shown;
 use crate::xrd::{SalvagedXrd, Xrd, XrdError, read_xrd, salvage_xrd};
@@ -206,8 +207,8 @@ impl fmt::Display for Subject {
     /// `Kind/name`, as kubectl prints it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Subject::Xrd { name } => write!(f, "CompositeResourceDefinition/{name}"),
-            Subject::CascadePolicy { name } => write!(f, "CascadePolicy/{name}"),
+            Subject::Xrd { name } => write!(f, "{XRD_KIND}/{name}"),
+            Subject::CascadePolicy { name } => write!(f, "{CASCADE_POLICY_KIND}/{name}"),
             Subject::Crd { name } => write!(f, "CustomResourceDefinition/{name}"),
             Subject::Document { index } => write!(f, "document {index}"),
         }

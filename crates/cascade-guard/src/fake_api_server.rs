@@ -65,6 +65,10 @@ impl Exchange {
         Self::new(Method::POST, uri)
     }
 
+    pub fn put(uri: &str) -> Self {
+        Self::new(Method::PUT, uri)
+    }
+
     pub fn header(mut self, name: &'static str, value: &'static str) -> Self {
         self.headers.push((name, value));
         self
@@ -84,6 +88,14 @@ impl Exchange {
     pub fn ok(mut self, object: Value) -> Self {
         self.status = StatusCode::OK;
         self.answer = Some(object);
+        self
+    }
+
+    /// Answers 200 with the object sent, as an apply or replace that
+    /// changes nothing else does.
+    pub fn echoes(mut self) -> Self {
+        self.status = StatusCode::OK;
+        self.answer = None;
         self
     }
 

@@ -2,13 +2,13 @@
 //! definition cascade-guard cannot annotate (not an XRD, or an XRD from a
 //! package someone else owns).
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::policy;
 use crate::policy::CascadePolicyInput;
-use crate::policy::mode::Mode;
 
 /// Guards deletes of one custom resource kind.
 // Each printcolumn(...) repeats `type_ = "string"`, which clippy takes for a
@@ -31,22 +31,17 @@ use crate::policy::mode::Mode;
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     )
 )]
-#[serde(rename_all = "camelCase")]
-pub struct CascadePolicySpec {
-    /// API group of the protected kind. Only CRD-backed kinds can be guarded,
-    /// so the core group ("") is not accepted.
-    #[schemars(length(min = 1))]
-    pub group: String,
-    /// Kind to protect, exactly as its CRD spells it (case-sensitive).
-    #[schemars(length(min = 1))]
-    pub kind: String,
-    /// What to do with a delete that would not cascade in the foreground.
-    #[serde(default)]
-    pub mode: Mode,
-    /// Narrows the policy to objects whose labels match. Absent: every object
-    /// of the kind.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<LabelSelector>,
+// The spec is the policy crate's (`render` reads files into it too), wrapped
+// so that kube's derive can build the resource and its CRD around it.
+#[serde(transparent)]
+pub struct ApiSpec(pub policy::CascadePolicySpec);
+
+impl std::ops::Deref for ApiSpec {
+    type Target = policy::CascadePolicySpec;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 /// What cascade-guard made of a CascadePolicy.
@@ -67,30 +62,25 @@ impl CascadePolicy {
     /// What policy resolution needs of this object; None for an unnamed one,
     /// which the API server never returns.
     pub fn resolution_input(&self) -> Option<CascadePolicyInput> {
-        let name = self.metadata.name.clone().filter(|n| !n.is_empty())?;
-        Some(CascadePolicyInput {
-            name,
-            group: self.spec.group.clone(),
-            kind: self.spec.kind.clone(),
-            mode: self.spec.mode,
-            selector: self.spec.selector.clone(),
-        })
+        let name = self.metadata.name.as_deref().filter(|n| !n.is_empty())?;
+        Some(self.spec.input(name))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Mode;
     use kube::CustomResourceExt;
 
     #[test]
     fn resolution_input_takes_what_resolution_needs() {
-        let spec = CascadePolicySpec {
+        let spec = ApiSpec(policy::CascadePolicySpec {
             group: "db.example.org".into(),
             kind: "Database".into(),
             mode: Mode::Convert,
             selector: None,
-        };
+        });
         let mut policy = CascadePolicy::new("p", spec);
         assert_eq!(
             policy.resolution_input(),

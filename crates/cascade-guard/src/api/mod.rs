@@ -2,4 +2,4 @@
 
 pub mod cascade_policy;
 
-pub use cascade_policy::{CascadePolicy, CascadePolicySpec, CascadePolicyStatus};
+pub use cascade_policy::{ApiSpec, CascadePolicy, CascadePolicyStatus};

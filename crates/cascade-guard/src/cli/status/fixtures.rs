@@ -6,8 +6,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use serde_json::{Value, json};
 
 use super::report::{AdmissionSync, admission_sync};
+use crate::policy::last_good::LastGood;
 use crate::policy::names::DELETION_POLICY_ANNOTATION;
 use crate::policy::plan::{Known, Live, plan};
+use crate::policy::sync::{Seen, pass};
 use crate::policy::{
     CascadePolicyInput, CompileSettings, CrdInfo, Inputs, Mode, Resolution, Scope, XrdInput,
     resolve,
@@ -79,12 +81,23 @@ pub(super) fn live(resolution: &Resolution) -> (Vec<Value>, Vec<Value>) {
 
 /// status's comparison, with every input read.
 pub(super) fn sync(r: &Resolution, policies: &[Value], bindings: &[Value]) -> AdmissionSync {
-    let plan = plan(r, &CompileSettings::default(), BTreeSet::new());
-    let known = Known {
-        xrds: true,
-        cascade_policies: true,
+    let live = Live::from_lists(policies, bindings);
+    let seen = Seen {
+        known: Known {
+            xrds: true,
+            cascade_policies: true,
+        },
+        live: &live,
+        live_complete: true,
     };
-    admission_sync(&plan, &Live::from_lists(policies, bindings), known)
+    let pass = pass(
+        r.clone(),
+        &CompileSettings::default(),
+        seen,
+        &mut LastGood::default(),
+        |name| live.policies.get(name).cloned(),
+    );
+    admission_sync(&pass, &live)
 }
 
 pub(super) fn meta(name: &str, deleting: Option<&str>, finalizers: &[&str]) -> ObjectMeta {

@@ -20,10 +20,11 @@ use super::report::{self, Report, SettingsFrom, admission_sync, cascading_object
 use crate::Error;
 use crate::cluster::inputs::read_once;
 use crate::cluster::{held, running, served_resource, static_protection, type_check};
-use crate::policy::last_good::{LastGood, keep_last_good, recall};
+use crate::policy::last_good::LastGood;
 use crate::policy::names::MANAGED_BY_SELECTOR;
-use crate::policy::plan::{Known, Live, plan};
-use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, Source, object_name, resolve};
+use crate::policy::plan::{Known, Live};
+use crate::policy::sync::{Seen, pass};
+use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, resolve};
 
 /// The controller's flags that change what it compiles: status must be
 /// given the same to compare.
@@ -91,38 +92,31 @@ pub async fn status(
             .map_err(list("ValidatingAdmissionPolicyBindings"))?
             .items,
     );
-    // As the controller does after a restart: a CascadePolicy that now names
-    // an unknown kind keeps what its admission objects say.
-    let named = |live: &[Value], name: &str| {
-        live.iter()
-            .find(|v| v.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
-            .cloned()
-    };
-    let (resolution, kept) = keep_last_good(
-        resolve(&read.inputs),
-        &mut LastGood::default(),
-        read.kinds_complete,
-        |name| {
-            let object = object_name(&Source::CascadePolicy {
-                name: name.to_string(),
-            });
-            recall(name, &named(&live_policies, &object)?)
+    // The controller's pass, on what it would read. What the controller
+    // could read completely, read the same way; as the controller does after
+    // a restart, a CascadePolicy that now names an unknown kind keeps what
+    // its admission objects say.
+    let live = Live::from_lists(&live_policies, &live_bindings);
+    let seen = Seen {
+        known: Known {
+            xrds: true,
+            cascade_policies: read.kinds_complete,
         },
+        live: &live,
+        live_complete: true,
+    };
+    let pass = pass(
+        resolve(&read.inputs),
+        &settings.compile,
+        seen,
+        &mut LastGood::default(),
+        |name| live.policies.get(name).cloned(),
     );
+    let resolution = &pass.resolution;
     problems.extend(resolution.problems.iter().map(ToString::to_string));
     // What the API server's type check found wrong with the live policies.
     problems.extend(type_check::problems(&typed_policies));
-    let plan = plan(&resolution, &settings.compile, kept);
-    // What the controller could read completely, read the same way.
-    let known = Known {
-        xrds: true,
-        cascade_policies: read.kinds_complete,
-    };
-    let admission = admission_sync(
-        &plan,
-        &Live::from_lists(&live_policies, &live_bindings),
-        known,
-    );
+    let admission = admission_sync(&pass, &live);
 
     let now = Timestamp::now();
     let mut cascading = Vec::new();
@@ -179,7 +173,7 @@ pub async fn status(
             .then_with(|| (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name)))
     });
 
-    let mut protected = protected(&plan);
+    let mut protected = protected(&pass.plan);
     report::mark_missing_api_objects(&mut protected, &admission);
     let static_protection = match static_protection::records(client).await {
         Ok(records) if records.is_empty() => None,

@@ -16,10 +16,11 @@ use crate::policy::names::{
     FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, MODE_ANNOTATION,
     PROTECTED_KINDS_ANNOTATION,
 };
-use crate::policy::plan::{self, Known, Live, Plan};
+use crate::policy::plan::{self, Live, Plan};
 use crate::policy::selector::query_string;
 use crate::policy::split_yaml_documents;
 use crate::policy::static_manifest::{FEATURE_GATE, ServerReport, protected_kinds};
+use crate::policy::sync::Pass;
 use crate::policy::{Mode, Source};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -374,11 +375,14 @@ pub(super) fn static_protection(
     })
 }
 
-/// The plan's diff against the managed admission objects in the cluster,
-/// for people: the same diff the controller writes from.
-pub(super) fn admission_sync(plan: &Plan, live: &Live, known: Known) -> AdmissionSync {
-    let differences: Vec<MismatchedObject> = plan::diff(plan, live, known)
-        .into_iter()
+/// A sync pass's changes, for people: the same pass the controller writes
+/// from, run on `live`, the managed admission objects in the cluster.
+pub(super) fn admission_sync(pass: &Pass, live: &Live) -> AdmissionSync {
+    let plan = &pass.plan;
+    let differences: Vec<MismatchedObject> = pass
+        .changes
+        .iter()
+        .cloned()
         .map(|d| {
             let kind = d.kind.as_str();
             let (state, detail) = match d.drift {
