@@ -568,12 +568,15 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
         ..LeaseSettings::new(namespace, args.leader.leader_election_id.clone(), identity)
     };
     if args.leader.no_leader_election {
-        tokio::spawn(leader::announce(client.clone(), lease));
+        let announcing = tokio::spawn(leader::announce(client.clone(), lease.clone()));
         metrics.set_leader(true);
         tokio::select! {
-            () = controller::run(client, settings, metrics, health) => {}
+            () = controller::run(client.clone(), settings, metrics, health) => {}
             () = stop => tracing::info!("stopping"),
         }
+        // A clean stop says so at once: status and uninstall see it stopped.
+        announcing.abort();
+        leader::withdraw(client, &lease).await;
         return Ok(());
     }
 

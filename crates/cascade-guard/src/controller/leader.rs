@@ -186,6 +186,32 @@ pub async fn announce(client: Client, settings: LeaseSettings) {
     }
 }
 
+/// The end of [`announce`]: the Lease left with an empty holder, which
+/// nobody reads as running.
+pub async fn withdraw(client: Client, settings: &LeaseSettings) {
+    let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(settings.name.clone()),
+            annotations: Some(settings.annotations.clone()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(String::new()),
+            lease_duration_seconds: Some(1),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    let params = kube::api::PatchParams::apply(crate::controller::MANAGER).force();
+    if let Err(e) = api
+        .patch(&settings.name, &params, &kube::api::Patch::Apply(&lease))
+        .await
+    {
+        warn!(lease = %settings.name, error = %e, "cannot mark this controller stopped on its Lease; it reads as running until the Lease expires");
+    }
+}
+
 /// Held leadership. Dropping it stops renewing without giving the Lease up (as
 /// if the process died); [`Leadership::release`] gives it up.
 pub struct Leadership {
