@@ -78,7 +78,7 @@ pub fn compile_with_names(
     policies: &[Policy],
     settings: &CompileSettings,
 ) -> (Vec<Compiled>, Vec<Vec<String>>) {
-    let groups = group(policies);
+    let groups = group(policies, settings.set_name.as_deref());
     let mut out = Vec::new();
     for group in &groups {
         let carriers: Vec<&Policy> = group.members.iter().map(|&i| &policies[i]).collect();
@@ -132,7 +132,7 @@ pub const SPREAD: u64 = 16;
 /// The policies that share objects, in the order their first member appears:
 /// the XRD policies of one mode and shape together (spread over [`SPREAD`]
 /// pairs when there are very many), each other policy alone.
-fn group(policies: &[Policy]) -> Vec<Group> {
+fn group(policies: &[Policy], set: Option<&str>) -> Vec<Group> {
     let mut per_variant: BTreeMap<(Mode, Shape), usize> = BTreeMap::new();
     for p in policies.iter().filter(|p| is_shared(p)) {
         *per_variant.entry((p.mode, p.kind.shape)).or_default() += 1;
@@ -153,6 +153,7 @@ fn group(policies: &[Policy]) -> Vec<Group> {
                 mode: p.mode,
                 shape: p.kind.shape,
                 part,
+                set: set.map(str::to_string),
             }
             .names()
         } else {

@@ -1238,6 +1238,7 @@ mod tests {
             crossplane_user: "cp' || true || '".into(),
             controller_user: "cg-🦀".into(),
             break_glass_needs_permission: true,
+            set_name: None,
         };
         let p = compile_update_cel(Mode::Refuse, Shape::CompositeResource, &hostile);
         let lit = |s: &str| cel_string_literal(s);
@@ -1257,6 +1258,7 @@ mod tests {
             crossplane_user: String::new(),
             controller_user: String::new(),
             break_glass_needs_permission: true,
+            set_name: None,
         };
         let p = compile_update_cel(Mode::Refuse, Shape::CompositeResource, &nobody);
         assert!(p.match_condition.starts_with("(!(false) && "));

@@ -23,8 +23,13 @@ pub enum PairName {
     Own(Source),
     /// The pair every XRD of one mode and shape shares: part 0 is named
     /// plainly; the other parts of a variant spread over several pairs end
-    /// in their number.
-    Shared { mode: Mode, shape: Shape, part: u64 },
+    /// in their number; a rendered set (`render --set-name`) ends in its name.
+    Shared {
+        mode: Mode,
+        shape: Shape,
+        part: u64,
+        set: Option<String>,
+    },
 }
 
 impl PairName {
@@ -36,6 +41,7 @@ impl PairName {
                 mode: policy.mode,
                 shape: policy.kind.shape,
                 part: 0,
+                set: None,
             }
         } else {
             PairName::Own(policy.source.clone())
@@ -51,9 +57,12 @@ impl PairName {
     pub fn delete(&self) -> String {
         match self {
             PairName::Own(source) => own_name(source, Guard::Delete),
-            PairName::Shared { mode, shape, part } => {
-                shared_name(XRDS_OBJECT_PREFIX, *mode, *shape, *part)
-            }
+            PairName::Shared {
+                mode,
+                shape,
+                part,
+                set,
+            } => shared_name(XRDS_OBJECT_PREFIX, *mode, *shape, *part, set.as_deref()),
         }
     }
 
@@ -62,9 +71,18 @@ impl PairName {
     pub fn update(&self) -> String {
         match self {
             PairName::Own(source) => own_name(source, Guard::Update),
-            PairName::Shared { mode, shape, part } => {
-                shared_name(UPDATE_XRDS_OBJECT_PREFIX, *mode, *shape, *part)
-            }
+            PairName::Shared {
+                mode,
+                shape,
+                part,
+                set,
+            } => shared_name(
+                UPDATE_XRDS_OBJECT_PREFIX,
+                *mode,
+                *shape,
+                *part,
+                set.as_deref(),
+            ),
         }
     }
 }
@@ -99,16 +117,20 @@ pub fn update_object_name(source: &Source) -> String {
     PairName::Own(source.clone()).update()
 }
 
-fn shared_name(prefix: &str, mode: Mode, shape: Shape, part: u64) -> String {
+fn shared_name(prefix: &str, mode: Mode, shape: Shape, part: u64, set: Option<&str>) -> String {
     let shape = match shape {
         Shape::CompositeResource => "composite",
         Shape::Claim => "claim",
         Shape::Other => "other",
     };
     let mode = mode.as_str().to_ascii_lowercase();
-    match part {
+    let name = match part {
         0 => format!("{prefix}{mode}-{shape}"),
         part => format!("{prefix}{mode}-{shape}-{part}"),
+    };
+    match set {
+        Some(set) => format!("{name}-{set}"),
+        None => name,
     }
 }
 
@@ -196,6 +218,7 @@ mod tests {
                     mode: Mode::Refuse,
                     shape: Shape::CompositeResource,
                     part: 0,
+                    set: None,
                 },
                 [
                     "cascade-guard-xrds-refuse-composite",
@@ -207,10 +230,23 @@ mod tests {
                     mode: Mode::Warn,
                     shape: Shape::Claim,
                     part: 3,
+                    set: None,
                 },
                 [
                     "cascade-guard-xrds-warn-claim-3",
                     "cascade-guard-update-xrds-warn-claim-3",
+                ],
+            ),
+            (
+                PairName::Shared {
+                    mode: Mode::Refuse,
+                    shape: Shape::CompositeResource,
+                    part: 0,
+                    set: Some("modelplane".into()),
+                },
+                [
+                    "cascade-guard-xrds-refuse-composite-modelplane",
+                    "cascade-guard-update-xrds-refuse-composite-modelplane",
                 ],
             ),
             (

@@ -183,32 +183,18 @@ fn document_kind(doc: &Value) -> String {
 /// stays a valid object name with room to spare.
 pub const MAX_SET_NAME: usize = 40;
 
-/// Appends `-<set>` to the names of the shared XRD objects among `objects`
-/// (and to their bindings' `policyName`), so that sets rendered and applied
-/// separately (one per package) do not overwrite one another's shared pairs.
-/// `set` must be a DNS label of at most [`MAX_SET_NAME`] characters.
-pub fn name_set(objects: &mut [Value], set: &str) -> Result<(), String> {
+/// A set name (`render --set-name`) must be a DNS label short enough that
+/// every shared pair's name stays valid with it appended.
+pub fn validate_set_name(set: &str) -> Result<(), String> {
     let label =
         set.len() <= MAX_SET_NAME && crate::selector::is_dns_subdomain(set) && !set.contains('.');
-    if !label {
-        return Err(format!(
+    if label {
+        Ok(())
+    } else {
+        Err(format!(
             "set name {set:?} is not a DNS label (lowercase letters, digits and '-', at most {MAX_SET_NAME} characters)"
-        ));
+        ))
     }
-    let shared = |name: &str| {
-        name.starts_with(crate::names::XRDS_OBJECT_PREFIX)
-            || name.starts_with(crate::names::UPDATE_XRDS_OBJECT_PREFIX)
-    };
-    for object in objects.iter_mut() {
-        for pointer in ["/metadata/name", "/spec/policyName"] {
-            if let Some(field) = object.pointer_mut(pointer)
-                && let Some(name) = field.as_str().filter(|n| shared(n))
-            {
-                *field = Value::String(format!("{name}-{set}"));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A `*List` (as `kubectl get -o yaml` prints) stands for its items.
@@ -713,7 +699,7 @@ mod tests {
     }
 
     #[test]
-    fn a_named_set_renames_only_the_shared_objects() {
+    fn a_named_set_names_only_the_shared_objects() {
         let mut docs: Vec<Value> = modelplane_xrds().into_iter().map(|(_, v)| v).collect();
         annotate(&mut docs[0], "Refuse");
         docs.push(json!({"apiVersion": "cascade-guard.dev/v1alpha1", "kind": "CascadePolicy",
@@ -724,9 +710,12 @@ mod tests {
             "spec": {"group": "db.example.org", "scope": "Namespaced",
                 "names": {"kind": "Database", "plural": "databases"}}}),
         );
-        let mut r = render(docs, Mode::Off, &CompileSettings::default());
+        let settings = CompileSettings {
+            set_name: Some("team-a".into()),
+            ..CompileSettings::default()
+        };
+        let r = render(docs, Mode::Off, &settings);
         assert_eq!(r.problems, vec![]);
-        name_set(&mut r.objects, "team-a").unwrap();
         let names: Vec<(&str, &str)> = r
             .objects
             .iter()
@@ -747,8 +736,9 @@ mod tests {
         )));
         assert!(names.contains(&("cascade-guard-policy-dbs", "cascade-guard-policy-dbs")));
         for bad in ["Team", "a.b", "", &"x".repeat(41)] {
-            assert!(name_set(&mut r.objects, bad).is_err(), "{bad:?}");
+            assert!(validate_set_name(bad).is_err(), "{bad:?}");
         }
+        assert!(validate_set_name("team-a").is_ok());
     }
 
     #[test]

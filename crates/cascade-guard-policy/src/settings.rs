@@ -25,6 +25,11 @@ pub struct CompileSettings {
     /// Break-glass counts only for users the API server authorizes to `use`
     /// `breakglass.cascade-guard.dev`; false: for anyone who can annotate.
     pub break_glass_needs_permission: bool,
+    /// `render --set-name`: the name of a set rendered and applied apart
+    /// from others (one per package), which the pairs every XRD of a mode
+    /// shares end in, so that sets do not replace one another's. Never set
+    /// by the controller, which writes one set.
+    pub set_name: Option<String>,
 }
 
 impl Default for CompileSettings {
@@ -35,6 +40,7 @@ impl Default for CompileSettings {
             crossplane_user: DEFAULT_CROSSPLANE_USER.to_string(),
             controller_user: DEFAULT_CONTROLLER_USER.to_string(),
             break_glass_needs_permission: true,
+            set_name: None,
         }
     }
 }

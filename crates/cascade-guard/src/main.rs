@@ -119,6 +119,7 @@ impl PolicyArgs {
             crossplane_user: self.crossplane_user.clone(),
             controller_user: self.controller_user.clone(),
             break_glass_needs_permission: !self.break_glass_without_permission,
+            set_name: None,
         }
     }
 }
@@ -805,15 +806,14 @@ async fn render(kubeconfig: Option<PathBuf>, args: RenderArgs) -> Result<()> {
     if args.static_manifests {
         static_release_check(kubeconfig, args.kubernetes_version.as_deref()).await?;
     }
-    let mut rendered = cli::render::render_paths(
-        &args.paths,
-        args.policy.xrd_default_mode,
-        &args.policy.compile_settings(),
-    )?;
+    let mut settings = args.policy.compile_settings();
     if let Some(set) = &args.set_name {
-        cascade_guard::policy::render::name_set(&mut rendered.objects, set)
+        cascade_guard::policy::render::validate_set_name(set)
             .map_err(|e| anyhow::anyhow!("--set-name: {e}"))?;
+        settings.set_name = Some(set.clone());
     }
+    let mut rendered =
+        cli::render::render_paths(&args.paths, args.policy.xrd_default_mode, &settings)?;
     if args.strict {
         let strict = cascade_guard::policy::render::strict_problems(&rendered, &args.skip);
         rendered.problems.extend(strict);

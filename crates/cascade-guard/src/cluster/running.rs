@@ -50,6 +50,7 @@ impl ControllerSettings {
             crossplane_user: self.crossplane_user.clone(),
             controller_user: self.controller_user.clone(),
             break_glass_needs_permission: self.break_glass_needs_permission,
+            set_name: None,
         }
     }
 
