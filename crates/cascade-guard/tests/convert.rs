@@ -27,6 +27,7 @@ async fn timeline(s: &Scope<'_>, ns: &str) -> Timeline {
         ],
     )
     .await
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// kubectl, Helm-style and Flux-style Background deletes, a client that sends
@@ -345,7 +346,6 @@ async fn finalizers_follow_the_kind_in_and_out_of_convert_mode() {
     for i in 0..3 {
         wait_held(&s.client, &resource, &ns, &format!("xr-{i}")).await;
     }
-    let _ = config_maps();
 }
 
 /// The API server's verdicts on a held, live object of a Convert kind agree

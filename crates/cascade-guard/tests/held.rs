@@ -65,6 +65,7 @@ async fn timeline(s: &Scope<'_>, kind: &TestKind) -> Timeline {
         ],
     )
     .await
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Relabelled out of a Convert selector: a live object is let go; one deleted
@@ -407,13 +408,6 @@ async fn an_orphaning_break_glass_delete_is_left_alone() {
     // and dropped `orphan` would be harmless, and is rare: cascade-guard lets
     // go as soon as it sees `orphan`. One while `orphan` is on it would have
     // deleted the dependent, checked above.)
-}
-
-/// The controller's /metrics.
-fn metrics(port: u16) -> String {
-    http_get(port, "/metrics")
-        .map(|(_, body)| body)
-        .unwrap_or_default()
 }
 
 /// The notes of the Events `reason` about object `name` in `ns`.

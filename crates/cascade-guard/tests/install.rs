@@ -361,7 +361,8 @@ async fn cascade_guard_runs_with_exactly_the_charts_rbac() {
             (config_maps(), Some(ns.clone())),
         ],
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let _provider = Provider::start(admin.clone(), ns.clone(), Duration::from_secs(3));
     create_tree(admin, &refuse, &ns, "refused", 2).await;
     let got = delete(admin, &refuse, &ns, "refused", &background()).await;
@@ -854,7 +855,8 @@ async fn upgrade_and_uninstall_leave_nothing_stuck() {
             (config_maps(), Some(ns.clone())),
         ],
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     create_tree(admin, &convert, &ns, "busy", 2).await;
     wait_held(admin, &convert, &ns, "busy").await;
     assert!(

@@ -64,7 +64,11 @@ async fn a_typo_in_the_kind_keeps_the_last_good_protection_until_fixed_or_delete
     .await;
     assert!(served.is_some(), "Bucket never served");
 
-    env.start_controller(&["--no-leader-election"]);
+    let port = free_port();
+    env.start_controller(&[
+        "--no-leader-election",
+        &format!("--http-address=127.0.0.1:{port}"),
+    ]);
     let policies = cascade_policy_api(c);
     create(
         &policies,
@@ -123,8 +127,9 @@ async fn a_typo_in_the_kind_keeps_the_last_good_protection_until_fixed_or_delete
         message.contains("Bucket.table.cascade-guard.dev (Refuse mode)"),
         "{message}"
     );
-    // A pass after the change has run (the condition), and a few more seconds.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A pass after the change has run (the condition), and one more that
+    // started after it had: neither removed the objects.
+    wait_for_sync_pass(c, port).await;
     assert!(objects_exist().await, "the admission objects were removed");
     assert!(refused().await, "the typo lifted protection");
 

@@ -10,8 +10,11 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use local_cluster::testing::{Scope, shared};
 use local_cluster::{ControlPlane, Options};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
+use tracing::instrument::WithSubscriber;
+use tracing_subscriber::layer::SubscriberExt;
 
 const LEASE: &str = "cascade-guard-leader";
 const LEASE_DURATION: Duration = Duration::from_secs(3);
@@ -38,6 +41,61 @@ fn candidate(s: &Scope<'_>, identity: &str) -> JoinHandle<Leadership> {
             .await
             .expect("acquire returns only once it holds the lease")
     })
+}
+
+/// What `acquire` logs once it has read the lease and found another holder.
+const WAITING: &str = "lease held by another replica; waiting";
+
+/// Sets its flag when a log event's message is [`WAITING`].
+struct SaysWaiting(watch::Sender<bool>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SaysWaiting {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && format!("{value:?}") == WAITING {
+                    self.0 = true;
+                }
+            }
+        }
+        let mut message = Message(false);
+        event.record(&mut message);
+        if message.0 {
+            self.0.send_replace(true);
+        }
+    }
+}
+
+/// A candidate, and a flag set once it has looked at the lease, found it
+/// held, and is waiting (its own log event, captured from its task alone).
+fn waiting_candidate(
+    s: &Scope<'_>,
+    identity: &str,
+) -> (JoinHandle<Leadership>, watch::Receiver<bool>) {
+    let (tx, rx) = watch::channel(false);
+    let client = s.client.clone();
+    let settings = settings(&s.namespace, identity);
+    let subscriber = tracing_subscriber::registry().with(SaysWaiting(tx));
+    let task = tokio::spawn(
+        async move {
+            leader::acquire(client, settings)
+                .await
+                .expect("acquire returns only once it holds the lease")
+        }
+        .with_subscriber(subscriber),
+    );
+    (task, rx)
+}
+
+/// Waits until `candidate` says it is waiting for the lease.
+async fn wait_until_waiting(mut says: watch::Receiver<bool>, identity: &str) {
+    let within = Duration::from_secs(10);
+    let waiting = timeout(within, says.wait_for(|w| *w)).await;
+    assert!(
+        matches!(waiting, Ok(Ok(_))),
+        "{identity} did not start waiting for the lease within {within:?}"
+    );
 }
 
 async fn stored(client: &Client, namespace: &str) -> Lease {
@@ -103,9 +161,9 @@ async fn of_two_candidates_exactly_one_acquires() {
 async fn a_released_lease_passes_to_the_other_candidate_at_once() {
     let s = Scope::new(control_plane().await, "leader-release").await;
     let a = acquired(candidate(&s, "a"), "a", Duration::from_secs(20)).await;
-    let b = candidate(&s, "b");
-    // Let b look at the lease and start waiting.
-    sleep(Duration::from_secs(1)).await;
+    let (b, says) = waiting_candidate(&s, "b");
+    // b looks at the lease and starts waiting.
+    wait_until_waiting(says, "b").await;
     assert!(!b.is_finished());
 
     let released = Instant::now();
@@ -127,8 +185,8 @@ async fn a_released_lease_passes_to_the_other_candidate_at_once() {
 async fn a_dead_holder_is_replaced_only_once_its_lease_expired() {
     let s = Scope::new(control_plane().await, "leader-expiry").await;
     let a = acquired(candidate(&s, "a"), "a", Duration::from_secs(20)).await;
-    let b = candidate(&s, "b");
-    sleep(Duration::from_secs(1)).await;
+    let (b, says) = waiting_candidate(&s, "b");
+    wait_until_waiting(says, "b").await;
     assert!(!b.is_finished());
 
     // Dropping stops renewal without releasing, as a SIGKILL would.

@@ -50,9 +50,11 @@ async fn ready_without_the_cascade_policy_crd_and_using_it_once_installed() {
         metrics.contains(r#"cascade_guard_input_available{input="CascadePolicy"} 0"#),
         "{metrics}"
     );
-    // Some passes later (the resync is 20 s; XRD and CRD events make more),
-    // still one line about it, and no watch failing in a loop.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Two passes later (each looks for the CRD again), still one line about
+    // it, and no watch failing in a loop.
+    for _ in 0..2 {
+        wait_for_sync_pass(&s.client, port).await;
+    }
     let said = log(&env);
     assert_eq!(
         said.matches("the CascadePolicy CRD is not installed")

@@ -435,7 +435,8 @@ async fn a_foreground_cascade_through_three_levels_of_protected_kinds_completes(
             (leaves(), Some(s.namespace.clone())),
         ],
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let owner_ref = |o: &DynamicObject, r: &ApiResource| OwnerReference {
         api_version: r.api_version.clone(),
         kind: r.kind.clone(),

@@ -32,7 +32,8 @@ async fn make_trees(s: &Scope<'_>, n: usize) -> Timeline {
             (config_maps(), Some(s.namespace.clone())),
         ],
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     for i in 0..n {
         create_tree(&s.client, &resource, &s.namespace, &format!("tree-{i}"), 2).await;
     }

@@ -373,7 +373,9 @@ impl Tree {
                 watched.push((r, ns));
             }
         }
-        let timeline = Timeline::start(&client, &watched).await;
+        let timeline = Timeline::start(&client, &watched)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let ics = api(&client, &platform.inference_clusters(), None);
         ics.patch(
             name,
@@ -914,8 +916,19 @@ async fn without_cascade_guard_a_plain_delete_wedges_the_serving_stack_and_leaks
         tree.states().await,
         tree.timeline.describe()
     );
-    // Still wedged well after: nothing will ever let it go.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Still wedged after the provider's next attempt: nothing will ever let
+    // it go.
+    let gateway_name = format!("{}-gateway", tree.stack_name());
+    let tried = provider_warnings(&tree.client, &gateway_name).await;
+    let retried = wait::until(Duration::from_secs(150), || async {
+        (provider_warnings(&tree.client, &gateway_name).await > tried).then_some(())
+    })
+    .await;
+    assert!(
+        retried.is_some(),
+        "the provider never tried {gateway} again ({tried} failures reported)\n{}",
+        tree.states().await
+    );
     assert!(tree.left().await.contains(&gateway));
     let leaked = tree.leaked(stack);
     assert!(
@@ -983,6 +996,19 @@ async fn wait_wedged(
         held.then(|| sync_failure(&o)).flatten()
     })
     .await
+}
+
+/// How many failed reconciles a provider has reported for the Object `name`:
+/// the counts of its Warning Events about it (one per failed attempt, as
+/// client-go counts repeats).
+async fn provider_warnings(client: &Client, name: &str) -> i32 {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
+    let selector = format!("involvedObject.kind=Object,involvedObject.name={name},type=Warning");
+    events
+        .list(&kube::api::ListParams::default().fields(&selector))
+        .await
+        .map(|l| l.items.iter().map(|e| e.count.unwrap_or(1)).sum())
+        .unwrap_or(0)
 }
 
 /// Waits until cascade-guard holds `name` with its finalizer (Convert).
@@ -1172,7 +1198,8 @@ async fn claim_outcome(stack: &Stack, mode: Mode, how: ClaimDelete) -> Result<St
             ),
         ],
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     // Protection in effect for the XR kind (Convert holds the XR).
     if mode == Mode::Convert {
         wait_held(&xr_api, &xr_name).await;
@@ -1594,6 +1621,7 @@ async fn xrs_and_config_maps(client: &Client, xrs: &ApiResource, ns: &str) -> Ti
         ],
     )
     .await
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Creates XR `name` of `kind` (in DROP_GROUP) in namespace `ns`.
@@ -1782,7 +1810,9 @@ impl Consumers {
             platform: tree.platform.clone(),
             model_deployments,
             gateway,
-            timeline: Timeline::start(&tree.client, &[]).await,
+            timeline: Timeline::start(&tree.client, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
         };
         let mut watched: Vec<(ApiResource, Option<String>)> = Vec::new();
         for (r, ns, _) in consumers.objects() {
@@ -1790,7 +1820,9 @@ impl Consumers {
                 watched.push((r, ns));
             }
         }
-        consumers.timeline = Timeline::start(&tree.client, &watched).await;
+        consumers.timeline = Timeline::start(&tree.client, &watched)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let params = PatchParams::apply("seed-real").force();
         for (ns, name) in &consumers.model_deployments {
             create_namespace(&tree.client, ns).await;
@@ -2415,9 +2447,37 @@ async fn a_replayed_background_delete_under_refuse_leaves_nothing_stuck_and_says
         (Some(403), Some("Background")),
         "Crossplane's replay"
     );
-    // Nothing stuck: a while later the XR and its ConfigMap are there, not
-    // terminating, and no longer in use; the recorded policy stays.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Nothing stuck once both have done all they do about the replay:
+    // Crossplane has let the Usage go (it replays once, as it does), and
+    // cascade-guard has told the XR's owner, on the XR, with both ways out.
+    let usage_gone = wait::until(Duration::from_secs(60), || async {
+        usages
+            .get_opt("maintenance")
+            .await
+            .ok()
+            .and_then(|u| u.is_none().then_some(()))
+    })
+    .await;
+    assert!(usage_gone.is_some(), "Crossplane never let the Usage go");
+    let command = format!("kubectl delete {target} app -n {ns} --cascade=foreground");
+    let told = wait::until(Duration::from_secs(60), || async {
+        support::events_about(&client, "app")
+            .await
+            .into_iter()
+            .find(|(reason, note)| reason == "ReplayedDeleteRefused" && note.contains(&command))
+    })
+    .await;
+    let (_, note) =
+        told.unwrap_or_else(|| panic!("no ReplayedDeleteRefused Event with {command:?}"));
+    assert!(
+        note.contains(&format!(
+            "kubectl annotate {target} app -n {ns} {DELETION_ATTEMPT_ANNOTATION}-"
+        )),
+        "{note}"
+    );
+    eprintln!("replay: the XR's Event: {note}");
+    // The XR and its ConfigMap are there, not terminating, and no longer in
+    // use; the recorded policy stays.
     let app = app_api.get("app").await.expect("the XR is still there");
     assert!(
         app.metadata.deletion_timestamp.is_none() && is_ready(&app),
@@ -2449,25 +2509,6 @@ async fn a_replayed_background_delete_under_refuse_leaves_nothing_stuck_and_says
         .unwrap_or_else(|| panic!("no refused replay in Crossplane's log"));
     assert!(line.contains("--cascade=foreground"), "{line}");
     eprintln!("replay: Crossplane logged: {line}");
-    // And on the XR itself, where its owner looks: cascade-guard's Event with
-    // both ways out.
-    let command = format!("kubectl delete {target} app -n {ns} --cascade=foreground");
-    let told = wait::until(Duration::from_secs(60), || async {
-        support::events_about(&client, "app")
-            .await
-            .into_iter()
-            .find(|(reason, note)| reason == "ReplayedDeleteRefused" && note.contains(&command))
-    })
-    .await;
-    let (_, note) =
-        told.unwrap_or_else(|| panic!("no ReplayedDeleteRefused Event with {command:?}"));
-    assert!(
-        note.contains(&format!(
-            "kubectl annotate {target} app -n {ns} {DELETION_ATTEMPT_ANNOTATION}-"
-        )),
-        "{note}"
-    );
-    eprintln!("replay: the XR's Event: {note}");
 
     let (ok, said) =
         kubectl_delete_args(stack, &target, ns, &["app", "--cascade=foreground"]).await;

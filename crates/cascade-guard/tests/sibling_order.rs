@@ -30,6 +30,7 @@ async fn timeline(client: &Client, resource: &ApiResource, ns: &str) -> Timeline
         ],
     )
     .await
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// XR `tree` composing ConfigMaps `tree-0` (which needs `tree-1`, by the

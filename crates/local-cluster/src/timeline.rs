@@ -50,10 +50,18 @@ pub struct Timeline {
     tasks: Vec<JoinHandle<()>>,
 }
 
+/// How long [`Timeline::start`] waits for every watch's initial list.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl Timeline {
     /// Starts watching each resource (in `namespace`, or cluster-wide for
-    /// `None`) and returns once every watch has listed what exists.
-    pub async fn start(client: &Client, resources: &[(ApiResource, Option<String>)]) -> Self {
+    /// `None`) and returns once every watch has listed what exists; an error
+    /// naming the watches that had not, and their last error, if that takes
+    /// longer than [`READY_TIMEOUT`].
+    pub async fn start(
+        client: &Client,
+        resources: &[(ApiResource, Option<String>)],
+    ) -> Result<Self, crate::Error> {
         let log = Arc::new(Mutex::new(Log::default()));
         let mut tasks = Vec::new();
         let mut ready = Vec::new();
@@ -66,7 +74,12 @@ impl Timeline {
             let kind = resource.kind.clone();
             let log = log.clone();
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-            ready.push(ready_rx);
+            let last_error = Arc::new(Mutex::new(None::<String>));
+            let watch = match namespace {
+                Some(ns) => format!("{} in namespace {ns}", resource.plural),
+                None => resource.plural.clone(),
+            };
+            ready.push((watch, ready_rx, last_error.clone()));
             tasks.push(tokio::spawn(async move {
                 let mut ready_tx = Some(ready_tx);
                 let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
@@ -80,7 +93,13 @@ impl Timeline {
                             }
                             continue;
                         }
-                        Ok(Event::Init) | Err(_) => continue,
+                        Ok(Event::Init) => continue,
+                        Err(e) => {
+                            if let Ok(mut last) = last_error.lock() {
+                                *last = Some(e.to_string());
+                            }
+                            continue;
+                        }
                     };
                     let meta = object.metadata;
                     let revision = meta
@@ -112,10 +131,29 @@ impl Timeline {
                 }
             }));
         }
-        for rx in ready {
-            let _ = tokio::time::timeout(Duration::from_secs(30), rx).await;
+        let timeline = Self { log, tasks };
+        // One deadline for every watch: they list at the same time.
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        let mut not_ready = Vec::new();
+        for (watch, rx, last_error) in ready {
+            if let Ok(Ok(())) = tokio::time::timeout_at(deadline, rx).await {
+                continue;
+            }
+            let last = last_error.lock().ok().and_then(|l| l.clone());
+            not_ready.push(match last {
+                Some(e) => format!("{watch} (last error: {e})"),
+                None => watch,
+            });
         }
-        Self { log, tasks }
+        if not_ready.is_empty() {
+            Ok(timeline)
+        } else {
+            // Dropping the timeline stops every watch.
+            Err(crate::Error::NotReady {
+                component: format!("the timeline's watches of {}", not_ready.join("; ")),
+                last: format!("not listed after {READY_TIMEOUT:?}"),
+            })
+        }
     }
 
     pub fn entries(&self) -> Vec<Entry> {

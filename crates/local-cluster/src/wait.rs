@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{Api, Client};
 
-/// Waits until a CRD is Established (its kind is served).
+/// Waits until a CRD is Established (its kind is served). Past `timeout`,
+/// an error (reason `Timeout`, code 504, as the API server's own) naming the
+/// CRD, how long it waited and the conditions it last had.
 pub async fn crd_established(
     client: &Client,
     name: &str,
@@ -15,14 +17,31 @@ pub async fn crd_established(
     let deadline = Instant::now() + timeout;
     loop {
         let crd = api.get(name).await?;
-        let established = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
+        let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+        if conditions
             .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established || Instant::now() > deadline {
+            .any(|c| c.type_ == "Established" && c.status == "True")
+        {
             return Ok(());
+        }
+        if Instant::now() > deadline {
+            let last = conditions
+                .iter()
+                .map(|c| {
+                    let reason = c.reason.as_deref().unwrap_or_default();
+                    format!("{}={} {reason}", c.type_, c.status)
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let message = format!(
+                "CRD {name} was not Established after {timeout:?} (its conditions: {})",
+                if last.is_empty() { "none" } else { &last }
+            );
+            return Err(kube::Error::Api(
+                kube::error::Status::failure(&message, "Timeout")
+                    .with_code(504)
+                    .boxed(),
+            ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -101,7 +101,8 @@ impl Tree {
                 (dependents(), Some(s.namespace.clone())),
             ],
         )
-        .await;
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         Self {
             owners: Api::namespaced_with(s.client.clone(), &s.namespace, &owners()),
             dependents: Api::namespaced_with(s.client.clone(), &s.namespace, &dependents()),
@@ -282,16 +283,25 @@ async fn foreground_deletion_keeps_the_owner_until_every_blocking_dependent_is_g
     let owner = tree.owner("tree", &[]).await;
     tree.dependent("leaf-a", &owner, &[HOLD]).await;
     tree.dependent("leaf-b", &owner, &[HOLD]).await;
+    // A witness: an owner in a foreground cascade of its own, whose one
+    // dependent goes after leaf-a. The garbage collector handles graph
+    // changes in order, so once it has let the witness go it has handled
+    // leaf-a's going too.
+    let witness = tree.owner("witness", &[]).await;
+    tree.dependent("witness-leaf", &witness, &[HOLD]).await;
 
-    tree.owners
-        .delete("tree", &delete_with(Some(PropagationPolicy::Foreground)))
-        .await
-        .expect("foreground delete");
-    // The garbage collector deletes the dependents (they stay, held)...
+    for owner in ["tree", "witness"] {
+        tree.owners
+            .delete(owner, &delete_with(Some(PropagationPolicy::Foreground)))
+            .await
+            .expect("foreground delete");
+    }
+    // The garbage collector deletes the dependents (they stay, held): that
+    // is its pass over the owner...
     tree.wait_terminating("Dependent", "leaf-a").await;
     tree.wait_terminating("Dependent", "leaf-b").await;
+    tree.wait_terminating("Dependent", "witness-leaf").await;
     // ...and the owner waits for them, marked foregroundDeletion.
-    tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         tree.finalizers("tree")
             .await
@@ -300,7 +310,8 @@ async fn foreground_deletion_keeps_the_owner_until_every_blocking_dependent_is_g
 
     tree.release(&tree.dependents, "leaf-a").await;
     let a = tree.wait_gone("Dependent", "leaf-a").await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tree.release(&tree.dependents, "witness-leaf").await;
+    tree.wait_gone("Owner", "witness").await;
     assert!(
         tree.owners.get_opt("tree").await.expect("get").is_some(),
         "the owner left while leaf-b still blocked it"
@@ -355,6 +366,11 @@ async fn a_foreground_delete_of_a_terminating_custom_resource_starts_the_cascade
     let tree = Tree::new(&s).await;
     let owner = tree.owner("tree", &[HOLD]).await;
     tree.dependent("leaf", &owner, &[HOLD]).await;
+    // A witness: an owner deleted after the tree's, which goes at once. The
+    // garbage collector handles graph changes in order, so once it has
+    // deleted the witness's dependent it has handled the tree's delete too.
+    let witness = tree.owner("witness", &[]).await;
+    tree.dependent("witness-leaf", &witness, &[]).await;
 
     // First delete with no policy: the owner is terminating, held by HOLD. A
     // custom resource's default is Background, which adds no GC finalizer, and
@@ -365,7 +381,11 @@ async fn a_foreground_delete_of_a_terminating_custom_resource_starts_the_cascade
         .expect("first delete");
     tree.wait_terminating("Owner", "tree").await;
     assert_eq!(tree.finalizers("tree").await, vec![HOLD.to_string()]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tree.owners
+        .delete("witness", &delete_with(None))
+        .await
+        .expect("delete the witness");
+    tree.wait_gone("Dependent", "witness-leaf").await;
     assert!(
         tree.timeline.terminating("Dependent", "leaf").is_none(),
         "the GC deleted a dependent of an owner that still exists"
@@ -398,6 +418,33 @@ async fn a_foreground_delete_of_a_terminating_custom_resource_starts_the_cascade
     tree.release(&tree.dependents, "leaf").await;
     tree.release(&tree.owners, "tree").await;
     tree.wait_gone("Owner", "tree").await;
+}
+
+/// The harness's wait for a CRD fails, naming it and how long it waited,
+/// when the CRD never becomes Established (here: its kind is taken).
+#[tokio::test]
+async fn waiting_for_a_crd_that_is_never_established_is_an_error_naming_it() {
+    let cp = control_plane().await;
+    let client = cp.admin().await.expect("admin client");
+    let mut taken = crd("Owner", "otherowners");
+    taken.spec.names.singular = Some("otherowner".into());
+    let name = taken.metadata.name.clone().expect("name");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &taken)
+        .await
+        .expect("create CRD");
+    let err = wait::crd_established(&client, &name, Duration::from_secs(2))
+        .await
+        .expect_err("a CRD whose kind is taken is never Established");
+    crds.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete CRD");
+    let said = err.to_string();
+    assert!(
+        said.contains(&format!("CRD {name} was not Established after 2s"))
+            && said.contains("NamesAccepted=False"),
+        "{said}"
+    );
 }
 
 #[tokio::test]

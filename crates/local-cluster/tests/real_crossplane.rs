@@ -230,7 +230,8 @@ impl<'a> App<'a> {
                 (config_maps(), Some(s.namespace.clone())),
             ],
         )
-        .await;
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         Self {
             s,
             xrs: Api::namespaced_with(s.client.clone(), &s.namespace, &xapps()),
@@ -765,7 +766,8 @@ async fn deleting_a_legacy_claim_deletes_its_xr_with_the_claims_composite_delete
             (legacy_xrs(), None),
         ],
     )
-    .await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
 
     for (policy, sent) in [("Background", None), ("Foreground", Some("Foreground"))] {
         let name = policy.to_lowercase();

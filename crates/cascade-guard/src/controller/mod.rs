@@ -115,6 +115,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
             _ = tokio::time::sleep(settings.resync) => {}
         }
         tokio::time::sleep(settings.debounce).await;
+        metrics.sync_pass_started();
         let gathered = sources.gather(&client, settings.xrd_default_mode).await;
         metrics.set_input_available("CascadePolicy", gathered.cascade_policy_crd);
         let resolution = crate::policy::resolve(&gathered.inputs);
@@ -177,6 +178,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
         if complete {
             health.set_ready(true);
         }
+        metrics.sync_pass_completed();
     }
 }
 

@@ -74,6 +74,8 @@ pub struct Metrics {
     sibling_order_problems: Gauge,
     static_policies: Gauge,
     static_loaded: Gauge,
+    passes_started: Counter,
+    passes: Counter,
 }
 
 impl Default for Metrics {
@@ -101,6 +103,8 @@ impl Metrics {
         let sibling_order_problems = Gauge::default();
         let static_policies = Gauge::default();
         let static_loaded = Gauge::default();
+        let passes_started = Counter::default();
+        let passes = Counter::default();
         // Families share their state with these clones.
         registry.register(
             "cascade_guard_protected_objects",
@@ -173,6 +177,16 @@ impl Metrics {
             "1 when the API server reports it loaded the static manifests directory as this replica last wrote it, else 0",
             static_loaded.clone(),
         );
+        registry.register(
+            "cascade_guard_sync_passes_started",
+            "Passes over every policy input (the sync loop) started; one more than the completed passes while one runs",
+            passes_started.clone(),
+        );
+        registry.register(
+            "cascade_guard_sync_passes",
+            "Passes over every policy input (the sync loop) completed",
+            passes.clone(),
+        );
         Self {
             registry,
             protected,
@@ -189,7 +203,19 @@ impl Metrics {
             sibling_order_problems,
             static_policies,
             static_loaded,
+            passes_started,
+            passes,
         }
+    }
+
+    /// A sync pass starts reading what the cluster says.
+    pub fn sync_pass_started(&self) {
+        self.passes_started.inc();
+    }
+
+    /// A sync pass has applied, published and handed on what it read.
+    pub fn sync_pass_completed(&self) {
+        self.passes.inc();
     }
 
     /// How many objects of `kind` (e.g. `InferenceCluster.modelplane.ai`) are protected.
@@ -465,6 +491,9 @@ mod tests {
         m.set_policies(7);
         m.set_leader(true);
         m.set_type_check_warnings("cascade-guard-xrd-x", 2);
+        m.sync_pass_started();
+        m.sync_pass_completed();
+        m.sync_pass_started();
         let text = m.encode();
         let k = r#"kind="InferenceCluster.modelplane.ai""#;
         for line in [
@@ -478,6 +507,8 @@ mod tests {
             r#"cascade_guard_errors_total{reason="AddFinalizer"} 1"#.to_owned(),
             "cascade_guard_admission_policies 7".to_owned(),
             "cascade_guard_leader 1".to_owned(),
+            "cascade_guard_sync_passes_started_total 2".to_owned(),
+            "cascade_guard_sync_passes_total 1".to_owned(),
             r#"cascade_guard_admission_policy_type_check_warnings{policy="cascade-guard-xrd-x"} 2"#
                 .to_owned(),
             "# TYPE cascade_guard_cascade_duration_seconds histogram".to_owned(),

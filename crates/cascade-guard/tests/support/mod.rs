@@ -721,6 +721,56 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
+/// The controller's /metrics (empty when it does not answer).
+pub fn metrics(port: u16) -> String {
+    http_get(port, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+}
+
+/// The value of the counter `name` (without `_total`) in the /metrics of
+/// the controller on `port`, when it answers.
+fn counter(port: u16, name: &str) -> Option<u64> {
+    let line = format!("{name}_total ");
+    metrics(port)
+        .lines()
+        .find_map(|l| l.strip_prefix(line.as_str())?.trim().parse().ok())
+}
+
+/// Waits until the controller serving /metrics on `port` has completed a
+/// sync pass that started after this call: one that read the cluster as it
+/// is now. `client` wakes the controller (a label on an XRD it watches, which
+/// changes no policy), so that the pass runs now rather than at the next
+/// resync. A check that something did not happen runs after this.
+pub async fn wait_for_sync_pass(client: &Client, port: u16) {
+    let started = counter(port, "cascade_guard_sync_passes_started")
+        .unwrap_or_else(|| panic!("no sync pass counter on port {port}:\n{}", metrics(port)));
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    xrd_api(client)
+        .patch(
+            NO_VERSIONS_XRD,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {
+                "test.cascade-guard.dev/wake": stamp.to_string()}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cannot wake the controller: {e}"));
+    let done = wait::until(Duration::from_secs(60), || async {
+        counter(port, "cascade_guard_sync_passes")
+            .filter(|&completed| completed > started)
+            .map(|_| ())
+    })
+    .await;
+    assert!(
+        done.is_some(),
+        "no sync pass started after pass {started} completed within 60 s:\n{}",
+        metrics(port)
+    );
+}
+
 /// The reason and note of every Event (events.k8s.io) regarding an object named `name`.
 pub async fn events_about(client: &Client, name: &str) -> Vec<(String, String)> {
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());

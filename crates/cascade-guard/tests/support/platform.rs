@@ -397,7 +397,9 @@ pub fn watched_kinds() -> Vec<ApiResource> {
 pub async fn timeline(client: &Client) -> Timeline {
     let resources: Vec<(ApiResource, Option<String>)> =
         watched_kinds().into_iter().map(|k| (k, None)).collect();
-    Timeline::start(client, &resources).await
+    Timeline::start(client, &resources)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// What a run created and what needs what.

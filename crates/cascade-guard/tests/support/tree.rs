@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use local_cluster::timeline::{Change, Timeline};
+use local_cluster::timeline::Timeline;
 use local_cluster::wait;
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -146,5 +146,4 @@ pub fn assert_foreground(timeline: &Timeline, kind: &str, name: &str, dependents
         "{name} was never in a foreground cascade:\n{}",
         timeline.describe()
     );
-    let _ = Change::Gone;
 }
