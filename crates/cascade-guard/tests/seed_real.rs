@@ -695,6 +695,26 @@ fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: &str) {
         refused.is_empty(),
         "{what}: Crossplane was refused: {refused:?}"
     );
+    // Writes too: no update or patch by Crossplane, a provider or the
+    // garbage collector (anyone but the test's own admin) was ever refused
+    // by cascade-guard, on any object of the stack.
+    let writes = local_cluster::audit::read_writes(&stack.cp.audit_log_path());
+    let refused_writes: Vec<String> = writes
+        .iter()
+        .filter(|e| e.refused_by_cascade_guard() && e.effective_username() != "admin")
+        .map(|e| format!("{} {} {:?}", e.effective_username(), e.verb, e.object_ref))
+        .collect();
+    assert!(
+        refused_writes.is_empty(),
+        "{what}: writes refused by cascade-guard: {refused_writes:?}"
+    );
+    assert!(
+        writes
+            .iter()
+            .any(|e| e.effective_username() == local_cluster::real_crossplane::CROSSPLANE_USER),
+        "{what}: the audit log records Crossplane's writes ({} writes in all)",
+        writes.len()
+    );
     // Whichever comes first once the Usage lets go: Crossplane's replay or
     // the garbage collector's retry; without a Usage, cascade-guard, once the
     // ServingStack it held the EKSCluster for is gone.

@@ -75,12 +75,42 @@ impl Event {
     }
 }
 
-/// Every complete (`ResponseComplete`) event in the log; lines that are not
-/// events (a partly written last line) are skipped.
+/// Every complete (`ResponseComplete`) delete and deletecollection in the
+/// log, with the DeleteOptions sent; lines that are not events (a partly
+/// written last line) are skipped.
 pub fn read(path: &Path) -> Vec<Event> {
+    complete(path)
+        .filter(|e| e.verb == "delete" || e.verb == "deletecollection")
+        .collect()
+}
+
+/// Every complete update and patch in the log (metadata only: who, what,
+/// the response's status), Leases and Events left out.
+pub fn read_writes(path: &Path) -> Vec<Event> {
+    complete(path)
+        .filter(|e| e.verb == "update" || e.verb == "patch")
+        .collect()
+}
+
+fn complete(path: &Path) -> impl Iterator<Item = Event> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.lines()
         .filter_map(|line| serde_json::from_str::<Event>(line).ok())
         .filter(|e| e.stage == "ResponseComplete")
-        .collect()
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
+impl Event {
+    /// Refused by one of cascade-guard's admission policies: the response
+    /// names a ValidatingAdmissionPolicy of cascade-guard's.
+    pub fn refused_by_cascade_guard(&self) -> bool {
+        self.response_code().is_some_and(|c| c >= 400)
+            && self
+                .response_status
+                .as_ref()
+                .and_then(|s| s.get("message"))
+                .and_then(Value::as_str)
+                .is_some_and(|m| m.contains("ValidatingAdmissionPolicy 'cascade-guard"))
+    }
 }

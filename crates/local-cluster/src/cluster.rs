@@ -783,6 +783,16 @@ rules:
 - level: Request
   verbs: [delete, deletecollection]
 - level: None
+  resources:
+  - group: coordination.k8s.io
+    resources: [leases]
+  - group: \"\"
+    resources: [events]
+  - group: events.k8s.io
+    resources: [events]
+- level: Metadata
+  verbs: [update, patch]
+- level: None
 ";
 
 /// An AdmissionConfiguration that loads static ValidatingAdmissionPolicies
