@@ -12,7 +12,27 @@
 //! volume there is the opt-in soak (scripts/soak.sh), not CI. The model also
 //! starts in seconds and needs no network namespaces (no root). Each part
 //! copies one upstream behaviour, faithfully and no more, and says which
-//! (docs/deletion-semantics.md §5, §6; paths are upstream paths):
+//! (docs/deletion-semantics.md §5, §6; paths are upstream paths).
+//!
+//! Its users, each with why real Crossplane cannot serve it yet:
+//!
+//! - cascade-guard's `tests/seed.rs` (the randomized test: three rounds of
+//!   random platforms to depth 4, five kinds of clients, cascade-guard
+//!   SIGKILLed every few seconds) and its harness `tests/support/platform.rs`:
+//!   volume in CI time. On real Crossplane one tree takes about 100 s (a
+//!   Usage's 30-second re-check, a provider's 15-second poll, the simulated
+//!   load balancer); the same dozens of trees would take most of CI's 90
+//!   minutes on two cores, so real Crossplane runs them in the opt-in soak
+//!   (`scripts/soak.sh`) and in seed_real's few random trees.
+//! - Nothing else: every scenario of the seed, the InferenceCluster's replica
+//!   guard (a ClusterUsage refused and replayed) included in the model's
+//!   randomized trees only, runs on real Crossplane in `tests/seed_real.rs`
+//!   or is listed as left in the project's notes. `local-cluster`'s
+//!   `tests/real_crossplane.rs` does not use the model: it characterizes real
+//!   Crossplane beside what the model claims (its header says where they
+//!   differ).
+//!
+//! The parts:
 //!
 //! - [`composite`]: the composite reconciler's finalizer, added to XRs and
 //!   dropped as soon as an XR is deleted; composed resources with a
