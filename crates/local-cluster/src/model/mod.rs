@@ -24,13 +24,17 @@
 //!   load balancer); the same dozens of trees would take most of CI's 90
 //!   minutes on two cores, so real Crossplane runs them in the opt-in soak
 //!   (`scripts/soak.sh`) and in seed_real's few random trees.
-//! - Nothing else: every scenario of the seed, the InferenceCluster's replica
-//!   guard (a ClusterUsage refused and replayed) included in the model's
-//!   randomized trees only, runs on real Crossplane in `tests/seed_real.rs`
-//!   or is listed as left in the project's notes. `local-cluster`'s
-//!   `tests/real_crossplane.rs` does not use the model: it characterizes real
-//!   Crossplane beside what the model claims (its header says where they
-//!   differ).
+//! - The InferenceCluster's replica guard (a ClusterUsage per
+//!   ModelDeployment whose refused delete (409) Crossplane replays) appears
+//!   only in the model's trees: the seed's platform for real Crossplane
+//!   (`crossplane/modelplane/`) does not compose it yet.
+//! - Deleting the namespace of a namespaced v2 XR runs on real Crossplane
+//!   only as an ignored test (crossplane-runtime#1150 with the pinned
+//!   providers); the model's trees still delete namespaces.
+//!
+//! `local-cluster`'s `tests/real_crossplane.rs` does not use the model: it
+//! characterizes real Crossplane beside what the model claims (its header
+//! says where they differ).
 //!
 //! The parts:
 //!
