@@ -15,7 +15,7 @@ use kube::{Api, Client};
 use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
-use serde_json::json;
+use serde_json::{Value, json};
 use support::tree::{Provider, config_maps, create_tree, wait_held};
 use support::*;
 
@@ -192,6 +192,28 @@ async fn the_hold_is_guarded_and_break_glass_gets_past_it() {
     );
     needy_tree(&s.client, &resource, &s.namespace).await;
     wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    // status lists what is held and what it waits for.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+        .args(["status", "-o", "json", "--kubeconfig"])
+        .arg(env.cp.kubeconfig_path())
+        .output()
+        .expect("status");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    let held = report["siblingHolds"]
+        .as_array()
+        .and_then(|h| {
+            h.iter()
+                .find(|h| h["name"] == "tree-1" && h["namespace"] == s.namespace.as_str())
+        })
+        .cloned();
+    let held = held.unwrap_or_else(|| panic!("status lists tree-1 as held: {report:#}"));
+    assert_eq!(held["kind"], "ConfigMap");
+    assert!(
+        held["waitsFor"]
+            .as_str()
+            .is_some_and(|w| w.contains("tree-0")),
+        "{held}"
+    );
     let maps: Api<DynamicObject> =
         Api::namespaced_with(s.client.clone(), &s.namespace, &config_maps());
     let unlabel = maps

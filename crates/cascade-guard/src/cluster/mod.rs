@@ -9,6 +9,7 @@
 //! and what a running controller says of itself on its Lease ([`running`]).
 
 pub mod held;
+pub mod holds;
 pub(crate) mod inputs;
 pub mod kinds;
 pub mod running;

@@ -6,12 +6,12 @@
 //! only after its back-off, which grows to 17 minutes.
 
 use kube::api::{
-    DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams,
-    PropagationPolicy,
+    DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams, PropagationPolicy,
 };
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use crate::cluster::holds;
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::policy::hold::{HELD_FOR_ANNOTATION, HOLD_LABEL};
 
@@ -24,28 +24,19 @@ pub async fn sweep(
     keep: impl Fn(&str) -> bool,
     progress: impl Fn(&str),
 ) -> usize {
-    let held = ListParams::default().labels(HOLD_LABEL);
     let mut count = 0;
-    for served in kinds.all() {
-        let Ok(list) = ServedKinds::api(client, served, None)
-            .list_metadata(&held)
-            .await
-        else {
+    for (served, object) in holds::list(client, kinds).await.held {
+        let root = object.labels().get(HOLD_LABEL).cloned().unwrap_or_default();
+        if keep(&root) {
             continue;
-        };
-        for object in list {
-            let root = object.labels().get(HOLD_LABEL).cloned().unwrap_or_default();
-            if keep(&root) {
-                continue;
-            }
-            match let_go(client, kinds, served, &object).await {
-                Ok(()) => count += 1,
-                Err(e) => progress(&format!(
-                    "cannot let go of {} {}: {e}",
-                    served.0.kind,
-                    object.name_any()
-                )),
-            }
+        }
+        match let_go(client, kinds, served, &object).await {
+            Ok(()) => count += 1,
+            Err(e) => progress(&format!(
+                "cannot let go of {} {}: {e}",
+                served.0.kind,
+                object.name_any()
+            )),
         }
     }
     count

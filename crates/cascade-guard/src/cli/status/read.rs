@@ -12,17 +12,22 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, ListParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::report::{self, Report, SettingsFrom, admission_sync, cascading_objects, protected};
+use super::report::{
+    self, Report, SettingsFrom, SiblingHold, admission_sync, cascading_objects, protected,
+};
 use crate::Error;
 use crate::cluster::inputs::read_once;
-use crate::cluster::{held, running, served_resource, static_protection, type_check};
+use crate::cluster::kinds::ServedKinds;
+use crate::cluster::{held, holds, running, served_resource, static_protection, type_check};
+use crate::policy::hold::HELD_FOR_ANNOTATION;
 use crate::policy::last_good::LastGood;
 use crate::policy::names::MANAGED_BY_SELECTOR;
 use crate::policy::plan::{Known, Live};
+use crate::policy::shown::Shown;
 use crate::policy::sync::{Seen, pass};
 use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, resolve};
 
@@ -188,6 +193,37 @@ pub async fn status(
             None
         }
     };
+    let sibling_holds = match ServedKinds::discover(client).await {
+        Ok(kinds) => {
+            let found = holds::list(client, &kinds).await;
+            problems.extend(
+                found
+                    .unreadable
+                    .iter()
+                    .map(|k| format!("cannot tell whether sibling order holds objects of {k}")),
+            );
+            found
+                .held
+                .into_iter()
+                .map(|(served, object)| SiblingHold {
+                    kind: served.0.kind.clone(),
+                    namespace: object.metadata.namespace.clone(),
+                    name: object.metadata.name.clone().unwrap_or_default(),
+                    waits_for: object
+                        .annotations()
+                        .get(HELD_FOR_ANNOTATION)
+                        .map(|w| Shown(w).to_string())
+                        .unwrap_or_else(|| "(not said)".to_string()),
+                })
+                .collect()
+        }
+        Err(e) => {
+            problems.push(format!(
+                "cannot discover the served kinds, so what sibling order holds is not shown: {e}"
+            ));
+            Vec::new()
+        }
+    };
     Ok(Report {
         xrd_default_mode: settings.xrd_default_mode,
         protected,
@@ -197,6 +233,7 @@ pub async fn status(
         static_protection,
         controller,
         settings_from,
+        sibling_holds,
     })
 }
 

@@ -43,6 +43,20 @@ pub struct Report {
     pub controller: Option<Running>,
     /// Whose settings the comparison compiled with.
     pub settings_from: SettingsFrom,
+    /// What sibling order holds now (label `cascade-guard.dev/hold`).
+    pub sibling_holds: Vec<SiblingHold>,
+}
+
+/// One object sibling order holds until what needs it is gone.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SiblingHold {
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    /// What it waits for, as the controller wrote it.
+    pub waits_for: String,
 }
 
 /// Whose settings `status` compiled with.
@@ -972,6 +986,7 @@ mod tests {
             static_protection: None,
             controller,
             settings_from: SettingsFrom::Flags,
+            sibling_holds: Vec::new(),
         };
         assert_eq!(report(true, Some(running(true))).exit_code(), 0);
         assert_eq!(

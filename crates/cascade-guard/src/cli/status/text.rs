@@ -170,6 +170,27 @@ pub fn render_text(report: &Report) -> String {
         );
     }
 
+    if !report.sibling_holds.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nSIBLING ORDER ({} held until what needs them is gone; cascade-guard deletes them then)",
+            report.sibling_holds.len()
+        );
+        let mut rows = vec![vec![
+            "KIND".to_string(),
+            "OBJECT".to_string(),
+            "WAITS FOR".to_string(),
+        ]];
+        for h in &report.sibling_holds {
+            let object = match &h.namespace {
+                Some(ns) => format!("{ns}/{}", h.name),
+                None => h.name.clone(),
+            };
+            rows.push(vec![h.kind.clone(), object, h.waits_for.clone()]);
+        }
+        table(&mut out, &rows);
+    }
+
     if report.cascading.is_empty() {
         let _ = writeln!(out, "\nCASCADING: no protected object is being deleted");
     } else {
@@ -287,6 +308,7 @@ mod tests {
             static_protection: None,
             controller: None,
             settings_from: SettingsFrom::Flags,
+            sibling_holds: Vec::new(),
         };
         let text = render_text(&report);
         let expected = "\
