@@ -10,12 +10,41 @@
 #   scripts/compat.sh                 every pinned release (controlplane/build.sh --list)
 #   scripts/compat.sh 1.30 v1.37.2    only these (a minor picks its pinned release)
 #
+# With --crossplane, the same for each pinned Crossplane core release
+# (crossplane/build.sh --list), on the default Kubernetes release: the
+# characterization tests on real Crossplane (tests/real_crossplane.rs), the
+# seed tree in each mode (Off wedges, Refuse and Convert tear down in order;
+# tests/seed_real.rs), Crossplane's delete of a nested XR dropped from its
+# parent's Composition never refused (seed_real), the Configuration package
+# route (tests/package_real.rs) and a legacy XRD with a claim (in
+# real_crossplane and seed_real).
+#
+#   scripts/compat.sh --crossplane                   every pinned release
+#   scripts/compat.sh --crossplane v2.4.0 2.0        only these
+#   scripts/compat.sh --crossplane --only characterization,seed-convert 2.0
+#                                                    only these checks
+#
 # Exits non-zero when any check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+crossplane=0
+only=
+while [ $# -gt 0 ]; do
+  case $1 in
+  --crossplane) crossplane=1 ;;
+  --only)
+    only=$2
+    shift
+    ;;
+  *) break ;;
+  esac
+  shift
+done
 if [ $# -gt 0 ]; then
   versions=("$@")
+elif [ "$crossplane" = 1 ]; then
+  mapfile -t versions < <(crossplane/build.sh --list)
 else
   mapfile -t versions < <(controlplane/build.sh --list)
 fi
@@ -43,11 +72,13 @@ parts_of() {
 }
 
 # The first line that says why a run failed: a panic's message, else a compile
-# or build error, else the last line.
+# or build error, else the last line. With a test name, that test's panic.
 first_failure() {
-  local log=$1 line
-  line=$(awk '/panicked at/ { getline; print; exit }' "$log")
-  [ -n "$line" ] || line=$(grep -m1 -E '^error|build.sh:.*(cannot|not)|FAILED|failed' "$log" || true)
+  local log=$1 test=${2:-} line
+  line=$(awk -v t="$test" 'BEGIN { mine = (t == "") }
+    t != "" && /^---- / { mine = (index($0, "---- " t " stdout ----") == 1); next }
+    mine && /panicked at/ { getline; print; exit }' "$log")
+  [ -n "$line" ] || line=$(grep -m1 -E '^error|^go: |\.go:[0-9]+:[0-9]+: |build.sh:.*(cannot|not|refused)|FAILED|failed' "$log" || true)
   [ -n "$line" ] || line=$(tail -n1 "$log")
   # One table cell: no pipes, no newlines, not too long.
   echo "$line" | tr '|' '/' | cut -c1-160
@@ -56,6 +87,107 @@ first_failure() {
 # How many tests a cargo test log says passed, over all its binaries.
 passed_in() {
   awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) ~ /^passed/) n += $i } END { print n + 0 }' "$1"
+}
+
+# Runs `cargo test --locked ARGS...` into LOG (the environment is the
+# caller's) and sets `outcome`: pass, or fail with the first failing line.
+run_part() {
+  local log=$1
+  shift
+  outcome=pass
+  if ! cargo test --locked "$@" >"$log" 2>&1; then
+    outcome="fail: $(first_failure "$log")"
+  elif [ "$(passed_in "$log")" -eq 0 ]; then
+    # A renamed test makes a filter match nothing, and cargo passes that.
+    outcome="fail: $(basename "$log" .log) ran no test (a filter matches nothing)"
+  fi
+}
+
+# One test's outcome in a log of several: pass, or fail with its first line.
+test_outcome() {
+  local log=$1 test=$2
+  if grep -q "^test $test \.\.\. ok$" "$log"; then
+    echo pass
+  elif grep -q "^test $test \.\.\. FAILED$" "$log"; then
+    echo "fail: $(first_failure "$log" "$test")"
+  else
+    echo "fail: $test did not run: $(first_failure "$log")"
+  fi
+}
+
+# The table: a header cell for the rows, then each column's key in `result`.
+print_table() {
+  local what=$1 r line c
+  shift
+  printf '\n| %s | %s |\n' "$what" "$(printf '%s | ' "$@" | sed 's/ | $//')"
+  printf '|---|%s\n' "$(printf -- '---|%.0s' "$@")"
+  for r in "${rows[@]}"; do
+    line="| $r |"
+    for c in "$@"; do line+=" ${result[$r,$c]:-not run} |"; done
+    echo "$line"
+  done
+  printf '\nchecked on %s at %s; logs in %s/\n' "$(date -u +%Y-%m-%d)" \
+    "$(git rev-parse --short HEAD 2>/dev/null || echo '?')" "$logs"
+}
+
+# The checks on each Crossplane release, and the tests each runs: seed_real's
+# are one run (they share one stack), each test a column of its own.
+xp_checks=(characterization seed-off seed-refuse seed-convert dropped-xr package legacy-claim)
+declare -A xp_test=(
+  [seed-off]=without_cascade_guard_a_plain_delete_wedges_the_serving_stack_and_leaks_its_load_balancer
+  [seed-refuse]=refuse_refuses_the_plain_delete_and_a_foreground_delete_tears_down_in_order
+  [seed-convert]=convert_tears_a_plain_delete_down_in_order
+  [legacy-claim]=deleting_a_legacy_claim_ends_gone_in_order_or_says_which_command_works
+  [dropped-xr]=crossplane_deleting_a_dropped_composite_is_never_refused
+)
+xp_wanted() { [ -z "$only" ] || [[ ,$only, == *,$1,* ]]; }
+
+# Every check on one Crossplane release (its bin directory), into `result`.
+crossplane_release() {
+  local release=$1 bin=$2 check log tests=()
+  LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$bin
+  export LOCAL_CLUSTER_CROSSPLANE_BIN_DIR
+  if xp_wanted characterization; then
+    echo "compat: Crossplane $release characterization" >&2
+    run_part "$logs/crossplane-$release-characterization.log" -p local-cluster --test real_crossplane
+    result[$release,characterization]=$outcome
+  fi
+  if [[ $release == v1.* ]]; then
+    # v1 has no v2 (namespaced) XRDs, which Modelplane's are: the seed trees,
+    # the dropped XR and the package do not apply; of the characterization
+    # tests, those of v2 XRDs say so and pass.
+    [ "${result[$release,characterization]:-}" != pass ] ||
+      result[$release,characterization]="pass (v1: the Usage, the legacy claim, the providers; not the 5 tests of v2 XRDs)"
+    for check in seed-off seed-refuse seed-convert dropped-xr package; do
+      xp_wanted "$check" && result[$release,$check]="n/a (v1: no v2 XRDs)"
+    done
+  else
+    for check in seed-off seed-refuse seed-convert dropped-xr legacy-claim; do
+      if xp_wanted "$check"; then tests+=("${xp_test[$check]}"); fi
+    done
+  fi
+  if [ ${#tests[@]} -gt 0 ]; then
+    echo "compat: Crossplane $release seed_real: ${tests[*]}" >&2
+    run_part "$logs/crossplane-$release-seed.log" -p cascade-guard --test seed_real -- \
+      --exact "${tests[@]}" --test-threads=16
+    for check in seed-off seed-refuse seed-convert dropped-xr legacy-claim; do
+      xp_wanted "$check" || continue
+      result[$release,$check]=$(test_outcome "$logs/crossplane-$release-seed.log" "${xp_test[$check]}")
+    done
+  fi
+  if xp_wanted legacy-claim; then
+    # The claim's characterization test too, whatever its binary's others did.
+    log=$logs/crossplane-$release-characterization.log
+    if xp_wanted characterization && [ "${result[$release,legacy-claim]:-pass}" = pass ]; then
+      result[$release,legacy-claim]=$(test_outcome "$log" \
+        deleting_a_legacy_claim_deletes_its_xr_with_the_claims_composite_delete_policy)
+    fi
+  fi
+  if xp_wanted package && [[ $release != v1.* ]]; then
+    echo "compat: Crossplane $release package" >&2
+    run_part "$logs/crossplane-$release-package.log" -p cascade-guard --test package_real
+    result[$release,package]=$outcome
+  fi
 }
 
 echo "compat: building the test binaries" >&2
@@ -68,6 +200,45 @@ cargo test --workspace --locked --no-run >"$logs/cargo-build.log" 2>&1 || {
 declare -A result
 rows=()
 failed=0
+
+if [ "$crossplane" = 1 ]; then
+  # The default Kubernetes release, and what the package and chart tests run.
+  LOCAL_CLUSTER_BIN_DIR=$(controlplane/build.sh | tail -n1)
+  LOCAL_CLUSTER_CRANK_BIN=$(crossplane/crank.sh | tail -n1)
+  CRANE_BIN=$(scripts/crane.sh | tail -n1)
+  HELM_BIN=$(scripts/helm.sh | tail -n1)
+  export LOCAL_CLUSTER_BIN_DIR LOCAL_CLUSTER_CRANK_BIN CRANE_BIN HELM_BIN
+  columns=()
+  for check in "${xp_checks[@]}"; do xp_wanted "$check" && columns+=("$check"); done
+  for v in "${versions[@]}"; do
+    start=$SECONDS
+    release=v${v#v}
+    echo "compat: Crossplane $release build" >&2
+    if out=$(crossplane/build.sh "$v" 2>"$logs/crossplane-build-$release.log"); then
+      bin=$(echo "$out" | tail -n1)
+      release=$(basename "$(dirname "$bin")")
+      release=${release%-*}
+      rows+=("$release")
+      if [ -s "$logs/crossplane-build-$release.log" ]; then
+        result[$release,build]="$((SECONDS - start))s"
+      else
+        result[$release,build]=cached
+      fi
+      start=$SECONDS
+      crossplane_release "$release" "$bin"
+      result[$release,run]="$((SECONDS - start))s"
+    else
+      rows+=("$release")
+      result[$release,build]="fail: $(first_failure "$logs/crossplane-build-$release.log")"
+    fi
+    for check in build "${columns[@]}"; do
+      [[ ${result[$release,$check]:-fail} != fail* ]] || failed=1
+    done
+  done
+  print_table Crossplane build "${columns[@]}" run
+  exit "$failed"
+fi
+
 for v in "${versions[@]}"; do
   start=$SECONDS
   bin=
@@ -83,6 +254,7 @@ for v in "${versions[@]}"; do
   # build.sh prints nothing on stderr when the release was cached.
   if [ -s "$logs/build-$v.log" ]; then result[$release,build]="${built}s"; else result[$release,build]=cached; fi
   result[$release,etcd]=$(cat "controlplane/releases/$release/etcd-version" 2>/dev/null || echo "?")
+  result[$release,etcd]=${result[$release,etcd]#v}
   start=$SECONDS
   for check in "${checks[@]}"; do
     if [ -z "$bin" ]; then
@@ -96,17 +268,11 @@ for v in "${versions[@]}"; do
     fi
     result[$release,$check]=pass
     for part in $(parts_of "$check"); do
-      log=$logs/$release-$part.log
       echo "compat: $release $part" >&2
       # shellcheck disable=SC2046 # check_args is a word list on purpose
-      if ! LOCAL_CLUSTER_BIN_DIR=$bin cargo test --locked $(check_args "$part") >"$log" 2>&1; then
-        result[$release,$check]="fail: $(first_failure "$log")"
-        failed=1
-        break
-      fi
-      # A renamed test makes a filter match nothing, and cargo passes that.
-      if [ "$(passed_in "$log")" -eq 0 ]; then
-        result[$release,$check]="fail: $part ran no test (a filter matches nothing)"
+      LOCAL_CLUSTER_BIN_DIR=$bin run_part "$logs/$release-$part.log" $(check_args "$part")
+      if [ "$outcome" != pass ]; then
+        result[$release,$check]=$outcome
         failed=1
         break
       fi
@@ -115,13 +281,5 @@ for v in "${versions[@]}"; do
   result[$release,run]="$((SECONDS - start))s"
 done
 
-printf '\n| Kubernetes | etcd | %s | build | run |\n' "$(printf '%s | ' "${checks[@]}" | sed 's/ | $//')"
-printf '|---|---|%s---|---|\n' "$(printf -- '---|%.0s' "${checks[@]}")"
-for r in "${rows[@]}"; do
-  line="| $r | ${result[$r,etcd]#v} |"
-  for check in "${checks[@]}"; do line+=" ${result[$r,$check]} |"; done
-  line+=" ${result[$r,build]} | ${result[$r,run]} |"
-  echo "$line"
-done
-printf '\nchecked on %s; logs in %s/\n' "$(date -u +%Y-%m-%d)" "$logs"
+print_table Kubernetes etcd "${checks[@]}" build run
 exit "$failed"

@@ -1,6 +1,9 @@
-//! Characterization tests on real Crossplane: core v2.3.4 with
-//! function-patch-and-transform, provider-kubernetes and provider-helm, on the
-//! local control plane (`local_cluster::real_crossplane`). Each asserts what the
+//! Characterization tests on real Crossplane: core (v2.4.0, or the release
+//! `LOCAL_CLUSTER_CROSSPLANE_BIN_DIR` has; `scripts/compat.sh --crossplane`
+//! runs every pinned one) with function-patch-and-transform,
+//! provider-kubernetes and provider-helm, on the local control plane
+//! (`local_cluster::real_crossplane`). Where releases differ, the tests assert
+//! each release's behaviour (`Crossplane::version`). Each asserts what the
 //! API server saw (its audit log). cascade-guard's design rests on these facts
 //! (docs/deletion-semantics.md §4-§6), and the model in
 //! `local_cluster::model` claims the same.
@@ -43,7 +46,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
 use kube::{Api, Client};
 use local_cluster::real_crossplane::modelplane::resource;
-use local_cluster::real_crossplane::{self, CROSSPLANE_USER, Crossplane, CrossplaneOptions};
+use local_cluster::real_crossplane::{
+    self, CROSSPLANE_USER, CoreVersion, Crossplane, CrossplaneOptions,
+};
 use local_cluster::testing::{self, Scope};
 use local_cluster::timeline::Timeline;
 use local_cluster::{ControlPlane, Options, audit, wait};
@@ -108,10 +113,24 @@ async fn stack() -> &'static Stack {
             };
             eprintln!("real Crossplane started in {:?}", crossplane.started_in());
             let client = cp.admin().await.expect("admin client");
-            install_xrd(&client).await;
+            if crossplane.version().major >= 2 {
+                install_xrd(&client).await;
+            }
             Stack { cp, crossplane }
         })
         .await
+}
+
+/// v2 (namespaced) XRDs are new in Crossplane v2: on v1 a test of them has
+/// nothing to run, and says so (the legacy claim's test has v1's
+/// cluster-scoped XRs).
+fn not_on_v1(stack: &Stack, what: &str) -> bool {
+    let version = stack.crossplane.version();
+    let v1 = version.major < 2;
+    if v1 {
+        eprintln!("not run on Crossplane {version}: it has no {what}");
+    }
+    v1
 }
 
 /// A v2 (namespaced) XRD whose XRs pick their Composition by name.
@@ -368,6 +387,9 @@ async fn audited_delete(
 #[tokio::test]
 async fn a_background_delete_removes_the_xr_at_once_and_the_collector_deletes_its_resources() {
     let stack = stack().await;
+    if not_on_v1(stack, "v2 XRDs") {
+        return;
+    }
     let s = Scope::new(stack.cp, "xp-background").await;
     let app = App::new(&s, &["first", "second"]).await;
     let xr = app.xr("app", 2).await;
@@ -407,6 +429,9 @@ async fn a_background_delete_removes_the_xr_at_once_and_the_collector_deletes_it
 #[tokio::test]
 async fn a_foreground_delete_keeps_the_xr_until_its_composed_resources_are_gone() {
     let stack = stack().await;
+    if not_on_v1(stack, "v2 XRDs") {
+        return;
+    }
     let s = Scope::new(stack.cp, "xp-foreground").await;
     let app = App::new(&s, &["first", "second"]).await;
     let xr = app.xr("app", 2).await;
@@ -444,6 +469,9 @@ async fn a_foreground_delete_keeps_the_xr_until_its_composed_resources_are_gone(
 #[tokio::test]
 async fn composed_resources_carry_a_blocking_controller_reference_and_the_composite_label() {
     let stack = stack().await;
+    if not_on_v1(stack, "v2 XRDs") {
+        return;
+    }
     let s = Scope::new(stack.cp, "xp-references").await;
     let app = App::new(&s, &["first", "second"]).await;
     let xr = app.xr("app", 2).await;
@@ -473,8 +501,11 @@ async fn composed_resources_carry_a_blocking_controller_reference_and_the_compos
 }
 
 #[tokio::test]
-async fn a_resource_dropped_from_the_composition_is_deleted_by_crossplane_with_foreground() {
+async fn a_resource_dropped_from_the_composition_is_deleted_by_crossplane() {
     let stack = stack().await;
+    if not_on_v1(stack, "v2 XRDs") {
+        return;
+    }
     let s = Scope::new(stack.cp, "xp-dropped").await;
     let app = App::new(&s, &["kept", "dropped"]).await;
     let xr = app.xr("app", 2).await;
@@ -499,14 +530,23 @@ async fn a_resource_dropped_from_the_composition_is_deleted_by_crossplane_with_f
     app.wait_gone("ConfigMap", &dropped).await;
     let event = audited_delete(stack.cp, "configmaps", &s.namespace, &dropped, |_| true).await;
     assert_eq!(event.effective_username(), CROSSPLANE_USER);
-    assert_eq!(event.propagation_policy(), Some("Foreground"));
-    assert!(
+    // Foreground with a UID precondition since v2.2.0; v1 to v2.1 send
+    // neither, so a dropped nested XR cascades in the background there.
+    let version = stack.crossplane.version();
+    let since_v2_2 = version >= CoreVersion::new(2, 2, 0);
+    assert_eq!(
+        event.propagation_policy(),
+        since_v2_2.then_some("Foreground"),
+        "Crossplane {version}'s delete of a dropped resource"
+    );
+    assert_eq!(
         event
             .request_object
             .as_ref()
             .and_then(|o| o.pointer("/preconditions/uid"))
             .is_some(),
-        "Crossplane's delete carries a UID precondition: {:?}",
+        since_v2_2,
+        "Crossplane {version}'s delete carries a UID precondition (since v2.2.0): {:?}",
         event.request_object
     );
     let xr = app.wait_composed("app", 1).await;
@@ -518,33 +558,82 @@ async fn a_resource_dropped_from_the_composition_is_deleted_by_crossplane_with_f
         .expect("clean up");
 }
 
-fn usages() -> ApiResource {
-    resource("protection.crossplane.io", "v1beta1", "Usage", "usages")
+/// What a Usage test protects, and with which Usage: in v2, ConfigMaps and a
+/// namespaced `protection.crossplane.io` Usage; in v1, whose Usage
+/// (`apiextensions.crossplane.io`) is cluster-scoped and names what it
+/// protects by name only, ClusterRoles.
+struct UsageKinds {
+    usage: ApiResource,
+    used: ApiResource,
+    /// The namespace of the Usage and of what it protects, if namespaced.
+    namespace: Option<String>,
+    /// Names made unique per test, for cluster-scoped objects.
+    prefix: String,
+}
+
+impl UsageKinds {
+    fn new(stack: &Stack, s: &Scope) -> Self {
+        if stack.crossplane.version().major >= 2 {
+            Self {
+                usage: resource("protection.crossplane.io", "v1beta1", "Usage", "usages"),
+                used: config_maps(),
+                namespace: Some(s.namespace.clone()),
+                prefix: String::new(),
+            }
+        } else {
+            Self {
+                usage: resource("apiextensions.crossplane.io", "v1beta1", "Usage", "usages"),
+                used: resource(
+                    "rbac.authorization.k8s.io",
+                    "v1",
+                    "ClusterRole",
+                    "clusterroles",
+                ),
+                namespace: None,
+                prefix: format!("{}-", s.namespace),
+            }
+        }
+    }
+
+    fn api(&self, client: &Client, resource: &ApiResource) -> Api<DynamicObject> {
+        match &self.namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+            None => Api::all_with(client.clone(), resource),
+        }
+    }
+
+    fn name(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
 }
 
 #[tokio::test]
 async fn the_usage_webhook_refuses_a_used_resource_and_crossplane_replays_the_delete() {
     let stack = stack().await;
     let s = Scope::new(stack.cp, "xp-usage").await;
-    let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.namespace);
-    for name in ["used", "user"] {
-        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}});
-        apply(&s.client, &config_maps(), Some(&s.namespace), &cm).await;
+    let kinds = UsageKinds::new(stack, &s);
+    let objects = kinds.api(&s.client, &kinds.used);
+    let ns = kinds.namespace.as_deref();
+    let (used, user, usage_name) = (
+        kinds.name("used"),
+        kinds.name("user"),
+        kinds.name("used-by-user"),
+    );
+    for name in [&used, &user] {
+        let object = json!({"apiVersion": kinds.used.api_version, "kind": kinds.used.kind, "metadata": {"name": name}});
+        apply(&s.client, &kinds.used, ns, &object).await;
     }
+    let reference = |name: &str| json!({"apiVersion": kinds.used.api_version, "kind": kinds.used.kind, "resourceRef": {"name": name}});
     let usage = json!({
-        "apiVersion": "protection.crossplane.io/v1beta1",
+        "apiVersion": kinds.usage.api_version,
         "kind": "Usage",
-        "metadata": {"name": "used-by-user"},
-        "spec": {
-            "of": {"apiVersion": "v1", "kind": "ConfigMap", "resourceRef": {"name": "used"}},
-            "by": {"apiVersion": "v1", "kind": "ConfigMap", "resourceRef": {"name": "user"}},
-            "replayDeletion": true,
-        },
+        "metadata": {"name": usage_name},
+        "spec": {"of": reference(&used), "by": reference(&user), "replayDeletion": true},
     });
-    apply(&s.client, &usages(), Some(&s.namespace), &usage).await;
+    apply(&s.client, &kinds.usage, ns, &usage).await;
     let labelled = wait::until(TIMEOUT, || async {
-        let cm = maps.get("used").await.ok()?;
-        let labels = cm.metadata.labels.unwrap_or_default();
+        let object = objects.get(&used).await.ok()?;
+        let labels = object.metadata.labels.unwrap_or_default();
         (labels.get("crossplane.io/in-use").map(String::as_str) == Some("true")).then_some(())
     })
     .await;
@@ -553,15 +642,19 @@ async fn the_usage_webhook_refuses_a_used_resource_and_crossplane_replays_the_de
         "the Usage never marked its resource in use"
     );
 
-    match maps
-        .delete("used", &delete_with(PropagationPolicy::Foreground))
+    match objects
+        .delete(&used, &delete_with(PropagationPolicy::Foreground))
         .await
     {
         Err(kube::Error::Api(status)) => {
             assert_eq!(status.code, 409, "{status:?}");
+            // v1 says "1 Usage(s)", v2 "1 usage(s)".
+            let message = status.message.to_lowercase();
             assert!(
-                status.message.contains("in-use by 1 usage")
-                    && status.message.contains("by resource ConfigMap/user"),
+                message.contains("in-use by 1 usage")
+                    && message.contains(
+                        &format!("by resource {}/{user}", kinds.used.kind).to_lowercase()
+                    ),
                 "{}",
                 status.message
             );
@@ -569,8 +662,8 @@ async fn the_usage_webhook_refuses_a_used_resource_and_crossplane_replays_the_de
         }
         other => panic!("expected the webhook's 409, got {other:?}"),
     }
-    let cm = maps.get("used").await.expect("still there");
-    let annotations = cm.metadata.annotations.unwrap_or_default();
+    let object = objects.get(&used).await.expect("still there");
+    let annotations = object.metadata.annotations.unwrap_or_default();
     assert_eq!(
         annotations
             .get("usage.crossplane.io/deletion-attempt-with-policy")
@@ -578,18 +671,20 @@ async fn the_usage_webhook_refuses_a_used_resource_and_crossplane_replays_the_de
         Some("Foreground"),
         "the webhook records the refused attempt's policy"
     );
-    let refused = audited_delete(stack.cp, "configmaps", &s.namespace, "used", |e| {
+    let in_namespace = ns.unwrap_or_default();
+    let refused = audited_delete(stack.cp, &kinds.used.plural, in_namespace, &used, |e| {
         e.response_code() == Some(409)
     })
     .await;
     assert_eq!(refused.effective_username(), "admin");
 
     let user_deleted = Instant::now();
-    maps.delete("user", &delete_with(PropagationPolicy::Background))
+    objects
+        .delete(&user, &delete_with(PropagationPolicy::Background))
         .await
         .expect("delete the user");
     let gone = wait::until(TIMEOUT, || async {
-        maps.get_opt("used").await.ok()?.is_none().then_some(())
+        objects.get_opt(&used).await.ok()?.is_none().then_some(())
     })
     .await;
     assert!(gone.is_some(), "Crossplane never replayed the delete");
@@ -597,7 +692,7 @@ async fn the_usage_webhook_refuses_a_used_resource_and_crossplane_replays_the_de
         "replayed delete: the used resource was gone {:?} after the user's delete",
         user_deleted.elapsed()
     );
-    let replay = audited_delete(stack.cp, "configmaps", &s.namespace, "used", |e| {
+    let replay = audited_delete(stack.cp, &kinds.used.plural, in_namespace, &used, |e| {
         e.response_code() == Some(200)
     })
     .await;
@@ -606,7 +701,7 @@ async fn the_usage_webhook_refuses_a_used_resource_and_crossplane_replays_the_de
     // The garbage collector removed the Usage once its user was gone (the
     // Usage has an owner reference to it).
     let usage_delete =
-        audited_delete(stack.cp, "usages", &s.namespace, "used-by-user", |_| true).await;
+        audited_delete(stack.cp, "usages", in_namespace, &usage_name, |_| true).await;
     assert_eq!(
         usage_delete.effective_username(),
         stack.cp.garbage_collector_username()
@@ -616,6 +711,9 @@ async fn the_usage_webhook_refuses_a_used_resource_and_crossplane_replays_the_de
 #[tokio::test]
 async fn crossplane_keeps_a_finalizer_it_does_not_own_through_reconciles_and_composition_changes() {
     let stack = stack().await;
+    if not_on_v1(stack, "v2 XRDs") {
+        return;
+    }
     let s = Scope::new(stack.cp, "xp-foreign-finalizer").await;
     let app = App::new(&s, &["first"]).await;
     app.xr("app", 1).await;
@@ -696,8 +794,18 @@ fn legacy_claims() -> ApiResource {
 
 /// A legacy (`apiextensions.crossplane.io/v1`) XRD, cluster-scoped XRs with a
 /// namespaced claim, and a Composition composing one ConfigMap in
-/// `namespace`. Installed once; each use has its own namespace for claims.
-async fn install_legacy_xrd(client: &Client, namespace: &str) {
+/// `namespace` (on v1 a ClusterRole). Installed once; each use has its own
+/// namespace for claims.
+async fn install_legacy_xrd(client: &Client, namespace: &str, version: CoreVersion) {
+    // v1's XR CRDs have no `namespace` in `spec.resourceRefs`, so a
+    // cluster-scoped XR composes only cluster-scoped resources there (v1.20.0
+    // refuses its own update: `.spec.resourceRefs[0].namespace: field not
+    // declared in schema`): a ClusterRole instead of the ConfigMap.
+    let base = if version.major >= 2 {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": namespace}, "data": {"part": "config"}})
+    } else {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "rules": []})
+    };
     let xrd = json!({
         "apiVersion": "apiextensions.crossplane.io/v1",
         "kind": "CompositeResourceDefinition",
@@ -742,7 +850,7 @@ async fn install_legacy_xrd(client: &Client, namespace: &str) {
                     "kind": "Resources",
                     "resources": [{
                         "name": "config",
-                        "base": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": namespace}, "data": {"part": "config"}},
+                        "base": base,
                         "readinessChecks": [{"type": "None"}],
                     }],
                 },
@@ -756,7 +864,7 @@ async fn install_legacy_xrd(client: &Client, namespace: &str) {
 async fn deleting_a_legacy_claim_deletes_its_xr_with_the_claims_composite_delete_policy() {
     let stack = stack().await;
     let s = Scope::new(stack.cp, "xp-legacy-claim").await;
-    install_legacy_xrd(&s.client, &s.namespace).await;
+    install_legacy_xrd(&s.client, &s.namespace, stack.crossplane.version()).await;
     let claims: Api<DynamicObject> =
         Api::namespaced_with(s.client.clone(), &s.namespace, &legacy_claims());
     let timeline = Timeline::start(
@@ -792,8 +900,28 @@ async fn deleting_a_legacy_claim_deletes_its_xr_with_the_claims_composite_delete
                 .and_then(Value::as_str)
                 .map(str::to_string)
         })
-        .await
-        .unwrap_or_else(|| panic!("claim {name} never became Ready with an XR"));
+        .await;
+        let Some(xr_name) = xr_name else {
+            // What Crossplane says about them, for a release that differs.
+            let claim = claims.get_opt(&name).await.ok().flatten();
+            let xr_name = claim
+                .as_ref()
+                .and_then(|c| c.data.pointer("/spec/resourceRef/name"));
+            let xrs: Api<DynamicObject> = Api::all_with(s.client.clone(), &legacy_xrs());
+            let xr = match xr_name.and_then(Value::as_str) {
+                Some(xr) => xrs.get_opt(xr).await.ok().flatten(),
+                None => None,
+            };
+            let conditions = |o: Option<&DynamicObject>| {
+                o.and_then(|o| o.data.pointer("/status/conditions"))
+                    .cloned()
+            };
+            panic!(
+                "claim {name} never became Ready with an XR; claim: {:?}; XR: {:?}",
+                conditions(claim.as_ref()),
+                conditions(xr.as_ref())
+            )
+        };
 
         claims
             .delete(&name, &delete_with(PropagationPolicy::Background))

@@ -24,7 +24,53 @@ pub struct CrossplaneBinaries {
     pub provider_helm_crds: PathBuf,
 }
 
+/// A Crossplane core release, as `crossplane --version` prints it (`v2.4.0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CoreVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl CoreVersion {
+    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
+        Self {
+            major,
+            minor,
+            patch,
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.trim().strip_prefix('v')?.splitn(3, '.');
+        let mut next = || parts.next()?.parse().ok();
+        Some(Self::new(next()?, next()?, next()?))
+    }
+}
+
+impl std::fmt::Display for CoreVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
 impl CrossplaneBinaries {
+    /// Core's release: the harness and the characterization tests differ by
+    /// it (`crossplane/build.sh` builds any pinned one).
+    pub fn core_version(&self) -> Result<CoreVersion, Error> {
+        let output = Command::new(&self.crossplane)
+            .arg("--version")
+            .output()
+            .map_err(|e| Error::Io(format!("{} --version: {e}", self.crossplane.display())))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        CoreVersion::parse(&text).ok_or_else(|| {
+            Error::Io(format!(
+                "{} --version printed {text:?}, not a release",
+                self.crossplane.display()
+            ))
+        })
+    }
+
     pub fn locate() -> Result<Self, Error> {
         let dir = match std::env::var_os(CROSSPLANE_BIN_DIR_ENV) {
             Some(dir) => PathBuf::from(dir),
@@ -101,4 +147,24 @@ pub(super) fn run_build_script(script: &Path) -> Result<PathBuf, Error> {
         .filter(|line| !line.is_empty())
         .map(PathBuf::from)
         .ok_or_else(|| failed("it printed no path".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CoreVersion;
+
+    #[test]
+    fn a_release_parses_and_orders_by_number() {
+        assert_eq!(
+            CoreVersion::parse("v2.4.0\n"),
+            Some(CoreVersion::new(2, 4, 0))
+        );
+        assert_eq!(
+            CoreVersion::parse("v1.20.0").map(|v| v.to_string()),
+            Some("v1.20.0".into())
+        );
+        assert!(CoreVersion::new(1, 20, 0) < CoreVersion::new(2, 0, 2));
+        assert_eq!(CoreVersion::parse(""), None);
+        assert_eq!(CoreVersion::parse("2.4.0"), None);
+    }
 }

@@ -19,9 +19,9 @@ use super::manifest::{self, FIELD_MANAGER};
 use super::{CROSSPLANE_NAMESPACE, CrossplaneBinaries, Error, api_error, io_error};
 use crate::process::{self, Lifetime, Process, Surroundings};
 
-/// The ValidatingWebhookConfiguration `core init` installs for Usages.
-pub const USAGE_WEBHOOK: &str = "crossplane-no-usages";
 const INIT_ATTEMPTS: u32 = 5;
+/// The Service `core init` names in its webhook configurations (none exists).
+const WEBHOOK_SERVICE: &str = "crossplane-webhooks";
 
 /// Where core's certificates and caches are, and the ports it serves on
 /// inside its network namespace.
@@ -48,24 +48,37 @@ pub async fn init(
     layout: &CoreLayout,
     log: &Path,
 ) -> Result<(), Error> {
-    let args = [
+    let mut args = vec![
         "core".to_string(),
         "init".to_string(),
         format!("--namespace={CROSSPLANE_NAMESPACE}"),
         "--service-account=crossplane".to_string(),
-        // kong's spelling of the flags for CRDsPath and TLSCASecretName.
-        format!("--cr-ds-path={}", binaries.core_crds.display()),
-        format!(
-            "--webhook-configurations-path={}",
-            binaries.core_webhook_configurations.display()
-        ),
-        "--webhook-service-name=crossplane-webhooks".to_string(),
+        format!("--webhook-service-name={WEBHOOK_SERVICE}"),
         format!("--webhook-service-namespace={CROSSPLANE_NAMESPACE}"),
         format!("--webhook-service-port={}", layout.webhook_port),
         "--tlsca-secret-name=crossplane-root-ca".to_string(),
         "--tls-server-secret-name=crossplane-tls-server".to_string(),
         "--tls-client-secret-name=crossplane-tls-client".to_string(),
     ];
+    let program = if binaries.core_version()?.major >= 2 {
+        args.extend([
+            // kong's spelling of the flags for CRDsPath and TLSCASecretName.
+            format!("--cr-ds-path={}", binaries.core_crds.display()),
+            format!(
+                "--webhook-configurations-path={}",
+                binaries.core_webhook_configurations.display()
+            ),
+        ]);
+        binaries.crossplane.clone()
+    } else {
+        // v1 has no flags for those: it reads /crds and /webhookconfigurations,
+        // where its image has them. It runs chrooted into a directory that
+        // has them there.
+        let root = init_root(binaries, layout)?;
+        args.insert(0, "/crossplane".into());
+        args.insert(0, root.display().to_string());
+        PathBuf::from("chroot")
+    };
     let mut last = String::new();
     for attempt in 1..=INIT_ATTEMPTS {
         let out = std::fs::File::options()
@@ -74,7 +87,7 @@ pub async fn init(
             .open(log)
             .map_err(io_error(log))?;
         let err = out.try_clone().map_err(io_error(log))?;
-        let status = tokio::process::Command::new(&binaries.crossplane)
+        let status = tokio::process::Command::new(&program)
             .args(&args)
             .env("KUBECONFIG", &layout.kubeconfig)
             .stdin(std::process::Stdio::null())
@@ -82,7 +95,7 @@ pub async fn init(
             .stderr(err)
             .status()
             .await
-            .map_err(|e| Error::Io(format!("{}: {e}", binaries.crossplane.display())))?;
+            .map_err(|e| Error::Io(format!("{}: {e}", program.display())))?;
         if status.success() {
             return Ok(());
         }
@@ -98,9 +111,63 @@ pub async fn init(
     })
 }
 
+/// A root for Crossplane v1's `core init`: its (static) binary, its CRDs and
+/// webhook configurations where it looks for them, and the kubeconfig with
+/// the certificate files it names, each at its own path.
+fn init_root(binaries: &CrossplaneBinaries, layout: &CoreLayout) -> Result<PathBuf, Error> {
+    let root = layout.cache.join("init-root");
+    let copy = |from: &Path, to: &Path| -> Result<(), Error> {
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+        }
+        std::fs::copy(from, to).map(drop).map_err(io_error(from))
+    };
+    let inside = |path: &Path| root.join(path.strip_prefix("/").unwrap_or(path));
+    copy(&binaries.crossplane, &root.join("crossplane"))?;
+    for (dir, name) in [
+        (&binaries.core_crds, "crds"),
+        (
+            &binaries.core_webhook_configurations,
+            "webhookconfigurations",
+        ),
+    ] {
+        for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+            let path = entry.map_err(io_error(dir))?.path();
+            if path.is_file() {
+                copy(
+                    &path,
+                    &root.join(name).join(path.file_name().unwrap_or_default()),
+                )?;
+            }
+        }
+    }
+    let kubeconfig = kube::config::Kubeconfig::read_from(&layout.kubeconfig)
+        .map_err(|e| Error::Io(format!("{}: {e}", layout.kubeconfig.display())))?;
+    let files = kubeconfig
+        .clusters
+        .iter()
+        .filter_map(|c| c.cluster.as_ref()?.certificate_authority.clone())
+        .chain(kubeconfig.auth_infos.iter().flat_map(|a| {
+            let auth = a.auth_info.as_ref();
+            [
+                auth.and_then(|a| a.client_certificate.clone()),
+                auth.and_then(|a| a.client_key.clone()),
+            ]
+            .into_iter()
+            .flatten()
+        }))
+        .map(PathBuf::from)
+        .chain([layout.kubeconfig.clone()]);
+    for file in files {
+        copy(&file, &inside(&file))?;
+    }
+    Ok(root)
+}
+
 /// The API server cannot reach a webhook by Service here (no kube-proxy, and
-/// Endpoints refuse loopback addresses): the Usage webhook and the conversion
-/// webhooks of core's CRDs get loopback URLs instead.
+/// Endpoints refuse loopback addresses): the webhooks `core init` installed
+/// (the Usage webhook; in v1 also `crossplane`, for XRDs and Compositions) and
+/// the conversion webhooks of core's CRDs get loopback URLs instead.
 pub async fn webhooks_on_loopback(
     client: &Client,
     binaries: &CrossplaneBinaries,
@@ -108,27 +175,36 @@ pub async fn webhooks_on_loopback(
 ) -> Result<(), Error> {
     let base = &layout.webhook_url;
     let configs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let mut config = configs
-        .get(USAGE_WEBHOOK)
+    let installed = configs
+        .list(&Default::default())
         .await
-        .map_err(api_error(format!("reading {USAGE_WEBHOOK}")))?;
-    for webhook in config.webhooks.iter_mut().flatten() {
-        let path = webhook
-            .client_config
-            .service
-            .as_ref()
-            .and_then(|s| s.path.clone())
-            .unwrap_or_else(|| "/validate-no-usages".into());
-        webhook.client_config = WebhookClientConfig {
-            url: Some(format!("{base}{path}")),
-            ca_bundle: Some(ByteString(layout.ca_pem.as_bytes().to_vec())),
-            service: None,
-        };
+        .map_err(api_error("listing webhook configurations"))?;
+    for mut config in installed {
+        let name = config.metadata.name.clone().unwrap_or_default();
+        let mut ours = false;
+        for webhook in config.webhooks.iter_mut().flatten() {
+            let Some(service) = webhook.client_config.service.as_ref() else {
+                continue;
+            };
+            if service.name != WEBHOOK_SERVICE {
+                continue;
+            }
+            let path = service.path.clone().unwrap_or_default();
+            webhook.client_config = WebhookClientConfig {
+                url: Some(format!("{base}{path}")),
+                ca_bundle: Some(ByteString(layout.ca_pem.as_bytes().to_vec())),
+                service: None,
+            };
+            ours = true;
+        }
+        if !ours {
+            continue;
+        }
+        configs
+            .replace(&name, &PostParams::default(), &config)
+            .await
+            .map_err(api_error(format!("pointing {name} at loopback")))?;
     }
-    configs
-        .replace(USAGE_WEBHOOK, &PostParams::default(), &config)
-        .await
-        .map_err(api_error(format!("pointing {USAGE_WEBHOOK} at loopback")))?;
 
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in manifest::read_crds(&binaries.core_crds)? {

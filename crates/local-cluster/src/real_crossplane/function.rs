@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::manifest::FIELD_MANAGER;
 use super::netns::NetNamespace;
-use super::{CrossplaneBinaries, Error, api_error};
+use super::{CoreVersion, CrossplaneBinaries, Error, api_error};
 use crate::process::{self, Lifetime, Process, Surroundings};
 
 /// The name Compositions give in `functionRef.name`.
@@ -57,7 +57,7 @@ pub fn start(
 /// Registers the function with Crossplane: an active FunctionRevision with
 /// the endpoint and the `composition` capability in its status (without the
 /// capability Crossplane refuses a pipeline that calls it).
-pub async fn register(client: &Client, port: u16) -> Result<(), Error> {
+pub async fn register(client: &Client, port: u16, version: CoreVersion) -> Result<(), Error> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &function_revisions());
     let revision = json!({
         "apiVersion": "pkg.crossplane.io/v1",
@@ -78,14 +78,16 @@ pub async fn register(client: &Client, port: u16) -> Result<(), Error> {
     api.patch(REVISION_NAME, &params, &Patch::Apply(&revision))
         .await
         .map_err(api_error("creating the FunctionRevision"))?;
-    let status = json!({
+    let mut status = json!({
         "apiVersion": "pkg.crossplane.io/v1",
         "kind": "FunctionRevision",
-        "status": {
-            "endpoint": format!("127.0.0.1:{port}"),
-            "capabilities": ["composition"],
-        },
+        "status": {"endpoint": format!("127.0.0.1:{port}")},
     });
+    // Capabilities are new in v2 (v1's schema refuses the field, and every
+    // function composes there).
+    if version.major >= 2 {
+        status["status"]["capabilities"] = json!(["composition"]);
+    }
     api.patch_status(REVISION_NAME, &params, &Patch::Apply(&status))
         .await
         .map_err(api_error("setting the FunctionRevision's endpoint"))?;

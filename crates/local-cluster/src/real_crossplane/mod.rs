@@ -26,7 +26,7 @@ mod stack;
 
 use std::path::PathBuf;
 
-pub use binaries::{CROSSPLANE_BIN_DIR_ENV, CrossplaneBinaries, crossplane_dir};
+pub use binaries::{CROSSPLANE_BIN_DIR_ENV, CoreVersion, CrossplaneBinaries, crossplane_dir};
 pub use function::FUNCTION_NAME;
 pub use provider::{PROVIDER_HELM_USER, PROVIDER_KUBERNETES_USER};
 pub use stack::{CORE_PROCESS, Crossplane, CrossplaneOptions, CrossplaneState, resident_kb};

@@ -39,7 +39,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use super::manifest::FIELD_MANAGER;
-use super::{Crossplane, Error, api_error, io_error};
+use super::{CoreVersion, Crossplane, Error, api_error, io_error};
 
 pub const SYSTEM_NAMESPACE: &str = "modelplane-system";
 const INFERENCE_CLUSTER_COMPOSITION: &str = "inferenceclusters-local";
@@ -588,7 +588,21 @@ pub async fn install(
         "CompositeResourceDefinition",
         "compositeresourcedefinitions",
     );
-    for xrd in platform.definitions()? {
+    // An XRD's versions take `subresources` (ModelDeployment's scale) since
+    // Crossplane v2.3.0, and earlier releases refuse the field. Nothing here
+    // scales a ModelDeployment, so there it is left out.
+    let scale = crossplane.version() >= CoreVersion::new(2, 3, 0);
+    for mut xrd in platform.definitions()? {
+        if !scale {
+            let versions = xrd
+                .pointer_mut("/spec/versions")
+                .and_then(Value::as_array_mut);
+            for version in versions.into_iter().flatten() {
+                if let Some(version) = version.as_object_mut() {
+                    version.remove("subresources");
+                }
+            }
+        }
         apply(client, &xrds, &xrd).await?;
     }
     let compositions = resource(

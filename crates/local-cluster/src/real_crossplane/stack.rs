@@ -14,7 +14,7 @@ use super::function;
 use super::manifest;
 use super::netns::NetNamespace;
 use super::provider::{self, ProviderKind};
-use super::{CROSSPLANE_USER, CrossplaneBinaries, Error, io_error};
+use super::{CROSSPLANE_USER, CoreVersion, CrossplaneBinaries, Error, io_error};
 use crate::pki::{self, Pair};
 use crate::process::{Lifetime, Process, Surroundings};
 use crate::{ControlPlane, ProcessState};
@@ -68,6 +68,7 @@ pub struct Crossplane {
     /// cloud cluster's API server, a served file).
     forwarding: Forwarding,
     webhook_port: u16,
+    version: CoreVersion,
     started_in: Duration,
 }
 
@@ -150,6 +151,7 @@ impl Crossplane {
         let binaries = tokio::task::spawn_blocking(CrossplaneBinaries::locate)
             .await
             .map_err(|e| Error::Io(format!("locating the binaries: {e}")))??;
+        let version = binaries.core_version()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("local-crossplane")
@@ -162,6 +164,7 @@ impl Crossplane {
             runtime: Some(runtime),
             forwarding: Forwarding::default(),
             webhook_port: 0,
+            version,
             started_in: Duration::ZERO,
         };
         if let Err(e) = stack.boot(cp, &binaries, &options).await {
@@ -241,7 +244,7 @@ impl Crossplane {
         )?;
         crossplane_core::wait_ready(health_outside, &mut core).await?;
         self.processes.push(core);
-        function::register(&client, FUNCTION_PORT).await?;
+        function::register(&client, FUNCTION_PORT, self.version).await?;
 
         if options.providers {
             self.start_providers(cp, binaries, &certs, &dir, api_port, &runtime)
@@ -308,6 +311,11 @@ impl Crossplane {
     /// How long [`Crossplane::start`] took.
     pub fn started_in(&self) -> Duration {
         self.started_in
+    }
+
+    /// Crossplane core's release.
+    pub fn version(&self) -> CoreVersion {
+        self.version
     }
 
     /// The loopback port Crossplane's webhooks are served on.

@@ -1,11 +1,9 @@
-module github.com/cascade-guard/cascade-guard/crossplane/core
+module github.com/cascade-guard/cascade-guard/crossplane/core/releases/v2.3.4
 
-// Builds Crossplane core (cmd/crossplane) of one pinned release from the Go
-// module proxy. See ../build.sh.
+// Builds Crossplane core (cmd/crossplane) v2.3.4 from the Go module proxy.
+// Written by crossplane/pin.sh; see crossplane/build.sh.
 
 go 1.25.11
-
-require github.com/crossplane/crossplane/v2 v2.3.4 // indirect
 
 require (
 	cloud.google.com/go/compute/metadata v0.9.0 // indirect
@@ -48,6 +46,8 @@ require (
 	github.com/chrismellard/docker-credential-acr-env v0.0.0-20230304212654-82a0ddb27589 // indirect
 	github.com/coreos/go-oidc/v3 v3.17.0 // indirect
 	github.com/crossplane/crossplane-runtime/v2 v2.3.3 // indirect
+	github.com/crossplane/crossplane/apis/v2 v2.3.4 // indirect
+	github.com/crossplane/crossplane/v2 v2.3.4 // indirect
 	github.com/cyberphone/json-canonicalization v0.0.0-20241213102144-19d51d7fe467 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/digitorus/pkcs7 v0.0.0-20230818184609-3a137a874352 // indirect
@@ -197,9 +197,3 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.2-0.20260122202528-d9cc6641c482 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
-
-// v2.3.4's own go.mod replaces its apis module with ./apis, which only counts
-// in its repository; require the pseudo-version that release names instead.
-require github.com/crossplane/crossplane/apis/v2 v2.0.0-20260424160951-8f231230ebb6 // indirect
-
-tool github.com/crossplane/crossplane/v2/cmd/crossplane
