@@ -4,7 +4,8 @@
 # real API server (every cell, Refuse and Convert), and Convert's basic cascade
 # (plain deletes become foreground cascades; a Background re-delete mid-cascade
 # is converted again), and that the release type-checks cascade-guard's
-# policies and its warnings reach cascade-guard's reports. Prints one table, release x check, with the first failing
+# policies and its warnings reach cascade-guard's reports, and static protection
+# (from 1.36; refused by name before). Prints one table, release x check, with the first failing
 # line of each failure; logs are kept in target/compat/.
 #
 #   scripts/compat.sh                 every pinned release (controlplane/build.sh --list)
@@ -51,7 +52,7 @@ fi
 logs=target/compat
 mkdir -p "$logs"
 
-checks=(deletion-semantics decision-table convert-cascade type-check)
+checks=(deletion-semantics decision-table convert-cascade type-check static-protection)
 # The cargo test arguments of each check: test targets and exact test names.
 check_args() {
   case $1 in
@@ -60,6 +61,9 @@ check_args() {
   decision-table-convert) echo "-p cascade-guard --test convert -- --exact the_api_server_agrees_with_the_decision_table_for_held_objects" ;;
   convert-cascade) echo "-p cascade-guard --test convert -- --exact every_client_gets_a_foreground_cascade a_background_redelete_mid_cascade_does_not_cut_it_short" ;;
   type-check) echo "-p cascade-guard --test type_check" ;;
+  # From 1.36 the static manifests hold without the API's objects; before,
+  # render --static and run --static-manifests-dir refuse naming 1.36.
+  static-protection) echo "-p cascade-guard --test static_protection" ;;
   esac
 }
 # The decision table is two tests in two binaries (each binary runs its own
