@@ -38,6 +38,9 @@ pub const ORPHAN_FINALIZER: &str = "orphan";
 /// find (and prune) exactly its own objects.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "cascade-guard";
+/// The field manager of cascade-guard's server-side applies, and the
+/// reporter of its Events.
+pub const FIELD_MANAGER: &str = "cascade-guard";
 /// The label selector for exactly those objects (`MANAGED_BY_LABEL=MANAGED_BY_VALUE`),
 /// for every list and watch of them.
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=cascade-guard";

@@ -13,7 +13,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 
 use crate::Error;
-use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::policy::names::{FIELD_MANAGER, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::policy::static_manifest::{FILE_NAME, ServerReport, server_report};
 
 /// The label on each writer's record.
@@ -205,7 +205,7 @@ pub async fn publish(client: &Client, namespace: &str, record: &Record) -> Resul
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     api.patch(
         &name,
-        &PatchParams::apply(crate::controller::MANAGER).force(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(&config_map),
     )
     .await

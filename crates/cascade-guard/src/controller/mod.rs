@@ -36,7 +36,7 @@ use telemetry::{Health, Metrics};
 pub use apply::own_username;
 
 /// The field manager (server-side apply) and event reporter name.
-pub const MANAGER: &str = "cascade-guard";
+pub const MANAGER: &str = crate::policy::names::FIELD_MANAGER;
 
 #[derive(Clone, Debug)]
 pub struct Settings {
