@@ -157,24 +157,12 @@ pub async fn announce(client: Client, settings: LeaseSettings) {
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
     let mut warned = false;
     loop {
-        let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(settings.name.clone()),
-                annotations: Some(settings.annotations.clone()),
-                ..Default::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(settings.identity.clone()),
-                lease_duration_seconds: Some(settings.lease_duration_seconds()),
-                renew_time: Some(MicroTime(Timestamp::now())),
-                ..Default::default()
-            }),
-        };
-        let params = kube::api::PatchParams::apply(crate::controller::MANAGER).force();
-        match api
-            .patch(&settings.name, &params, &kube::api::Patch::Apply(&lease))
-            .await
-        {
+        let lease = presence(
+            &settings,
+            &settings.identity,
+            settings.lease_duration_seconds(),
+        );
+        match apply_presence(&api, &settings.name, &lease).await {
             Ok(_) => warned = false,
             Err(e) if !warned => {
                 warn!(lease = %settings.name, error = %e, "cannot announce this controller on its Lease; status and uninstall will not see it running");
@@ -190,26 +178,34 @@ pub async fn announce(client: Client, settings: LeaseSettings) {
 /// nobody reads as running.
 pub async fn withdraw(client: Client, settings: &LeaseSettings) {
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
-    let lease = Lease {
+    let lease = presence(settings, "", 1);
+    if let Err(e) = apply_presence(&api, &settings.name, &lease).await {
+        warn!(lease = %settings.name, error = %e, "cannot mark this controller stopped on its Lease; it reads as running until the Lease expires");
+    }
+}
+
+/// The Lease as a controller without leader election writes it: held by
+/// `holder` (empty: nobody), renewed now.
+fn presence(settings: &LeaseSettings, holder: &str, duration_seconds: i32) -> Lease {
+    Lease {
         metadata: ObjectMeta {
             name: Some(settings.name.clone()),
             annotations: Some(settings.annotations.clone()),
             ..Default::default()
         },
         spec: Some(LeaseSpec {
-            holder_identity: Some(String::new()),
-            lease_duration_seconds: Some(1),
+            holder_identity: Some(holder.to_string()),
+            lease_duration_seconds: Some(duration_seconds),
             renew_time: Some(MicroTime(Timestamp::now())),
             ..Default::default()
         }),
-    };
-    let params = kube::api::PatchParams::apply(crate::controller::MANAGER).force();
-    if let Err(e) = api
-        .patch(&settings.name, &params, &kube::api::Patch::Apply(&lease))
-        .await
-    {
-        warn!(lease = %settings.name, error = %e, "cannot mark this controller stopped on its Lease; it reads as running until the Lease expires");
     }
+}
+
+async fn apply_presence(api: &Api<Lease>, name: &str, lease: &Lease) -> Result<Lease, kube::Error> {
+    let params = kube::api::PatchParams::apply(crate::controller::MANAGER).force();
+    api.patch(name, &params, &kube::api::Patch::Apply(lease))
+        .await
 }
 
 /// Held leadership. Dropping it stops renewing without giving the Lease up (as
