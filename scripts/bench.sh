@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Benchmarks that print figures (recorded in BENCHMARKS.md). Each starts its own
 # local control plane. Usage: scripts/bench.sh refuse|update|convert|plan|static|static-manifests
+# (refuse when none is named; help prints this). The benchmarks are the
+# binaries of the crate testbed/bench (cascade-guard-bench, never published),
+# run from the release build with the release build of cascade-guard beside
+# them (in ${CARGO_TARGET_DIR:-target}/release).
 #
 #   plan     sibling order (#24): `cascade-guard plan` on a tree of 200 objects
 #            (the binary's wall time, in-process, the pure graph), then the
@@ -29,26 +33,33 @@
 #   BENCH_CONTROLLER_BIN=PATH  measure that cascade-guard binary instead
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export LOCAL_CLUSTER_BIN_DIR=$(controlplane/build.sh)
+case "${1:-}" in
+  help | -h | --help)
+    sed -n '2,/^set -euo pipefail/{/^set/d;s/^# \{0,1\}//;p}' "$0"
+    exit 0
+    ;;
+esac
+export LOCAL_CLUSTER_BIN_DIR=$(testbed/controlplane/build.sh)
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB; $(date -u +%Y-%m-%d)"
-cargo build --release --quiet --bins --examples
+cargo build --release --quiet -p cascade-guard -p cascade-guard-bench --bins
+release=${CARGO_TARGET_DIR:-target}/release
 case "${1:-refuse}" in
-  refuse) target/release/examples/bench-refuse ;;
-  update) target/release/examples/bench-update ;;
-  convert) target/release/examples/bench-convert ;;
-  plan) target/release/examples/bench-plan ;;
+  refuse) "$release/bench-refuse" ;;
+  update) "$release/bench-update" ;;
+  convert) "$release/bench-convert" ;;
+  plan) "$release/bench-plan" ;;
   static)
     static_bin=$(scripts/image.sh binary | tail -n 1)
     for round in $(seq "${BENCH_ROUNDS:-1}"); do
-      echo "--- round $round: glibc (target/release/cascade-guard)"
-      BENCH_ONLY=scale target/release/examples/bench-convert
+      echo "--- round $round: glibc ($release/cascade-guard)"
+      BENCH_ONLY=scale "$release/bench-convert"
       echo "--- round $round: musl ($static_bin)"
-      BENCH_ONLY=scale BENCH_CONTROLLER_BIN=$static_bin target/release/examples/bench-convert
+      BENCH_ONLY=scale BENCH_CONTROLLER_BIN=$static_bin "$release/bench-convert"
     done
     ;;
   static-manifests)
     for release in ${BENCH_RELEASES:-1.37 1.36}; do
-      bin=$(controlplane/build.sh "$release" | tail -n 1)
+      bin=$(testbed/controlplane/build.sh "$release" | tail -n 1)
       for round in $(seq "${BENCH_ROUNDS:-5}"); do
         LOCAL_CLUSTER_BIN_DIR=$bin cargo test --quiet -p cascade-guard --test static_protection \
           -- --nocapture --exact static_protection_holds_without_the_api_objects_and_the_controller 2>&1 |
@@ -56,5 +67,5 @@ case "${1:-refuse}" in
       done
     done
     ;;
-  *) echo "unknown benchmark ${1}; known: refuse, update, convert, plan, static, static-manifests" >&2; exit 2 ;;
+  *) echo "unknown benchmark ${1}; known: refuse, update, convert, plan, static, static-manifests (help)" >&2; exit 2 ;;
 esac

@@ -8,11 +8,11 @@
 # (from 1.36; refused by name before). Prints one table, release x check, with the first failing
 # line of each failure; logs are kept in target/compat/.
 #
-#   scripts/compat.sh                 every pinned release (controlplane/build.sh --list)
+#   scripts/compat.sh                 every pinned release (testbed/controlplane/build.sh --list)
 #   scripts/compat.sh 1.30 v1.37.2    only these (a minor picks its pinned release)
 #
 # With --crossplane, the same for each pinned Crossplane core release
-# (crossplane/build.sh --list), on the default Kubernetes release: the
+# (testbed/crossplane/build.sh --list), on the default Kubernetes release: the
 # characterization tests on real Crossplane (tests/real_crossplane.rs), the
 # seed tree in each mode (Off wedges, Refuse and Convert tear down in order;
 # tests/seed_real.rs), Crossplane's delete of a nested XR dropped from its
@@ -45,9 +45,9 @@ done
 if [ $# -gt 0 ]; then
   versions=("$@")
 elif [ "$crossplane" = 1 ]; then
-  mapfile -t versions < <(crossplane/build.sh --list)
+  mapfile -t versions < <(testbed/crossplane/build.sh --list)
 else
-  mapfile -t versions < <(controlplane/build.sh --list)
+  mapfile -t versions < <(testbed/controlplane/build.sh --list)
 fi
 logs=target/compat
 mkdir -p "$logs"
@@ -207,10 +207,10 @@ failed=0
 
 if [ "$crossplane" = 1 ]; then
   # The default Kubernetes release, and what the package and chart tests run.
-  LOCAL_CLUSTER_BIN_DIR=$(controlplane/build.sh | tail -n1)
-  LOCAL_CLUSTER_CRANK_BIN=$(crossplane/crank.sh | tail -n1)
-  CRANE_BIN=$(scripts/crane.sh | tail -n1)
-  HELM_BIN=$(scripts/helm.sh | tail -n1)
+  LOCAL_CLUSTER_BIN_DIR=$(testbed/controlplane/build.sh | tail -n1)
+  LOCAL_CLUSTER_CRANK_BIN=$(testbed/tools/crank.sh | tail -n1)
+  CRANE_BIN=$(testbed/tools/crane.sh | tail -n1)
+  HELM_BIN=$(testbed/tools/helm.sh | tail -n1)
   export LOCAL_CLUSTER_BIN_DIR LOCAL_CLUSTER_CRANK_BIN CRANE_BIN HELM_BIN
   columns=()
   for check in "${xp_checks[@]}"; do xp_wanted "$check" && columns+=("$check"); done
@@ -218,7 +218,7 @@ if [ "$crossplane" = 1 ]; then
     start=$SECONDS
     release=v${v#v}
     echo "compat: Crossplane $release build" >&2
-    if out=$(crossplane/build.sh "$v" 2>"$logs/crossplane-build-$release.log"); then
+    if out=$(testbed/crossplane/build.sh "$v" 2>"$logs/crossplane-build-$release.log"); then
       bin=$(echo "$out" | tail -n1)
       release=$(basename "$(dirname "$bin")")
       release=${release%-*}
@@ -246,7 +246,7 @@ fi
 for v in "${versions[@]}"; do
   start=$SECONDS
   bin=
-  if out=$(controlplane/build.sh "$v" 2>"$logs/build-$v.log"); then
+  if out=$(testbed/controlplane/build.sh "$v" 2>"$logs/build-$v.log"); then
     bin=$(echo "$out" | tail -n1)
     release=$(basename "$(dirname "$bin")")
     release=${release%-*}
@@ -257,7 +257,7 @@ for v in "${versions[@]}"; do
   rows+=("$release")
   # build.sh prints nothing on stderr when the release was cached.
   if [ -s "$logs/build-$v.log" ]; then result[$release,build]="${built}s"; else result[$release,build]=cached; fi
-  result[$release,etcd]=$(cat "controlplane/releases/$release/etcd-version" 2>/dev/null || echo "?")
+  result[$release,etcd]=$(cat "testbed/controlplane/releases/$release/etcd-version" 2>/dev/null || echo "?")
   result[$release,etcd]=${result[$release,etcd]#v}
   start=$SECONDS
   for check in "${checks[@]}"; do

@@ -7,7 +7,7 @@
 # on the first run (cached in ~/.cache/cascade-guard; see the README for how
 # long), starts the local control plane with Crossplane core,
 # function-patch-and-transform, provider-helm, provider-kubernetes, the local
-# cloud and the seed's platform (crossplane/modelplane/) in the background, or
+# cloud and the seed's platform (testbed/crossplane/modelplane/) in the background, or
 # reuses them, runs cascade-guard, and leaves everything running at the end.
 #
 #   scripts/demo.sh                 Convert mode
@@ -23,10 +23,10 @@ cd "$(dirname "$0")/.."
 started=$SECONDS
 step() { printf 'demo: [%4ss] %s\n' "$((SECONDS - started))" "$*"; }
 
-step "the control plane's binaries (controlplane/build.sh; about 7 minutes the first time)"
-bin=$(controlplane/build.sh)
-step "real Crossplane (crossplane/build.sh; 8 to 20 minutes the first time)"
-crossplane_bin=$(crossplane/build.sh)
+step "the control plane's binaries (testbed/controlplane/build.sh; about 7 minutes the first time)"
+bin=$(testbed/controlplane/build.sh)
+step "real Crossplane (testbed/crossplane/build.sh; 8 to 20 minutes the first time)"
+crossplane_bin=$(testbed/crossplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$crossplane_bin PATH="$bin:$PATH"
 step "building cascade-guard (cargo; a few minutes the first time)"
 cargo build --quiet --bins --examples

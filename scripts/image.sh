@@ -5,7 +5,7 @@
 # layer with /cascade-guard, run as the non-root user 65532:65532 (what the
 # chart's securityContext sets), entrypoint the binary, `run` its default
 # argument, labels naming the version and the source. The pinned crane
-# (scripts/crane.sh) assembles it on an empty base and pushes it.
+# (testbed/tools/crane.sh) assembles it on an empty base and pushes it.
 #
 #   scripts/image.sh binary              build (or reuse) the static binary; prints its path
 #   scripts/image.sh push REPOSITORY:TAG build, assemble and push the image; prints
@@ -111,7 +111,7 @@ push_image() {
   [[ $ref == */*:* && $ref != *@* ]] || die "push needs REPOSITORY:TAG (e.g. 127.0.0.1:5000/cascade-guard/cascade-guard:0.1.0), got '$ref'"
   build_binary
   local crane version source work
-  crane=$(scripts/crane.sh | tail -n 1)
+  crane=$(testbed/tools/crane.sh | tail -n 1)
   version=$("$binary" version --client | awk '{print $2}')
   [ -n "$version" ] || die "the binary printed no version"
   source=$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml)

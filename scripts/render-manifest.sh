@@ -2,7 +2,7 @@
 # Regenerates what is derived from the code and the chart, both committed:
 #   deploy/helm/cascade-guard/files/cascadepolicy-crd.yaml   from `cascade-guard crd`
 #   deploy/cascade-guard.yaml                                from `helm template` of the chart
-# with the pinned Helm (scripts/helm.sh). The install tests fail when either is stale.
+# with the pinned Helm (testbed/tools/helm.sh). The install tests fail when either is stale.
 #
 #   scripts/render-manifest.sh           regenerate both
 #   scripts/render-manifest.sh --check   exit non-zero if either differs from a fresh render
@@ -16,7 +16,7 @@ manifest=deploy/cascade-guard.yaml
 # for anything else, use the chart.
 namespace=cascade-guard-system
 
-helm=$(scripts/helm.sh)
+helm=$(testbed/tools/helm.sh)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

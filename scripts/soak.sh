@@ -12,8 +12,8 @@ cd "$(dirname "$0")/.."
 n=${1:?usage: scripts/soak.sh N}
 per_round=${SOAK_TREES_PER_ROUND:-5}
 rounds=$(( (n + per_round - 1) / per_round ))
-LOCAL_CLUSTER_BIN_DIR=$(controlplane/build.sh)
-LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$(crossplane/build.sh)
+LOCAL_CLUSTER_BIN_DIR=$(testbed/controlplane/build.sh)
+LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$(testbed/crossplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR LOCAL_CLUSTER_CROSSPLANE_BIN_DIR
 export CASCADE_GUARD_REAL_ROUNDS=$rounds CASCADE_GUARD_REAL_TREES=$per_round
 started=$SECONDS

@@ -59,45 +59,45 @@ if [ -n "$found" ]; then
 fi
 echo "nothing reads or names a folder beside the repository"
 
-step "control plane binaries (controlplane/build.sh)"
-bin=$(controlplane/build.sh)
+step "control plane binaries (testbed/controlplane/build.sh)"
+bin=$(testbed/controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin
 echo "$bin"
 
-step "real Crossplane (crossplane/build.sh), for tests/real_crossplane.rs and tests/seed_real.rs"
+step "real Crossplane (testbed/crossplane/build.sh), for tests/real_crossplane.rs and tests/seed_real.rs"
 # Crossplane core, function-patch-and-transform, provider-kubernetes and
 # provider-helm, built from the Go module proxy and cached like the control
 # plane; with their CRDs and webhook configurations beside them.
-crossplane_bin=$(crossplane/build.sh)
+crossplane_bin=$(testbed/crossplane/build.sh)
 export LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$crossplane_bin
 echo "$crossplane_bin"
 # And the oldest supported v2 release, for its compat run below: only its core
 # is built again (the function and the providers are shared, and cached).
-crossplane/build.sh "$oldest_crossplane"
+testbed/crossplane/build.sh "$oldest_crossplane"
 
-step "crank (crossplane/crank.sh) and crane (scripts/crane.sh), for tests/package_real.rs"
+step "crank (testbed/tools/crank.sh) and crane (testbed/tools/crane.sh), for tests/package_real.rs"
 # crank (Crossplane's CLI, v2.2.1) builds and pushes the Configuration package,
 # crane serves the OCI registry on loopback that Crossplane installs it from;
 # both built from the Go module proxy and cached like the rest.
-LOCAL_CLUSTER_CRANK_BIN=$(crossplane/crank.sh)
-CRANE_BIN=$(scripts/crane.sh)
+LOCAL_CLUSTER_CRANK_BIN=$(testbed/tools/crank.sh)
+CRANE_BIN=$(testbed/tools/crane.sh)
 export LOCAL_CLUSTER_CRANK_BIN CRANE_BIN
 echo "$LOCAL_CLUSTER_CRANK_BIN"
 echo "$CRANE_BIN"
 
-step "helm (scripts/helm.sh), for the chart tests"
+step "helm (testbed/tools/helm.sh), for the chart tests"
 # The pinned Helm, built from the Go module proxy and cached like the control
 # plane; tests/install.rs renders the chart with it.
-HELM_BIN=$(scripts/helm.sh)
+HELM_BIN=$(testbed/tools/helm.sh)
 export HELM_BIN
 echo "$HELM_BIN"
 
-step "promtool (scripts/promtool.sh), for the chart's alerts"
+step "promtool (testbed/tools/promtool.sh), for the chart's alerts"
 # The pinned promtool, built from the Go module proxy and cached like helm,
 # with prometheus-operator's PrometheusRule CRD from its module zip beside it;
 # tests/prometheus_rule.rs runs `promtool test rules` on the rules the chart
 # renders and applies the rendered PrometheusRule against that CRD.
-PROMTOOL_BIN=$(scripts/promtool.sh)
+PROMTOOL_BIN=$(testbed/tools/promtool.sh)
 export PROMTOOL_BIN
 echo "$PROMTOOL_BIN"
 
@@ -106,7 +106,7 @@ step "the image's static binary (scripts/image.sh binary), for tests/install.rs"
 # target/image (scripts/image.sh adds the Rust musl target and Debian's
 # musl-tools when they are missing, or stops with the installer's error).
 # tests/install.rs pushes the image (scripts/image.sh push, with the pinned
-# crane of scripts/crane.sh) to a registry on loopback (crane registry serve),
+# crane of testbed/tools/crane.sh) to a registry on loopback (crane registry serve),
 # pulls it, and runs the binary taken out of it as the chart's ServiceAccount.
 scripts/image.sh binary
 

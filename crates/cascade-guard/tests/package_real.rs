@@ -1,7 +1,7 @@
 //! Policies travel with the package, on real Crossplane: Modelplane's real
 //! XRDs (from the fixtures), annotated with `cascade-guard.dev/deletion-policy`,
 //! and the project's Compositions are built into a Configuration package with
-//! crank (`crossplane xpkg build`, `crossplane/crank.sh`), pushed to an OCI
+//! crank (`crossplane xpkg build`, `testbed/tools/crank.sh`), pushed to an OCI
 //! registry on loopback (`crane registry serve`) and installed by Crossplane's
 //! package manager from a `Configuration` object. cascade-guard runs with
 //! `--xrd-default-mode=Off`, so the package's annotation is all that protects

@@ -1,7 +1,7 @@
 //! The chart's PrometheusRule (templates/prometheusrule.yaml): rendered only
 //! when asked and only when the cluster serves the kind; its alert expressions
 //! pass `promtool test rules` (the pinned promtool, built from the Go module
-//! proxy by scripts/promtool.sh) on the rules the chart renders; and the
+//! proxy by testbed/tools/promtool.sh) on the rules the chart renders; and the
 //! rendered object is accepted by a real API server that serves
 //! prometheus-operator's own PrometheusRule CRD, from its module zip. The
 //! chart's ServiceMonitor (templates/servicemonitor.yaml; when it renders is
@@ -29,13 +29,13 @@ fn unit_tests_path() -> PathBuf {
 }
 
 /// The pinned promtool: PROMTOOL_BIN (scripts/test.sh exports it), else
-/// scripts/promtool.sh, which is instant once cached.
+/// testbed/tools/promtool.sh, which is instant once cached.
 fn promtool() -> PathBuf {
     chart::pinned_tool("PROMTOOL_BIN", "promtool.sh")
 }
 
 /// One of prometheus-operator's CRDs (`file`: prometheusrules.yaml,
-/// servicemonitors.yaml), which scripts/promtool.sh puts beside promtool from
+/// servicemonitors.yaml), which testbed/tools/promtool.sh puts beside promtool from
 /// the operator's module zip.
 fn operator_crd(file: &str) -> CustomResourceDefinition {
     let bin = promtool();

@@ -1,9 +1,9 @@
 //! The seed's failure (docs/deletion-semantics.md §7) on real
 //! Crossplane, and cascade-guard preventing it: Crossplane core,
 //! function-patch-and-transform, provider-helm and provider-kubernetes as
-//! built by `crossplane/build.sh`, a local cloud whose clusters are real
+//! built by `testbed/crossplane/build.sh`, a local cloud whose clusters are real
 //! control planes, Modelplane's real XRDs and the project's Compositions
-//! (`crossplane/modelplane/`, `local_cluster::real_crossplane::modelplane`).
+//! (`testbed/crossplane/modelplane/`, `local_cluster::real_crossplane::modelplane`).
 //!
 //! The InferenceCluster scenario, in each mode: Off, a plain `kubectl delete`
 //! reproduces the failure (the XR gone at once, the cloud cluster deleted while
@@ -1800,7 +1800,7 @@ async fn crossplane_deleting_a_dropped_composite_is_never_refused() {
 // The seed report's scenarios 2 and 3: a ModelDeployment (in a team's
 // namespace) and an InferenceGateway running on an InferenceCluster, each with
 // a guard (a Usage of the cluster's EKSCluster by its ModelReplica or its
-// ServingStack, `crossplane/modelplane/compositions/`), and the
+// ServingStack, `testbed/crossplane/modelplane/compositions/`), and the
 // InferenceCluster deleted while they go away. One more Convert test, ignored
 // by default, deletes the ModelDeployment with its namespace (the namespace
 // controller deletes everything in it with Background, the ModelDeployment's

@@ -1,5 +1,5 @@
 //! Where the control plane's binaries are: built from the upstream Go modules
-//! by `controlplane/build.sh` and cached outside git.
+//! by `testbed/controlplane/build.sh` and cached outside git.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -7,7 +7,7 @@ use std::process::Command;
 use crate::Error;
 
 /// Overrides the directory holding etcd, kube-apiserver, kube-controller-manager
-/// and kubectl (otherwise `controlplane/build.sh` builds or finds them).
+/// and kubectl (otherwise `testbed/controlplane/build.sh` builds or finds them).
 pub const BIN_DIR_ENV: &str = "LOCAL_CLUSTER_BIN_DIR";
 
 #[derive(Clone, Debug)]
@@ -44,12 +44,18 @@ impl Binaries {
     }
 }
 
-/// The repository's `controlplane/` directory.
-pub fn controlplane_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../controlplane")
+/// The repository's `testbed/` directory: the pinned upstream builds and tools
+/// the tests run on, apart from what ships.
+pub fn testbed_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testbed")
 }
 
-/// Runs `controlplane/build.sh`, which is instant when the cache is warm, and
+/// The repository's `testbed/controlplane/` directory.
+pub fn controlplane_dir() -> PathBuf {
+    testbed_dir().join("controlplane")
+}
+
+/// Runs `testbed/controlplane/build.sh`, which is instant when the cache is warm, and
 /// returns the directory it printed last.
 fn build() -> Result<PathBuf, Error> {
     let script = controlplane_dir().join("build.sh");

@@ -5,7 +5,7 @@ pub enum Error {
     #[error("cannot build the control plane's binaries with {script}: {detail}")]
     Build { script: PathBuf, detail: String },
     #[error(
-        "missing control-plane binary {0} (run controlplane/build.sh, or set LOCAL_CLUSTER_BIN_DIR)"
+        "missing control-plane binary {0} (run testbed/controlplane/build.sh, or set LOCAL_CLUSTER_BIN_DIR)"
     )]
     MissingBinary(PathBuf),
     #[error("cannot make certificate {what}: {source}")]

@@ -1,7 +1,7 @@
 //! A real local Kubernetes control plane for cascade-guard's tests and demo:
 //! etcd, kube-apiserver and kube-controller-manager of one pinned upstream
-//! release, built from the upstream Go modules (`controlplane/`), run as plain
-//! processes on loopback. No containers, no kubelet.
+//! release, built from the upstream Go modules (`testbed/controlplane/`), run
+//! as plain processes on loopback. No containers, no kubelet.
 //!
 //! - [`ControlPlane::start`] starts one, owned by the calling process (tests).
 //! - [`testing`] shares one per test binary and prints the components' logs
@@ -22,7 +22,7 @@ pub mod testing;
 pub mod timeline;
 pub mod wait;
 
-pub use binaries::{BIN_DIR_ENV, Binaries, controlplane_dir};
+pub use binaries::{BIN_DIR_ENV, Binaries, controlplane_dir, testbed_dir};
 pub use cluster::{
     CONTROLLER_MANAGER_USER, ControlPlane, GC_SERVICE_ACCOUNT_USER,
     NAMESPACE_CONTROLLER_SERVICE_ACCOUNT_USER, Options, ProcessState, State,

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::chart::pinned_tool;
 
-/// The pinned crane (scripts/crane.sh; CRANE_BIN when scripts/test.sh set it).
+/// The pinned crane (testbed/tools/crane.sh; CRANE_BIN when scripts/test.sh set it).
 pub fn crane() -> PathBuf {
     pinned_tool("CRANE_BIN", "crane.sh")
 }

@@ -31,14 +31,14 @@ pub fn manifest_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/cascade-guard.yaml")
 }
 
-/// The pinned helm, installed from the Go module proxy by scripts/helm.sh
+/// The pinned helm, installed from the Go module proxy by testbed/tools/helm.sh
 /// (which scripts/test.sh runs and exports as HELM_BIN; without it, the
 /// script is run here, which is instant once cached).
 pub fn helm() -> PathBuf {
     pinned_tool("HELM_BIN", "helm.sh")
 }
 
-/// A tool that a script under scripts/ builds from the Go module proxy and
+/// A tool that a script under testbed/tools/ builds from the Go module proxy and
 /// caches, printing its path on its last line: `env_var` when set (as
 /// scripts/test.sh exports it), else the script's answer.
 pub fn pinned_tool(env_var: &str, script: &str) -> PathBuf {
@@ -46,13 +46,13 @@ pub fn pinned_tool(env_var: &str, script: &str) -> PathBuf {
         let path = PathBuf::from(path);
         assert!(
             path.is_file(),
-            "{env_var}={} is not a file; run scripts/{script}",
+            "{env_var}={} is not a file; run testbed/tools/{script}",
             path.display()
         );
         return path;
     }
     let script_path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../scripts")
+        .join("../../testbed/tools")
         .join(script);
     let output = std::process::Command::new("bash")
         .arg(&script_path)
@@ -66,7 +66,7 @@ pub fn pinned_tool(env_var: &str, script: &str) -> PathBuf {
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
-    assert!(path.is_file(), "scripts/{script} printed no binary");
+    assert!(path.is_file(), "testbed/tools/{script} printed no binary");
     path
 }
 

@@ -36,11 +36,13 @@ enum Command {
         use_service_account_credentials: bool,
         /// Also run real Crossplane on it: core, function-patch-and-transform,
         /// provider-kubernetes, provider-helm and the local cloud (built by
-        /// crossplane/build.sh), under a supervisor process in the background.
+        /// testbed/crossplane/build.sh), under a supervisor process in the
+        /// background.
         #[arg(long)]
         crossplane: bool,
         /// With --crossplane: also install the seed's platform (Modelplane's
-        /// XRDs, the project's Compositions and charts, crossplane/modelplane/).
+        /// XRDs, the project's Compositions and charts,
+        /// testbed/crossplane/modelplane/).
         #[arg(long, requires = "crossplane")]
         modelplane: bool,
     },
@@ -100,7 +102,7 @@ async fn main() -> Result<()> {
 }
 
 fn default_dir() -> PathBuf {
-    local_cluster::controlplane_dir().join("../.local-cluster")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.local-cluster")
 }
 
 fn state_path(dir: &Path) -> PathBuf {

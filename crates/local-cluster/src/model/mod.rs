@@ -27,7 +27,7 @@
 //! - The InferenceCluster's replica guard (a ClusterUsage per
 //!   ModelDeployment whose refused delete (409) Crossplane replays) appears
 //!   only in the model's trees: the seed's platform for real Crossplane
-//!   (`crossplane/modelplane/`) does not compose it yet.
+//!   (`testbed/crossplane/modelplane/`) does not compose it yet.
 //! - Deleting the namespace of a namespaced v2 XR runs on real Crossplane
 //!   only as an ignored test (crossplane-runtime#1150 with the pinned
 //!   providers); the model's trees still delete namespaces.

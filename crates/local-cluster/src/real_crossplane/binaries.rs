@@ -1,12 +1,12 @@
 //! Where real Crossplane's binaries and data are: built from the upstream Go
-//! modules by `crossplane/build.sh` and cached outside git.
+//! modules by `testbed/crossplane/build.sh` and cached outside git.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::Error;
 
-/// Overrides the directory `crossplane/build.sh` prints (the binaries, with
+/// Overrides the directory `testbed/crossplane/build.sh` prints (the binaries, with
 /// the CRDs and webhook configurations in `data/`).
 pub const CROSSPLANE_BIN_DIR_ENV: &str = "LOCAL_CLUSTER_CROSSPLANE_BIN_DIR";
 
@@ -56,7 +56,7 @@ impl std::fmt::Display for CoreVersion {
 
 impl CrossplaneBinaries {
     /// Core's release: the harness and the characterization tests differ by
-    /// it (`crossplane/build.sh` builds any pinned one).
+    /// it (`testbed/crossplane/build.sh` builds any pinned one).
     pub fn core_version(&self) -> Result<CoreVersion, Error> {
         let output = Command::new(&self.crossplane)
             .arg("--version")
@@ -115,12 +115,12 @@ impl CrossplaneBinaries {
     }
 }
 
-/// The repository's `crossplane/` directory.
+/// The repository's `testbed/crossplane/` directory.
 pub fn crossplane_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crossplane")
+    crate::testbed_dir().join("crossplane")
 }
 
-/// Runs `crossplane/build.sh` (instant when its cache is warm) and returns the
+/// Runs `testbed/crossplane/build.sh` (instant when its cache is warm) and returns the
 /// directory it printed last.
 fn build() -> Result<PathBuf, Error> {
     run_build_script(&crossplane_dir().join("build.sh"))

@@ -1,7 +1,7 @@
 //! Real Crossplane on the local control plane: Crossplane core, the
 //! function-patch-and-transform composition function and the providers
 //! provider-kubernetes and provider-helm, each built from its upstream Go module
-//! (`crossplane/build.sh`) and run as a plain process, plus a *local cloud*:
+//! (`testbed/crossplane/build.sh`) and run as a plain process, plus a *local cloud*:
 //! the one simulated part, a `Cluster` kind whose controller starts a real
 //! second control plane for every Cluster and stops it when the Cluster is
 //! deleted.
@@ -41,7 +41,7 @@ pub enum Error {
     #[error("cannot build with {script}: {detail}")]
     Build { script: PathBuf, detail: String },
     #[error(
-        "missing Crossplane binary or data {0} (run crossplane/build.sh, or set LOCAL_CLUSTER_CROSSPLANE_BIN_DIR)"
+        "missing Crossplane binary or data {0} (run testbed/crossplane/build.sh, or set LOCAL_CLUSTER_CROSSPLANE_BIN_DIR)"
     )]
     Missing(PathBuf),
     #[error("{0}")]

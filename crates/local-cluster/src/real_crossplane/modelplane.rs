@@ -1,9 +1,9 @@
 //! The seed's platform on real Crossplane: Modelplane's real XRDs
 //! (InferenceCluster, EKSCluster, ServingStack, from the fixtures) with the
 //! project's own Compositions for function-patch-and-transform
-//! (`crossplane/modelplane/compositions/`; Modelplane's call its own
+//! (`testbed/crossplane/modelplane/compositions/`; Modelplane's call its own
 //! functions) and the small charts the ServingStack installs
-//! (`crossplane/modelplane/charts/`), packed with `tar` and served on loopback.
+//! (`testbed/crossplane/modelplane/charts/`), packed with `tar` and served on loopback.
 //!
 //! An InferenceCluster `<n>` composes, in `modelplane-system`: EKSCluster `<n>`
 //! (a local-cloud Cluster `<n>` writing Secret `<n>-kubeconfig`, and the
@@ -70,9 +70,9 @@ const COMPOSITIONS: [&str; 6] = [
 /// InferenceCluster (its name); Modelplane stamps it on ModelReplicas.
 pub const CLUSTER_LABEL: &str = "modelplane.ai/cluster";
 
-/// `crossplane/modelplane` in the repository.
+/// `testbed/crossplane/modelplane` in the repository.
 pub fn dir() -> PathBuf {
-    crate::controlplane_dir().join("../crossplane/modelplane")
+    crate::testbed_dir().join("crossplane/modelplane")
 }
 
 pub fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {

@@ -22,15 +22,15 @@ use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use super::binaries::{crossplane_dir, run_build_script};
+use super::binaries::run_build_script;
 use super::manifest::FIELD_MANAGER;
 use super::modelplane;
 use super::{Crossplane, Error, api_error, io_error};
 use crate::process::{self, Lifetime, Process};
 
-/// Overrides where crank is (else `crossplane/crank.sh` builds or finds it).
+/// Overrides where crank is (else `testbed/tools/crank.sh` builds or finds it).
 pub const CRANK_BIN_ENV: &str = "LOCAL_CLUSTER_CRANK_BIN";
-/// Overrides where crane is (else `scripts/crane.sh` builds or finds it).
+/// Overrides where crane is (else `testbed/tools/crane.sh` builds or finds it).
 pub const CRANE_BIN_ENV: &str = "CRANE_BIN";
 /// What crane logs once it listens, before the port.
 const SERVING_ON: &str = "serving on port ";
@@ -58,8 +58,8 @@ impl PackageTools {
             }
         };
         Ok(Self {
-            crank: tool(CRANK_BIN_ENV, crossplane_dir().join("crank.sh"))?,
-            crane: tool(CRANE_BIN_ENV, crossplane_dir().join("../scripts/crane.sh"))?,
+            crank: tool(CRANK_BIN_ENV, crate::testbed_dir().join("tools/crank.sh"))?,
+            crane: tool(CRANE_BIN_ENV, crate::testbed_dir().join("tools/crane.sh"))?,
         })
     }
 }

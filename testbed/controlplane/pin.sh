@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Pins one Kubernetes release for controlplane/build.sh: writes the wrapper
-# module releases/<version>/ (go.mod and go.sum) that builds its kube-apiserver,
-# kube-controller-manager and kubectl, and etcd/<etcd version>/ for the etcd
-# that release supports (the version its build/dependencies.yaml names), all
-# read from the release's own module zip through the Go module proxy.
+# Pins one Kubernetes release for testbed/controlplane/build.sh: writes the
+# wrapper module releases/<version>/ (go.mod and go.sum) that builds its
+# kube-apiserver, kube-controller-manager and kubectl, and etcd/<etcd version>/
+# for the etcd that release supports (the version its build/dependencies.yaml
+# names), all read from the release's own module zip through the Go module
+# proxy.
 #
-#   controlplane/pin.sh v1.37.2
+#   testbed/controlplane/pin.sh v1.37.2
 #
 # Run once per release by a person pinning it; build.sh only reads the result.
+# The wrappers pinned before testbed/ existed name controlplane/ in their
+# module path and comments: build.sh keys its cache by their contents, so they
+# are left as written.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 version=${1:-}
 if ! [[ $version =~ ^v1\.([0-9]+)\.([0-9]+)$ ]]; then
-  echo "usage: controlplane/pin.sh v1.MINOR.PATCH (an exact Kubernetes release)" >&2
+  echo "usage: testbed/controlplane/pin.sh v1.MINOR.PATCH (an exact Kubernetes release)" >&2
   exit 2
 fi
 # Each staging module (k8s.io/api, k8s.io/client-go, ...) is released as v0.MINOR.PATCH.
@@ -52,11 +56,11 @@ fi
 dir=$here/releases/$version
 mkdir -p "$dir"
 {
-  echo "module github.com/cascade-guard/cascade-guard/controlplane/releases/$version"
+  echo "module github.com/cascade-guard/cascade-guard/testbed/controlplane/releases/$version"
   echo
   echo "// Builds kube-apiserver, kube-controller-manager and kubectl of Kubernetes"
-  echo "// $version from the upstream Go modules. Written by controlplane/pin.sh;"
-  echo "// see controlplane/build.sh."
+  echo "// $version from the upstream Go modules. Written by"
+  echo "// testbed/controlplane/pin.sh; see testbed/controlplane/build.sh."
   echo
   echo "go $wrapper_go"
   echo
@@ -91,10 +95,10 @@ if [ ! -f "$etcd_dir/go.sum" ]; then
   etcd_wrapper_go=$(printf '%s\n' 1.24.0 "$etcd_go" | sort -V | tail -1)
   mkdir -p "$etcd_dir"
   {
-    echo "module github.com/cascade-guard/cascade-guard/controlplane/etcd/$etcd_version"
+    echo "module github.com/cascade-guard/cascade-guard/testbed/controlplane/etcd/$etcd_version"
     echo
     echo "// Builds etcd $etcd_version from the upstream Go modules. Written by"
-    echo "// controlplane/pin.sh; see controlplane/build.sh."
+    echo "// testbed/controlplane/pin.sh; see testbed/controlplane/build.sh."
     echo
     echo "go $etcd_wrapper_go"
     echo

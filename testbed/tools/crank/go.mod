@@ -1,4 +1,4 @@
-module github.com/cascade-guard/cascade-guard/crossplane/crank
+module github.com/cascade-guard/cascade-guard/testbed/tools/crank
 
 // Builds crank (cmd/crank, the `crossplane` CLI that builds and pushes
 // packages) of one pinned release from the Go module proxy. crank left the

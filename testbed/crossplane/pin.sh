@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Pins one Crossplane core release for crossplane/build.sh: writes the wrapper
-# module core/releases/<version>/ (go.mod and go.sum) that builds its
+# Pins one Crossplane core release for testbed/crossplane/build.sh: writes the
+# wrapper module core/releases/<version>/ (go.mod and go.sum) that builds its
 # cmd/crossplane, with the exact version asked for (the Go module proxy often
 # refuses a module's version list but serves an exact version).
 #
-#   crossplane/pin.sh v2.4.0
-#   crossplane/pin.sh v1.20.0     (v1 is the module path without /v2)
+#   testbed/crossplane/pin.sh v2.4.0
+#   testbed/crossplane/pin.sh v1.20.0     (v1 is the module path without /v2)
 #
 # Run once per release by a person pinning it; build.sh only reads the result.
 # function-patch-and-transform and the providers are pinned once, in their own
-# wrappers, and go with every core release.
+# wrappers, and go with every core release. The wrappers pinned before
+# testbed/ existed name crossplane/ in their module path and comments:
+# build.sh keys its cache by their contents, so they are left as written.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 version=${1:-}
 if ! [[ $version =~ ^v([12])\.[0-9]+\.[0-9]+$ ]]; then
-  echo "usage: crossplane/pin.sh vMAJOR.MINOR.PATCH (an exact Crossplane release, v1 or v2)" >&2
+  echo "usage: testbed/crossplane/pin.sh vMAJOR.MINOR.PATCH (an exact Crossplane release, v1 or v2)" >&2
   exit 2
 fi
 module=github.com/crossplane/crossplane
@@ -26,10 +28,10 @@ dir=$here/core/releases/$version
 rm -rf "$dir.tmp"
 mkdir -p "$dir.tmp"
 cat >"$dir.tmp/go.mod" <<EOF
-module github.com/cascade-guard/cascade-guard/crossplane/core/releases/$version
+module github.com/cascade-guard/cascade-guard/testbed/crossplane/core/releases/$version
 
 // Builds Crossplane core (cmd/crossplane) $version from the Go module proxy.
-// Written by crossplane/pin.sh; see crossplane/build.sh.
+// Written by testbed/crossplane/pin.sh; see testbed/crossplane/build.sh.
 
 go 1.24.0
 EOF
@@ -53,4 +55,4 @@ for replaced in $(awk '$1 == "replace" && $4 ~ /^\.\// {print $2}' "$src/go.mod"
 done
 rm -rf "$dir"
 mv "$dir.tmp" "$dir"
-echo "pin.sh: pinned Crossplane $version ($module) in crossplane/core/releases/$version" >&2
+echo "pin.sh: pinned Crossplane $version ($module) in testbed/crossplane/core/releases/$version" >&2

@@ -16,11 +16,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use cascade_guard_bench::{percentile, resource, start_controller, start_plane};
 use futures::StreamExt;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::{Api, Client};
 
-use super::common::{percentile, resource, start_controller, start_plane};
 use super::{
     AT_ONCE, FirstSeen, HeldCounter, cpu_ticks, create_many, make_tree, print_latencies,
     rest_usage, status_kib, xrd,

@@ -5,7 +5,8 @@
 //! cascade-guard protects (Refuse), interleaved request by request: without
 //! policies, with them, and without them again (A-B-A).
 //!
-//! Run: scripts/bench.sh update   (or cargo run -p cascade-guard --example bench-update)
+//! Run: scripts/bench.sh update   (or, after `cargo build --release -p cascade-guard`,
+//! cargo run --release -p cascade-guard-bench --bin bench-update)
 
 use std::time::{Duration, Instant};
 
@@ -15,9 +16,7 @@ use kube::{Api, Client, ResourceExt};
 use local_cluster::{ControlPlane, Options, crossplane};
 use serde_json::{Value, json};
 
-#[path = "bench/common.rs"]
-mod common;
-use common::{GROUP, Rounds, percentile, report, resource, start_controller};
+use cascade_guard_bench::{GROUP, Rounds, percentile, report, resource, start_controller};
 
 /// Objects of each kind; rounds of one update of each per phase.
 const OBJECTS: usize = 500;

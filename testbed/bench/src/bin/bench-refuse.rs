@@ -16,7 +16,8 @@
 //! policy, the seed's and cascade-guard's alternated in cycles
 //! ([`scale::run_alternated`]).
 //!
-//! Run: scripts/bench.sh refuse   (or cargo run -p cascade-guard --example bench-refuse)
+//! Run: scripts/bench.sh refuse   (or, after `cargo build --release -p cascade-guard`,
+//! cargo run --release -p cascade-guard-bench --bin bench-refuse)
 
 use std::time::{Duration, Instant};
 
@@ -51,9 +52,7 @@ fn xrd_in_mode(i: usize, mode: &str) -> Value {
     })
 }
 
-#[path = "bench/common.rs"]
-mod common;
-use common::{GROUP, Rounds, percentile, report, resource, start_controller};
+use cascade_guard_bench::{GROUP, Rounds, percentile, report, resource, start_controller};
 
 #[tokio::main]
 async fn main() -> Result<()> {

@@ -15,7 +15,7 @@
 //! Run: scripts/bench.sh convert (BENCH_ONLY=scale runs only the third).
 //!
 //! `BENCH_ONLY=scale-100k` runs instead the same at 100,000 objects across 50
-//! kinds, with each figure's floor (bench/convert_scale.rs).
+//! kinds, with each figure's floor (convert_scale.rs).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -62,11 +62,8 @@ fn config_maps() -> ApiResource {
     }
 }
 
-#[path = "bench/common.rs"]
-mod common;
-#[path = "bench/convert_scale.rs"]
 mod convert_scale;
-use common::{GROUP, percentile, resource, start_controller};
+use cascade_guard_bench::{GROUP, percentile, resource, start_controller};
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -86,7 +83,7 @@ async fn main() -> Result<()> {
         ));
     }
     let (cp, admin) =
-        common::start_plane(&xrds, &["fresh", "latency", "teardown", "scale"]).await?;
+        cascade_guard_bench::start_plane(&xrds, &["fresh", "latency", "teardown", "scale"]).await?;
 
     // 3 first: the objects exist before cascade-guard starts.
     println!(

@@ -21,7 +21,6 @@
 //! `BENCH_ONLY=plan` or `BENCH_ONLY=rest` runs one part.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -41,9 +40,7 @@ use local_cluster::process::{self, Lifetime, Process};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-#[path = "bench/common.rs"]
-mod common;
-use common::{GROUP, percentile, resource};
+use cascade_guard_bench::{GROUP, controller_binary, percentile, resource};
 
 /// A kind of the benchmark: kind, plural, and the deletion policy its XRD
 /// object carries (None: no XRD object, nothing protects it).
@@ -119,25 +116,11 @@ async fn start_plane(kinds: &[Kind], ns: &str) -> Result<(ControlPlane, Client)>
             })
         })
         .collect();
-    common::start_plane(&xrds, &[ns]).await
-}
-
-/// The release build of cascade-guard beside the examples
-/// (target/release/examples/..), or BENCH_CONTROLLER_BIN.
-fn cascade_guard_binary() -> Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("BENCH_CONTROLLER_BIN") {
-        return Ok(bin.into());
-    }
-    let exe = std::env::current_exe().context("locating the benchmark")?;
-    let release = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("the benchmark is not in target/<profile>/examples")?;
-    Ok(release.join("cascade-guard"))
+    cascade_guard_bench::start_plane(&xrds, &[ns]).await
 }
 
 /// `cascade-guard run` as the admin, with `--sibling-order` as given
-/// (common::start_controller takes no extra flags).
+/// (cascade_guard_bench::start_controller takes no extra flags).
 fn start_controller(cp: &ControlPlane, sibling_order: &str) -> Result<Process> {
     let args = [
         "run".to_string(),
@@ -150,7 +133,7 @@ fn start_controller(cp: &ControlPlane, sibling_order: &str) -> Result<Process> {
     let name = format!("cascade-guard-{sibling_order}");
     Ok(process::spawn(
         &name,
-        &cascade_guard_binary()?,
+        &controller_binary()?,
         &args,
         &cp.log_path(&name),
         Lifetime::Owned,
@@ -354,7 +337,7 @@ where
 /// Wall times (ms, sorted) of `runs` runs of the plan binary, after one
 /// unmeasured run (it warms the page cache); and the last run's output.
 async fn time_plan_binary(cp: &ControlPlane, runs: u64) -> Result<(Vec<f64>, Value)> {
-    let binary = cascade_guard_binary()?;
+    let binary = controller_binary()?;
     let kubeconfig = cp.kubeconfig_path();
     let (resource, ns) = (format!("{}.{GROUP}", PLAN_ROOT.1), PLAN_NS);
     let mut times = Vec::new();

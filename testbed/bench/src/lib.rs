@@ -1,7 +1,7 @@
-//! What the benchmarks share: their kinds' API group, percentiles, and starting
-//! the release build of cascade-guard against their control plane.
-// Each benchmark uses part of it.
-#![allow(dead_code)]
+//! cascade-guard's benchmarks (scripts/bench.sh, BENCHMARKS.md): test-only,
+//! never published. Each is a binary of this crate (src/bin/); this is what
+//! they share: their kinds' API group, percentiles, and starting the release
+//! build of cascade-guard against their control plane.
 
 use std::path::PathBuf;
 
@@ -81,14 +81,13 @@ pub fn start_controller(cp: &ControlPlane) -> Result<Process> {
 
 /// The cascade-guard binary to measure: BENCH_CONTROLLER_BIN (such as the
 /// image's static musl build, `scripts/image.sh binary`), else the release
-/// build beside the benchmark.
-fn controller_binary() -> Result<PathBuf> {
+/// build beside the benchmark (both in target/release).
+pub fn controller_binary() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("BENCH_CONTROLLER_BIN") {
         return Ok(PathBuf::from(path));
     }
-    let exe = std::env::current_exe()?;
+    let exe = std::env::current_exe().context("locating the benchmark")?;
     exe.parent()
-        .and_then(|p| p.parent())
         .map(|p| p.join("cascade-guard"))
         .context("locating the cascade-guard binary")
 }

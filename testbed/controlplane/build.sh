@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds the local control plane's binaries (etcd, kube-apiserver,
+# kube-controller-manager, kubectl) of one pinned Kubernetes release from the
+# upstream Go modules, with this machine's Go toolchain and the Go module proxy.
+#
+# Each release is pinned by a wrapper module in releases/<version>/ (written by
+# pin.sh), which names the etcd that release supports (etcd/<etcd version>/).
+# Each release and each etcd is cached on its own, outside git, keyed by a hash
+# of its go.mod and go.sum, so a warm run returns at once (../go-install.sh).
+# Prints the bin directory on its last line.
+#
+#   testbed/controlplane/build.sh          the newest pinned release
+#   testbed/controlplane/build.sh 1.30     the pinned release of that minor (or an exact v1.30.14)
+#   testbed/controlplane/build.sh --list   the pinned releases, oldest first
+#   CASCADE_GUARD_CACHE=/some/dir          where to cache (default ~/.cache/cascade-guard)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../go-install.sh"
+cache=$(go_install_cache)
+# Bump when the way a binary is built changes, so cached builds are redone.
+recipe=2
+
+pinned=$(cd "$here/releases" && ls -d v1.* | sort -V)
+if [ "${1:-}" = --list ]; then
+  echo "$pinned"
+  exit 0
+fi
+
+resolve() {
+  local want=${1#v}
+  local v
+  for v in $pinned; do
+    # An exact release, or the pinned release of a minor.
+    if [ "${v#v}" = "$want" ] || [[ ${v#v} == "$want".* ]]; then
+      echo "$v"
+      return
+    fi
+  done
+  echo "build.sh: Kubernetes $1 is not pinned (pinned: $(echo $pinned)); pin it with testbed/controlplane/pin.sh" >&2
+  exit 1
+}
+
+if [ -n "${1:-}" ]; then
+  k8s_version=$(resolve "$1")
+else
+  k8s_version=$(echo "$pinned" | tail -1)
+fi
+release=$here/releases/$k8s_version
+etcd_version=$(cat "$release/etcd-version")
+etcd_module=$here/etcd/$etcd_version
+if [ ! -f "$etcd_module/go.sum" ]; then
+  echo "build.sh: $k8s_version names etcd $etcd_version, which is not pinned in $etcd_module" >&2
+  exit 1
+fi
+
+etcd_bin=$cache/etcd/$etcd_version-$(go_install_key -r "$recipe" "$etcd_module/go.mod" "$etcd_module/go.sum")
+bin=$cache/controlplane/$k8s_version-$(go_install_key -r "$recipe" "$release/go.mod" "$release/go.sum" "$release/etcd-version")/bin
+
+minor=${k8s_version#v1.}
+minor=${minor%%.*}
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  ldflags+=" -X $pkg.gitTreeState=clean"
+done
+
+build_etcd() {
+  go_install_build "$1/etcd" "$etcd_module" go.etcd.io/etcd/server/v3
+}
+
+# The release's bin directory: its etcd (cached on its own, shared by the
+# releases that name it) and its three binaries.
+build_release() {
+  local tmp=$1 t
+  go_install "$etcd_bin" build_etcd || return 1
+  cp "$etcd_bin/etcd" "$tmp/etcd" || return 1
+  for t in kube-apiserver kube-controller-manager kubectl; do
+    go_install_build "$tmp/$t" "$release" "k8s.io/kubernetes/cmd/$t" "$ldflags" || return 1
+  done
+}
+
+go_install "$bin" build_release
+echo "$bin"

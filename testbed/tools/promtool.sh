@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Builds the pinned promtool (Prometheus's rule checker and tester) from the Go
+# module proxy with this machine's Go toolchain (../go-install.sh), through the
+# wrapper module in promtool/ (its go.mod pins github.com/prometheus/prometheus,
+# its go.sum every dependency), and puts prometheus-operator's PrometheusRule
+# and ServiceMonitor CRDs, as they ship in that operator's module zip, beside
+# it. For the chart's monitoring tests (tests/prometheus_rule.rs). Cached
+# outside git, promtool keyed by the wrapper's go.mod and go.sum and its build
+# flags, the CRDs checked file by file (and by the operator's version), so that
+# a cache without a CRD added here gets it without rebuilding promtool; a warm
+# run returns at once. Prints the promtool binary's path on its last line; the
+# CRDs are ../crd/ from it (prometheusrules.yaml, servicemonitors.yaml).
+#
+#   testbed/tools/promtool.sh        build (or reuse) and print the path
+#   CASCADE_GUARD_CACHE=/some/dir    where to cache (default ~/.cache/cascade-guard)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../go-install.sh"
+# Its go.mod still names scripts/promtool.sh, where this script was: the
+# cache key hashes it, and a new key rebuilds promtool (545 s cold).
+wrapper=$here/promtool
+module=github.com/prometheus/prometheus
+# The operator whose CRDs the chart's rendered PrometheusRule and
+# ServiceMonitor are validated against: each file of its module zip, and the
+# name it is copied to under crd/.
+operator_module=github.com/prometheus-operator/prometheus-operator
+operator_version=v0.88.0
+crd_files=(
+  example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml:prometheusrules.yaml
+  example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml:servicemonitors.yaml
+)
+
+version=$(go_install_pinned "$wrapper" "$module")
+# Module v0.3xx.y is Prometheus 3.xx.y: stamp that, as Prometheus's own build does.
+minor=${version#v0.3}
+minor=${minor%%.*}
+release=3.$((10#$minor)).${version##*.}
+ldflags="-s -w -X github.com/prometheus/common/version.Version=$release"
+
+# What the binary is built from and how (go_install_build's flags), not this
+# whole script: changing the CRDs below must not rebuild promtool (545 s cold).
+key=$(printf '%s\n' "$module" -trimpath -ldflags "$ldflags" |
+  go_install_key - "$wrapper/go.mod" "$wrapper/go.sum")
+dir=$(go_install_cache)/promtool-$version-$key
+crd_stamp="$operator_module $operator_version"
+
+build_promtool() {
+  go_install_build "$1/promtool" "$wrapper" "$module/cmd/promtool" "$ldflags" &&
+    "$1/promtool" --version >&2
+}
+
+# Whether a crd/ directory has every file above, of this operator version.
+crds_present() {
+  local entry
+  [ "$(cat "$1/operator-version" 2>/dev/null)" = "$crd_stamp" ] || return 1
+  for entry in "${crd_files[@]}"; do
+    [ -f "$1/${entry#*:}" ] || return 1
+  done
+}
+
+fetch_crds() {
+  local tmp=$1 info operator_dir entry file
+  # Outside the wrapper module: the operator's own requirements must not move
+  # promtool's dependencies.
+  if ! info=$(cd "$tmp" && go mod download -json "$operator_module@$operator_version"); then
+    echo "promtool.sh: cannot download $operator_module $operator_version from $(go env GOPROXY): $info" >&2
+    return 1
+  fi
+  operator_dir=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  for entry in "${crd_files[@]}"; do
+    file=${entry%%:*}
+    if [ ! -f "$operator_dir/$file" ]; then
+      echo "promtool.sh: $operator_module $operator_version has no $file" >&2
+      return 1
+    fi
+    cp "$operator_dir/$file" "$tmp/${entry#*:}" || return 1
+  done
+  # Last, so that a copy cut short is never taken for a complete one.
+  echo "$crd_stamp" >"$tmp/operator-version"
+}
+
+go_install "$dir/bin" build_promtool
+go_install_checked crds_present "$dir/crd" fetch_crds
+echo "$dir/bin/promtool"
