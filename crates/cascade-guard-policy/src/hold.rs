@@ -160,20 +160,28 @@ pub enum Action {
     Delete { object: ObjectRef },
 }
 
-/// What to do to the tree of `graph`, given which of its objects carry the
-/// hold label now and which a Crossplane Usage marks in use
-/// (`crossplane.io/in-use`). Objects outside the tree are never touched;
-/// neither is one already being deleted (its delete went through: holding
-/// it now would hold nothing back), nor one in use: Crossplane's webhook
-/// refuses its delete and replays it when the Usage lets go, and a hold,
-/// which admission checks before any webhook, would keep the webhook from
-/// recording the attempt it replays.
+/// What to do to the tree of `graph`, given which of the objects read carry
+/// the hold label of this tree's root now (`held_now`) and which a
+/// Crossplane Usage marks in use (`crossplane.io/in-use`). Objects outside
+/// the tree are never held; one held before and now outside (a standalone
+/// Usage whose user is gone) is let go. Neither is one already being deleted
+/// (its delete went through: holding it now would hold nothing back), nor
+/// one in use: Crossplane's webhook refuses its delete and replays it when
+/// the Usage lets go, and a hold, which admission checks before any
+/// webhook, would keep the webhook from recording the attempt it replays.
+/// That Usage, when it is standalone, is itself held until its user is gone
+/// ([`Graph::standalone_usages`]), so the replay comes only then.
 pub fn actions(
     graph: &Graph,
     held_now: &BTreeSet<ObjectRef>,
     in_use: &BTreeSet<ObjectRef>,
 ) -> Vec<Action> {
-    let mut wanted: BTreeMap<&ObjectRef, BTreeSet<String>> = BTreeMap::new();
+    let mut wanted: BTreeMap<ObjectRef, BTreeSet<String>> = BTreeMap::new();
+    for (usage, by) in graph.standalone_usages() {
+        if graph.node(&usage).is_some_and(|n| !n.deleting) {
+            wanted.entry(usage).or_default().insert(by.to_string());
+        }
+    }
     for edge in graph.sibling_edges.iter().filter(|e| !e.in_cycle) {
         let deleting = graph.node(&edge.after).is_some_and(|n| n.deleting);
         // A Usage composed beside the two already keeps every need of the
@@ -182,14 +190,22 @@ pub fn actions(
         let usage_keeps_it = edge.reasons.iter().all(|need| graph.held_by_usage(need));
         if !deleting && !usage_keeps_it && !in_use.contains(&edge.after) {
             wanted
-                .entry(&edge.after)
+                .entry(edge.after.clone())
                 .or_default()
                 .insert(edge.before.to_string());
         }
     }
     let mut out = Vec::new();
-    for node in graph.nodes.iter().filter(|n| n.in_tree) {
+    for node in &graph.nodes {
         let held = held_now.contains(&node.object);
+        if !node.in_tree {
+            if held {
+                out.push(Action::Release {
+                    object: node.object.clone(),
+                });
+            }
+            continue;
+        }
         match (wanted.get(&node.object), held) {
             (Some(before), false) => out.push(Action::Hold {
                 object: node.object.clone(),
@@ -322,6 +338,7 @@ mod tests {
         let mut objects = tree(false, true, false);
         let mut usage = obj("Usage", "uses", Some("root"), false);
         usage["apiVersion"] = json!("protection.crossplane.io/v1beta1");
+        usage["metadata"]["labels"] = json!({crate::order::COMPOSITE_LABEL: "root"});
         usage["spec"] = json!({
             "of": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": "cluster"}},
             "by": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": "stack"}},
@@ -329,6 +346,119 @@ mod tests {
         objects.push(usage);
         let g = graph(&objects, "root").expect("root");
         assert!(!g.sibling_edges.is_empty());
+        assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
+    }
+
+    /// A standalone Usage of `of` by `by`, owned by its user as Crossplane's
+    /// Usage controller makes it (no controller, no blockOwnerDeletion).
+    fn standalone_usage(of: &str, by: &str, owner_present: bool) -> Value {
+        let mut usage = obj("Usage", "uses", None, false);
+        usage["apiVersion"] = json!("protection.crossplane.io/v1beta1");
+        if owner_present {
+            usage["metadata"]["ownerReferences"] = json!([{
+                "apiVersion": "example.org/v1", "kind": "XR", "name": by, "uid": by,
+            }]);
+        }
+        usage["spec"] = json!({
+            "of": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": of}},
+            "by": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": by}},
+            "replayDeletion": true,
+        });
+        usage
+    }
+
+    #[test]
+    fn a_standalone_usage_is_held_until_its_user_is_gone() {
+        let usage = || ObjectRef::new("protection.crossplane.io", "Usage", Some("ns"), "uses");
+        let in_use = BTreeSet::from([r("XR", "cluster")]);
+        let held = || BTreeSet::from([usage()]);
+        let hold = || {
+            vec![Action::Hold {
+                object: usage(),
+                held_for: "XR ns/stack".to_string(),
+            }]
+        };
+        // Between two siblings of one tree: root composes stack and
+        // cluster; the Usage of cluster by stack was written by hand.
+        let beside = |root_deleting: bool, stack: bool| {
+            let mut objects = tree(root_deleting, stack, false);
+            objects.push(standalone_usage("cluster", "stack", stack));
+            objects
+        };
+        // Between two roots: the tree of `stack` alone, `cluster` outside.
+        let across = |stack_deleting: bool| {
+            vec![
+                obj("XR", "stack", None, stack_deleting),
+                obj("XR", "cluster", None, false),
+                standalone_usage("cluster", "stack", true),
+            ]
+        };
+        type Case = (
+            &'static str,
+            Vec<Value>,
+            &'static str,
+            BTreeSet<ObjectRef>,
+            Vec<Action>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "siblings, live: hold the Usage, not what it keeps",
+                beside(false, true),
+                "root",
+                BTreeSet::new(),
+                hold(),
+            ),
+            (
+                "siblings, held: nothing",
+                beside(false, true),
+                "root",
+                held(),
+                vec![],
+            ),
+            (
+                "siblings, the root deleting, the user still there: keep holding",
+                beside(true, true),
+                "root",
+                held(),
+                vec![],
+            ),
+            (
+                "siblings, the user gone: let the Usage go (Crossplane then replays)",
+                beside(true, false),
+                "root",
+                held(),
+                vec![Action::Release { object: usage() }],
+            ),
+            (
+                "two roots, live: hold the Usage",
+                across(false),
+                "stack",
+                BTreeSet::new(),
+                hold(),
+            ),
+            (
+                "two roots, the user deleting: keep holding",
+                across(true),
+                "stack",
+                held(),
+                vec![],
+            ),
+        ];
+        for (what, objects, root, held_now, want) in cases {
+            let g = graph(&objects, root).expect("root");
+            assert_eq!(actions(&g, &held_now, &in_use), want, "{what}");
+        }
+        // Composed (Crossplane's label): Crossplane keeps it itself.
+        let mut composed = beside(false, true);
+        if let Some(u) = composed.last_mut() {
+            u["metadata"]["labels"] = json!({crate::order::COMPOSITE_LABEL: "root"});
+        }
+        let g = graph(&composed, "root").expect("root");
+        assert_eq!(actions(&g, &BTreeSet::new(), &in_use), vec![]);
+        // Already deleting (its delete went through): not held.
+        let mut deleting = across(false);
+        deleting[2]["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+        let g = graph(&deleting, "stack").expect("root");
         assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
     }
 

@@ -582,6 +582,28 @@ impl Graph {
         }
     }
 
+    /// The standalone Usages (not composed) in the tree whose user (`by`) is
+    /// in the tree too, with that user: (Usage, user). Crossplane makes a
+    /// Usage's user its owner, without `blockOwnerDeletion`, so a cascade
+    /// through the user deletes such a Usage in its first wave, and
+    /// Crossplane, which waits for the user only for a composed Usage, lets
+    /// it go at once and replays the delete of what it protected while the
+    /// user's own resources are still going. Sibling order holds these until
+    /// their user is gone.
+    pub fn standalone_usages(&self) -> Vec<(ObjectRef, ObjectRef)> {
+        self.ix
+            .usages
+            .iter()
+            .filter(|u| !u.composed && self.ix.in_tree[u.usage] && self.ix.in_tree[u.by])
+            .map(|u| {
+                (
+                    self.nodes[u.usage].object.clone(),
+                    self.nodes[u.by].object.clone(),
+                )
+            })
+            .collect()
+    }
+
     /// The needs (of [`Graph::needs`], both ends in the tree) that
     /// `teardown` would break. Of a need through go-betweens and the shorter
     /// needs along it, only the longest broken one is named.
@@ -698,7 +720,16 @@ struct UsageFact {
     usage: usize,
     of: usize,
     by: usize,
+    /// Composed by an XR (Crossplane's label [`COMPOSITE_LABEL`]): then
+    /// Crossplane itself keeps a deleting Usage until its user is gone.
+    composed: bool,
 }
+
+/// The label Crossplane puts on every composed resource (its root XR's
+/// name). Crossplane's Usage controller keeps a deleting Usage that carries
+/// it until the Usage's user is gone, and lets one without it go at once
+/// (crossplane `internal/controller/protection/usage/reconciler.go`).
+pub const COMPOSITE_LABEL: &str = "crossplane.io/composite";
 
 /// A need by positions; `edges` index `Builder::edges`.
 #[derive(Clone, Debug)]
@@ -1180,7 +1211,17 @@ impl<'a> Builder<'a> {
         let by = self.usage_side(i, "by", default.as_deref());
         if let (Some(of), Some(by)) = (of, by) {
             self.edge(by, of, Provenance::Usage, i);
-            self.ix.usages.push(UsageFact { usage: i, of, by });
+            let composed = self.values[i]
+                .pointer("/metadata/labels")
+                .and_then(|l| l.get(COMPOSITE_LABEL))
+                .and_then(Value::as_str)
+                .is_some_and(|v| !v.is_empty());
+            self.ix.usages.push(UsageFact {
+                usage: i,
+                of,
+                by,
+                composed,
+            });
         }
     }
 
@@ -1724,6 +1765,29 @@ pub fn references(object: &Value) -> Vec<Reference> {
                     let namespace = str_at(t, "/namespace").or(own_ns);
                     push(Some(group_of(api_version)), kind, namespace, name);
                 }
+            }
+        }
+    }
+    // A Usage's two sides: the one outside the tree is read so that the
+    // Usage resolves (the user of a standalone Usage is held for, the used
+    // object it protects).
+    let usage = matches!(own.kind.as_str(), "Usage" | "ClusterUsage")
+        && matches!(
+            own.group.as_str(),
+            "protection.crossplane.io" | "apiextensions.crossplane.io"
+        );
+    if usage {
+        let default = (own.kind == "Usage").then_some(own_ns).flatten();
+        for side in ["/spec/of", "/spec/by"] {
+            if let Some(s) = object.pointer(side)
+                && let (Some(api_version), Some(kind), Some(name)) = (
+                    str_at(s, "/apiVersion"),
+                    str_at(s, "/kind"),
+                    str_at(s, "/resourceRef/name"),
+                )
+            {
+                let namespace = str_at(s, "/resourceRef/namespace").or(default);
+                push(Some(group_of(api_version)), kind, namespace, name);
             }
         }
     }
@@ -2963,7 +3027,40 @@ mod tests {
         let mut annotated = obj("example.org/v1", "Thing", Some("apps"), "t");
         annotated["metadata"]["annotations"] = json!({NEEDS_ANNOTATION:
             "sibling, Database.db.example.org/main, Secret/other/creds, not valid"});
+        let mut usage = obj(
+            "protection.crossplane.io/v1beta1",
+            "Usage",
+            Some("apps"),
+            "u",
+        );
+        usage["spec"] = json!({
+            "of": {"apiVersion": "infra.example.org/v1", "kind": "Hub", "resourceRef": {"name": "hub"}},
+            "by": {"apiVersion": "infra.example.org/v1", "kind": "Wheel", "resourceRef": {"name": "wheel", "namespace": "other"}},
+        });
+        let mut cluster_usage = obj(
+            "protection.crossplane.io/v1beta1",
+            "ClusterUsage",
+            None,
+            "cu",
+        );
+        cluster_usage["spec"] = json!({
+            "of": {"apiVersion": "example.org/v1", "kind": "Hub", "resourceRef": {"name": "hub"}},
+            "by": {"apiVersion": "example.org/v1", "kind": "Wheel", "resourceSelector": {"matchLabels": {"a": "b"}}},
+        });
         let cases: Vec<(&str, &Value, Vec<Reference>)> = vec![
+            (
+                "a Usage's two sides, in its namespace unless they name one",
+                &usage,
+                vec![
+                    r(Some("infra.example.org"), "Hub", Some("apps"), "hub"),
+                    r(Some("infra.example.org"), "Wheel", Some("other"), "wheel"),
+                ],
+            ),
+            (
+                "a ClusterUsage's sides are cluster-scoped; a selector is not followed",
+                &cluster_usage,
+                vec![r(Some("example.org"), "Hub", None, "hub")],
+            ),
             (
                 "providerConfigRef in the object's namespace",
                 &release,

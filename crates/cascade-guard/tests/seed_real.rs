@@ -71,6 +71,8 @@
 //! wedge, and the randomized test keeps them; the Refuse and Convert copies
 //! have shorter ones ([`SHORT_LOAD_BALANCER_SECONDS`]).
 
+#[path = "seed_real/siblings.rs"]
+mod siblings;
 mod support;
 
 use std::path::PathBuf;
@@ -743,7 +745,11 @@ fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: &str) {
 /// `cascade-guard plan` of InferenceCluster `name` on `platform`: its exit
 /// code and output.
 fn plan(stack: &Stack, platform: &modelplane::Platform, name: &str) -> (Option<i32>, String) {
-    let resource = platform.inference_clusters();
+    plan_of(stack, &platform.inference_clusters(), name)
+}
+
+/// `cascade-guard plan <resource> <name>`: its exit code and what it said.
+fn plan_of(stack: &Stack, resource: &ApiResource, name: &str) -> (Option<i32>, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
         .args([
             "plan",

@@ -2,8 +2,9 @@
 //! root and what it composes, recursively (Crossplane's `resourceRefs`),
 //! what those objects reference ([`order::references`]: ProviderConfigs,
 //! credentials and connection Secrets, Object references, the
-//! `cascade-guard.dev/needs` annotation), and the Usages that name any of
-//! them. What cannot be read is said, never guessed.
+//! `cascade-guard.dev/needs` annotation), the Usages that name any of
+//! them and the other side of each. What cannot be read is said, never
+//! guessed.
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 
@@ -13,6 +14,7 @@ use serde_json::Value;
 
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::policy::composed_resources;
+use crate::policy::hold::HOLD_LABEL;
 use crate::policy::order::{self, ObjectRef};
 
 /// A tree larger than this is cut, and the reader says so: a composition
@@ -39,7 +41,11 @@ pub async fn read_tree(client: &Client, kinds: &ServedKinds, root: &DynamicObjec
             break;
         }
     }
-    reading.usages().await;
+    let root_uid = root.metadata.uid.clone().unwrap_or_default();
+    reading.usages(&root_uid).await;
+    // The sides of those Usages that are not read yet: the object a
+    // standalone Usage of another tree protects.
+    reading.follow_references().await;
     TreeRead {
         objects: reading.objects.into_iter().map(|(_, v)| v).collect(),
         unread: reading.unread,
@@ -182,8 +188,10 @@ impl<'a> Reading<'a> {
         found
     }
 
-    /// Crossplane's Usages and ClusterUsages that name an object read.
-    async fn usages(&mut self) {
+    /// Crossplane's Usages and ClusterUsages that name an object read, and
+    /// those sibling order holds for `root_uid` (one whose user is gone
+    /// names nothing read any more, and must be let go).
+    async fn usages(&mut self, root_uid: &str) {
         let kinds = self.kinds;
         let served: Vec<Served> = ["protection.crossplane.io", "apiextensions.crossplane.io"]
             .into_iter()
@@ -221,7 +229,11 @@ impl<'a> Reading<'a> {
                     kind.zip(name)
                         .is_some_and(|(k, n)| names.contains(&(k.to_string(), n.to_string())))
                 });
-                if names_one && let Some(key) = key_of(&usage) {
+                let held_here = !root_uid.is_empty()
+                    && usage.labels().get(HOLD_LABEL).map(String::as_str) == Some(root_uid);
+                if (names_one || held_here)
+                    && let Some(key) = key_of(&usage)
+                {
                     self.take(key, &usage);
                 }
             }

@@ -75,26 +75,32 @@ pub async fn let_go(
     Ok(())
 }
 
-/// Some blocking owner of `object` is being deleted or gone.
-async fn owner_leaving(
+/// The garbage collector wants `object` gone: some blocking owner is being
+/// deleted or gone, or every owner is gone (a standalone Crossplane Usage's
+/// one owner, its user, does not block, and the Usage must stay until that
+/// user is gone, not merely deleting).
+pub async fn owner_leaving(
     client: &Client,
     kinds: &ServedKinds,
     object: &PartialObjectMeta<DynamicObject>,
 ) -> bool {
-    for owner in object.owner_references() {
-        if owner.block_owner_deletion != Some(true) {
-            continue;
-        }
+    let owners = object.owner_references();
+    let mut gone = 0;
+    for owner in owners {
         let Some(served) = kinds.get(&owner.api_version, &owner.kind) else {
             continue;
         };
         let api = ServedKinds::api(client, served, object.namespace().as_deref());
-        match api.get_opt(&owner.name).await {
-            Ok(None) => return true,
-            Ok(Some(o)) if o.uid().as_deref() != Some(owner.uid.as_str()) => return true,
-            Ok(Some(o)) if o.metadata.deletion_timestamp.is_some() => return true,
-            _ => {}
+        let (absent, deleting) = match api.get_opt(&owner.name).await {
+            Ok(None) => (true, false),
+            Ok(Some(o)) if o.uid().as_deref() != Some(owner.uid.as_str()) => (true, false),
+            Ok(Some(o)) => (false, o.metadata.deletion_timestamp.is_some()),
+            Err(_) => (false, false),
+        };
+        if (absent || deleting) && owner.block_owner_deletion == Some(true) {
+            return true;
         }
+        gone += usize::from(absent);
     }
-    false
+    !owners.is_empty() && gone == owners.len()
 }

@@ -17,7 +17,8 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use kube::api::{
-    DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
+    DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams, Preconditions,
+    PropagationPolicy,
 };
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -42,6 +43,10 @@ use crate::policy::{CompileSettings, Mode, Policy};
 
 /// How often the loop looks.
 const TICK: Duration = Duration::from_secs(1);
+/// How often it looks while a tree it holds is being deleted: the next wave
+/// waits for the hold to be let go, so this is the latency it adds per
+/// level of a teardown (Crossplane's Usage adds up to 30 s).
+const TEARDOWN_TICK: Duration = Duration::from_millis(200);
 /// A tree this young (seconds since its root was created) is read every tick.
 const SETTLING_SECS: i64 = 120;
 /// Discovery (which kinds exist, in which versions) is read again this often.
@@ -99,12 +104,18 @@ pub fn start(
         reported: HashMap::new(),
         warned: BTreeSet::new(),
         swept: None,
+        tearing_down: false,
     };
     tokio::spawn(async move {
         loop {
             let kinds = rx.borrow().clone();
             order.tick(&kinds).await;
-            tokio::time::sleep(TICK).await;
+            let tick = if order.tearing_down {
+                TEARDOWN_TICK
+            } else {
+                TICK
+            };
+            tokio::time::sleep(tick).await;
         }
     });
     tx
@@ -130,6 +141,9 @@ struct SiblingOrder {
     /// When every kind was last searched for objects held by a root that is
     /// no longer ordered.
     swept: Option<Instant>,
+    /// A tree read in the last tick is being deleted while something in it
+    /// is held.
+    tearing_down: bool,
 }
 
 impl SiblingOrder {
@@ -152,6 +166,7 @@ impl SiblingOrder {
             return;
         };
         let mut seen = BTreeSet::new();
+        let was_tearing_down = std::mem::take(&mut self.tearing_down);
         for (group, kind, selectors) in &ordered.0 {
             let Some(served) = kinds.of_kind(Some(group), kind).next().cloned() else {
                 continue;
@@ -214,6 +229,9 @@ impl SiblingOrder {
         // ordered) may leave held objects behind: look for them across every
         // kind then, and every resync in case a restart forgot one.
         let lost_root = self.roots.keys().any(|uid| !seen.contains(uid));
+        // A root that left while its tree was torn down may leave a held
+        // Usage to delete now (its user is gone): look once more quickly.
+        self.tearing_down |= was_tearing_down && lost_root;
         let sweep_due = self.swept.is_none_or(|at| at.elapsed() > self.resync);
         if lost_root || sweep_due {
             let released = unhold::sweep(
@@ -266,7 +284,13 @@ impl SiblingOrder {
                 continue;
             };
             let labels = v.pointer("/metadata/labels");
-            if labels.and_then(|l| l.get(HOLD_LABEL)).is_some() {
+            // Held for this tree: an object it only references may be held
+            // for another.
+            if labels
+                .and_then(|l| l.get(HOLD_LABEL))
+                .and_then(Value::as_str)
+                == Some(root_uid.as_str())
+            {
                 held_now.insert(r.clone());
             }
             if labels
@@ -316,6 +340,7 @@ impl SiblingOrder {
             }
         }
         let deleting = graph.nodes.iter().any(|n| n.in_tree && n.deleting);
+        self.tearing_down |= deleting && holding > 0;
         // A young tree is still being composed (its Usages taking hold, its
         // references filled in) without its root always changing: it is read
         // every tick until it settles, then when its root changes.
@@ -369,22 +394,20 @@ impl SiblingOrder {
                     json!({ HELD_FOR_ANNOTATION: null }),
                 );
                 api.patch(name, &merge, &Patch::Merge(body)).await?;
-            }
-            Action::Delete { .. } => {
-                let params = DeleteParams {
-                    propagation_policy: Some(PropagationPolicy::Foreground),
-                    preconditions: Some(Preconditions {
-                        uid: Some(uid),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match api.delete(name, &params).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                    Err(e) => return Err(e),
+                // A standalone Usage whose user is gone: the garbage
+                // collector was refused its delete and would try again only
+                // after its back-off; Crossplane replays what the Usage
+                // protected once it is gone.
+                let meta: Result<PartialObjectMeta<DynamicObject>, _> =
+                    serde_json::from_value(json!({"metadata": object.get("metadata")}));
+                if let Ok(meta) = meta
+                    && meta.metadata.deletion_timestamp.is_none()
+                    && unhold::owner_leaving(&self.client, kinds, &meta).await
+                {
+                    delete_this_one(&api, name, uid).await?;
                 }
             }
+            Action::Delete { .. } => delete_this_one(&api, name, uid).await?,
         }
         Ok(())
     }
@@ -487,6 +510,29 @@ impl SiblingOrder {
                 tracing::error!(error = %e, "sibling order: cannot write the hold policy; trees are not ordered")
             }
         }
+    }
+}
+
+/// Deletes `name` with a foreground cascade, only if it is still the object
+/// of `uid` (a newer one of the same name is not touched); gone already or
+/// refused by someone else's webhook (Crossplane's, 409) is no error.
+async fn delete_this_one(
+    api: &Api<DynamicObject>,
+    name: &str,
+    uid: String,
+) -> Result<(), kube::Error> {
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        preconditions: Some(Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

@@ -47,6 +47,29 @@ const WITHOUT_USAGE_COMPOSITION: &str = "inferenceclusters-local-without-usage";
 /// The InferenceCluster Composition's entry for the Usage of the EKSCluster
 /// by the ServingStack.
 const USAGE_RESOURCE: &str = "usage-eks-by-backend";
+/// Copies of Compositions without one hand-written Usage, beside the
+/// originals: (Composition, its entry left out, the copy's name). What
+/// sibling order must keep in order by itself: the seed's tree; a
+/// ModelReplica's ProviderConfig composed beside the Object that uses it
+/// (the ProviderConfigUsage race); an InferenceGateway whose ServingStack
+/// nothing guards but a standalone ClusterUsage written beside it.
+const WITHOUT: [(&str, &str, &str); 3] = [
+    (
+        INFERENCE_CLUSTER_COMPOSITION,
+        USAGE_RESOURCE,
+        WITHOUT_USAGE_COMPOSITION,
+    ),
+    (
+        "modelreplicas-local",
+        "config-in-use",
+        "modelreplicas-local-without-usage",
+    ),
+    (
+        "inferencegateways-local",
+        "gateway-guard",
+        "inferencegateways-local-without-guard",
+    ),
+];
 /// The charts a ServingStack installs, as its Composition names them.
 pub const CHARTS: [&str; 3] = ["cert-manager", "envoy-gateway", "kube-prometheus-stack"];
 /// The XRDs of the fixtures this platform composes.
@@ -410,7 +433,95 @@ impl Platform {
         })
     }
 
-    /// The InferenceCluster `name`, on EKS.
+    /// InferenceGateway `name` on InferenceCluster `cluster`, composed
+    /// without its guard (the Usage of the cluster's EKSCluster by its
+    /// ServingStack).
+    pub fn inference_gateway_without_guard(&self, name: &str, cluster: &str) -> Value {
+        let mut gateway = self.inference_gateway(name, cluster);
+        gateway["spec"]["crossplane"]["compositionRef"]["name"] =
+            json!(self.composition("inferencegateways-local-without-guard"));
+        gateway
+    }
+
+    /// A standalone EKSCluster `name` in [`SYSTEM_NAMESPACE`]: the cloud
+    /// cluster `name`, its kubeconfig Secret and ProviderConfigs
+    /// `<name>-kubeconfig`, as an InferenceCluster composes it.
+    pub fn eks_cluster(&self, name: &str) -> Value {
+        json!({
+            "apiVersion": self.eks_clusters().api_version,
+            "kind": "EKSCluster",
+            "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
+            "spec": {
+                "region": "us-west-2",
+                "nodePools": [{"name": "system", "role": "System", "instanceType": "m7i.xlarge"}],
+                "crossplane": {"compositionRef": {"name": self.composition("eksclusters-local")}},
+            },
+        })
+    }
+
+    /// A standalone ServingStack `name` in [`SYSTEM_NAMESPACE`], installed
+    /// on the cluster of EKSCluster `cluster` (through its kubeconfig).
+    pub fn serving_stack(&self, name: &str, cluster: &str) -> Value {
+        json!({
+            "apiVersion": self.serving_stacks().api_version,
+            "kind": "ServingStack",
+            "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
+            "spec": {
+                "secrets": [{"type": "Kubeconfig", "key": "kubeconfig", "name": format!("{cluster}-kubeconfig")}],
+                "crossplane": {"compositionRef": {"name": self.composition("servingstacks-local")}},
+            },
+        })
+    }
+
+    /// Every object of a standalone ServingStack `name`'s tree: (kind,
+    /// namespace, name), top first.
+    pub fn serving_stack_tree(&self, name: &str) -> Vec<(ApiResource, Option<String>, String)> {
+        let ns = Some(SYSTEM_NAMESPACE.to_string());
+        let mut objects = vec![
+            (self.serving_stacks(), ns.clone(), name.to_string()),
+            (objects(), ns.clone(), format!("{name}-gateway")),
+        ];
+        for chart in CHARTS {
+            objects.push((releases(), ns.clone(), format!("{name}-{chart}")));
+        }
+        objects
+    }
+
+    /// Every object of a standalone EKSCluster `name`'s tree, top first.
+    pub fn eks_cluster_tree(&self, name: &str) -> Vec<(ApiResource, Option<String>, String)> {
+        let ns = Some(SYSTEM_NAMESPACE.to_string());
+        let config = format!("{name}-kubeconfig");
+        vec![
+            (self.eks_clusters(), ns.clone(), name.to_string()),
+            (super::cloud::clusters(), ns.clone(), name.to_string()),
+            (helm_provider_configs(), ns.clone(), config.clone()),
+            (kubernetes_provider_configs(), ns, config),
+        ]
+    }
+
+    /// A standalone ModelReplica `name` in namespace `ns` on InferenceCluster
+    /// (or EKSCluster) `cluster`, composed without the Usage of its
+    /// ProviderConfig by its engine's Object: the ProviderConfig
+    /// `<name>-cluster` composed beside the Object `<name>-engine` that uses
+    /// it, and nothing written by hand between them.
+    pub fn model_replica_without_usage(&self, ns: &str, name: &str, cluster: &str) -> Value {
+        json!({
+            "apiVersion": self.model_replicas().api_version,
+            "kind": "ModelReplica",
+            "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_LABEL: cluster}},
+            "spec": {
+                "clusterName": cluster,
+                "engines": [{"name": "engine", "members": [{
+                    "role": "Standalone",
+                    "nodePoolName": "gpu",
+                    "deviceRequests": [{"name": "gpu", "deviceClassName": "gpu.nvidia.com"}],
+                    "template": {"spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}]}},
+                }]}],
+                "crossplane": {"compositionRef": {"name": self.composition("modelreplicas-local-without-usage")}},
+            },
+        })
+    }
+
     /// InferenceCluster `name` composed without the Usage of its EKSCluster
     /// by its ServingStack: nothing written by hand orders the two.
     pub fn inference_cluster_without_usage(&self, name: &str) -> Value {
@@ -420,6 +531,7 @@ impl Platform {
         ic
     }
 
+    /// The InferenceCluster `name`, on EKS.
     pub fn inference_cluster(&self, name: &str) -> Value {
         json!({
             "apiVersion": self.inference_clusters().api_version,
@@ -489,14 +601,15 @@ impl Platform {
     /// [`CLUSTER_LABEL`] stay: they are not API groups.
     pub fn compositions(&self, urls: &[(&str, String)]) -> Result<Vec<Value>, Error> {
         let mut out = compositions_with(urls)?;
-        // The InferenceCluster's tree without its hand-written Usage, beside
-        // the seed's own: what sibling order must keep in order by itself.
-        if let Some(with) = out
-            .iter()
-            .find(|c| c.pointer("/metadata/name") == Some(&json!(INFERENCE_CLUSTER_COMPOSITION)))
-        {
+        for (original, entry, copy) in WITHOUT {
+            let Some(with) = out
+                .iter()
+                .find(|c| c.pointer("/metadata/name") == Some(&json!(original)))
+            else {
+                continue;
+            };
             let mut without = with.clone();
-            without["metadata"]["name"] = json!(WITHOUT_USAGE_COMPOSITION);
+            without["metadata"]["name"] = json!(copy);
             for step in without
                 .pointer_mut("/spec/pipeline")
                 .and_then(Value::as_array_mut)
@@ -507,7 +620,7 @@ impl Platform {
                     .pointer_mut("/input/resources")
                     .and_then(Value::as_array_mut)
                 {
-                    resources.retain(|r| r["name"] != USAGE_RESOURCE);
+                    resources.retain(|r| r["name"] != entry);
                 }
             }
             out.push(without);

@@ -1,0 +1,868 @@
+//! Sibling order on real Crossplane beyond the seed's own tree (the tests
+//! `without_its_usage_*` above): the shapes where a hand-written Usage is
+//! missing or lets go too early. Each hazard is first shown under Off (a
+//! foreground cascade alone, nothing held), then prevented under Refuse
+//! (`--cascade=foreground`) and Convert (a plain delete), the order asserted
+//! by etcd revisions from a watch begun before the objects existed.
+//!
+//! - A ProviderConfig composed beside the managed resource that uses it (a
+//!   ModelReplica composed without its Usage `config-in-use`): in a
+//!   foreground cascade the garbage collector deletes the Object's
+//!   ProviderConfigUsage first (it blocks its owner's deletion), so the
+//!   ProviderConfig, deleted beside it, finds no user and goes, and the
+//!   Object can no longer reach its cluster (crossplane-runtime#848).
+//! - A standalone Usage (EKSCluster by ServingStack) and a ClusterUsage
+//!   (InferenceCluster by InferenceGateway) between two XRs, both deleted:
+//!   Crossplane refuses the used XR's delete and records it; it makes the
+//!   user the Usage's owner (without blockOwnerDeletion), so the user's
+//!   cascade deletes the Usage in its first wave, and Crossplane, which waits
+//!   for the user only for a composed Usage, replays the used XR's delete
+//!   while the user's own resources still go. cascade-guard holds such a
+//!   Usage until its user is gone.
+//! - A need two levels down in a sibling XR: a cluster-scoped Fleet composes
+//!   an InferenceCluster (without its Usage) and a ServingStack installed on
+//!   its cluster, whose Releases need the ProviderConfigs under the
+//!   InferenceCluster's EKSCluster. `plan` names the order beforehand.
+
+use super::*;
+
+/// The ClusterUsage kind (cluster-scoped).
+fn cluster_usages() -> ApiResource {
+    modelplane::resource(
+        "protection.crossplane.io",
+        "v1beta1",
+        "ClusterUsage",
+        "clusterusages",
+    )
+}
+
+type Objects = Vec<(ApiResource, Option<String>, String)>;
+
+/// The objects of one scenario, watched from before they exist.
+struct Scene {
+    what: String,
+    client: Client,
+    objects: Objects,
+    timeline: Timeline,
+}
+
+impl Scene {
+    async fn watch(stack: &Stack, what: &str, objects: Objects) -> Self {
+        let client = stack.cp.admin().await.expect("admin client");
+        let mut watched: Vec<(ApiResource, Option<String>)> = Vec::new();
+        for (r, ns, _) in &objects {
+            if !watched.iter().any(|(w, n)| w == r && n == ns) {
+                watched.push((r.clone(), ns.clone()));
+            }
+        }
+        let timeline = Timeline::start(&client, &watched)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        Self {
+            what: what.to_string(),
+            client,
+            objects,
+            timeline,
+        }
+    }
+
+    async fn apply(&self, resource: &ApiResource, object: Value) {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let ns = object["metadata"]["namespace"].as_str();
+        api(&self.client, resource, ns)
+            .patch(
+                name,
+                &PatchParams::apply("seed-real").force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{}: create {} {name}: {e}", self.what, resource.kind));
+    }
+
+    async fn wait_ready(&self, resource: &ApiResource, ns: Option<&str>, name: &str) {
+        let objects = api(&self.client, resource, ns);
+        let ready = wait::until(BUILD_TIMEOUT, || async {
+            is_ready(&objects.get_opt(name).await.ok().flatten()?).then_some(())
+        })
+        .await;
+        assert!(
+            ready.is_some(),
+            "{}: {} {name} never became Ready\n{}",
+            self.what,
+            resource.kind,
+            self.states().await
+        );
+    }
+
+    /// Waits until `name` carries `label` (with `value`, if given).
+    async fn wait_labelled(
+        &self,
+        resource: &ApiResource,
+        ns: Option<&str>,
+        name: &str,
+        label: &str,
+        value: Option<&str>,
+    ) {
+        let objects = api(&self.client, resource, ns);
+        let labelled = wait::until(Duration::from_secs(90), || async {
+            let o = objects.get_opt(name).await.ok().flatten()?;
+            let v = o.labels().get(label)?;
+            value.is_none_or(|want| v == want).then_some(())
+        })
+        .await;
+        assert!(
+            labelled.is_some(),
+            "{}: {} {name} never carried {label}\n{}",
+            self.what,
+            resource.kind,
+            self.states().await
+        );
+    }
+
+    async fn states(&self) -> String {
+        states_of(&self.client, &self.objects).await
+    }
+
+    async fn left(&self) -> Vec<String> {
+        left_of(&self.client, &self.objects).await
+    }
+
+    async fn wait_all_gone(&self, timeout: Duration) {
+        let gone = wait::until(timeout, || async {
+            self.left().await.is_empty().then_some(())
+        })
+        .await;
+        assert!(
+            gone.is_some(),
+            "{}: left {:?}\n{}\n{}",
+            self.what,
+            self.left().await,
+            self.states().await,
+            self.timeline.describe()
+        );
+    }
+
+    /// etcd's revision of `name`'s removal.
+    fn gone(&self, kind: &str, name: &str) -> u64 {
+        match self.timeline.gone(kind, name) {
+            Some(e) => e.revision.unwrap_or(e.seq),
+            None => panic!(
+                "{}: {kind}/{name} never seen leaving\n{}",
+                self.what,
+                self.timeline.describe()
+            ),
+        }
+    }
+
+    /// etcd's revision of the first sight of `name` being deleted.
+    fn terminating(&self, kind: &str, name: &str) -> u64 {
+        match self.timeline.terminating(kind, name) {
+            Some(e) => e.revision.unwrap_or(e.seq),
+            None => panic!(
+                "{}: {kind}/{name} never seen deleting\n{}",
+                self.what,
+                self.timeline.describe()
+            ),
+        }
+    }
+
+    /// `a` left the API before `b`.
+    fn assert_before(&self, (a_kind, a): (&str, &str), (b_kind, b): (&str, &str), why: &str) {
+        let (x, y) = (self.gone(a_kind, a), self.gone(b_kind, b));
+        assert!(
+            x < y,
+            "{}: {a_kind}/{a} left (#{x}) after {b_kind}/{b} (#{y}): {why}\n{}",
+            self.what,
+            self.timeline.describe()
+        );
+    }
+
+    /// No delete of the scene's objects by Crossplane was refused.
+    fn assert_crossplane_never_refused(&self, stack: &Stack) {
+        let events = local_cluster::audit::read(&stack.cp.audit_log_path());
+        let refused = crossplane_refusals(&events, &self.objects);
+        assert!(
+            refused.is_empty(),
+            "{}: Crossplane was refused: {refused:?}",
+            self.what
+        );
+    }
+
+    /// Takes the providers' finalizer off every Release and Object of the
+    /// scene that is being deleted (an operator's way out of a wedge) and
+    /// waits for everything to go.
+    async fn clean_up(&self) {
+        for (r, ns, n) in &self.objects {
+            if r.kind != "Release" && r.kind != "Object" {
+                continue;
+            }
+            let objects = api(&self.client, r, ns.as_deref());
+            let deleting = objects
+                .get_opt(n)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|o| o.metadata.deletion_timestamp.is_some());
+            if deleting {
+                let _ = objects
+                    .patch(
+                        n,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        }
+        self.wait_all_gone(Duration::from_secs(180)).await;
+    }
+}
+
+/// The client each mode's deletes come from: Convert a plain `kubectl
+/// delete`, Refuse the `--cascade=foreground` its refusal names, Off a
+/// foreground cascade alone (what sibling order adds to).
+fn foreground(mode: Mode) -> bool {
+    mode != Mode::Convert
+}
+
+/// A ModelReplica composed without the Usage of its ProviderConfig by its
+/// engine's Object, on an InferenceCluster of its own, deleted under `mode`.
+async fn provider_config_beside_its_user(stack: &Stack, mode: Mode) {
+    let lower = mode.as_str().to_lowercase();
+    let platform = mode.platform();
+    let cluster = Tree::build(stack, &platform, &format!("pcu-{lower}")).await;
+    let ns = format!("team-pcu-{lower}");
+    create_namespace(&cluster.client, &ns).await;
+    let replica = format!("pcu-{lower}-r");
+    let (config, engine) = (format!("{replica}-cluster"), format!("{replica}-engine"));
+    let at = Some(ns.clone());
+    let scene = Scene::watch(
+        stack,
+        &format!("a ProviderConfig beside its user ({mode:?})"),
+        vec![
+            (platform.model_replicas(), at.clone(), replica.clone()),
+            (
+                modelplane::kubernetes_provider_configs(),
+                at.clone(),
+                config.clone(),
+            ),
+            (modelplane::objects(), at.clone(), engine.clone()),
+        ],
+    )
+    .await;
+    let replicas = platform.model_replicas();
+    scene
+        .apply(
+            &replicas,
+            platform.model_replica_without_usage(&ns, &replica, &cluster.name),
+        )
+        .await;
+    scene.wait_ready(&replicas, Some(&ns), &replica).await;
+    stack
+        .wait_in_effect(&replicas, Some(&ns), &replica, mode)
+        .await;
+    if mode != Mode::Off {
+        scene
+            .wait_labelled(
+                &modelplane::kubernetes_provider_configs(),
+                Some(&ns),
+                &config,
+                SIBLING_HOLD_LABEL,
+                None,
+            )
+            .await;
+    }
+    let started = Instant::now();
+    let (ok, stderr) = stack
+        .kubectl_delete_of(&replicas, Some(&ns), &replica, foreground(mode))
+        .await;
+    assert!(ok, "{}: kubectl delete {replica}: {stderr}", scene.what);
+    let mut wedged = None;
+    if mode == Mode::Off {
+        // The hazard, every time: the ProviderConfig is deleted beside the
+        // Object that needs it. Whether the provider then loses the race
+        // (its ProviderConfig controller sees no ProviderConfigUsage and lets
+        // it go before the Object's next reconcile tracks one again) varies:
+        // seen both ways on real Crossplane. Lost, the Object wedges on a
+        // ProviderConfig that is gone and leaks its load balancer.
+        let deleted = wait::until(Duration::from_secs(60), || async {
+            scene
+                .timeline
+                .terminating("ProviderConfig", &config)
+                .map(|_| ())
+        })
+        .await;
+        assert!(
+            deleted.is_some(),
+            "{}: the ProviderConfig was not deleted\n{}",
+            scene.what,
+            scene.timeline.describe()
+        );
+        let objects = api(&scene.client, &modelplane::objects(), Some(&ns));
+        let outcome = wait::until(TEARDOWN_TIMEOUT, || async {
+            match objects.get_opt(&engine).await.ok()? {
+                None => Some(None),
+                Some(o) => {
+                    let held = o.finalizers().iter().any(|f| f == MANAGED_FINALIZER);
+                    let failure = sync_failure(&o).filter(|_| held)?;
+                    failure.contains("provider config").then_some(Some(failure))
+                }
+            }
+        })
+        .await;
+        let Some(outcome) = outcome else {
+            panic!(
+                "{}: Object/{engine} neither went nor wedged\n{}\n{}",
+                scene.what,
+                scene.states().await,
+                scene.timeline.describe()
+            );
+        };
+        let pc_deleted = scene.terminating("ProviderConfig", &config);
+        let user_left = scene
+            .timeline
+            .gone("Object", &engine)
+            .map(|e| e.revision.unwrap_or(e.seq));
+        assert!(
+            user_left.is_none_or(|u| pc_deleted < u),
+            "{}: the ProviderConfig was deleted (#{pc_deleted}) only after its user left ({user_left:?})\n{}",
+            scene.what,
+            scene.timeline.describe()
+        );
+        match &outcome {
+            Some(failure) => eprintln!(
+                "{}: the race lost: ProviderConfig/{config} went while Object/{engine} needed it, which wedged: {failure}",
+                scene.what
+            ),
+            None => eprintln!(
+                "{}: the race won this time: ProviderConfig/{config} deleted beside Object/{engine}, which went first",
+                scene.what
+            ),
+        }
+        wedged = outcome;
+        scene.clean_up().await;
+    } else {
+        scene.wait_all_gone(TEARDOWN_TIMEOUT).await;
+        let user_left = scene.gone("Object", &engine);
+        let pc_deleted = scene.terminating("ProviderConfig", &config);
+        assert!(
+            user_left < pc_deleted,
+            "{}: the ProviderConfig was deleted (#{pc_deleted}) before its user left (#{user_left})\n{}",
+            scene.what,
+            scene.timeline.describe()
+        );
+        scene.assert_before(
+            ("ProviderConfig", &config),
+            ("ModelReplica", &replica),
+            "a foreground cascade removes the parent last",
+        );
+        scene.assert_crossplane_never_refused(stack);
+        eprintln!(
+            "{}: in order, nothing wedged, in {:?}",
+            scene.what,
+            started.elapsed()
+        );
+    }
+    let (ok, stderr) = stack.kubectl_delete(&cluster, foreground(mode)).await;
+    assert!(ok, "kubectl delete {}: {stderr}", cluster.name);
+    assert!(
+        cluster.wait_all_gone(TEARDOWN_TIMEOUT).await,
+        "{}: the cluster's tree stayed: {:?}",
+        scene.what,
+        cluster.left().await
+    );
+    // A wedged engine's load balancer leaked with the cluster; nothing else.
+    let leaked: Vec<String> = cluster
+        .leaked(stack)
+        .into_iter()
+        .filter(|l| wedged.is_none() || !l.contains(&engine))
+        .collect();
+    assert!(leaked.is_empty(), "{}: {leaked:?}", scene.what);
+}
+
+#[tokio::test]
+async fn a_provider_config_beside_its_user_is_deleted_with_it_in_a_foreground_cascade_alone() {
+    let (stack, _shared) = shared_stack().await;
+    provider_config_beside_its_user(stack, Mode::Off).await;
+}
+
+#[tokio::test]
+async fn under_convert_a_provider_config_beside_its_user_waits_for_it() {
+    let (stack, _shared) = shared_stack().await;
+    provider_config_beside_its_user(stack, Mode::Convert).await;
+}
+
+#[tokio::test]
+async fn under_refuse_a_foreground_delete_keeps_a_provider_config_until_its_user_is_gone() {
+    let (stack, _shared) = shared_stack().await;
+    provider_config_beside_its_user(stack, Mode::Refuse).await;
+}
+
+/// Which Usage is written between the two XRs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Between {
+    /// A Usage in modelplane-system of EKSCluster `<n>` by ServingStack
+    /// `<n>-stack`, which installs onto that EKSCluster's cloud cluster.
+    Usage,
+    /// A ClusterUsage of InferenceCluster `<n>` by InferenceGateway
+    /// `<n>-gw` (composed without its own guard), whose gateway installs onto
+    /// that InferenceCluster's cloud cluster.
+    ClusterUsage,
+}
+
+/// Two XRs and a standalone Usage with `replayDeletion` between them, both
+/// XRs deleted (the used one first, as a new user tries) under `mode`.
+async fn usage_between_two_xrs(stack: &Stack, mode: Mode, between: Between) {
+    let lower = mode.as_str().to_lowercase();
+    let platform = mode.platform();
+    let ns = Some(SYSTEM_NAMESPACE.to_string());
+    let (hub, wheel, usage) = match between {
+        Between::Usage => {
+            let hub = format!("su-{lower}");
+            let wheel = format!("{hub}-stack");
+            let usage = format!("{wheel}-uses-cluster");
+            (hub, wheel, usage)
+        }
+        Between::ClusterUsage => {
+            let hub = format!("scu-{lower}");
+            let wheel = format!("{hub}-gw");
+            let usage = format!("{wheel}-uses-cluster");
+            (hub, wheel, usage)
+        }
+    };
+    // The used XR, the user, the Usage; their kinds and namespace; the cloud
+    // cluster (named like the EKSCluster, itself named like an
+    // InferenceCluster); and what the user runs on that cluster.
+    let (hub_kind, wheel_kind, usage_kind, xr_ns) = match between {
+        Between::Usage => (
+            platform.eks_clusters(),
+            platform.serving_stacks(),
+            modelplane::usages(),
+            ns.clone(),
+        ),
+        Between::ClusterUsage => (
+            platform.inference_clusters(),
+            platform.inference_gateways(),
+            cluster_usages(),
+            None,
+        ),
+    };
+    let mut objects = match between {
+        Between::Usage => {
+            let mut o = platform.eks_cluster_tree(&hub);
+            o.extend(platform.serving_stack_tree(&wheel));
+            o
+        }
+        Between::ClusterUsage => {
+            let mut o = platform.tree(&hub);
+            o.extend(
+                platform
+                    .inference_gateway_tree(&wheel)
+                    .into_iter()
+                    .filter(|(r, _, _)| r.kind != "Usage"),
+            );
+            o
+        }
+    };
+    objects.push((usage_kind.clone(), xr_ns.clone(), usage.clone()));
+    let on_the_cluster: Vec<(String, String)> = objects
+        .iter()
+        .filter(|(r, _, n)| {
+            (r.kind == "Release" || r.kind == "Object")
+                && n.starts_with(&match between {
+                    Between::Usage => wheel.clone(),
+                    Between::ClusterUsage => format!("{wheel}-gateway"),
+                })
+        })
+        .map(|(r, _, n)| (r.kind.clone(), n.clone()))
+        .collect();
+    let scene = Scene::watch(
+        stack,
+        &format!("a standalone {between:?} between two XRs ({mode:?})"),
+        objects,
+    )
+    .await;
+
+    let (hub_object, wheel_object) = match between {
+        Between::Usage => (
+            platform.eks_cluster(&hub),
+            platform.serving_stack(&wheel, &hub),
+        ),
+        Between::ClusterUsage => (
+            platform.inference_cluster(&hub),
+            platform.inference_gateway_without_guard(&wheel, &hub),
+        ),
+    };
+    scene.apply(&hub_kind, hub_object).await;
+    scene.wait_ready(&hub_kind, xr_ns.as_deref(), &hub).await;
+    scene.apply(&wheel_kind, wheel_object).await;
+    scene
+        .wait_ready(&wheel_kind, xr_ns.as_deref(), &wheel)
+        .await;
+    let side = |r: &ApiResource, name: &str| json!({"apiVersion": r.api_version, "kind": r.kind, "resourceRef": {"name": name}});
+    let mut metadata = json!({"name": usage});
+    if let Some(ns) = &xr_ns {
+        metadata["namespace"] = json!(ns);
+    }
+    scene
+        .apply(
+            &usage_kind,
+            json!({
+                "apiVersion": usage_kind.api_version,
+                "kind": usage_kind.kind,
+                "metadata": metadata,
+                "spec": {
+                    "of": side(&hub_kind, &hub),
+                    "by": side(&wheel_kind, &wheel),
+                    "replayDeletion": true,
+                },
+            }),
+        )
+        .await;
+    scene
+        .wait_labelled(
+            &hub_kind,
+            xr_ns.as_deref(),
+            &hub,
+            IN_USE_LABEL,
+            Some("true"),
+        )
+        .await;
+    stack
+        .wait_in_effect(&hub_kind, xr_ns.as_deref(), &hub, mode)
+        .await;
+    stack
+        .wait_in_effect(&wheel_kind, xr_ns.as_deref(), &wheel, mode)
+        .await;
+    if mode != Mode::Off {
+        // Held for the user's tree: its value is the user's uid.
+        scene
+            .wait_labelled(
+                &usage_kind,
+                xr_ns.as_deref(),
+                &usage,
+                SIBLING_HOLD_LABEL,
+                None,
+            )
+            .await;
+    }
+
+    let started = Instant::now();
+    let (ok, stderr) = stack
+        .kubectl_delete_of(&hub_kind, xr_ns.as_deref(), &hub, foreground(mode))
+        .await;
+    assert!(
+        !ok && stderr.contains("in-use"),
+        "{}: Crossplane's webhook should refuse the used XR's delete: {stderr}",
+        scene.what
+    );
+    let (ok, stderr) = stack
+        .kubectl_delete_of(&wheel_kind, xr_ns.as_deref(), &wheel, foreground(mode))
+        .await;
+    assert!(ok, "{}: kubectl delete {wheel}: {stderr}", scene.what);
+
+    if mode == Mode::Off {
+        // The hazard: the Usage goes in the user's first wave, and the
+        // replay deletes the used XR while the user is still there.
+        let early = wait::until(TEARDOWN_TIMEOUT, || async {
+            scene.timeline.terminating(&hub_kind.kind, &hub).map(|_| ())
+        })
+        .await;
+        assert!(
+            early.is_some(),
+            "{}: the used XR was never deleted\n{}",
+            scene.what,
+            scene.timeline.describe()
+        );
+        let replay = scene.terminating(&hub_kind.kind, &hub);
+        let user_gone = scene
+            .timeline
+            .gone(&wheel_kind.kind, &wheel)
+            .map(|e| e.revision.unwrap_or(e.seq));
+        assert!(
+            user_gone.is_none_or(|g| replay < g),
+            "{}: the replay (#{replay}) did not come before the user left ({user_gone:?})\n{}",
+            scene.what,
+            scene.timeline.describe()
+        );
+        eprintln!(
+            "{}: {} {hub} deleted (#{replay}) while {} {wheel} was still there; the leaks: {:?}",
+            scene.what,
+            hub_kind.kind,
+            wheel_kind.kind,
+            modelplane::leaked(
+                &std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default(),
+                &hub
+            )
+        );
+        // Wait for the cloud cluster to go, then free whatever wedged.
+        let _ = scene
+            .timeline
+            .wait_gone("Cluster", &hub, TEARDOWN_TIMEOUT)
+            .await;
+        scene.clean_up().await;
+        return;
+    }
+
+    scene.wait_all_gone(TEARDOWN_TIMEOUT * 2).await;
+    let user_gone = scene.gone(&wheel_kind.kind, &wheel);
+    let replay = scene.terminating(&hub_kind.kind, &hub);
+    assert!(
+        user_gone < replay,
+        "{}: {} {hub} was deleted (#{replay}) before {} {wheel} was gone (#{user_gone})\n{}",
+        scene.what,
+        hub_kind.kind,
+        wheel_kind.kind,
+        scene.timeline.describe()
+    );
+    scene.assert_before(
+        (&wheel_kind.kind, &wheel),
+        (&usage_kind.kind, &usage),
+        "the Usage is held until its user is gone",
+    );
+    for (kind, name) in &on_the_cluster {
+        scene.assert_before(
+            (kind, name),
+            ("Cluster", &hub),
+            "what runs on the cluster goes before it",
+        );
+    }
+    scene.assert_crossplane_never_refused(stack);
+    let leaked = modelplane::leaked(
+        &std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default(),
+        &hub,
+    );
+    assert!(leaked.is_empty(), "{}: leaked {leaked:?}", scene.what);
+    eprintln!(
+        "{}: the used XR deleted only after its user was gone; everything gone in {:?}",
+        scene.what,
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_standalone_usage_lets_go_before_its_user_is_gone_in_a_foreground_cascade_alone() {
+    let (stack, _shared) = shared_stack().await;
+    usage_between_two_xrs(stack, Mode::Off, Between::Usage).await;
+}
+
+#[tokio::test]
+async fn under_convert_a_standalone_usage_keeps_the_used_xr_until_its_user_is_gone() {
+    let (stack, _shared) = shared_stack().await;
+    usage_between_two_xrs(stack, Mode::Convert, Between::Usage).await;
+}
+
+#[tokio::test]
+async fn under_refuse_a_standalone_usage_keeps_the_used_xr_until_its_user_is_gone() {
+    let (stack, _shared) = shared_stack().await;
+    usage_between_two_xrs(stack, Mode::Refuse, Between::Usage).await;
+}
+
+#[tokio::test]
+async fn under_convert_a_cluster_usage_keeps_the_used_xr_until_its_user_is_gone() {
+    let (stack, _shared) = shared_stack().await;
+    usage_between_two_xrs(stack, Mode::Convert, Between::ClusterUsage).await;
+}
+
+#[tokio::test]
+async fn under_refuse_a_cluster_usage_keeps_the_used_xr_until_its_user_is_gone() {
+    let (stack, _shared) = shared_stack().await;
+    usage_between_two_xrs(stack, Mode::Refuse, Between::ClusterUsage).await;
+}
+
+/// A cluster-scoped XR kind `Fleet` of `mode`'s copy, annotated with
+/// `mode`, and its Composition: InferenceCluster `<n>` (composed without its
+/// Usage) and, beside it, ServingStack `<n>-edge` installed on that
+/// InferenceCluster's cloud cluster. The edge's Releases need ProviderConfigs
+/// two levels down in the sibling (Fleet, InferenceCluster, EKSCluster,
+/// ProviderConfig), through a Secret written one more level down.
+async fn install_fleet(
+    client: &Client,
+    mode: Mode,
+    platform: &modelplane::Platform,
+) -> ApiResource {
+    let lower = mode.as_str().to_lowercase();
+    let group = format!("{lower}.fleet.local-cluster.dev");
+    let fleets = modelplane::resource(&group, "v1", "Fleet", "fleets");
+    apply_cluster_object(
+        client,
+        &v2_xrds(),
+        json!({
+            "apiVersion": "apiextensions.crossplane.io/v2",
+            "kind": "CompositeResourceDefinition",
+            "metadata": {
+                "name": format!("fleets.{group}"),
+                "annotations": {POLICY_ANNOTATION: mode.as_str()},
+            },
+            "spec": {
+                "group": group,
+                "names": {"kind": "Fleet", "plural": "fleets"},
+                "scope": "Cluster",
+                "versions": [{
+                    "name": "v1", "served": true, "referenceable": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object"},
+                    }}},
+                }],
+            },
+        }),
+    )
+    .await;
+    let format = |fmt: &str| json!([{"type": "string", "string": {"type": "Format", "fmt": fmt}}]);
+    let resources = vec![
+        json!({
+            "name": "cluster",
+            "base": {
+                "apiVersion": platform.inference_clusters().api_version,
+                "kind": "InferenceCluster",
+                "spec": {
+                    "cluster": {"source": "EKS", "eks": {"region": "us-west-2"}},
+                    "crossplane": {"compositionRef": {"name": platform.composition("inferenceclusters-local-without-usage")}},
+                },
+            },
+            "patches": [{"type": "FromCompositeFieldPath", "fromFieldPath": "metadata.name", "toFieldPath": "metadata.name"}],
+        }),
+        json!({
+            "name": "edge",
+            "base": {
+                "apiVersion": platform.serving_stacks().api_version,
+                "kind": "ServingStack",
+                "metadata": {"namespace": SYSTEM_NAMESPACE},
+                "spec": {
+                    "secrets": [{"type": "Kubeconfig", "key": "kubeconfig", "name": "set-by-a-patch"}],
+                    "crossplane": {"compositionRef": {"name": platform.composition("servingstacks-local")}},
+                },
+            },
+            "patches": [
+                {"type": "FromCompositeFieldPath", "fromFieldPath": "metadata.name",
+                 "toFieldPath": "metadata.name", "transforms": format("%s-edge")},
+                {"type": "FromCompositeFieldPath", "fromFieldPath": "metadata.name",
+                 "toFieldPath": "spec.secrets[0].name", "transforms": format("%s-kubeconfig")},
+            ],
+        }),
+    ];
+    let mut composition = pt_composition(&group, "Fleet", resources);
+    composition["metadata"]["name"] = json!(format!("fleets-{lower}"));
+    apply_cluster_object(client, &compositions(), composition).await;
+    wait_generated_crd(client, &format!("fleets.{group}")).await;
+    fleets
+}
+
+/// The nested case under `mode`: a Fleet deleted (Convert plainly, else
+/// with `--cascade=foreground`).
+async fn nested_need(stack: &Stack, mode: Mode) {
+    let lower = mode.as_str().to_lowercase();
+    let platform = mode.platform();
+    let client = stack.cp.admin().await.expect("admin client");
+    let fleets = install_fleet(&client, mode, &platform).await;
+    let name = format!("nest-{lower}");
+    let edge = format!("{name}-edge");
+    let mut objects: Objects = vec![(fleets.clone(), None, name.clone())];
+    objects.extend(
+        platform
+            .tree(&name)
+            .into_iter()
+            .filter(|(r, _, _)| r.kind != "Usage"),
+    );
+    objects.extend(platform.serving_stack_tree(&edge));
+    let scene = Scene::watch(
+        stack,
+        &format!("a need two levels down ({mode:?})"),
+        objects,
+    )
+    .await;
+    scene
+        .apply(
+            &fleets,
+            json!({"apiVersion": fleets.api_version, "kind": "Fleet", "metadata": {"name": name}, "spec": {}}),
+        )
+        .await;
+    scene.wait_ready(&fleets, None, &name).await;
+    stack.wait_in_effect(&fleets, None, &name, mode).await;
+    if mode != Mode::Off {
+        scene
+            .wait_labelled(
+                &platform.inference_clusters(),
+                None,
+                &name,
+                SIBLING_HOLD_LABEL,
+                None,
+            )
+            .await;
+    }
+    let (code, said) = plan_of(stack, &fleets, &name);
+    let order = format!(
+        "ServingStack {SYSTEM_NAMESPACE}/{edge} must be gone before InferenceCluster {name} goes"
+    );
+    assert!(said.contains(&order), "{}: plan:\n{said}", scene.what);
+    assert_eq!(
+        code,
+        Some(if mode == Mode::Off { 3 } else { 0 }),
+        "{}: plan:\n{said}",
+        scene.what
+    );
+    let started = Instant::now();
+    let (ok, stderr) = stack
+        .kubectl_delete_of(&fleets, None, &name, foreground(mode))
+        .await;
+    assert!(ok, "{}: kubectl delete {name}: {stderr}", scene.what);
+    if mode == Mode::Off {
+        let objects = api(&client, &modelplane::objects(), Some(SYSTEM_NAMESPACE));
+        let gateway = format!("{edge}-gateway");
+        let wedged = wait_wedged(&objects, &gateway, TEARDOWN_TIMEOUT).await;
+        assert!(
+            wedged.is_some(),
+            "{}: Object/{gateway} did not wedge\n{}\n{}",
+            scene.what,
+            scene.states().await,
+            scene.timeline.describe()
+        );
+        eprintln!("{}: Object/{gateway} wedged: {wedged:?}", scene.what);
+        scene.clean_up().await;
+        return;
+    }
+    scene.wait_all_gone(TEARDOWN_TIMEOUT).await;
+    let edge_gone = scene.gone("ServingStack", &edge);
+    let cluster_deleted = scene.terminating("InferenceCluster", &name);
+    assert!(
+        edge_gone < cluster_deleted,
+        "{}: InferenceCluster {name} was deleted (#{cluster_deleted}) before ServingStack {edge} was gone (#{edge_gone})\n{}",
+        scene.what,
+        scene.timeline.describe()
+    );
+    for (r, _, n) in platform.serving_stack_tree(&edge).iter().skip(1) {
+        scene.assert_before(
+            (&r.kind, n),
+            ("Cluster", &name),
+            "what runs on the cluster goes before it",
+        );
+    }
+    scene.assert_crossplane_never_refused(stack);
+    let leaked = modelplane::leaked(
+        &std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default(),
+        &name,
+    );
+    assert!(leaked.is_empty(), "{}: leaked {leaked:?}", scene.what);
+    eprintln!(
+        "{}: in order, nothing wedged or leaked, in {:?}",
+        scene.what,
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_need_two_levels_down_in_a_sibling_wedges_a_foreground_cascade_alone() {
+    let (stack, _shared) = shared_stack().await;
+    nested_need(stack, Mode::Off).await;
+}
+
+#[tokio::test]
+async fn under_convert_a_need_two_levels_down_in_a_sibling_is_kept() {
+    let (stack, _shared) = shared_stack().await;
+    nested_need(stack, Mode::Convert).await;
+}
+
+#[tokio::test]
+async fn under_refuse_a_foreground_delete_keeps_a_need_two_levels_down_in_a_sibling() {
+    let (stack, _shared) = shared_stack().await;
+    nested_need(stack, Mode::Refuse).await;
+}
