@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks that print figures (recorded in BENCHMARKS.md). Each starts its own
-# local control plane. Usage: scripts/bench.sh refuse|update|convert|plan|static|static-manifests
+# local control plane. Usage: scripts/bench.sh refuse|update|convert|plan|teardown|static|static-manifests
 # (refuse when none is named; help prints this). The benchmarks are the
 # binaries of the crate testbed/bench (cascade-guard-bench, never published),
 # run from the release build with the release build of cascade-guard beside
@@ -11,6 +11,11 @@
 #            controller at rest with 1,000 trees, --sibling-order off beside
 #            enforce (BENCH_ONLY=plan|rest, BENCH_PLAN_RUNS, BENCH_TREES,
 #            BENCH_REST_SECONDS)
+#   teardown sibling order (#24): the seed's tree on real Crossplane in
+#            Convert, without its hand-written Usage (sibling order) against
+#            with it, pairs built and deleted side by side: each teardown, the
+#            medians and their ratio (BENCH_PAIRS, default 3;
+#            BENCH_LOAD_BALANCER_SECONDS; needs root: network namespaces)
 #   static   convert's scale part (10,000 objects) for the release build (glibc)
 #            and for the image's static musl build (scripts/image.sh binary),
 #            one after the other, BENCH_ROUNDS times (default 1)
@@ -48,6 +53,9 @@ case "${1:-refuse}" in
   update) "$release/bench-update" ;;
   convert) "$release/bench-convert" ;;
   plan) "$release/bench-plan" ;;
+  teardown)
+    LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$(testbed/crossplane/build.sh | tail -n 1) "$release/bench-teardown"
+    ;;
   static)
     static_bin=$(scripts/image.sh binary | tail -n 1)
     for round in $(seq "${BENCH_ROUNDS:-1}"); do
@@ -67,5 +75,5 @@ case "${1:-refuse}" in
       done
     done
     ;;
-  *) echo "unknown benchmark ${1}; known: refuse, update, convert, plan, static, static-manifests (help)" >&2; exit 2 ;;
+  *) echo "unknown benchmark ${1}; known: refuse, update, convert, plan, teardown, static, static-manifests (help)" >&2; exit 2 ;;
 esac

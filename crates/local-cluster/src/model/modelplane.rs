@@ -100,15 +100,10 @@ pub fn xr_kinds() -> [ApiResource; 6] {
     ]
 }
 
-/// Their folders under the fixtures' `modelplane/apis/`, in [`xr_kinds`] order.
-pub const XRD_DIRS: [&str; 6] = [
-    "inferenceclusters",
-    "eksclusters",
-    "servingstacks",
-    "modeldeployments",
-    "modelreplicas",
-    "inferencegateways",
-];
+/// Their folders under the fixtures' `modelplane/apis/`, in [`xr_kinds`]
+/// order: the real platform's own list, so the model and real Crossplane read
+/// the same XRDs.
+pub use crate::real_crossplane::modelplane::XRD_DIRS;
 
 /// The real XRDs, as in the fixtures.
 pub fn xrds() -> Result<Vec<Value>, ModelError> {

@@ -889,20 +889,27 @@ mod tests {
         }
         assert_eq!(platform.definitions().expect("definitions"), expected);
         let mut compositions = platform.compositions(&urls()).expect("compositions");
-        // Beside the project's own: the InferenceCluster's without its Usage.
-        let without = compositions.pop().expect("the derived composition");
-        assert_eq!(
-            without["metadata"]["name"],
-            super::WITHOUT_USAGE_COMPOSITION
-        );
-        let names: Vec<&str> = without
-            .pointer("/spec/pipeline/0/input/resources")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r["name"].as_str())
-            .collect();
-        assert_eq!(names, ["eks-cluster", "serving-stack"]);
+        // Beside the project's own: a copy of three without a Usage each.
+        for (original, entry, copy) in super::WITHOUT.iter().rev() {
+            let without = compositions.pop().expect("a derived composition");
+            assert_eq!(without["metadata"]["name"], *copy);
+            let names = |c: &Value| -> Vec<String> {
+                c.pointer("/spec/pipeline/0/input/resources")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r["name"].as_str().map(str::to_string))
+                    .collect()
+            };
+            let from = compositions
+                .iter()
+                .find(|c| c["metadata"]["name"] == *original)
+                .expect("the original");
+            let mut want = names(from);
+            want.retain(|n| n != entry);
+            assert_eq!(names(&without), want, "{copy}");
+            assert!(names(from).iter().any(|n| n == entry), "{original}");
+        }
         assert_eq!(
             compositions,
             super::compositions_with(&urls()).expect("compositions")
@@ -967,7 +974,8 @@ mod tests {
         );
         // The Usages' `of` and `by` too.
         assert!(api_versions.contains(&"infrastructure.off.modelplane.ai/v1alpha1".to_string()));
-        assert_eq!(seconds, vec!["7".to_string(), "7".to_string()]);
+        // The gateway's, the engine's and the engine's in the copy without its Usage.
+        assert_eq!(seconds, vec!["7".to_string(); 3]);
         // The label that places consumers on a cluster is not a group.
         let text = serde_json::to_string(&compositions).expect("json");
         assert!(text.contains("metadata.labels[modelplane.ai/cluster]"));
