@@ -625,6 +625,36 @@ impl Platform {
             }
             out.push(without);
         }
+        // A kind with a copy has two Compositions now: an XR composing it
+        // (a ModelDeployment its ModelReplica) names the original, which
+        // Crossplane would otherwise pick between the two at random.
+        let copied: Vec<(String, String)> = WITHOUT
+            .iter()
+            .filter_map(|(original, _, _)| {
+                let c = out
+                    .iter()
+                    .find(|c| c.pointer("/metadata/name") == Some(&json!(original)))?;
+                let kind = c.pointer("/spec/compositeTypeRef/kind")?.as_str()?;
+                Some((kind.to_string(), self.composition(original)))
+            })
+            .collect();
+        for base in out
+            .iter_mut()
+            .filter_map(|c| c.pointer_mut("/spec/pipeline"))
+            .filter_map(Value::as_array_mut)
+            .flatten()
+            .filter_map(|step| step.pointer_mut("/input/resources"))
+            .filter_map(Value::as_array_mut)
+            .flatten()
+            .filter_map(|r| r.get_mut("base"))
+        {
+            let kind = base.get("kind").and_then(Value::as_str).unwrap_or_default();
+            if let Some((_, name)) = copied.iter().find(|(k, _)| k == kind)
+                && base.pointer("/spec/crossplane/compositionRef").is_none()
+            {
+                base["spec"]["crossplane"]["compositionRef"] = json!({ "name": name });
+            }
+        }
         for composition in &mut out {
             if let Some(name) = composition
                 .pointer("/metadata/name")
@@ -909,6 +939,26 @@ mod tests {
             want.retain(|n| n != entry);
             assert_eq!(names(&without), want, "{copy}");
             assert!(names(from).iter().any(|n| n == entry), "{original}");
+        }
+        // A ModelDeployment names its ModelReplica's original Composition,
+        // now that a copy is beside it; the rest is the project's as it is.
+        let md = compositions
+            .iter_mut()
+            .find(|c| c["metadata"]["name"] == "modeldeployments-local")
+            .expect("the ModelDeployment's");
+        let replica = md
+            .pointer_mut("/spec/pipeline/0/input/resources/0/base/spec/crossplane")
+            .and_then(Value::as_object_mut)
+            .expect("the replica's spec.crossplane");
+        assert_eq!(
+            replica.remove("compositionRef"),
+            Some(json!({"name": "modelreplicas-local"}))
+        );
+        if replica.is_empty() {
+            md["spec"]["pipeline"][0]["input"]["resources"][0]["base"]["spec"]
+                .as_object_mut()
+                .expect("spec")
+                .remove("crossplane");
         }
         assert_eq!(
             compositions,
