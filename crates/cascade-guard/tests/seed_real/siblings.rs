@@ -225,9 +225,14 @@ fn foreground(mode: Mode) -> bool {
 }
 
 /// A ModelReplica composed without the Usage of its ProviderConfig by its
-/// engine's Object, on an InferenceCluster of its own, deleted under `mode`.
-async fn provider_config_beside_its_user(stack: &Stack, mode: Mode) {
-    let lower = mode.as_str().to_lowercase();
+/// engine's Object, on an InferenceCluster of its own, deleted under `mode`;
+/// with `by_namespace`, by deleting its namespace instead.
+async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace: bool) {
+    let lower = if by_namespace {
+        "namespace".to_string()
+    } else {
+        mode.as_str().to_lowercase()
+    };
     let platform = mode.platform();
     let cluster = Tree::build(stack, &platform, &format!("pcu-{lower}")).await;
     let ns = format!("team-pcu-{lower}");
@@ -237,7 +242,14 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode) {
     let at = Some(ns.clone());
     let scene = Scene::watch(
         stack,
-        &format!("a ProviderConfig beside its user ({mode:?})"),
+        &format!(
+            "a ProviderConfig beside its user ({mode:?}{})",
+            if by_namespace {
+                ", its namespace deleted"
+            } else {
+                ""
+            }
+        ),
         vec![
             (platform.model_replicas(), at.clone(), replica.clone()),
             (
@@ -272,12 +284,64 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode) {
             .await;
     }
     let started = Instant::now();
-    let (ok, stderr) = stack
-        .kubectl_delete_of(&replicas, Some(&ns), &replica, foreground(mode))
-        .await;
-    assert!(ok, "{}: kubectl delete {replica}: {stderr}", scene.what);
+    if by_namespace {
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(scene.client.clone())
+            .delete(&ns, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("{}: delete namespace {ns}: {e}", scene.what));
+    } else {
+        let (ok, stderr) = stack
+            .kubectl_delete_of(&replicas, Some(&ns), &replica, foreground(mode))
+            .await;
+        assert!(ok, "{}: kubectl delete {replica}: {stderr}", scene.what);
+    }
     let mut wedged = None;
-    if mode == Mode::Off {
+    if by_namespace {
+        // crossplane-runtime#1150, on the pinned provider-kubernetes v1.2.1:
+        // the Object's provider re-creates its ProviderConfigUsage on every
+        // reconcile, which a terminating namespace forbids, so the Object
+        // wedges with its ProviderConfig still there (sibling order kept its
+        // part). Asserted exactly, so that the test fails when a pinned
+        // provider carries the fix; then it must assert the order instead.
+        let objects = api(&scene.client, &modelplane::objects(), Some(&ns));
+        let failure = wait_wedged(&objects, &engine, TEARDOWN_TIMEOUT).await;
+        let failure = failure.unwrap_or_else(|| {
+            panic!(
+                "{}: Object/{engine} did not wedge on crossplane-runtime#1150: if a pinned provider has the fix, assert the order here instead",
+                scene.what
+            )
+        });
+        assert!(
+            failure.contains("cannot track ProviderConfig usage")
+                && failure.contains("because it is being terminated"),
+            "{}: not crossplane-runtime#1150: {failure}",
+            scene.what
+        );
+        let configs = api(
+            &scene.client,
+            &modelplane::kubernetes_provider_configs(),
+            Some(&ns),
+        );
+        let config_now = configs.get_opt(&config).await.ok().flatten();
+        assert!(
+            config_now.is_some_and(|c| c.metadata.deletion_timestamp.is_none()),
+            "{}: ProviderConfig/{config} was not kept for its user\n{}",
+            scene.what,
+            scene.timeline.describe()
+        );
+        eprintln!(
+            "{}: crossplane-runtime#1150 as known: ProviderConfig/{config} kept, Object/{engine} wedged: {failure}",
+            scene.what
+        );
+        wedged = Some(failure);
+        // An operator's way out: the Object goes, then its ProviderConfig.
+        scene.clean_up().await;
+        scene.assert_before(
+            ("Object", &engine),
+            ("ProviderConfig", &config),
+            "the ProviderConfig must stay while its user is there",
+        );
+    } else if mode == Mode::Off {
         // The hazard, every time: the ProviderConfig is deleted beside the
         // Object that needs it. Whether the provider then loses the race
         // (its ProviderConfig controller sees no ProviderConfigUsage and lets
@@ -362,6 +426,14 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode) {
             started.elapsed()
         );
     }
+    if by_namespace {
+        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(scene.client.clone());
+        let gone = wait::until(Duration::from_secs(120), || async {
+            namespaces.get_opt(&ns).await.ok()?.is_none().then_some(())
+        })
+        .await;
+        assert!(gone.is_some(), "{}: namespace {ns} never went", scene.what);
+    }
     let (ok, stderr) = stack.kubectl_delete(&cluster, foreground(mode)).await;
     assert!(ok, "kubectl delete {}: {stderr}", cluster.name);
     assert!(
@@ -382,19 +454,30 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode) {
 #[tokio::test]
 async fn a_provider_config_beside_its_user_is_deleted_with_it_in_a_foreground_cascade_alone() {
     let (stack, _shared) = shared_stack().await;
-    provider_config_beside_its_user(stack, Mode::Off).await;
+    provider_config_beside_its_user(stack, Mode::Off, false).await;
 }
 
 #[tokio::test]
 async fn under_convert_a_provider_config_beside_its_user_waits_for_it() {
     let (stack, _shared) = shared_stack().await;
-    provider_config_beside_its_user(stack, Mode::Convert).await;
+    provider_config_beside_its_user(stack, Mode::Convert, false).await;
 }
 
 #[tokio::test]
 async fn under_refuse_a_foreground_delete_keeps_a_provider_config_until_its_user_is_gone() {
     let (stack, _shared) = shared_stack().await;
-    provider_config_beside_its_user(stack, Mode::Refuse).await;
+    provider_config_beside_its_user(stack, Mode::Refuse, false).await;
+}
+
+/// The same, the ModelReplica's namespace deleted (the namespace
+/// controller deletes it with no propagation policy; Convert makes that a
+/// foreground cascade): the ProviderConfig is kept, and the Object wedges on
+/// crossplane-runtime#1150, asserted exactly.
+#[tokio::test]
+async fn under_convert_a_deleted_namespace_keeps_a_provider_config_and_meets_crossplane_runtime_1150()
+ {
+    let (stack, _shared) = shared_stack().await;
+    provider_config_beside_its_user(stack, Mode::Convert, true).await;
 }
 
 /// Which Usage is written between the two XRs.
