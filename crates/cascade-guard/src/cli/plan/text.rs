@@ -64,6 +64,23 @@ pub fn render_text(plan: &Plan) -> String {
         }
     }
 
+    let standalone = graph.standalone_usages();
+    if !standalone.is_empty() {
+        let held = plan.teardown == Teardown::Ordered;
+        let _ = writeln!(
+            out,
+            "\nStandalone Usages (Crossplane lets one go as soon as it is deleted, in its user's first wave):"
+        );
+        for (usage, by) in &standalone {
+            let what = if held {
+                "held until its user is gone"
+            } else {
+                "not held: what it protects may be deleted while its user is still going"
+            };
+            let _ = writeln!(out, "  {usage} (user {by}): {what}");
+        }
+    }
+
     if !graph.edges.is_empty() {
         let _ = writeln!(out, "\nEdges (A needs B: B must stay until A is gone):");
         for edge in &graph.edges {
@@ -227,6 +244,45 @@ mod tests {
         let hazards = text.rfind("hazard").expect("a hazard line");
         let order = text.find("The order that works").expect("the waves");
         assert!(order < hazards, "the hazards come last:\n{text}");
+    }
+
+    #[test]
+    fn a_standalone_usage_is_named_held_or_not() {
+        let mut objects = tree();
+        let mut usage = obj(
+            "protection.crossplane.io/v1beta1",
+            "Usage",
+            "stack-uses-hub",
+            None,
+            json!({
+                "of": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": "hub"}},
+                "by": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": "root"}},
+            }),
+        );
+        usage["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "example.org/v1", "kind": "XR", "name": "root", "uid": "root"}]);
+        objects.push(usage);
+        objects.push(obj("example.org/v1", "XR", "hub", None, json!({})));
+        let graph = order::graph(&objects, "root").expect("the root is in the tree");
+        for (sibling_order, want) in [
+            (true, "held until its user is gone"),
+            (false, "not held: what it protects may be deleted"),
+        ] {
+            let teardown = teardown_of(Mode::Convert, sibling_order);
+            let plan = Plan {
+                root: graph.root.clone(),
+                mode: Mode::Convert,
+                mode_source: ModeSource::Flag,
+                sibling_order,
+                teardown,
+                hazards: graph.hazards(teardown),
+                graph: graph.clone(),
+                unread: Vec::new(),
+            };
+            let text = render_text(&plan);
+            let line = format!("Usage ns/stack-uses-hub (user XR ns/root): {want}");
+            assert!(text.contains(&line), "{line:?} missing from:\n{text}");
+        }
     }
 
     #[test]
