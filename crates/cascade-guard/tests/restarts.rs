@@ -16,7 +16,10 @@ use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
 use support::rng::Rng;
-use support::tree::{Provider, assert_foreground, config_maps, create_tree, wait_held};
+use support::tree::{
+    Provider, assert_foreground, assert_needed_after, config_maps, create_tree, tree_timeline,
+    wait_held,
+};
 use support::*;
 use tokio::sync::Mutex;
 
@@ -25,15 +28,7 @@ static SERIAL: Mutex<()> = Mutex::const_new(());
 
 async fn make_trees(s: &Scope<'_>, n: usize) -> Timeline {
     let resource = CONVERT.resource();
-    let timeline = Timeline::start(
-        &s.client,
-        &[
-            (resource.clone(), Some(s.namespace.clone())),
-            (config_maps(), Some(s.namespace.clone())),
-        ],
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    let timeline = tree_timeline(&s.client, &resource, &s.namespace).await;
     for i in 0..n {
         create_tree(&s.client, &resource, &s.namespace, &format!("tree-{i}"), 2).await;
     }
@@ -288,4 +283,94 @@ async fn uninstall_leaves_nothing_behind() {
     })
     .await;
     assert!(gone.is_some(), "the object stayed stuck after uninstall");
+}
+
+/// Sibling order across a restart mid-teardown: the tree's `tree-1` is held
+/// for `tree-0` (the `cascade-guard.dev/needs` annotation), the tree is
+/// deleted, and cascade-guard is SIGKILLed and started again while `tree-0`
+/// is still going. The new process must not let go of `tree-1` before it
+/// knows which kinds are ordered (it once did, at its first look, and
+/// deleted it at once: found by the randomized real-Crossplane test).
+#[tokio::test]
+async fn a_restart_mid_teardown_keeps_what_sibling_order_holds() {
+    const HOLD_LABEL: &str = "cascade-guard.dev/hold";
+    let _serial = SERIAL.lock().await;
+    let env = bare_env().await;
+    let _stop = env.controllers_stop_on_drop();
+    let s = Scope::new(&env.cp, "sibling-restart").await;
+    let first = env.start_controller(&["--no-leader-election"]);
+    let resource = CONVERT.resource();
+    let timeline = tree_timeline(&s.client, &resource, &s.namespace).await;
+    create_tree(&s.client, &resource, &s.namespace, "tree", 2).await;
+    let maps: Api<DynamicObject> =
+        Api::namespaced_with(s.client.clone(), &s.namespace, &config_maps());
+    maps.patch(
+        "tree-0",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            serde_json::json!({"metadata": {"annotations": {"cascade-guard.dev/needs": "ConfigMap/tree-1"}}}),
+        ),
+    )
+    .await
+    .expect("annotate tree-0");
+    wait_held(&s.client, &resource, &s.namespace, "tree").await;
+    let labelled = wait::until(Duration::from_secs(60), || async {
+        let cm = maps.get("tree-1").await.ok()?;
+        cm.labels().contains_key(HOLD_LABEL).then_some(())
+    })
+    .await;
+    assert!(labelled.is_some(), "tree-1 was never held");
+    // In effect once the API server refuses a (dry-run) delete of it.
+    let dry_run = kube::api::DeleteParams {
+        dry_run: true,
+        ..kube::api::DeleteParams::default()
+    };
+    let refused = wait::until(Duration::from_secs(60), || async {
+        maps.delete("tree-1", &dry_run).await.err().map(|_| ())
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "the hold policy never refused tree-1's delete"
+    );
+    // tree-0 goes 15 s after its delete: the restart falls inside.
+    let _provider = Provider::start(
+        s.client.clone(),
+        s.namespace.clone(),
+        Duration::from_secs(15),
+    );
+    let got = delete(
+        &s.client,
+        &resource,
+        &s.namespace,
+        "tree",
+        &DeleteSpec::default(),
+    )
+    .await;
+    assert!(got.allowed(), "delete the tree: {got:?}");
+    let deleting = wait::until(Duration::from_secs(30), || async {
+        timeline.terminating("ConfigMap", "tree-0").map(|_| ())
+    })
+    .await;
+    assert!(
+        deleting.is_some(),
+        "tree-0 was never deleted\n{}",
+        timeline.describe()
+    );
+    env.kill_controller(first);
+    env.start_controller(&["--no-leader-election"]);
+    let gone = timeline
+        .wait_gone(resource.kind.as_str(), "tree", Duration::from_secs(120))
+        .await;
+    assert!(
+        gone.is_some(),
+        "the tree never left\n{}",
+        timeline.describe()
+    );
+    assert_needed_after(
+        &timeline,
+        "tree-0",
+        "tree-1",
+        "the restart let go of what sibling order held",
+    );
 }

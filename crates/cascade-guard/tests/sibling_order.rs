@@ -16,22 +16,12 @@ use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
 use serde_json::{Value, json};
-use support::tree::{Provider, config_maps, create_tree, wait_held};
+use support::tree::{
+    Provider, assert_needed_after, config_maps, create_tree, tree_timeline, wait_held,
+};
 use support::*;
 
 const HOLD_LABEL: &str = "cascade-guard.dev/hold";
-
-async fn timeline(client: &Client, resource: &ApiResource, ns: &str) -> Timeline {
-    Timeline::start(
-        client,
-        &[
-            (resource.clone(), Some(ns.to_string())),
-            (config_maps(), Some(ns.to_string())),
-        ],
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"))
-}
 
 /// XR `tree` composing ConfigMaps `tree-0` (which needs `tree-1`, by the
 /// annotation) and `tree-1`, each held by the test provider's finalizer.
@@ -75,19 +65,7 @@ async fn wait_labelled(client: &Client, ns: &str, name: &str) {
 
 /// `tree-1` started deleting only after `tree-0` was gone, by etcd revision.
 fn assert_in_order(timeline: &Timeline, what: &str) {
-    let needer_gone = timeline
-        .gone("ConfigMap", "tree-0")
-        .and_then(|e| e.revision)
-        .unwrap_or_else(|| panic!("{what}: tree-0 never left\n{}", timeline.describe()));
-    let needed_deleting = timeline
-        .terminating("ConfigMap", "tree-1")
-        .and_then(|e| e.revision)
-        .unwrap_or_else(|| panic!("{what}: tree-1 never deleted\n{}", timeline.describe()));
-    assert!(
-        needed_deleting > needer_gone,
-        "{what}: tree-1 was deleted (revision {needed_deleting}) before tree-0 was gone (revision {needer_gone})\n{}",
-        timeline.describe()
-    );
+    assert_needed_after(timeline, "tree-0", "tree-1", what);
 }
 
 async fn delete_tree(
@@ -120,7 +98,7 @@ async fn tear_down(
     let env = env().await;
     let s = Scope::new(&env.cp, test).await;
     let resource = kind.resource();
-    let timeline = timeline(&s.client, &resource, &s.namespace).await;
+    let timeline = tree_timeline(&s.client, &resource, &s.namespace).await;
     let _provider = Provider::start(
         s.client.clone(),
         s.namespace.clone(),

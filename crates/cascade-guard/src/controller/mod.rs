@@ -161,9 +161,12 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
                 }
             })
             .collect();
-        if let Some(ordering) = &ordering {
+        // Only a complete pass says which kinds are ordered: one that could
+        // not read the XRDs or CascadePolicies would make their trees' holds
+        // look orphaned.
+        if let Some(ordering) = ordering.as_ref().filter(|_| complete) {
             ordering.send_if_modified(|kinds| {
-                let now = sibling_order::OrderedKinds::of(policies);
+                let now = Some(sibling_order::OrderedKinds::of(policies));
                 let changed = *kinds != now;
                 *kinds = now;
                 changed

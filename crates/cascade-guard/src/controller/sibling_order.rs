@@ -82,15 +82,18 @@ impl OrderedKinds {
 }
 
 /// Starts the loop; the controller sends it the ordered kinds after every
-/// pass.
+/// complete pass. Until the first arrives the loop does nothing: with no
+/// kinds known, every held object would look orphaned, and letting go of them
+/// at a restart or a leader's change would let a tree being torn down lose
+/// its order (found by the randomized real-Crossplane test).
 pub fn start(
     client: Client,
     settings: CompileSettings,
     recorder: Recorder,
     metrics: Arc<Metrics>,
     resync: Duration,
-) -> watch::Sender<OrderedKinds> {
-    let (tx, rx) = watch::channel(OrderedKinds::default());
+) -> watch::Sender<Option<OrderedKinds>> {
+    let (tx, mut rx) = watch::channel(None::<OrderedKinds>);
     let mut order = SiblingOrder {
         client,
         settings,
@@ -107,8 +110,13 @@ pub fn start(
         tearing_down: false,
     };
     tokio::spawn(async move {
+        while rx.borrow_and_update().is_none() {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
         loop {
-            let kinds = rx.borrow().clone();
+            let kinds = rx.borrow().clone().unwrap_or_default();
             order.tick(&kinds).await;
             let tick = if order.tearing_down {
                 TEARDOWN_TICK
@@ -166,6 +174,9 @@ impl SiblingOrder {
             return;
         };
         let mut seen = BTreeSet::new();
+        // A kind that could not be listed hides its roots: nothing is let go
+        // as orphaned in such a tick.
+        let mut listed_all = true;
         let was_tearing_down = std::mem::take(&mut self.tearing_down);
         for (group, kind, selectors) in &ordered.0 {
             let Some(served) = kinds.of_kind(Some(group), kind).next().cloned() else {
@@ -177,6 +188,7 @@ impl SiblingOrder {
             {
                 Ok(list) => list.items,
                 Err(e) => {
+                    listed_all = false;
                     // Said once per kind: without list (RBAC: the chart's
                     // protectedGroups) the kind's trees are not ordered.
                     if self.warned.insert(format!("list {group}/{kind}")) {
@@ -228,11 +240,11 @@ impl SiblingOrder {
         // A root that left (gone, relabelled out, its kind no longer
         // ordered) may leave held objects behind: look for them across every
         // kind then, and every resync in case a restart forgot one.
-        let lost_root = self.roots.keys().any(|uid| !seen.contains(uid));
+        let lost_root = listed_all && self.roots.keys().any(|uid| !seen.contains(uid));
         // A root that left while its tree was torn down may leave a held
         // Usage to delete now (its user is gone): look once more quickly.
         self.tearing_down |= was_tearing_down && lost_root;
-        let sweep_due = self.swept.is_none_or(|at| at.elapsed() > self.resync);
+        let sweep_due = listed_all && self.swept.is_none_or(|at| at.elapsed() > self.resync);
         if lost_root || sweep_due {
             let released = unhold::sweep(
                 &self.client,
@@ -249,9 +261,13 @@ impl SiblingOrder {
             }
             self.swept = Some(Instant::now());
         }
-        self.roots.retain(|uid, _| seen.contains(uid));
-        self.reported.retain(|uid, _| seen.contains(uid));
-        self.holds.retain(|uid, _| seen.contains(uid));
+        // Forgotten only when every kind was listed: a root that left is
+        // still noticed (and its holds let go) once the listing is whole.
+        if listed_all {
+            self.roots.retain(|uid, _| seen.contains(uid));
+            self.reported.retain(|uid, _| seen.contains(uid));
+            self.holds.retain(|uid, _| seen.contains(uid));
+        }
         self.metrics.set_sibling_order(
             self.holds.values().sum(),
             self.reported.values().map(BTreeSet::len).sum(),

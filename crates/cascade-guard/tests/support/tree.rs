@@ -147,3 +147,34 @@ pub fn assert_foreground(timeline: &Timeline, kind: &str, name: &str, dependents
         timeline.describe()
     );
 }
+
+/// ConfigMap `needed` started deleting only after ConfigMap `needer` was
+/// gone, by etcd revision (sibling order's promise).
+pub fn assert_needed_after(timeline: &Timeline, needer: &str, needed: &str, what: &str) {
+    let needer_gone = timeline
+        .gone("ConfigMap", needer)
+        .and_then(|e| e.revision)
+        .unwrap_or_else(|| panic!("{what}: {needer} never left\n{}", timeline.describe()));
+    let needed_deleting = timeline
+        .terminating("ConfigMap", needed)
+        .and_then(|e| e.revision)
+        .unwrap_or_else(|| panic!("{what}: {needed} never deleted\n{}", timeline.describe()));
+    assert!(
+        needed_deleting > needer_gone,
+        "{what}: {needed} was deleted (revision {needed_deleting}) before {needer} was gone (revision {needer_gone})\n{}",
+        timeline.describe()
+    );
+}
+
+/// Watches `resource` and ConfigMaps in namespace `ns`.
+pub async fn tree_timeline(client: &Client, resource: &ApiResource, ns: &str) -> Timeline {
+    Timeline::start(
+        client,
+        &[
+            (resource.clone(), Some(ns.to_string())),
+            (config_maps(), Some(ns.to_string())),
+        ],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
