@@ -56,10 +56,14 @@
 //! command that works in Crossplane's log.
 //!
 //! Then a randomized test: five trees (CASCADE_GUARD_REAL_TREES for more),
-//! one random mode (Refuse or Convert), a random client and delay for each
-//! delete, and cascade-guard and Crossplane core SIGKILLed and started again
-//! at random (scripts/soak.sh runs many rounds); every tree
-//! must go in order with nothing wedged or leaked. CASCADE_GUARD_SEED replays a
+//! each with or without the seed's Usage (then only sibling order keeps its
+//! ServingStack before its EKSCluster), one random mode (Refuse or Convert),
+//! a random client and delay for each delete, and cascade-guard and
+//! Crossplane core SIGKILLed and started again at random (scripts/soak.sh
+//! runs many rounds); every tree must go in order with nothing wedged or
+//! leaked: every edge its objects state just before the deletes
+//! (`support::invariant`, read independently of cascade-guard's own graph)
+//! kept, and the hand-picked pairs of `Tree::assert_order`. CASCADE_GUARD_SEED replays a
 //! run. The model's randomized test (tests/seed.rs) keeps the larger run.
 //!
 //! Timing that real parts impose (tests/real_crossplane.rs in local-cluster
@@ -75,6 +79,7 @@
 mod siblings;
 mod support;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
@@ -88,6 +93,7 @@ use local_cluster::real_crossplane::{Crossplane, CrossplaneOptions};
 use local_cluster::timeline::Timeline;
 use local_cluster::{Binaries, ControlPlane, Options, wait};
 use serde_json::{Value, json};
+use support::invariant;
 use tokio::sync::OnceCell;
 
 /// The label by which cascade-guard holds what a sibling still needs.
@@ -347,19 +353,29 @@ impl Tree {
     ) -> Self {
         let tree = Self::build_with(stack, platform, name, false).await;
         if held {
-            let eks = api(
-                &tree.client,
-                &platform.eks_clusters(),
-                Some(SYSTEM_NAMESPACE),
-            );
-            let hold = wait::until(Duration::from_secs(60), || async {
-                let o = eks.get_opt(name).await.ok().flatten()?;
-                o.labels().contains_key(SIBLING_HOLD_LABEL).then_some(())
-            })
-            .await;
-            assert!(hold.is_some(), "cascade-guard never held EKSCluster {name}");
+            tree.wait_sibling_hold().await;
         }
         tree
+    }
+
+    /// Waits until cascade-guard holds the EKSCluster for the ServingStack
+    /// (sibling order): only once the platform carries Refuse or Convert.
+    async fn wait_sibling_hold(&self) {
+        let eks = api(
+            &self.client,
+            &self.platform.eks_clusters(),
+            Some(SYSTEM_NAMESPACE),
+        );
+        let hold = wait::until(Duration::from_secs(60), || async {
+            let o = eks.get_opt(&self.name).await.ok().flatten()?;
+            o.labels().contains_key(SIBLING_HOLD_LABEL).then_some(())
+        })
+        .await;
+        assert!(
+            hold.is_some(),
+            "cascade-guard never held EKSCluster {}",
+            self.name
+        );
     }
 
     async fn build_with(
@@ -374,6 +390,11 @@ impl Tree {
             if !watched.iter().any(|(w, _)| w == &r) {
                 watched.push((r, ns));
             }
+        }
+        // What else a snapshot reads (Tree::snapshot), so that its edges
+        // can be judged.
+        for r in std::iter::once(secrets()).chain(provider_config_usages()) {
+            watched.push((r, Some(SYSTEM_NAMESPACE.to_string())));
         }
         let timeline = Timeline::start(&client, &watched)
             .await
@@ -430,6 +451,15 @@ impl Tree {
             objects.retain(|(r, _, _)| r.kind != "Usage");
         }
         objects
+    }
+
+    /// Whether it was composed with the seed's Usage, in words.
+    fn shape(&self) -> &'static str {
+        if self.usage {
+            "with Usage"
+        } else {
+            "without Usage"
+        }
     }
 
     fn stack_name(&self) -> String {
@@ -499,6 +529,117 @@ impl Tree {
             "{what}: ServingStack #{stack}, Cluster #{cluster}, EKSCluster #{eks}, InferenceCluster #{ic}\n{}",
             self.timeline.describe()
         );
+    }
+
+    /// The tree as it is now, for `support::invariant::edges`: every object
+    /// of it, the kubeconfig Secret its cloud Cluster writes (its data left
+    /// out) and the ProviderConfigUsages of its managed resources.
+    async fn snapshot(&self) -> Vec<Value> {
+        let secret = (
+            secrets(),
+            Some(SYSTEM_NAMESPACE.to_string()),
+            format!("{}-kubeconfig", self.name),
+        );
+        let mut snapshot = Vec::new();
+        let mut uids = Vec::new();
+        for (r, ns, n) in self.objects().into_iter().chain([secret]) {
+            let mut o = api(&self.client, &r, ns.as_deref())
+                .get_opt(&n)
+                .await
+                .unwrap_or_else(|e| panic!("snapshot of {}/{n}: {e}", r.kind))
+                .unwrap_or_else(|| panic!("snapshot of {}: {}/{n} is missing", self.name, r.kind));
+            o.types = Some(kube::api::TypeMeta {
+                api_version: r.api_version.clone(),
+                kind: r.kind.clone(),
+            });
+            if r.kind == "Secret" {
+                o.data = json!({});
+            }
+            uids.extend(o.metadata.uid.clone());
+            snapshot.push(serde_json::to_value(&o).expect("an object as JSON"));
+        }
+        for r in provider_config_usages() {
+            let usages = api(&self.client, &r, Some(SYSTEM_NAMESPACE));
+            let Ok(list) = usages.list(&Default::default()).await else {
+                continue;
+            };
+            for mut o in list.items {
+                if o.owner_references().iter().any(|o| uids.contains(&o.uid)) {
+                    o.types = Some(kube::api::TypeMeta {
+                        api_version: r.api_version.clone(),
+                        kind: r.kind.clone(),
+                    });
+                    snapshot.push(serde_json::to_value(&o).expect("an object as JSON"));
+                }
+            }
+        }
+        snapshot
+    }
+
+    /// Every edge of the tree's snapshot (`support::invariant::edges`) kept
+    /// by its teardown, each object followed by the UID the snapshot read
+    /// (after a minute at most for every needer to leave): fails listing
+    /// every broken edge and every edge it could not judge, each with its
+    /// revisions; returns how many of each verdict.
+    async fn assert_every_edge(&self, snapshot: &[Value], what: &str) -> String {
+        let edges = &invariant::edges(snapshot);
+        let uids = invariant::uids(snapshot);
+        let fate_in = |entries: &[local_cluster::timeline::Entry], r: &invariant::ObjectRef| {
+            invariant::fate(entries, r, uids.get(r).map(String::as_str))
+        };
+        let _ = wait::until(Duration::from_secs(60), || async {
+            let entries = self.timeline.entries();
+            edges
+                .iter()
+                .all(|e| fate_in(&entries, &e.needer).is_none_or(|f| !f.still_there))
+                .then_some(())
+        })
+        .await;
+        let entries = self.timeline.entries();
+        let fate = |r: &invariant::ObjectRef| fate_in(&entries, r);
+        let verdicts = invariant::judge_all(edges, fate);
+        let broken = invariant::broken(edges, fate);
+        let unjudged: Vec<_> = verdicts
+            .iter()
+            .filter(|(_, v)| {
+                matches!(
+                    v,
+                    invariant::Verdict::NeitherLeft | invariant::Verdict::Unseen(_)
+                )
+            })
+            .collect();
+        let list = |v: &mut dyn Iterator<Item = &(&invariant::Edge, invariant::Verdict)>| {
+            v.map(|(e, v)| format!("  {e}: {v}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert!(
+            broken.is_empty() && unjudged.is_empty(),
+            "{what}: of {} edges, {} broken:\n{}\nand {} not judged:\n{}\nleft: {:?}\n{}\n{}",
+            edges.len(),
+            broken.len(),
+            list(&mut broken.iter()),
+            unjudged.len(),
+            list(&mut unjudged.into_iter()),
+            self.left().await,
+            self.states().await,
+            self.timeline.describe()
+        );
+        // Said, not failed: what came back under a snapshotted name (a
+        // ProviderConfigUsage its provider wrote again) is not the object
+        // the snapshot read.
+        let again: BTreeSet<String> = uids
+            .keys()
+            .filter(|r| fate(r).is_some_and(|f| f.made_again))
+            .map(|r| r.to_string())
+            .collect();
+        let mut tally = invariant::tally(&verdicts);
+        if !again.is_empty() {
+            tally.push_str(&format!(
+                "; made again under a name after it left: {again:?}"
+            ));
+        }
+        tally
     }
 
     /// Waits for the cloud cluster to leave the API.
@@ -847,6 +988,30 @@ async fn without_its_usage_a_foreground_cascade_alone_wedges_the_gateway() {
     );
     eprintln!("Off without the Usage: Object/{gateway} wedged: {wedged:?}");
     tree.clean_up().await;
+}
+
+/// Secrets, which the timeline of a tree watches in [`SYSTEM_NAMESPACE`]:
+/// its cloud Cluster writes its kubeconfig into one.
+fn secrets() -> ApiResource {
+    modelplane::resource("", "v1", "Secret", "secrets")
+}
+
+/// provider-helm's and provider-kubernetes' ProviderConfigUsages.
+fn provider_config_usages() -> [ApiResource; 2] {
+    [
+        modelplane::resource(
+            "helm.m.crossplane.io",
+            "v1beta1",
+            "ProviderConfigUsage",
+            "providerconfigusages",
+        ),
+        modelplane::resource(
+            "kubernetes.m.crossplane.io",
+            "v1alpha1",
+            "ProviderConfigUsage",
+            "providerconfigusages",
+        ),
+    ]
 }
 
 /// The provider-kubernetes Object kind of a tree.
@@ -1467,14 +1632,25 @@ async fn random_round(
         Mode::Convert
     };
     let names: Vec<String> = (0..trees).map(|i| format!("rnd-{round}-{i}")).collect();
-    let platform = random_platform();
+    let platform = &random_platform();
+    // Each tree with the seed's Usage or without it: then only sibling
+    // order keeps its ServingStack before its EKSCluster, once the mode is
+    // on (below).
+    let usages: Vec<bool> = names.iter().map(|_| rng.chance(2)).collect();
     let built =
-        futures::future::join_all(names.iter().map(|n| Tree::build(stack, &platform, n))).await;
+        futures::future::join_all(names.iter().zip(&usages).map(|(n, &usage)| async move {
+            if usage {
+                Tree::build(stack, platform, n).await
+            } else {
+                Tree::build_without_usage(stack, platform, n, false).await
+            }
+        }))
+        .await;
     // The kills below reach every test: the round waits until no other test
     // runs, and has the stack to itself until its trees are gone. Only once
     // they are built, so that the builds overlap the other tests.
     let _owner = stack.exclusive.write().await;
-    stack.put_mode(&platform, mode).await;
+    stack.put_mode(platform, mode).await;
     stack.enter(mode, &built[0]).await;
     // Convert holds every InferenceCluster before any delete is sent.
     if mode == Mode::Convert {
@@ -1483,6 +1659,13 @@ async fn random_round(
             wait_held(&ics, &tree.name).await;
         }
     }
+    for tree in built.iter().filter(|t| !t.usage) {
+        tree.wait_sibling_hold().await;
+    }
+    // Each tree's objects just before the deletes: every edge they state
+    // (support::invariant) is checked after its teardown.
+    let snapshots: Vec<Vec<Value>> =
+        futures::future::join_all(built.iter().map(|t| t.snapshot())).await;
     let plan: Vec<(How, Duration)> = built
         .iter()
         .map(|_| {
@@ -1502,8 +1685,22 @@ async fn random_round(
     let kill_crossplane = rng
         .chance(2)
         .then(|| (rng.millis(0, 60_000), rng.millis(0, 15_000)));
+    let shapes: Vec<String> = built
+        .iter()
+        .zip(&plan)
+        .zip(&snapshots)
+        .map(|((tree, (how, after)), snapshot)| {
+            format!(
+                "{} {}, {how:?} after {after:?}, {} edges",
+                tree.name,
+                tree.shape(),
+                invariant::edges(snapshot).len()
+            )
+        })
+        .collect();
     eprintln!(
-        "random round {round}: mode {mode:?}, deletes {plan:?}, kill {kill:?}, kill Crossplane {kill_crossplane:?}"
+        "random round {round}: mode {mode:?}, trees [{}], kill {kill:?}, kill Crossplane {kill_crossplane:?}",
+        shapes.join("; ")
     );
     let started = Instant::now();
     let chaos = outage(
@@ -1516,17 +1713,17 @@ async fn random_round(
         || stack.kill_crossplane(),
         || stack.restart_crossplane(),
     );
-    let deletes = futures::future::join_all(built.iter().zip(&plan).map(
-        |(tree, (how, after))| async move {
+    let deletes = futures::future::join_all(built.iter().zip(&plan).zip(&snapshots).map(
+        |((tree, (how, after)), snapshot)| async move {
             tokio::time::sleep(*after).await;
             random_delete(stack, tree, *how, mode).await;
-            assert_torn_down_in_order(
-                stack,
-                tree,
-                &format!("random {} ({how:?}, {mode:?})", tree.name),
-                started,
-            )
-            .await;
+            let what = format!("random {} ({}, {how:?}, {mode:?})", tree.name, tree.shape());
+            // Every edge first: it lists all that broke, where the
+            // hand-picked pairs below stop at the first.
+            tree.wait_all_gone(TEARDOWN_TIMEOUT).await;
+            let tally = tree.assert_every_edge(snapshot, &what).await;
+            eprintln!("{what}: every edge kept: {tally}");
+            assert_torn_down_in_order(stack, tree, &what, started).await;
         },
     ));
     tokio::join!(chaos, chaos_crossplane, deletes);
@@ -2063,16 +2260,8 @@ async fn guard_provider_config_usages(client: &Client, ns: &str) {
         }),
     )
     .await;
-    let usages = api(
-        client,
-        &modelplane::resource(
-            "kubernetes.m.crossplane.io",
-            "v1alpha1",
-            "ProviderConfigUsage",
-            "providerconfigusages",
-        ),
-        Some(ns),
-    );
+    let [_, kubernetes_usages] = provider_config_usages();
+    let usages = api(client, &kubernetes_usages, Some(ns));
     let dry_run = DeleteParams {
         dry_run: true,
         propagation_policy: Some(PropagationPolicy::Background),

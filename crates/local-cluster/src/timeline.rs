@@ -27,6 +27,10 @@ pub struct Entry {
     /// Order of arrival across every watched resource.
     pub seq: u64,
     pub at: Instant,
+    /// The watched resource's API group (`""` for the core group): two
+    /// kinds of one name (provider-helm's and provider-kubernetes'
+    /// `ProviderConfig`) differ only by it.
+    pub group: String,
     pub kind: String,
     pub namespace: Option<String>,
     pub name: String,
@@ -72,6 +76,7 @@ impl Timeline {
                 None => Api::all_with(client.clone(), resource),
             };
             let kind = resource.kind.clone();
+            let group = resource.group.clone();
             let log = log.clone();
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
             let last_error = Arc::new(Mutex::new(None::<String>));
@@ -120,6 +125,7 @@ impl Timeline {
                         log.entries.push(Entry {
                             seq,
                             at: Instant::now(),
+                            group: group.clone(),
                             kind: kind.clone(),
                             namespace: meta.namespace,
                             name: meta.name.unwrap_or_default(),

@@ -16,6 +16,7 @@ use local_cluster::{ControlPlane, Options, crossplane, wait};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
+pub mod invariant;
 pub mod rng;
 pub mod tree;
 
