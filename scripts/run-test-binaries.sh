@@ -10,6 +10,11 @@
 #   --then 'COMMAND'                              also run COMMAND (a shell
 #                                                 line) beside the background
 #                                                 ones, after the others
+#   --beside 'COMMAND'                            run COMMAND in the
+#                                                 background from the start,
+#                                                 like a background binary
+#                                                 (its output kept in
+#                                                 target/test-logs/beside.log)
 #   other arguments                               passed to every binary
 #   TEST_ARGS_<name>="--test-threads=4"           passed to binary <name> only
 #                                                 (every character of the name
@@ -28,10 +33,14 @@ cd "$(dirname "$0")/.."
 background=${TEST_BACKGROUND:-seed_real}
 : "${TEST_ARGS_seed_real=--test-threads=16}"
 then=
-if [ "${1:-}" = --then ]; then
-  then=$2
+beside=
+while [ "${1:-}" = --then ] || [ "${1:-}" = --beside ]; do
+  case $1 in
+    --then) then=$2 ;;
+    --beside) beside=$2 ;;
+  esac
   shift 2
-fi
+done
 logs=target/test-logs
 mkdir -p "$logs"
 
@@ -85,6 +94,12 @@ while IFS=$'\t' read -r name dir exe; do
     pids[$name]=$!
   fi
 done <"$list"
+
+if [ -n "$beside" ]; then
+  echo "==> beside: started in the background (log: $logs/beside.log): $beside"
+  bash -c "$beside" </dev/null >"$logs/beside.log" 2>&1 &
+  pids[beside]=$!
+fi
 
 while IFS=$'\t' read -r name dir exe; do
   is_background "$name" && continue

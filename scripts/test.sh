@@ -131,13 +131,15 @@ echo "cascade-guard-policy: no kube client, tokio, hyper or TLS"
 step "tests, and the oldest supported Kubernetes and Crossplane releases (scripts/compat.sh) beside the slowest"
 # Every test binary once (scripts/run-test-binaries.sh): tests/seed_real.rs,
 # which mostly waits on real Crossplane's timers, in the background while the
-# others run in turn; then the characterization tests, the decision table,
-# Convert's cascade and the type check on 1.30 (built first, and cached like
-# the newest); then, on the oldest supported Crossplane v2 release, its
+# others run in turn; beside them from the start (they too wait on control
+# planes and Crossplane's timers more than on the CPU), the characterization
+# tests, the decision table, Convert's cascade and the type check on 1.30
+# (built first, and cached like the newest); then, on the oldest supported
+# Crossplane v2 release, its
 # characterization tests and the seed tree under Convert (both releases run,
 # whichever fails). `scripts/compat.sh` with no arguments runs every pinned
 # Kubernetes release, `scripts/compat.sh --crossplane` every Crossplane one.
-scripts/run-test-binaries.sh --then "status=0
+scripts/run-test-binaries.sh --beside "status=0
 scripts/compat.sh 1.30 || status=1
 scripts/compat.sh --crossplane --only characterization,seed-convert $oldest_crossplane || status=1
 exit \$status"

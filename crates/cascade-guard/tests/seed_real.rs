@@ -1455,7 +1455,13 @@ async fn claim_outcome(stack: &Stack, mode: Mode, how: ClaimDelete) -> Result<St
         (_, true) => format!("kubectl said: {}", said.trim()),
     };
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let gone = wait::until(Duration::from_secs(120), || async {
+    // A namespace finishes on its controller's next retry, which backs off
+    // up to 60 s while the claim's cascade runs: a minute more for it.
+    let limit = match how {
+        ClaimDelete::Namespace(_) => Duration::from_secs(180),
+        _ => Duration::from_secs(120),
+    };
+    let gone = wait::until(limit, || async {
         if let ClaimDelete::Namespace(ns) = how {
             namespaces.get_opt(ns).await.ok()?.is_none().then_some(())?;
         }
@@ -1471,7 +1477,7 @@ async fn claim_outcome(stack: &Stack, mode: Mode, how: ClaimDelete) -> Result<St
     let Some((xr, maps)) = gone else {
         let claim = claim_api.get_opt(name).await.ok().flatten();
         return Err(format!(
-            "not all gone after 120 s; the claim: {:?}\n{}",
+            "not all gone after {limit:?}; the claim: {:?}\n{}",
             claim.map(|c| (c.finalizers().to_vec(), c.data.pointer("/status").cloned())),
             timeline.describe()
         ));
