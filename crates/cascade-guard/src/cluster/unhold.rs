@@ -6,7 +6,8 @@
 //! only after its back-off, which grows to 17 minutes.
 
 use kube::api::{
-    DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams, PropagationPolicy,
+    DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams, Preconditions,
+    PropagationPolicy,
 };
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -14,6 +15,7 @@ use serde_json::json;
 use crate::cluster::holds;
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::policy::hold::{HELD_FOR_ANNOTATION, HOLD_LABEL};
+use crate::policy::names::FIELD_MANAGER;
 
 /// Lets go of every held object of every kind whose root (the label's value)
 /// `keep` does not name; returns how many. What cannot be listed or written
@@ -55,15 +57,20 @@ pub async fn let_go(
         "labels": {HOLD_LABEL: null},
         "annotations": {HELD_FOR_ANNOTATION: null},
     }});
-    api.patch(
-        &object.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(patch),
-    )
-    .await?;
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    api.patch(&object.name_any(), &params, &Patch::Merge(patch))
+        .await?;
     if object.metadata.deletion_timestamp.is_none() && owner_leaving(client, kinds, object).await {
+        // Only this object: a newer one of the same name is not touched.
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Foreground),
+            preconditions: object.uid().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
             ..DeleteParams::default()
         };
         match api.delete(&object.name_any(), &params).await {

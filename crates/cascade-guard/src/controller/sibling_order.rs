@@ -404,24 +404,15 @@ impl SiblingOrder {
                 );
                 api.patch(name, &merge, &Patch::Merge(body)).await?;
             }
+            // The label off, and deleted at once if the garbage collector
+            // wants it gone (a standalone Usage whose user is gone: its
+            // retry after the refusals would come only after its back-off,
+            // and Crossplane replays what the Usage protected once it is gone).
             Action::Release { .. } => {
-                let body = patch(
-                    json!({ HOLD_LABEL: null }),
-                    json!({ HELD_FOR_ANNOTATION: null }),
-                );
-                api.patch(name, &merge, &Patch::Merge(body)).await?;
-                // A standalone Usage whose user is gone: the garbage
-                // collector was refused its delete and would try again only
-                // after its back-off; Crossplane replays what the Usage
-                // protected once it is gone.
-                let meta: Result<PartialObjectMeta<DynamicObject>, _> =
-                    serde_json::from_value(json!({"metadata": object.get("metadata")}));
-                if let Ok(meta) = meta
-                    && meta.metadata.deletion_timestamp.is_none()
-                    && unhold::owner_leaving(&self.client, kinds, &meta).await
-                {
-                    delete_this_one(&api, name, uid).await?;
-                }
+                let meta: PartialObjectMeta<DynamicObject> =
+                    serde_json::from_value(json!({ "metadata": object.get("metadata") }))
+                        .map_err(kube::Error::SerdeError)?;
+                unhold::let_go(&self.client, kinds, served, &meta).await?;
             }
             Action::Delete { .. } => delete_this_one(&api, name, uid).await?,
         }
