@@ -23,7 +23,7 @@
 #            to reach the static manifests file and to be refused by the API
 #            server from it, BENCH_ROUNDS times (default 5) on each release of
 #            BENCH_RELEASES (default "1.37 1.36"), through
-#            tests/static_protection.rs (the controller is its debug build;
+#            tests/api_server/static_protection.rs (the controller is its debug build;
 #            the figure is the API server's reload, not the compile)
 #   BENCH_ONLY=scale refuse   the cost against the number of protected kinds
 #            (BENCH_KINDS, default 10,100,500) beside no policy, the seed

@@ -13,11 +13,11 @@
 #
 # With --crossplane, the same for each pinned Crossplane core release
 # (testbed/crossplane/build.sh --list), on the default Kubernetes release: the
-# characterization tests on real Crossplane (tests/real_crossplane.rs), the
+# characterization tests on real Crossplane (tests/real_crossplane/real_crossplane.rs), the
 # seed tree in each mode (Off wedges, Refuse and Convert tear down in order;
-# tests/seed_real.rs), Crossplane's delete of a nested XR dropped from its
+# tests/real_crossplane/seed_real.rs), Crossplane's delete of a nested XR dropped from its
 # parent's Composition never refused (seed_real), the Configuration package
-# route (tests/package_real.rs) and a legacy XRD with a claim (in
+# route (tests/real_crossplane/package_real.rs) and a legacy XRD with a claim (in
 # real_crossplane and seed_real).
 #
 #   scripts/compat.sh --crossplane                   every pinned release

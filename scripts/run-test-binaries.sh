@@ -15,6 +15,12 @@
 #                                                 like a background binary
 #                                                 (its output kept in
 #                                                 target/test-logs/beside.log)
+#   --group GROUP                                 only the integration tests of
+#                                                 one group: without_cluster,
+#                                                 api_server or real_crossplane
+#                                                 (their folder under each
+#                                                 crate's tests/), or unit
+#                                                 (every crate's unit tests)
 #   other arguments                               passed to every binary
 #   TEST_ARGS_<name>="--test-threads=4"           passed to binary <name> only
 #                                                 (every character of the name
@@ -23,7 +29,7 @@
 #
 # TEST_ARGS_seed_real is --test-threads=16 unless set: its tests wait on real
 # Crossplane's timers, not the CPU, and are written to run all at once on its
-# one stack (see tests/seed_real.rs); libtest's default, one per core, would
+# one stack (see tests/real_crossplane/seed_real.rs); libtest's default, one per core, would
 # run them a few at a time.
 #
 # Exits non-zero when any binary fails (after all have run), naming them.
@@ -34,10 +40,12 @@ background=${TEST_BACKGROUND:-seed_real}
 : "${TEST_ARGS_seed_real=--test-threads=16}"
 then=
 beside=
-while [ "${1:-}" = --then ] || [ "${1:-}" = --beside ]; do
+group=
+while [ "${1:-}" = --then ] || [ "${1:-}" = --beside ] || [ "${1:-}" = --group ]; do
   case $1 in
     --then) then=$2 ;;
     --beside) beside=$2 ;;
+    --group) group=$2 ;;
   esac
   shift 2
 done
@@ -45,11 +53,19 @@ logs=target/test-logs
 mkdir -p "$logs"
 
 # name, package directory and executable of every test binary (unit tests of
-# each crate, and each integration test), from cargo's own build messages.
+# each crate, and each integration test), from cargo's own build messages;
+# with --group, only that group's.
 list=$logs/binaries.tsv
 cargo test --workspace --locked --no-run --message-format=json-render-diagnostics |
-  python3 -c '
+  GROUP=$group python3 -c '
 import json, os, sys
+wanted = os.environ["GROUP"]
+def group_of(target, package_dir):
+    if "test" not in target["kind"]:
+        return "unit"
+    rel = os.path.relpath(target["src_path"], os.path.join(package_dir, "tests"))
+    parts = rel.split(os.sep)
+    return parts[0] if len(parts) > 1 else "ungrouped"
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -60,11 +76,13 @@ for line in sys.stdin:
     if not m.get("profile", {}).get("test"):
         continue
     t = m["target"]
+    if wanted and group_of(t, os.path.dirname(m["manifest_path"])) != wanted:
+        continue
     name = t["name"] if "lib" not in t["kind"] else t["name"] + " (unit)"
     print("\t".join([name, os.path.dirname(m["manifest_path"]), m["executable"]]))
 ' >"$list"
 if [ ! -s "$list" ]; then
-  echo "run-test-binaries.sh: cargo built no test binary" >&2
+  echo "run-test-binaries.sh: cargo built no test binary${group:+ of group $group}" >&2
   exit 1
 fi
 

@@ -64,7 +64,7 @@ bin=$(testbed/controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin
 echo "$bin"
 
-step "real Crossplane (testbed/crossplane/build.sh), for tests/real_crossplane.rs and tests/seed_real.rs"
+step "real Crossplane (testbed/crossplane/build.sh), for tests/real_crossplane/real_crossplane.rs and tests/real_crossplane/seed_real.rs"
 # Crossplane core, function-patch-and-transform, provider-kubernetes and
 # provider-helm, built from the Go module proxy and cached like the control
 # plane; with their CRDs and webhook configurations beside them.
@@ -75,7 +75,7 @@ echo "$crossplane_bin"
 # is built again (the function and the providers are shared, and cached).
 testbed/crossplane/build.sh "$oldest_crossplane"
 
-step "crank (testbed/tools/crank.sh) and crane (testbed/tools/crane.sh), for tests/package_real.rs"
+step "crank (testbed/tools/crank.sh) and crane (testbed/tools/crane.sh), for tests/real_crossplane/package_real.rs"
 # crank (Crossplane's CLI, v2.2.1) builds and pushes the Configuration package,
 # crane serves the OCI registry on loopback that Crossplane installs it from;
 # both built from the Go module proxy and cached like the rest.
@@ -87,7 +87,7 @@ echo "$CRANE_BIN"
 
 step "helm (testbed/tools/helm.sh), for the chart tests"
 # The pinned Helm, built from the Go module proxy and cached like the control
-# plane; tests/install.rs renders the chart with it.
+# plane; tests/api_server/install.rs renders the chart with it.
 HELM_BIN=$(testbed/tools/helm.sh)
 export HELM_BIN
 echo "$HELM_BIN"
@@ -95,17 +95,17 @@ echo "$HELM_BIN"
 step "promtool (testbed/tools/promtool.sh), for the chart's alerts"
 # The pinned promtool, built from the Go module proxy and cached like helm,
 # with prometheus-operator's PrometheusRule CRD from its module zip beside it;
-# tests/prometheus_rule.rs runs `promtool test rules` on the rules the chart
+# tests/api_server/prometheus_rule.rs runs `promtool test rules` on the rules the chart
 # renders and applies the rendered PrometheusRule against that CRD.
 PROMTOOL_BIN=$(testbed/tools/promtool.sh)
 export PROMTOOL_BIN
 echo "$PROMTOOL_BIN"
 
-step "the image's static binary (scripts/image.sh binary), for tests/install.rs"
+step "the image's static binary (scripts/image.sh binary), for tests/api_server/install.rs"
 # The container image's static (musl) binary, built incrementally in
 # target/image (scripts/image.sh adds the Rust musl target and Debian's
 # musl-tools when they are missing, or stops with the installer's error).
-# tests/install.rs pushes the image (scripts/image.sh push, with the pinned
+# tests/api_server/install.rs pushes the image (scripts/image.sh push, with the pinned
 # crane of testbed/tools/crane.sh) to a registry on loopback (crane registry serve),
 # pulls it, and runs the binary taken out of it as the chart's ServiceAccount.
 scripts/image.sh binary
@@ -129,7 +129,7 @@ fi
 echo "cascade-guard-policy: no kube client, tokio, hyper or TLS"
 
 step "tests, and the oldest supported Kubernetes and Crossplane releases (scripts/compat.sh) beside the slowest"
-# Every test binary once (scripts/run-test-binaries.sh): tests/seed_real.rs,
+# Every test binary once (scripts/run-test-binaries.sh): tests/real_crossplane/seed_real.rs,
 # which mostly waits on real Crossplane's timers, in the background while the
 # others run in turn; beside them from the start (they too wait on control
 # planes and Crossplane's timers more than on the CPU), the characterization

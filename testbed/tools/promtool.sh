@@ -4,7 +4,7 @@
 # wrapper module in promtool/ (its go.mod pins github.com/prometheus/prometheus,
 # its go.sum every dependency), and puts prometheus-operator's PrometheusRule
 # and ServiceMonitor CRDs, as they ship in that operator's module zip, beside
-# it. For the chart's monitoring tests (tests/prometheus_rule.rs). Cached
+# it. For the chart's monitoring tests (tests/api_server/prometheus_rule.rs). Cached
 # outside git, promtool keyed by the wrapper's go.mod and go.sum and its build
 # flags, the CRDs checked file by file (and by the operator's version), so that
 # a cache without a CRD added here gets it without rebuilding promtool; a warm

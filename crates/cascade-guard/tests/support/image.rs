@@ -1,4 +1,4 @@
-//! cascade-guard's container image, for tests/install.rs: scripts/image.sh
+//! cascade-guard's container image, for tests/api_server/install.rs: scripts/image.sh
 //! builds it and pushes it to a registry on loopback (the pinned crane's
 //! `crane registry serve`, started here and gone with the test process); the
 //! tests point the chart's image values at it, pull it back, and run the

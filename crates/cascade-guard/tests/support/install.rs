@@ -1,4 +1,4 @@
-//! The Helm chart on the real control plane, for tests/install.rs: render it
+//! The Helm chart on the real control plane, for tests/api_server/install.rs: render it
 //! with the pinned helm (HELM_BIN, installed by scripts/test.sh), apply what it
 //! renders as `helm install` and `helm upgrade` would (server-side apply, then
 //! removing what the new render no longer has), delete it as `helm uninstall`

@@ -3,9 +3,9 @@
 //! reproduced on the real control plane without Crossplane running.
 //!
 //! Why it is still needed: real Crossplane (`crate::real_crossplane`) now runs
-//! every scenario of the seed (cascade-guard's tests/seed_real.rs), and those
+//! every scenario of the seed (cascade-guard's tests/real_crossplane/seed_real.rs), and those
 //! were retired from the model. What remains on it is the large randomized
-//! test (cascade-guard's tests/seed.rs): dozens of trees to depth 4, five kinds
+//! test (cascade-guard's tests/api_server/seed.rs): dozens of trees to depth 4, five kinds
 //! of clients and cascade-guard SIGKILLed every few seconds, in about a minute
 //! of CI. On real Crossplane a tree takes about 100 s to tear down (a Usage
 //! re-checks its user every 30 s, a provider polls every 15 s), so the same
@@ -16,7 +16,7 @@
 //!
 //! Its users, each with why real Crossplane cannot serve it yet:
 //!
-//! - cascade-guard's `tests/seed.rs` (the randomized test: three rounds of
+//! - cascade-guard's `tests/api_server/seed.rs` (the randomized test: three rounds of
 //!   random platforms to depth 4, five kinds of clients, cascade-guard
 //!   SIGKILLed every few seconds) and its harness `tests/support/platform.rs`:
 //!   volume in CI time. On real Crossplane one tree takes about 100 s (a
@@ -32,7 +32,7 @@
 //!   only as an ignored test (crossplane-runtime#1150 with the pinned
 //!   providers); the model's trees still delete namespaces.
 //!
-//! `local-cluster`'s `tests/real_crossplane.rs` does not use the model: it
+//! `local-cluster`'s `tests/real_crossplane/real_crossplane.rs` does not use the model: it
 //! characterizes real Crossplane beside what the model claims (its header
 //! says where they differ).
 //!

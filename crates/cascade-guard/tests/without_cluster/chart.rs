@@ -2,10 +2,10 @@
 //! (by `helm template` and `helm lint`, before anything reaches an API
 //! server), what the templates refuse, and what the optional objects
 //! (ServiceMonitor, NetworkPolicy) and the overridable security contexts
-//! render. The default render is tests/install.rs's: the committed manifest.
+//! render. The default render is tests/api_server/install.rs's: the committed manifest.
 
 #[allow(dead_code)]
-#[path = "support/install.rs"]
+#[path = "../support/install.rs"]
 mod chart;
 
 use std::process::Command;

@@ -9,6 +9,7 @@
 //! Refuse pair, which would open a gap in every other test's kinds. They run
 //! one at a time.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};

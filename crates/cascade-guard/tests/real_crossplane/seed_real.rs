@@ -64,9 +64,9 @@
 //! leaked: every edge its objects state just before the deletes
 //! (`support::invariant`, read independently of cascade-guard's own graph)
 //! kept, and the hand-picked pairs of `Tree::assert_order`. CASCADE_GUARD_SEED replays a
-//! run. The model's randomized test (tests/seed.rs) keeps the larger run.
+//! run. The model's randomized test (tests/api_server/seed.rs) keeps the larger run.
 //!
-//! Timing that real parts impose (tests/real_crossplane.rs in local-cluster
+//! Timing that real parts impose (tests/real_crossplane/real_crossplane.rs in local-cluster
 //! has the findings): a composed Usage re-checks its user every 30 s, a
 //! managed resource deleted within 30 s of its create keeps its finalizer until
 //! then, and the gateway's load balancer takes 40 s to delete (the
@@ -77,6 +77,7 @@
 
 #[path = "seed_real/siblings.rs"]
 mod siblings;
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::BTreeSet;

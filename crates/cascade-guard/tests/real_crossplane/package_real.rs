@@ -14,6 +14,7 @@
 //! is what a delete of it has to cascade; those two compose kinds that only the
 //! providers and the local cloud serve, and stay unready.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! from any client, runs as a foreground cascade. Order is asserted from watch
 //! events: the XR leaves the API only after every blocking dependent.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! only.
 //!
 //! Why this still runs on the model: every scenario of the seed now runs on
-//! real Crossplane (tests/seed_real.rs: the InferenceCluster, the
+//! real Crossplane (tests/real_crossplane/seed_real.rs: the InferenceCluster, the
 //! ModelDeployment and InferenceGateway races, namespace deletion, Crossplane's
 //! own deletes and replays, five random trees with cascade-guard and
 //! Crossplane SIGKILLed) and was retired here. What real Crossplane cannot give
@@ -22,9 +22,10 @@
 //! that needs it still exists. CASCADE_GUARD_SEED replays a run;
 //! CASCADE_GUARD_SEED_ROUNDS runs more rounds.
 
+#[path = "../support/mod.rs"]
 mod support;
 
-#[path = "support/platform.rs"]
+#[path = "../support/platform.rs"]
 mod platform;
 
 use std::time::{Duration, Instant};

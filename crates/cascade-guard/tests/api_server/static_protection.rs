@@ -9,6 +9,7 @@
 //! must refuse with the minimum release named. `scripts/compat.sh` runs it per
 //! release.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};

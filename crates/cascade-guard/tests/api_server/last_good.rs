@@ -3,6 +3,7 @@
 //! across a controller restart, until it names a kind that exists or is
 //! deleted. Against the real control plane, with the real `cascade-guard run`.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::Duration;

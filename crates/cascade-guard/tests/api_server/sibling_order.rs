@@ -6,6 +6,7 @@
 //! (an Off kind), the garbage collector deletes both siblings at once: the
 //! hazard, shown.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::Duration;

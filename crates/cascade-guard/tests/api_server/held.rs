@@ -5,6 +5,7 @@
 //! composed. Also: a cascade cut short again and again is converted again with
 //! backoff, and an explicitly orphaning (break-glass) delete is left alone.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::Duration;

@@ -5,6 +5,7 @@
 //! (cannot reach the cluster). `uninstall` finds a controller run without
 //! leader election.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::process::{Command, Output};

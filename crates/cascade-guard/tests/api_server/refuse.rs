@@ -2,6 +2,7 @@
 //! compiling XRD annotations and CascadePolicies into ValidatingAdmissionPolicies.
 //! Every assertion is about what the API server actually answered or did.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};

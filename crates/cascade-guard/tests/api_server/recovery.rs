@@ -3,6 +3,7 @@
 //! CRD, which it starts using as soon as the CRD is installed. Each test runs
 //! its own control plane, since they restart or leave out parts of it.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

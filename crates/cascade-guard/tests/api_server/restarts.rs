@@ -3,6 +3,7 @@
 //! is down, and uninstall. Nothing is lost, nothing is orphaned, every cascade
 //! runs in the foreground. Set CASCADE_GUARD_SEED to replay a run.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::Duration;

@@ -7,10 +7,11 @@
 //! registry on loopback that scripts/image.sh pushed it to, with the same args
 //! and identity.
 
-#[path = "support/install.rs"]
+#[path = "../support/install.rs"]
 mod chart;
-#[path = "support/image.rs"]
+#[path = "../support/image.rs"]
 mod image;
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::Duration;
@@ -163,7 +164,7 @@ fn the_chart_renders_the_committed_manifest_and_is_locked_down() {
     // One replica: no PodDisruptionBudget (it would block every drain).
     assert!(!has_kind(&render("replicas: 1"), "PodDisruptionBudget"));
     let bad = chart::template_text("xrdDefaultMode: Refused").expect_err("a mode that is not one");
-    // values.schema.json refuses it (tests/chart.rs has the other cases).
+    // values.schema.json refuses it (tests/without_cluster/chart.rs has the other cases).
     assert!(bad.contains("/xrdDefaultMode"), "{bad}");
 }
 

@@ -4,6 +4,7 @@
 //! cascade-guard compiles type-checks cleanly, and a policy that does not is
 //! reported (Event, metric, `cascade-guard status`).
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;

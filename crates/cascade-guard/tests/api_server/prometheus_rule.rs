@@ -5,10 +5,10 @@
 //! rendered object is accepted by a real API server that serves
 //! prometheus-operator's own PrometheusRule CRD, from its module zip. The
 //! chart's ServiceMonitor (templates/servicemonitor.yaml; when it renders is
-//! tests/chart.rs's) likewise against the operator's ServiceMonitor CRD.
+//! tests/without_cluster/chart.rs's) likewise against the operator's ServiceMonitor CRD.
 
 #[allow(dead_code)]
-#[path = "support/install.rs"]
+#[path = "../support/install.rs"]
 mod chart;
 
 use std::path::{Path, PathBuf};
