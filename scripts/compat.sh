@@ -10,6 +10,13 @@
 #
 #   scripts/compat.sh                 every pinned release (testbed/controlplane/build.sh --list)
 #   scripts/compat.sh 1.30 v1.37.2    only these (a minor picks its pinned release)
+#   scripts/compat.sh --only decision-table,type-check 1.31
+#                                     only these checks
+#   scripts/compat.sh --update-readme every check on every pinned release,
+#                                     and the table in README.md's
+#                                     "Supported Kubernetes versions"
+#                                     replaced by this run's, naming its
+#                                     commit
 #
 # With --crossplane, the same for each pinned Crossplane core release
 # (testbed/crossplane/build.sh --list), on the default Kubernetes release: the
@@ -31,9 +38,11 @@ cd "$(dirname "$0")/.."
 
 crossplane=0
 only=
+update_readme=0
 while [ $# -gt 0 ]; do
   case $1 in
   --crossplane) crossplane=1 ;;
+  --update-readme) update_readme=1 ;;
   --only)
     only=$2
     shift
@@ -42,6 +51,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+if [ "$update_readme" = 1 ] && { [ $# -gt 0 ] || [ -n "$only" ] || [ "$crossplane" = 1 ]; }; then
+  echo "compat.sh: --update-readme runs every check on every pinned Kubernetes release, with nothing else" >&2
+  exit 2
+fi
 if [ $# -gt 0 ]; then
   versions=("$@")
 elif [ "$crossplane" = 1 ]; then
@@ -53,6 +66,19 @@ logs=target/compat
 mkdir -p "$logs"
 
 checks=(deletion-semantics decision-table convert-cascade type-check static-protection)
+if [ -n "$only" ] && [ "$crossplane" = 0 ]; then
+  wanted=()
+  for check in "${checks[@]}"; do
+    [[ ,$only, == *,$check,* ]] && wanted+=("$check")
+  done
+  for check in ${only//,/ }; do
+    [[ " ${checks[*]} " == *" $check "* ]] || {
+      echo "compat.sh: no check $check (checks: ${checks[*]})" >&2
+      exit 2
+    }
+  done
+  checks=("${wanted[@]}")
+fi
 # The cargo test arguments of each check: test targets and exact test names.
 check_args() {
   case $1 in
@@ -130,8 +156,42 @@ print_table() {
     for c in "$@"; do line+=" ${result[$r,$c]:-not run} |"; done
     echo "$line"
   done
-  printf '\nchecked on %s at %s; logs in %s/\n' "$(date -u +%Y-%m-%d)" \
-    "$(git rev-parse --short HEAD 2>/dev/null || echo '?')" "$logs"
+  printf '\nchecked on %s at %s; logs in %s/\n' "$(date -u +%Y-%m-%d)" "$(commit)" "$logs"
+}
+
+# The commit checked, marked when the work tree had changes.
+commit() {
+  local c
+  c=$(git rev-parse --short HEAD 2>/dev/null) || {
+    echo '?'
+    return
+  }
+  git diff --quiet HEAD -- . 2>/dev/null || c+=" with uncommitted changes"
+  echo "$c"
+}
+
+# README.md's table of Kubernetes releases, between its two markers, replaced
+# by this run's (without the timings, which are the machine's, not the
+# release's).
+update_readme_table() {
+  local block=$logs/readme-kubernetes.md
+  {
+    echo "Checked on $(date -u +%Y-%m-%d) at commit \`$(commit)\` (\`scripts/compat.sh --update-readme\`, every"
+    echo "pinned release, every check):"
+    print_table Kubernetes etcd "${checks[@]}" | sed '/^checked on /d'
+  } >"$block"
+  python3 - "$block" <<'PY'
+import re, sys
+block = open(sys.argv[1]).read().strip() + "\n"
+text = open("README.md").read()
+begin, end = "<!-- compat-kubernetes: begin -->\n", "<!-- compat-kubernetes: end -->"
+if begin not in text or end not in text:
+    sys.exit("compat.sh: README.md has no compat-kubernetes markers")
+head, rest = text.split(begin, 1)
+_, tail = rest.split(end, 1)
+open("README.md", "w").write(head + begin + block + end + tail)
+PY
+  echo "compat: README.md's table replaced (from $block)" >&2
 }
 
 # The checks on each Crossplane release, and the tests each runs: seed_real's
@@ -286,4 +346,5 @@ for v in "${versions[@]}"; do
 done
 
 print_table Kubernetes etcd "${checks[@]}" build run
+[ "$update_readme" = 0 ] || update_readme_table
 exit "$failed"

@@ -64,6 +64,18 @@ bin=$(testbed/controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin
 echo "$bin"
 
+step "the other pinned Kubernetes releases (testbed/controlplane/build.sh), for the compatibility checks"
+# The suite runs on the newest release; every compatibility check on the
+# oldest; the decision table (Refuse and Convert, every cell through the real
+# API server) on each release between them: beside the tests below. Each
+# release is cached like the newest.
+mapfile -t pinned < <(testbed/controlplane/build.sh --list)
+oldest_kubernetes=${pinned[0]}
+between=("${pinned[@]:1:${#pinned[@]}-2}")
+for release in "$oldest_kubernetes" "${between[@]}"; do
+  testbed/controlplane/build.sh "$release" | tail -n1
+done
+
 step "real Crossplane (testbed/crossplane/build.sh), for tests/real_crossplane/real_crossplane.rs and tests/real_crossplane/seed_real.rs"
 # Crossplane core, function-patch-and-transform, provider-kubernetes and
 # provider-helm, built from the Go module proxy and cached like the control
@@ -128,19 +140,20 @@ if [ -n "$impure" ]; then
 fi
 echo "cascade-guard-policy: no kube client, tokio, hyper or TLS"
 
-step "tests, and the oldest supported Kubernetes and Crossplane releases (scripts/compat.sh) beside the slowest"
-# Every test binary once (scripts/run-test-binaries.sh): tests/real_crossplane/seed_real.rs,
-# which mostly waits on real Crossplane's timers, in the background while the
-# others run in turn; beside them from the start (they too wait on control
-# planes and Crossplane's timers more than on the CPU), the characterization
-# tests, the decision table, Convert's cascade and the type check on 1.30
-# (built first, and cached like the newest); then, on the oldest supported
-# Crossplane v2 release, its
-# characterization tests and the seed tree under Convert (both releases run,
-# whichever fails). `scripts/compat.sh` with no arguments runs every pinned
+step "tests, and every pinned Kubernetes release and the oldest Crossplane release (scripts/compat.sh) beside the slowest"
+# Every test binary once (scripts/run-test-binaries.sh):
+# tests/real_crossplane/seed_real.rs, which mostly waits on real Crossplane's
+# timers, in the background while the others run in turn; beside them from
+# the start (they too wait on control planes and Crossplane's timers more than
+# on the CPU), every compatibility check on the oldest Kubernetes release, the
+# decision table on each release between it and the newest, then, on the
+# oldest supported Crossplane v2 release, its characterization tests and the
+# seed tree under Convert (every run goes on, whichever fails).
+# `scripts/compat.sh` with no arguments runs every check on every pinned
 # Kubernetes release, `scripts/compat.sh --crossplane` every Crossplane one.
 scripts/run-test-binaries.sh --beside "status=0
-scripts/compat.sh 1.30 || status=1
+scripts/compat.sh $oldest_kubernetes || status=1
+scripts/compat.sh --only decision-table ${between[*]} || status=1
 scripts/compat.sh --crossplane --only characterization,seed-convert $oldest_crossplane || status=1
 exit \$status"
 
