@@ -75,6 +75,10 @@
 //! wedge, and the randomized test keeps them; the Refuse and Convert copies
 //! have shorter ones ([`SHORT_LOAD_BALANCER_SECONDS`]).
 
+#[path = "seed_real/guard.rs"]
+mod guard;
+#[path = "seed_real/scene.rs"]
+mod scene;
 #[path = "seed_real/siblings.rs"]
 mod siblings;
 #[path = "../support/mod.rs"]

@@ -24,13 +24,15 @@
 //!   load balancer); the same dozens of trees would take most of CI's 90
 //!   minutes on two cores, so real Crossplane runs them in the opt-in soak
 //!   (`scripts/soak.sh`) and in seed_real's few random trees.
-//! - The InferenceCluster's replica guard (a ClusterUsage per
-//!   ModelDeployment whose refused delete (409) Crossplane replays) appears
-//!   only in the model's trees: the seed's platform for real Crossplane
-//!   (`testbed/crossplane/modelplane/`) does not compose it yet.
-//! - Deleting the namespace of a namespaced v2 XR runs on real Crossplane
-//!   only as an ignored test (crossplane-runtime#1150 with the pinned
-//!   providers); the model's trees still delete namespaces.
+//!
+//! What it served before and real Crossplane now shows: the InferenceCluster
+//! guarded by a ClusterUsage per ModelDeployment, its delete refused (409) and
+//! replayed (cascade-guard's `tests/real_crossplane/seed_real/guard.rs`, with the
+//! decision each attempt met); deleting the namespace of a namespaced v2 XR
+//! (`seed_real/siblings.rs`: kept in order by cascade-guard, then the pinned
+//! providers' crossplane-runtime#1150, asserted exactly so that the test fails
+//! when a pinned provider has the fix). The model's trees still delete
+//! namespaces, among their five clients.
 //!
 //! `local-cluster`'s `tests/real_crossplane/real_crossplane.rs` does not use the model: it
 //! characterizes real Crossplane beside what the model claims (its header

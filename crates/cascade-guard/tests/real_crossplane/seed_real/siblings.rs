@@ -25,197 +25,7 @@
 //!   InferenceCluster's EKSCluster. `plan` names the order beforehand.
 
 use super::*;
-
-/// The ClusterUsage kind (cluster-scoped).
-fn cluster_usages() -> ApiResource {
-    modelplane::resource(
-        "protection.crossplane.io",
-        "v1beta1",
-        "ClusterUsage",
-        "clusterusages",
-    )
-}
-
-type Objects = Vec<(ApiResource, Option<String>, String)>;
-
-/// The objects of one scenario, watched from before they exist.
-struct Scene {
-    what: String,
-    client: Client,
-    objects: Objects,
-    timeline: Timeline,
-}
-
-impl Scene {
-    async fn watch(stack: &Stack, what: &str, objects: Objects) -> Self {
-        let client = stack.cp.admin().await.expect("admin client");
-        let mut watched: Vec<(ApiResource, Option<String>)> = Vec::new();
-        for (r, ns, _) in &objects {
-            if !watched.iter().any(|(w, n)| w == r && n == ns) {
-                watched.push((r.clone(), ns.clone()));
-            }
-        }
-        let timeline = Timeline::start(&client, &watched)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        Self {
-            what: what.to_string(),
-            client,
-            objects,
-            timeline,
-        }
-    }
-
-    async fn apply(&self, resource: &ApiResource, object: Value) {
-        let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        let ns = object["metadata"]["namespace"].as_str();
-        api(&self.client, resource, ns)
-            .patch(
-                name,
-                &PatchParams::apply("seed-real").force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{}: create {} {name}: {e}", self.what, resource.kind));
-    }
-
-    async fn wait_ready(&self, resource: &ApiResource, ns: Option<&str>, name: &str) {
-        let objects = api(&self.client, resource, ns);
-        let ready = wait::until(BUILD_TIMEOUT, || async {
-            is_ready(&objects.get_opt(name).await.ok().flatten()?).then_some(())
-        })
-        .await;
-        assert!(
-            ready.is_some(),
-            "{}: {} {name} never became Ready\n{}",
-            self.what,
-            resource.kind,
-            self.states().await
-        );
-    }
-
-    /// Waits until `name` carries `label` (with `value`, if given).
-    async fn wait_labelled(
-        &self,
-        resource: &ApiResource,
-        ns: Option<&str>,
-        name: &str,
-        label: &str,
-        value: Option<&str>,
-    ) {
-        let objects = api(&self.client, resource, ns);
-        let labelled = wait::until(Duration::from_secs(90), || async {
-            let o = objects.get_opt(name).await.ok().flatten()?;
-            let v = o.labels().get(label)?;
-            value.is_none_or(|want| v == want).then_some(())
-        })
-        .await;
-        assert!(
-            labelled.is_some(),
-            "{}: {} {name} never carried {label}\n{}",
-            self.what,
-            resource.kind,
-            self.states().await
-        );
-    }
-
-    async fn states(&self) -> String {
-        states_of(&self.client, &self.objects).await
-    }
-
-    async fn left(&self) -> Vec<String> {
-        left_of(&self.client, &self.objects).await
-    }
-
-    async fn wait_all_gone(&self, timeout: Duration) {
-        let gone = wait::until(timeout, || async {
-            self.left().await.is_empty().then_some(())
-        })
-        .await;
-        assert!(
-            gone.is_some(),
-            "{}: left {:?}\n{}\n{}",
-            self.what,
-            self.left().await,
-            self.states().await,
-            self.timeline.describe()
-        );
-    }
-
-    /// etcd's revision of `name`'s removal.
-    fn gone(&self, kind: &str, name: &str) -> u64 {
-        match self.timeline.gone(kind, name) {
-            Some(e) => e.revision.unwrap_or(e.seq),
-            None => panic!(
-                "{}: {kind}/{name} never seen leaving\n{}",
-                self.what,
-                self.timeline.describe()
-            ),
-        }
-    }
-
-    /// etcd's revision of the first sight of `name` being deleted.
-    fn terminating(&self, kind: &str, name: &str) -> u64 {
-        match self.timeline.terminating(kind, name) {
-            Some(e) => e.revision.unwrap_or(e.seq),
-            None => panic!(
-                "{}: {kind}/{name} never seen deleting\n{}",
-                self.what,
-                self.timeline.describe()
-            ),
-        }
-    }
-
-    /// `a` left the API before `b`.
-    fn assert_before(&self, (a_kind, a): (&str, &str), (b_kind, b): (&str, &str), why: &str) {
-        let (x, y) = (self.gone(a_kind, a), self.gone(b_kind, b));
-        assert!(
-            x < y,
-            "{}: {a_kind}/{a} left (#{x}) after {b_kind}/{b} (#{y}): {why}\n{}",
-            self.what,
-            self.timeline.describe()
-        );
-    }
-
-    /// No delete of the scene's objects by Crossplane was refused.
-    fn assert_crossplane_never_refused(&self, stack: &Stack) {
-        let events = local_cluster::audit::read(&stack.cp.audit_log_path());
-        let refused = crossplane_refusals(&events, &self.objects);
-        assert!(
-            refused.is_empty(),
-            "{}: Crossplane was refused: {refused:?}",
-            self.what
-        );
-    }
-
-    /// Takes the providers' finalizer off every Release and Object of the
-    /// scene that is being deleted (an operator's way out of a wedge) and
-    /// waits for everything to go.
-    async fn clean_up(&self) {
-        for (r, ns, n) in &self.objects {
-            if r.kind != "Release" && r.kind != "Object" {
-                continue;
-            }
-            let objects = api(&self.client, r, ns.as_deref());
-            let deleting = objects
-                .get_opt(n)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|o| o.metadata.deletion_timestamp.is_some());
-            if deleting {
-                let _ = objects
-                    .patch(
-                        n,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                    )
-                    .await;
-            }
-        }
-        self.wait_all_gone(Duration::from_secs(180)).await;
-    }
-}
+use scene::{Objects, Scene, cluster_usages};
 
 /// The client each mode's deletes come from: Convert a plain `kubectl
 /// delete`, Refuse the `--cascade=foreground` its refusal names, Off a
@@ -709,12 +519,7 @@ async fn usage_between_two_xrs(stack: &Stack, mode: Mode, between: Between) {
             "what runs on the cluster goes before it",
         );
     }
-    scene.assert_crossplane_never_refused(stack);
-    let leaked = modelplane::leaked(
-        &std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default(),
-        &hub,
-    );
-    assert!(leaked.is_empty(), "{}: leaked {leaked:?}", scene.what);
+    scene.assert_nothing_leaked(stack, &hub);
     eprintln!(
         "{}: the used XR deleted only after its user was gone; everything gone in {:?}",
         scene.what,
@@ -919,12 +724,7 @@ async fn nested_need(stack: &Stack, mode: Mode) {
             "what runs on the cluster goes before it",
         );
     }
-    scene.assert_crossplane_never_refused(stack);
-    let leaked = modelplane::leaked(
-        &std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default(),
-        &name,
-    );
-    assert!(leaked.is_empty(), "{}: leaked {leaked:?}", scene.what);
+    scene.assert_nothing_leaked(stack, &name);
     eprintln!(
         "{}: in order, nothing wedged or leaked, in {:?}",
         scene.what,
