@@ -12,6 +12,10 @@
 #   testbed/controlplane/build.sh          the newest pinned release
 #   testbed/controlplane/build.sh 1.30     the pinned release of that minor (or an exact v1.30.14)
 #   testbed/controlplane/build.sh --list   the pinned releases, oldest first
+#   testbed/controlplane/build.sh --cached 1.31
+#                                          builds nothing: prints the bin
+#                                          directory if that release is
+#                                          cached, else fails
 #   CASCADE_GUARD_CACHE=/some/dir          where to cache (default ~/.cache/cascade-guard)
 set -euo pipefail
 
@@ -25,6 +29,11 @@ pinned=$(cd "$here/releases" && ls -d v1.* | sort -V)
 if [ "${1:-}" = --list ]; then
   echo "$pinned"
   exit 0
+fi
+only_cached=0
+if [ "${1:-}" = --cached ]; then
+  only_cached=1
+  shift
 fi
 
 resolve() {
@@ -80,5 +89,10 @@ build_release() {
   done
 }
 
+if [ "$only_cached" = 1 ]; then
+  [ -d "$bin" ] || exit 1
+  echo "$bin"
+  exit 0
+fi
 go_install "$bin" build_release
 echo "$bin"
