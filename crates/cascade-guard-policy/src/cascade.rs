@@ -75,8 +75,9 @@ impl Observed {
     }
 }
 
-/// What cascade-guard itself remembers of an object's deletion (in memory; a
-/// restart forgets it, which costs one redundant Foreground delete).
+/// What cascade-guard itself remembers of an object's deletion (in memory,
+/// and whether it converted the delete on the object itself, as
+/// [`crate::names::CONVERTED_ANNOTATION`]: see [`Memory::restored`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Memory {
     /// Foreground deletes cascade-guard has issued for this object.
@@ -87,6 +88,23 @@ pub struct Memory {
     /// orphaned the dependents it drops `orphan`, and the object must still
     /// not be converted.
     pub orphaned: bool,
+}
+
+impl Memory {
+    /// The memory of a replica that may not have seen the conversion (a
+    /// restart, a new leader): an object marked converted counts as converted
+    /// once, so that the state machine goes on from a finished or cut-short
+    /// cascade instead of starting it again.
+    pub fn restored(self, marked_converted: bool) -> Self {
+        if marked_converted && self.conversions == 0 {
+            Memory {
+                conversions: 1,
+                ..self
+            }
+        } else {
+            self
+        }
+    }
 }
 
 /// What is known of an XR's blocking dependents: its composed resources
@@ -337,6 +355,51 @@ mod tests {
                 "deleting={deleting} held={held} fg={fg} {shape:?} conversions={conversions} {deps:?}"
             );
         }
+    }
+
+    /// A new leader (nothing in memory) finds an object it converted before,
+    /// marked on the object, with `foregroundDeletion` cleared: it goes on
+    /// from there (looks at an XR's composed resources, confirms for other
+    /// kinds) instead of issuing the first Foreground delete again.
+    #[test]
+    fn a_conversion_marked_on_the_object_survives_a_restart() {
+        use Dependents::*;
+        let now = Instant::now();
+        let cleared = |shape| obs(true, true, false, shape);
+        let fresh = Memory::default();
+        let cases = [
+            (Shape::CompositeResource, false, NotLookedUp, Step::Convert),
+            (
+                Shape::CompositeResource,
+                true,
+                NotLookedUp,
+                Step::LookUpDependents,
+            ),
+            (Shape::CompositeResource, true, None, Step::Release),
+            (Shape::CompositeResource, true, Remaining(2), Step::Convert),
+            (Shape::Other, false, NotLookedUp, Step::Convert),
+            (Shape::Other, true, NotLookedUp, Step::Convert),
+        ];
+        for (shape, marked, deps, want) in cases {
+            assert_eq!(
+                next_step(
+                    cleared(shape),
+                    fresh.restored(marked),
+                    deps,
+                    now,
+                    Carry::ToTheEnd
+                ),
+                want,
+                "{shape:?} marked={marked} {deps:?}"
+            );
+        }
+        // What this replica remembers itself is kept.
+        let seen = Memory {
+            conversions: 3,
+            ..Memory::default()
+        };
+        assert_eq!(seen.restored(true), seen);
+        assert_eq!(seen.restored(false), seen);
     }
 
     /// Out of reach (relabelled out of a selector, or the kind no longer

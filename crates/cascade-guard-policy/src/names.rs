@@ -27,6 +27,15 @@ pub const BREAK_GLASS_VERB: &str = "use";
 /// delete is allowed.
 pub const FOREGROUND_CASCADE_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
 
+/// Annotation cascade-guard writes on an object of a Convert kind once it has
+/// turned its delete into a foreground cascade. What it remembers of a
+/// deletion survives a restart or a change of leader this way: a new leader
+/// that finds it does not issue the first Foreground delete again, which
+/// could re-add `foregroundDeletion` just after the garbage collector cleared
+/// it at the end of the cascade and leave it to a garbage collector that may
+/// not look again.
+pub const CONVERTED_ANNOTATION: &str = "cascade-guard.dev/converted";
+
 /// The Kubernetes garbage collector's finalizer for a foreground cascade.
 pub const FOREGROUND_DELETION_FINALIZER: &str = "foregroundDeletion";
 

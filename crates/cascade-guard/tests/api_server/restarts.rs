@@ -8,6 +8,9 @@ mod support;
 
 use std::time::Duration;
 
+use cascade_guard::policy::names::{
+    CONVERTED_ANNOTATION, FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER,
+};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -374,4 +377,99 @@ async fn a_restart_mid_teardown_keeps_what_sibling_order_holds() {
         "tree-1",
         "the restart let go of what sibling order held",
     );
+}
+
+/// A conversion survives a restart: cascade-guard converts a Background delete
+/// and marks the XR converted, is SIGKILLed, and the garbage collector ends
+/// the cascade while it is down (`foregroundDeletion` cleared, the XR still
+/// held by cascade-guard's finalizer). The next replica, with nothing in
+/// memory, reads the mark and lets the XR go: it issues no second Foreground
+/// delete, which would re-add `foregroundDeletion` for a garbage collector
+/// that has already finished with the object (found by the random faults on
+/// real Crossplane: a new leader's re-add right after the garbage
+/// collector's clear, around an API server restart, was never cleared again).
+#[tokio::test]
+async fn a_conversion_marked_on_the_xr_is_not_issued_again_after_a_restart() {
+    let _serial = SERIAL.lock().await;
+    let env = bare_env().await;
+    let _stop = env.controllers_stop_on_drop();
+    let s = Scope::new(&env.cp, "marked").await;
+    let resource = CONVERT.resource();
+    let first = env.start_controller(&["--no-leader-election"]);
+    let timeline = tree_timeline(&s.client, &resource, &s.namespace).await;
+    create_tree(&s.client, &resource, &s.namespace, "marked", 2).await;
+    wait_held(&s.client, &resource, &s.namespace, "marked").await;
+    let got = delete(
+        &s.client,
+        &resource,
+        &s.namespace,
+        "marked",
+        &DeleteSpec::propagation("Background"),
+    )
+    .await;
+    assert!(got.allowed(), "{got:?}");
+    let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &s.namespace, &resource);
+    let has = |xr: &DynamicObject, finalizer: &str| xr.finalizers().iter().any(|f| f == finalizer);
+    let converted = wait::until(Duration::from_secs(60), || async {
+        let xr = xrs.get_opt("marked").await.ok().flatten()?;
+        (xr.annotations().contains_key(CONVERTED_ANNOTATION)
+            && has(&xr, FOREGROUND_DELETION_FINALIZER))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        converted.is_some(),
+        "never converted and marked: {:?}",
+        xrs.get_opt("marked").await
+    );
+    env.kill_controller(first);
+
+    // The composed resources let go while cascade-guard is down: the garbage
+    // collector ends the cascade.
+    let _provider = Provider::start(s.client.clone(), s.namespace.clone(), Duration::ZERO);
+    let ended = wait::until(Duration::from_secs(60), || async {
+        let xr = xrs.get_opt("marked").await.ok().flatten()?;
+        (!has(&xr, FOREGROUND_DELETION_FINALIZER) && has(&xr, FOREGROUND_CASCADE_FINALIZER))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        ended.is_some(),
+        "the garbage collector never ended the cascade: {:?}",
+        xrs.get_opt("marked").await
+    );
+
+    let second = env.start_controller(&["--no-leader-election"]);
+    let gone = timeline
+        .wait_gone(&resource.kind, "marked", Duration::from_secs(60))
+        .await;
+    assert!(
+        gone.is_some(),
+        "the XR was never let go:\n{}",
+        timeline.describe()
+    );
+    let conversions: Vec<_> = local_cluster::audit::read(&env.cp.audit_log_path())
+        .into_iter()
+        .filter(|e| {
+            e.verb == "delete"
+                && e.effective_username() == CONTROLLER_USER
+                && e.is_about(&resource.plural, &s.namespace, "marked")
+        })
+        .map(|e| {
+            (
+                e.propagation_policy().map(str::to_string),
+                e.response_code(),
+            )
+        })
+        .collect();
+    let logs = [first, second].map(|n| {
+        std::fs::read_to_string(env.cp.log_path(&format!("cascade-guard-{n}"))).unwrap_or_default()
+    });
+    assert_eq!(
+        conversions,
+        [(Some("Foreground".to_string()), Some(200))],
+        "cascade-guard's deletes of the XR; its logs:\n{}",
+        logs.join("\n----\n")
+    );
+    env.stop_controller(second);
 }

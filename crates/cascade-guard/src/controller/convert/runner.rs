@@ -26,7 +26,7 @@ use crate::controller::backoff::WatchBackoff;
 use crate::controller::telemetry::Metrics;
 use crate::policy::ProtectedKind;
 use crate::policy::cascade::{Carry, Reach};
-use crate::policy::names::FOREGROUND_CASCADE_FINALIZER;
+use crate::policy::names::{CONVERTED_ANNOTATION, FOREGROUND_CASCADE_FINALIZER};
 
 struct Running {
     kind: ConvertKind,
@@ -266,11 +266,16 @@ impl Converter {
     }
 }
 
-/// Drops the metadata Convert never reads before an object is cached.
+/// Drops the metadata Convert never reads before an object is cached: every
+/// annotation but its own mark of a conversion.
 fn slim(object: &mut Meta) {
     let meta = &mut object.metadata;
     meta.managed_fields = None;
-    meta.annotations = None;
+    meta.annotations = meta
+        .annotations
+        .take()
+        .and_then(|mut a| a.remove_entry(CONVERTED_ANNOTATION))
+        .map(|(k, v)| [(k, v)].into());
     meta.owner_references = None;
     meta.generate_name = None;
 }

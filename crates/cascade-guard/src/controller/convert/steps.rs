@@ -14,6 +14,7 @@ use super::writes::{self, Reissue};
 use crate::controller::backoff::step_retry;
 use crate::policy::Shape;
 use crate::policy::cascade::{Dependents, LetGo, Step, next_step};
+use crate::policy::names::CONVERTED_ANNOTATION;
 
 /// A failed write of `step` on object `name`.
 fn failed(step: &'static str, name: &str) -> impl FnOnce(kube::Error) -> StepError {
@@ -62,7 +63,9 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
     };
     let observed = ctx.observe(object);
     let now = Instant::now();
-    let decide = |dependents| next_step(observed, ctx.memory(&uid), dependents, now, ctx.carry);
+    let marked = object.annotations().contains_key(CONVERTED_ANNOTATION);
+    let memory = ctx.memory(&uid).restored(marked);
+    let decide = |dependents| next_step(observed, memory, dependents, now, ctx.carry);
     let mut step = decide(Dependents::NotLookedUp);
     // A cascade cascade-guard holds: what it waits for, for the stall clock
     // (and for the decision, when that needs it).
@@ -95,7 +98,7 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
             Ok(Action::await_change())
         }
         Step::Convert => {
-            let first = ctx.memory(&uid).conversions == 0;
+            let first = memory.conversions == 0;
             match writes::convert(&api, &name, &uid).await {
                 Ok(Reissue::Converted) => {}
                 Ok(Reissue::Gone) => {
@@ -105,10 +108,16 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
                 Err(source) => return Err(failed("convert", &name)(source)),
             }
             ctx.remember(&uid, |m| {
+                *m = m.restored(marked);
                 m.conversions += 1;
                 m.last_conversion = Some(Instant::now());
             });
             if first {
+                // Unmarked, a restart costs one more Foreground delete: worth
+                // a warning, not a retry of the conversion.
+                if let Err(e) = writes::mark_converted(&api, &name, &uid).await {
+                    tracing::warn!(kind = %ctx.label, %name, error = %e, "could not mark the object converted");
+                }
                 ctx.metrics.conversion(&ctx.label);
                 ctx.metrics.cascade_started(&ctx.label);
                 ctx.publish(
@@ -248,6 +257,13 @@ mod tests {
         }))
     }
 
+    /// The first conversion marked on the object.
+    fn mark() -> Exchange {
+        Exchange::patch(PATCHED).body(json!({
+            "metadata": {"uid": "u1", "annotations": {"cascade-guard.dev/converted": "true"}},
+        }))
+    }
+
     fn release(ops: Value) -> Exchange {
         Exchange::patch(PATCHED).body(ops)
     }
@@ -273,6 +289,7 @@ mod tests {
         let in_foreground = metadata("u1", "9", &[HELD, FOREGROUND], true);
         let script = vec![
             convert().ok(in_foreground.clone()),
+            mark().ok(metadata("u1", "9", &[HELD, FOREGROUND], true)),
             event("Normal", "ForegroundCascade"),
             // The garbage collector cleared foregroundDeletion: once more to
             // confirm (no second Event), then let go.
@@ -327,6 +344,7 @@ mod tests {
             convert().fails(says::INTERNAL, "etcdserver: request timed out"),
             convert().fails(says::INTERNAL, "etcdserver: request timed out"),
             convert().ok(metadata("u1", "9", &[HELD, FOREGROUND], true)),
+            mark().ok(metadata("u1", "9", &[HELD, FOREGROUND], true)),
             event("Normal", "ForegroundCascade"),
         ];
         let waits = against(script, async |c| {

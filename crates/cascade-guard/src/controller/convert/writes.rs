@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::Meta;
 use crate::controller::MANAGER;
-use crate::policy::names::FOREGROUND_CASCADE_FINALIZER;
+use crate::policy::names::{CONVERTED_ANNOTATION, FOREGROUND_CASCADE_FINALIZER};
 
 /// The object's own endpoint: namespaced or cluster-wide as the object is.
 pub(super) fn object_api(client: &Client, resource: &ApiResource, object: &Meta) -> Api<Meta> {
@@ -137,6 +137,25 @@ pub(super) async fn convert(
     match api.delete(name, &params).await {
         Ok(_) => Ok(Reissue::Converted),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Reissue::Gone),
+        Err(e) => Err(e),
+    }
+}
+
+/// Marks the object converted ([`CONVERTED_ANNOTATION`]), on the object of
+/// `uid` only (a merge patch's uid is a precondition). Gone is done.
+pub(super) async fn mark_converted(
+    api: &Api<Meta>,
+    name: &str,
+    uid: &str,
+) -> Result<(), kube::Error> {
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let patch = json!({"metadata": {"uid": uid, "annotations": {CONVERTED_ANNOTATION: "true"}}});
+    match api.patch(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(e),
     }
 }
