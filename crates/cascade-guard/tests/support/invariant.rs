@@ -336,6 +336,21 @@ pub struct Fate {
     /// again while the resource is deleted, and the garbage collector takes
     /// that one only after the resource is gone.
     pub made_again: bool,
+    /// Its removal was missed by the watch and found by a list
+    /// ([`Missed`]): it left after this revision, no later than
+    /// `first_gone`'s.
+    pub missed_after: Option<u64>,
+}
+
+/// A removal the timeline's watch never reported: across an API server
+/// restart the watch lists again (its old revision is older than the new
+/// server's watch cache), and a list reports no deletes. A list found the
+/// object gone: it left after revision `after` (the last the timeline saw
+/// of it) and no later than `by` (the list's revision).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Missed {
+    pub after: u64,
+    pub by: u64,
 }
 
 /// The UID of each object of a snapshot, so that [`fate`] follows that
@@ -373,6 +388,7 @@ pub fn fate(entries: &[Entry], object: &ObjectRef, uid: Option<&str>) -> Option<
             last_gone: None,
             still_there: true,
             made_again: false,
+            missed_after: None,
         });
         f.still_there = e.change != Change::Gone;
         if e.change == Change::Gone {
@@ -381,6 +397,35 @@ pub fn fate(entries: &[Entry], object: &ObjectRef, uid: Option<&str>) -> Option<
         }
     }
     fate
+}
+
+/// [`fate`], with a removal the watch missed ([`Missed`]) for an object it
+/// last saw still there: the watch's own record wins when it has one.
+pub fn fate_with(
+    entries: &[Entry],
+    object: &ObjectRef,
+    uid: Option<&str>,
+    missed: Option<Missed>,
+) -> Option<Fate> {
+    let mut fate = fate(entries, object, uid)?;
+    if let Some(m) = missed.filter(|_| fate.still_there) {
+        let mark = Mark {
+            revision: Some(m.by),
+            seq: u64::MAX,
+        };
+        fate.first_gone.get_or_insert(mark);
+        fate.last_gone = Some(mark);
+        fate.still_there = false;
+        fate.missed_after = Some(m.after);
+    }
+    Some(fate)
+}
+
+/// The revisions within which an object left: one for a removal the watch
+/// saw, a range for one it missed; `None` without a revision.
+fn gone_within(mark: Mark, missed_after: Option<u64>) -> Option<(u64, u64)> {
+    let by = mark.revision?;
+    Some((missed_after.map_or(by, |a| a + 1), by))
 }
 
 /// An edge's outcome.
@@ -397,6 +442,13 @@ pub enum Verdict {
     Broken { needer: Option<Mark>, needed: Mark },
     /// The timeline never saw one of them: nothing checked.
     Unseen(ObjectRef),
+    /// Both left, and the watch missed when one of them did ([`Missed`]):
+    /// the revisions within which each left overlap, so the order is not
+    /// known. Nothing checked.
+    Unsure {
+        needer: (u64, u64),
+        needed: (u64, u64),
+    },
 }
 
 impl Verdict {
@@ -437,6 +489,11 @@ impl fmt::Display for Verdict {
                 needed.show()
             ),
             Verdict::Unseen(r) => write!(f, "unseen: the timeline never saw {r}"),
+            Verdict::Unsure { needer, needed } => write!(
+                f,
+                "unsure (a removal the watch missed): needer gone within revs {}..={}, needed within {}..={}",
+                needer.0, needer.1, needed.0, needed.1
+            ),
         }
     }
 }
@@ -450,6 +507,33 @@ pub fn judge(edge: &Edge, fate: impl Fn(&ObjectRef) -> Option<Fate>) -> Verdict 
         return Verdict::Unseen(edge.needed.clone());
     };
     let left = needer.last_gone.filter(|_| !needer.still_there);
+    // A missed removal is known within revisions only: in order when the
+    // needer surely left first, broken when the needed surely did.
+    if needer.missed_after.is_some() || needed.missed_after.is_some() {
+        let within = left.and_then(|a| gone_within(a, needer.missed_after)).zip(
+            needed
+                .first_gone
+                .and_then(|b| gone_within(b, needed.missed_after)),
+        );
+        if let (Some((a, b)), Some((x, y))) = (left.zip(needed.first_gone), within) {
+            return if x.1 < y.0 {
+                Verdict::InOrder {
+                    needer: a,
+                    needed: b,
+                }
+            } else if y.1 < x.0 {
+                Verdict::Broken {
+                    needer: Some(a),
+                    needed: b,
+                }
+            } else {
+                Verdict::Unsure {
+                    needer: x,
+                    needed: y,
+                }
+            };
+        }
+    }
     match (left, needed.first_gone) {
         (Some(a), Some(b)) if a.before(b) => Verdict::InOrder {
             needer: a,
@@ -491,6 +575,7 @@ pub fn tally(verdicts: &[(&Edge, Verdict)]) -> String {
             Verdict::NeitherLeft => "neither left",
             Verdict::Broken { .. } => "BROKEN",
             Verdict::Unseen(_) => "unseen",
+            Verdict::Unsure { .. } => "unsure (a removal the watch missed)",
         };
         *counts.entry(sort).or_default() += 1;
     }
@@ -755,6 +840,45 @@ fn invariant_edges_and_verdicts_table() {
         },
     );
     assert!(a.before(b) && !b.before(a));
+    // A removal the watch missed (it listed again across an API server
+    // restart): the Object, last seen at rev 3, found gone by a list at rev
+    // 9, surely before the Cluster (rev 11); found only at rev 12, unsure;
+    // and surely after the Release (rev 10) had it been seen at rev 10.
+    let (entries_ref, object_ref) = (&entries, &object);
+    let missed = |after, by| {
+        move |r: &ObjectRef| {
+            fate_with(
+                entries_ref,
+                r,
+                None,
+                (r == object_ref).then_some(Missed { after, by }),
+            )
+        }
+    };
+    let found = Mark {
+        revision: Some(9),
+        seq: u64::MAX,
+    };
+    assert_eq!(
+        judge(&edge(&object, &cluster), missed(3, 9)),
+        Verdict::InOrder {
+            needer: found,
+            needed: mark(7, 11)
+        }
+    );
+    assert_eq!(
+        judge(&edge(&object, &cluster), missed(3, 12)),
+        Verdict::Unsure {
+            needer: (4, 12),
+            needed: (11, 11)
+        }
+    );
+    assert!(judge(&edge(&object, &release), missed(10, 12)).is_broken());
+    // The watch's own record wins over a list's.
+    assert_eq!(
+        fate_with(&entries, &release, None, Some(Missed { after: 2, by: 20 })),
+        fate_of(&release)
+    );
     let all = [edge(&release, &cluster), edge(&object, &cluster)];
     let broken = broken(&all, fate_of);
     assert_eq!(broken.len(), 1);

@@ -28,7 +28,10 @@ use std::path::PathBuf;
 
 pub use binaries::{CROSSPLANE_BIN_DIR_ENV, CoreVersion, CrossplaneBinaries, crossplane_dir};
 pub use function::FUNCTION_NAME;
-pub use provider::{PROVIDER_HELM_USER, PROVIDER_KUBERNETES_USER};
+pub use provider::{
+    PROVIDER_HELM_PROCESS, PROVIDER_HELM_USER, PROVIDER_KUBERNETES_PROCESS,
+    PROVIDER_KUBERNETES_USER,
+};
 pub use stack::{CORE_PROCESS, Crossplane, CrossplaneOptions, CrossplaneState, resident_kb};
 
 /// The user Crossplane core acts as, as with the default Helm chart.

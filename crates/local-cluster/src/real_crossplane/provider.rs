@@ -13,6 +13,10 @@ use crate::process::{self, Lifetime, Process, Surroundings};
 pub const PROVIDER_KUBERNETES_USER: &str =
     "system:serviceaccount:crossplane-system:provider-kubernetes";
 pub const PROVIDER_HELM_USER: &str = "system:serviceaccount:crossplane-system:provider-helm";
+/// provider-kubernetes' process, for [`super::Crossplane::kill`].
+pub const PROVIDER_KUBERNETES_PROCESS: &str = "provider-kubernetes";
+/// provider-helm's process, for [`super::Crossplane::kill`].
+pub const PROVIDER_HELM_PROCESS: &str = "provider-helm";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProviderKind {
@@ -23,8 +27,8 @@ pub enum ProviderKind {
 impl ProviderKind {
     pub fn name(self) -> &'static str {
         match self {
-            Self::Kubernetes => "provider-kubernetes",
-            Self::Helm => "provider-helm",
+            Self::Kubernetes => PROVIDER_KUBERNETES_PROCESS,
+            Self::Helm => PROVIDER_HELM_PROCESS,
         }
     }
 

@@ -346,9 +346,14 @@ impl Crossplane {
 
     /// SIGKILLs the process named `name` (`crossplane` for core, a
     /// provider's or the function's name), as the OOM killer or a lost node
-    /// would: no chance to clean up. Start it with [`Crossplane::start_again`].
+    /// would: no chance to clean up (nothing if it is not running). Start it
+    /// with [`Crossplane::start_again`].
     pub fn kill(&mut self, name: &str) -> Result<(), Error> {
-        self.process(name)?.kill();
+        let process = self.process(name)?;
+        // Once killed its id is free: never signal it twice.
+        if process.is_running() {
+            process.kill();
+        }
         Ok(())
     }
 
@@ -356,6 +361,20 @@ impl Crossplane {
     /// network namespace, with the same arguments and log.
     pub fn start_again(&mut self, name: &str) -> Result<(), Error> {
         Ok(self.process(name)?.start_again()?)
+    }
+
+    /// Starts again every process of the stack that is not running (killed,
+    /// or exited on its own while the API server was away); returns their
+    /// names.
+    pub fn start_all_again(&mut self) -> Result<Vec<String>, Error> {
+        let mut started = Vec::new();
+        for p in &mut self.processes {
+            if !p.is_running() {
+                p.start_again()?;
+                started.push(p.name.clone());
+            }
+        }
+        Ok(started)
     }
 
     fn process(&mut self, name: &str) -> Result<&mut Process, Error> {
