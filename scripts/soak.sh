@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Opt-in soak on real Crossplane: `scripts/soak.sh N` tears down N random
-# InferenceCluster trees in rounds (SOAK_TREES_PER_ROUND at once, 5 unless
-# set), each round one random mode (Refuse or Convert), random clients and
-# delays, and, at random moments, cascade-guard and Crossplane core SIGKILLed
-# and started again. Every tree must leave in order (nothing on a cloud cluster
-# after it), with nothing wedged or leaked. Prints the seed and each round's
-# kills; CASCADE_GUARD_SEED replays a run. Needs root (network namespaces).
-# Each round takes about 4 to 6 minutes.
+# InferenceCluster trees in rounds (SOAK_TREES_PER_ROUND at once, 8 unless
+# set), each round one random mode (Off, Refuse or Convert), random clients
+# and delays, and zero to three faults at random moments (the leader of two
+# cascade-guard replicas, Crossplane core or a provider SIGKILLed, the API
+# server restarted). Under Refuse and Convert every edge must hold, with
+# nothing wedged or leaked; under Off the broken edges are printed. Prints the
+# seed and each tree's shape, client and faults; CASCADE_GUARD_SEED replays a
+# run. Needs root (network namespaces). Each round takes about 4 to 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:?usage: scripts/soak.sh N}
-per_round=${SOAK_TREES_PER_ROUND:-5}
+per_round=${SOAK_TREES_PER_ROUND:-8}
 rounds=$(( (n + per_round - 1) / per_round ))
 LOCAL_CLUSTER_BIN_DIR=$(testbed/controlplane/build.sh)
 LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$(testbed/crossplane/build.sh)
