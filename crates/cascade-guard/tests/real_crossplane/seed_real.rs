@@ -84,6 +84,8 @@
 mod guard;
 #[path = "seed_real/scene.rs"]
 mod scene;
+#[path = "seed_real/shapes.rs"]
+mod shapes;
 #[path = "seed_real/siblings.rs"]
 mod siblings;
 #[path = "../support/mod.rs"]
@@ -218,7 +220,24 @@ struct Slot {
 
 async fn stack() -> &'static Stack {
     static STACK: OnceCell<Stack> = OnceCell::const_new();
-    STACK.get_or_init(start).await
+    static SUPERVISED: std::sync::Once = std::sync::Once::new();
+    let stack = STACK.get_or_init(start).await;
+    // As the Deployment would: a replica that exits on its own (its Lease
+    // lost when a loaded machine delays a renewal) is started again, for
+    // every test, not only during the random round. A thread, not a task:
+    // each test has a runtime of its own, and the stack outlives them all.
+    SUPERVISED.call_once(|| {
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_secs(2));
+                let started = stack.start_replicas(false);
+                if !started.is_empty() {
+                    eprintln!("cascade-guard replicas that exited started again: {started:?}");
+                }
+            }
+        });
+    });
+    stack
 }
 
 /// The stack, and a read guard that keeps the randomized test's kills away
@@ -634,40 +653,13 @@ impl Tree {
             Some(SYSTEM_NAMESPACE.to_string()),
             format!("{}-kubeconfig", self.name),
         );
-        let mut snapshot = Vec::new();
-        let mut uids = Vec::new();
-        for (r, ns, n) in self.objects().into_iter().chain([secret]) {
-            let mut o = api(&self.client, &r, ns.as_deref())
-                .get_opt(&n)
-                .await
-                .unwrap_or_else(|e| panic!("snapshot of {}/{n}: {e}", r.kind))
-                .unwrap_or_else(|| panic!("snapshot of {}: {}/{n} is missing", self.name, r.kind));
-            o.types = Some(kube::api::TypeMeta {
-                api_version: r.api_version.clone(),
-                kind: r.kind.clone(),
-            });
-            if r.kind == "Secret" {
-                o.data = json!({});
-            }
-            uids.extend(o.metadata.uid.clone());
-            snapshot.push(serde_json::to_value(&o).expect("an object as JSON"));
-        }
-        for r in provider_config_usages() {
-            let usages = api(&self.client, &r, Some(SYSTEM_NAMESPACE));
-            let Ok(list) = usages.list(&Default::default()).await else {
-                continue;
-            };
-            for mut o in list.items {
-                if o.owner_references().iter().any(|o| uids.contains(&o.uid)) {
-                    o.types = Some(kube::api::TypeMeta {
-                        api_version: r.api_version.clone(),
-                        kind: r.kind.clone(),
-                    });
-                    snapshot.push(serde_json::to_value(&o).expect("an object as JSON"));
-                }
-            }
-        }
-        snapshot
+        snapshot_of(
+            &self.client,
+            &self.name,
+            self.objects().into_iter().chain([secret]),
+            [Some(SYSTEM_NAMESPACE.to_string())],
+        )
+        .await
     }
 
     /// Every edge of the tree's snapshot (`support::invariant::edges`) kept
@@ -691,36 +683,15 @@ impl Tree {
         .await;
         let entries = self.timeline.entries();
         let fate = |r: &invariant::ObjectRef| fate_in(&entries, r);
-        let verdicts = invariant::judge_all(edges, fate);
-        let broken = invariant::broken(edges, fate);
-        let unjudged: Vec<_> = verdicts
-            .iter()
-            .filter(|(_, v)| {
-                matches!(
-                    v,
-                    invariant::Verdict::NeitherLeft
-                        | invariant::Verdict::Unseen(_)
-                        | invariant::Verdict::Unsure { .. }
-                )
-            })
-            .collect();
-        let list = |v: &mut dyn Iterator<Item = &(&invariant::Edge, invariant::Verdict)>| {
-            v.map(|(e, v)| format!("  {e}: {v}"))
-                .collect::<Vec<_>>()
-                .join("\n")
+        let tally = match invariant::all_kept(edges, fate) {
+            Ok(tally) => tally,
+            Err(report) => panic!(
+                "{what}: {report}\nleft: {:?}\n{}\n{}",
+                self.left().await,
+                self.states().await,
+                self.timeline.describe()
+            ),
         };
-        assert!(
-            broken.is_empty() && unjudged.is_empty(),
-            "{what}: of {} edges, {} broken:\n{}\nand {} not judged:\n{}\nleft: {:?}\n{}\n{}",
-            edges.len(),
-            broken.len(),
-            list(&mut broken.iter()),
-            unjudged.len(),
-            list(&mut unjudged.into_iter()),
-            self.left().await,
-            self.states().await,
-            self.timeline.describe()
-        );
         // Said, not failed: what came back under a snapshotted name (a
         // ProviderConfigUsage its provider wrote again) is not the object
         // the snapshot read.
@@ -729,7 +700,7 @@ impl Tree {
             .filter(|r| fate(r).is_some_and(|f| f.made_again))
             .map(|r| r.to_string())
             .collect();
-        let mut tally = invariant::tally(&verdicts);
+        let mut tally = tally;
         if !again.is_empty() {
             tally.push_str(&format!(
                 "; made again under a name after it left: {again:?}"
@@ -1357,6 +1328,55 @@ fn platform_objects(tree: &Tree) -> ApiResource {
         .expect("the tree has an Object")
 }
 
+/// `objects` as they are now, for `support::invariant::edges` (a Secret's
+/// data left out), and the ProviderConfigUsages in `usage_namespaces` that
+/// any of them owns. `what` names the scenario in a failure.
+async fn snapshot_of(
+    client: &Client,
+    what: &str,
+    objects: impl IntoIterator<Item = (ApiResource, Option<String>, String)>,
+    usage_namespaces: impl IntoIterator<Item = Option<String>>,
+) -> Vec<Value> {
+    let typed = |mut o: DynamicObject, r: &ApiResource| {
+        o.types = Some(kube::api::TypeMeta {
+            api_version: r.api_version.clone(),
+            kind: r.kind.clone(),
+        });
+        o
+    };
+    let mut snapshot = Vec::new();
+    let mut uids = Vec::new();
+    for (r, ns, n) in objects {
+        let found = api(client, &r, ns.as_deref())
+            .get_opt(&n)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: snapshot of {}/{n}: {e}", r.kind))
+            .unwrap_or_else(|| panic!("{what}: snapshot: {}/{n} is missing", r.kind));
+        let mut o = typed(found, &r);
+        if r.kind == "Secret" {
+            o.data = json!({});
+        }
+        uids.extend(o.metadata.uid.clone());
+        snapshot.push(serde_json::to_value(&o).expect("an object as JSON"));
+    }
+    for ns in usage_namespaces {
+        for r in provider_config_usages() {
+            let Ok(list) = api(client, &r, ns.as_deref())
+                .list(&Default::default())
+                .await
+            else {
+                continue;
+            };
+            for o in list.items {
+                if o.owner_references().iter().any(|o| uids.contains(&o.uid)) {
+                    snapshot.push(serde_json::to_value(typed(o, &r)).expect("an object as JSON"));
+                }
+            }
+        }
+    }
+    snapshot
+}
+
 /// Crossplane's deletes of `objects` that were refused (403).
 fn crossplane_refusals(
     events: &[local_cluster::audit::Event],
@@ -1758,31 +1778,9 @@ async fn claim_outcome(stack: &Stack, mode: Mode, how: ClaimDelete) -> Result<St
                 .and_then(|rest| rest.split(". To abandon").next())
                 .map(str::trim)
                 .ok_or_else(|| format!("no command in the refusal: {said}"))?;
-            let kubectl_dir = stack
-                .kubectl
-                .parent()
-                .map(|d| d.display().to_string())
-                .unwrap_or_default();
-            let out = tokio::process::Command::new("sh")
-                .arg("-c")
-                .arg(format!("{command} --wait=false"))
-                .env("KUBECONFIG", stack.cp.kubeconfig_path())
-                .env(
-                    "PATH",
-                    format!(
-                        "{kubectl_dir}:{}",
-                        std::env::var("PATH").unwrap_or_default()
-                    ),
-                )
-                .output()
+            shapes::follow(stack, command)
                 .await
-                .expect("sh runs");
-            if !out.status.success() {
-                return Err(format!(
-                    "the claim's commands `{command}` failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
+                .map_err(|e| format!("the claim's commands `{command}` failed: {e}"))?;
             format!("refused: {}; ran: {command}", said.trim())
         }
         (_, false) => return Err(format!("the claim's delete was refused: {said}")),

@@ -565,6 +565,42 @@ pub fn broken(edges: &[Edge], fate: impl Fn(&ObjectRef) -> Option<Fate>) -> Vec<
         .collect()
 }
 
+/// Every edge kept and judged (what Refuse and Convert must show): the
+/// tally, or what was broken and what could not be judged, listed.
+pub fn all_kept(
+    edges: &[Edge],
+    fate: impl Fn(&ObjectRef) -> Option<Fate>,
+) -> Result<String, String> {
+    let verdicts = judge_all(edges, &fate);
+    let broken: Vec<_> = verdicts.iter().filter(|(_, v)| v.is_broken()).collect();
+    let unjudged: Vec<_> = verdicts
+        .iter()
+        .filter(|(_, v)| {
+            matches!(
+                v,
+                Verdict::NeitherLeft | Verdict::Unseen(_) | Verdict::Unsure { .. }
+            )
+        })
+        .collect();
+    if broken.is_empty() && unjudged.is_empty() {
+        return Ok(tally(&verdicts));
+    }
+    let list = |v: &[&(&Edge, Verdict)]| {
+        v.iter()
+            .map(|(e, v)| format!("  {e}: {v}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    Err(format!(
+        "of {} edges, {} broken:\n{}\nand {} not judged:\n{}",
+        edges.len(),
+        broken.len(),
+        list(&broken),
+        unjudged.len(),
+        list(&unjudged)
+    ))
+}
+
 /// How many verdicts of each sort, e.g. `in order 24, kept 2`.
 pub fn tally(verdicts: &[(&Edge, Verdict)]) -> String {
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();

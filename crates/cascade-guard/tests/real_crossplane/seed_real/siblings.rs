@@ -563,7 +563,7 @@ async fn under_refuse_a_cluster_usage_keeps_the_used_xr_until_its_user_is_gone()
 /// InferenceCluster's cloud cluster. The edge's Releases need ProviderConfigs
 /// two levels down in the sibling (Fleet, InferenceCluster, EKSCluster,
 /// ProviderConfig), through a Secret written one more level down.
-async fn install_fleet(
+pub(super) async fn install_fleet(
     client: &Client,
     mode: Mode,
     platform: &modelplane::Platform,
