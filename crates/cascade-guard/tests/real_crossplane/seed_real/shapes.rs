@@ -282,7 +282,10 @@ async fn wait_label(
     what: &str,
 ) {
     let objects = target.api(client);
-    let labelled = wait::until(Duration::from_secs(90), || async {
+    // A bound for a hold that never comes: a new leader (a replica that lost
+    // its Lease under CI's load) first waits out the Lease, then a complete
+    // pass of every kind.
+    let labelled = wait::until(Duration::from_secs(240), || async {
         let o = objects.get_opt(&target.name).await.ok().flatten()?;
         let v = o.labels().get(label)?;
         value.is_none_or(|want| v == want).then_some(())
