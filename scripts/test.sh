@@ -60,6 +60,27 @@ if [ -n "$found" ]; then
 fi
 echo "nothing reads or names a folder beside the repository"
 
+step "free disk space"
+# A full disk shows up far from its cause (CI once saw the linker die with a
+# bus error): say it first. A warm run writes a few gigabytes (the test
+# binaries, the control planes' logs); a cold one adds the Go build cache of
+# every release it builds.
+free_gb() { df -Pk "$1" | awk 'NR == 2 { print int($4 / 1048576) }'; }
+cache=${XDG_CACHE_HOME:-$HOME/.cache}
+mkdir -p "$cache"
+for place in . "$cache"; do
+  gb=$(free_gb "$place")
+  echo "$gb GB free where $place is"
+  if [ "$gb" -lt 4 ]; then
+    echo "only $gb GB free where $place is: a run needs more; the largest users are" \
+      "target/, $(go env GOCACHE 2>/dev/null || echo "Go's build cache") (go clean -cache)" \
+      "and $cache/cascade-guard" >&2
+    exit 1
+  elif [ "$gb" -lt 20 ]; then
+    echo "warning: a cold run may need up to 20 GB here" >&2
+  fi
+done
+
 step "control plane binaries (testbed/controlplane/build.sh)"
 bin=$(testbed/controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin

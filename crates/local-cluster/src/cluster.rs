@@ -632,7 +632,11 @@ fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     Ok(ports)
 }
 
-fn new_scratch_dir() -> Result<PathBuf, Error> {
+/// A new scratch directory under /dev/shm (or the temp dir), named after this
+/// process: whatever the process leaves there is removed by a later start once
+/// the process is gone, so a test that never drops what it keeps there leaks
+/// nothing past its process.
+pub fn new_scratch_dir() -> Result<PathBuf, Error> {
     let base = if Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
     } else {

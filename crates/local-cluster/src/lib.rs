@@ -25,6 +25,6 @@ pub mod wait;
 pub use binaries::{BIN_DIR_ENV, Binaries, controlplane_dir, testbed_dir};
 pub use cluster::{
     CONTROLLER_MANAGER_USER, ControlPlane, GC_SERVICE_ACCOUNT_USER,
-    NAMESPACE_CONTROLLER_SERVICE_ACCOUNT_USER, Options, ProcessState, State,
+    NAMESPACE_CONTROLLER_SERVICE_ACCOUNT_USER, Options, ProcessState, State, new_scratch_dir,
 };
 pub use error::Error;

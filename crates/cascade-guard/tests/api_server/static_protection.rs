@@ -58,11 +58,11 @@ fn static_dir_of(env: &Env) -> PathBuf {
 
 async fn static_env() -> Env {
     let mut options = support::options();
-    // The directory lives in the control plane's own (scratch) directory,
-    // which is chosen at start: give the control plane one of ours.
-    let dir = std::env::temp_dir().join(format!("cg-static-cp-{}", std::process::id()));
-    // A directory left by an earlier run with the same pid would hold its etcd.
-    let _ = std::fs::remove_dir_all(&dir);
+    // The directory lives in the control plane's own directory, which is
+    // chosen at start: give the control plane one of ours, a scratch directory
+    // that a later start removes once this test binary is gone (the control
+    // plane lives in a static and is never dropped).
+    let dir = local_cluster::new_scratch_dir().expect("a scratch directory");
     options.dir = Some(dir.clone());
     options.static_manifests_dir = Some(dir.join("static-manifests"));
     options.feature_gates = vec![format!("{FEATURE_GATE}=true")];

@@ -80,8 +80,8 @@ pub fn push(tag: &str) -> String {
 
 /// `crane registry serve` on a free loopback port, in memory; its address.
 fn start_registry() -> (Process, String) {
-    let dir = std::env::temp_dir().join(format!("cascade-guard-registry-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("registry dir");
+    // Removed by a later start once this test binary is gone.
+    let dir = local_cluster::new_scratch_dir().expect("registry dir");
     let log = dir.join("registry.log");
     let registry = process::spawn(
         "registry",

@@ -79,13 +79,14 @@ pub fn template_text(values: &str) -> Result<String, String> {
 /// The same, as if the cluster also served `api_versions` (helm's
 /// `--api-versions`, what `.Capabilities.APIVersions.Has` sees).
 pub fn template_text_with(values: &str, api_versions: &[&str]) -> Result<String, String> {
-    let dir = std::env::temp_dir().join(format!("cascade-guard-values-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("values dir");
     // One file per call: parallel tests may render the same values, and each
     // removes its file when helm is done.
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let file = dir.join(format!("values-{call}.yaml"));
+    let file = std::env::temp_dir().join(format!(
+        "cascade-guard-values-{}-{call}.yaml",
+        std::process::id()
+    ));
     std::fs::write(&file, values).expect("values file");
     let out = Command::new(helm())
         .args(["template", RELEASE])
