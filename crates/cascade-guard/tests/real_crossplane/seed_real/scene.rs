@@ -14,6 +14,31 @@ pub(crate) fn cluster_usages() -> ApiResource {
     )
 }
 
+/// A cluster-scoped v2 XRD of `kind` in `group` (version v1) whose spec takes
+/// anything, carrying `mode` in the policy annotation: a composite that only
+/// exists to compose others.
+pub(crate) fn open_cluster_xrd(group: &str, kind: &str, plural: &str, mode: Mode) -> Value {
+    json!({
+        "apiVersion": "apiextensions.crossplane.io/v2",
+        "kind": "CompositeResourceDefinition",
+        "metadata": {
+            "name": format!("{plural}.{group}"),
+            "annotations": {POLICY_ANNOTATION: mode.as_str()},
+        },
+        "spec": {
+            "group": group,
+            "names": {"kind": kind, "plural": plural},
+            "scope": "Cluster",
+            "versions": [{
+                "name": "v1", "served": true, "referenceable": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object"},
+                }}},
+            }],
+        },
+    })
+}
+
 pub(crate) type Objects = Vec<(ApiResource, Option<String>, String)>;
 
 /// The objects of one scenario, watched from before they exist.

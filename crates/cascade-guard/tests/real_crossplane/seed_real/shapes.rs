@@ -38,7 +38,7 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use scene::{Objects, cluster_usages};
+use scene::{Objects, cluster_usages, open_cluster_xrd};
 use siblings::install_fleet;
 
 /// Labels every tree's top object, for a DeleteCollection by label.
@@ -308,25 +308,7 @@ async fn install_region(client: &Client, mode: Mode, fleets: &ApiResource) -> Ap
     apply_cluster_object(
         client,
         &v2_xrds(),
-        json!({
-            "apiVersion": "apiextensions.crossplane.io/v2",
-            "kind": "CompositeResourceDefinition",
-            "metadata": {
-                "name": format!("regions.{group}"),
-                "annotations": {POLICY_ANNOTATION: mode.as_str()},
-            },
-            "spec": {
-                "group": group,
-                "names": {"kind": "Region", "plural": "regions"},
-                "scope": "Cluster",
-                "versions": [{
-                    "name": "v1", "served": true, "referenceable": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                        "spec": {"type": "object"},
-                    }}},
-                }],
-            },
-        }),
+        open_cluster_xrd(&group, "Region", "regions", mode),
     )
     .await;
     let fleet = json!({

@@ -25,7 +25,7 @@
 //!   InferenceCluster's EKSCluster. `plan` names the order beforehand.
 
 use super::*;
-use scene::{Objects, Scene, cluster_usages};
+use scene::{Objects, Scene, cluster_usages, open_cluster_xrd};
 
 /// The client each mode's deletes come from: Convert a plain `kubectl
 /// delete`, Refuse the `--cascade=foreground` its refusal names, Off a
@@ -574,25 +574,7 @@ pub(super) async fn install_fleet(
     apply_cluster_object(
         client,
         &v2_xrds(),
-        json!({
-            "apiVersion": "apiextensions.crossplane.io/v2",
-            "kind": "CompositeResourceDefinition",
-            "metadata": {
-                "name": format!("fleets.{group}"),
-                "annotations": {POLICY_ANNOTATION: mode.as_str()},
-            },
-            "spec": {
-                "group": group,
-                "names": {"kind": "Fleet", "plural": "fleets"},
-                "scope": "Cluster",
-                "versions": [{
-                    "name": "v1", "served": true, "referenceable": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                        "spec": {"type": "object"},
-                    }}},
-                }],
-            },
-        }),
+        open_cluster_xrd(&group, "Fleet", "fleets", mode),
     )
     .await;
     let format = |fmt: &str| json!([{"type": "string", "string": {"type": "Format", "fmt": fmt}}]);
