@@ -51,6 +51,10 @@ while [ "${1:-}" = --then ] || [ "${1:-}" = --beside ] || [ "${1:-}" = --group ]
 done
 logs=target/test-logs
 mkdir -p "$logs"
+# seed_real records when each of its tests started and ended (printed below
+# its log): what to shorten when it is the long pole.
+export SEED_REAL_TIMES=$PWD/$logs/seed_real-times.tsv
+rm -f "$SEED_REAL_TIMES"
 
 # name, package directory and executable of every test binary (unit tests of
 # each crate, and each integration test), from cargo's own build messages;
@@ -142,6 +146,10 @@ for name in "${!pids[@]}"; do
   fi
   echo "==> $name (in the background; $status, ${SECONDS}s after this script's start, waited $((SECONDS - start))s for it)"
   cat "$logs/$name.log"
+  if [ "$name" = seed_real ] && [ -s "$SEED_REAL_TIMES" ]; then
+    echo "==> seed_real's tests by end (seconds from its first test: start, end, test)"
+    sort -t$'\t' -k3 -n "$SEED_REAL_TIMES" | awk -F'\t' '{ printf "%6d %6d  %s %s\n", $2, $3, $1, $4 }'
+  fi
 done
 
 if [ ${#failed[@]} -gt 0 ]; then

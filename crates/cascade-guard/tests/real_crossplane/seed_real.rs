@@ -243,9 +243,81 @@ async fn stack() -> &'static Stack {
 /// The stack, and a read guard that keeps the randomized test's kills away
 /// until the caller's test ends. Take it once per test: a second one could
 /// wait behind the randomized test, which waits for the first.
-async fn shared_stack() -> (&'static Stack, tokio::sync::RwLockReadGuard<'static, ()>) {
+async fn shared_stack() -> (&'static Stack, Shared) {
+    let clock = TestClock::start();
     let stack = stack().await;
-    (stack, stack.exclusive.read().await)
+    let guard = stack.exclusive.read().await;
+    (
+        stack,
+        Shared {
+            _guard: guard,
+            _clock: clock,
+        },
+    )
+}
+
+/// A test's hold on the shared stack (see [`shared_stack`]), timed.
+struct Shared {
+    _guard: tokio::sync::RwLockReadGuard<'static, ()>,
+    _clock: TestClock,
+}
+
+/// When a test started and ended, in seconds from the binary's first test:
+/// appended as `test<TAB>start<TAB>end` to the file named by
+/// `SEED_REAL_TIMES`, if set (scripts/run-test-binaries.sh sets it), so that
+/// the binary's critical path can be read after a run.
+struct TestClock {
+    test: String,
+    started: Instant,
+}
+
+impl TestClock {
+    fn epoch() -> Instant {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *EPOCH.get_or_init(Instant::now)
+    }
+
+    fn start() -> Self {
+        Self::part("")
+    }
+
+    /// A part of the test, named after it: `what` is added to its name.
+    fn part(what: &str) -> Self {
+        Self::epoch();
+        Self {
+            test: format!("{}{what}", std::thread::current().name().unwrap_or("?")),
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Drop for TestClock {
+    fn drop(&mut self) {
+        let Some(path) = std::env::var_os("SEED_REAL_TIMES") else {
+            return;
+        };
+        let epoch = Self::epoch();
+        let line = format!(
+            "{}\t{:.0}\t{:.0}{}\n",
+            self.test,
+            self.started.duration_since(epoch).as_secs_f64(),
+            epoch.elapsed().as_secs_f64(),
+            if std::thread::panicking() {
+                "\tfailed"
+            } else {
+                ""
+            },
+        );
+        use std::io::Write;
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = written {
+            eprintln!("cannot record the test's time in {path:?}: {e}");
+        }
+    }
 }
 
 async fn start() -> Stack {
@@ -1999,6 +2071,7 @@ async fn random_delete(stack: &Stack, tree: &Tree, how: How, mode: Mode) {
 #[tokio::test]
 async fn random_trees_clients_and_kills_never_lose_a_cluster_first() {
     // No read guard: each round takes the stack for writing (random_round).
+    let _clock = TestClock::start();
     let stack = stack().await;
     let mut rng = support::rng::Rng::from_env("seed_real random");
     let trees: usize = std::env::var("CASCADE_GUARD_REAL_TREES")
@@ -2217,7 +2290,9 @@ async fn random_round(
     // The faults below reach every test: the round waits until no other
     // test runs, and has the stack to itself until its trees are gone. Only
     // once they are built, so that the builds overlap the other tests.
+    let waited = TestClock::part(" (waiting for the other tests)");
     let _owner = stack.exclusive.write().await;
+    drop(waited);
     stack.put_mode(platform, mode).await;
     stack.enter(mode, &built[0]).await;
     // Convert holds every InferenceCluster before any delete is sent.
