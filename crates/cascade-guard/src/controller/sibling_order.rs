@@ -13,6 +13,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -30,8 +31,8 @@ use std::sync::Arc;
 
 use super::MANAGER;
 use super::telemetry::Metrics;
-use crate::cluster::kinds::ServedKinds;
-use crate::cluster::tree::read_tree;
+use crate::cluster::kinds::{Served, ServedKinds};
+use crate::cluster::tree::{TreeRead, read_tree};
 use crate::cluster::unhold;
 use crate::policy::drift::first_difference;
 use crate::policy::hold::{
@@ -51,6 +52,20 @@ const TEARDOWN_TICK: Duration = Duration::from_millis(200);
 const SETTLING_SECS: i64 = 120;
 /// Discovery (which kinds exist, in which versions) is read again this often.
 const DISCOVERY_EVERY: Duration = Duration::from_secs(30);
+/// How many lists, or trees, are read at once in a tick.
+const READS_AT_ONCE: usize = 8;
+
+/// A root whose tree is read this tick.
+struct Due {
+    /// 0: being deleted, 1: never read, 2: the rest.
+    rank: u8,
+    uid: String,
+    rv: String,
+    kind: String,
+    served: Served,
+    namespace: Option<String>,
+    name: String,
+}
 
 /// The kinds whose trees are ordered: Refuse and Convert ones, each with the
 /// selectors of its policies (none: every object).
@@ -178,14 +193,35 @@ impl SiblingOrder {
         // as orphaned in such a tick.
         let mut listed_all = true;
         let was_tearing_down = std::mem::take(&mut self.tearing_down);
-        for (group, kind, selectors) in &ordered.0 {
-            let Some(served) = kinds.of_kind(Some(group), kind).next().cloned() else {
-                continue;
-            };
-            let list = match ServedKinds::api(&self.client, &served, None)
-                .list_metadata(&ListParams::default())
-                .await
-            {
+        // Every kind listed, and every due tree read, several at once: one
+        // at a time, a pass over many trees on a loaded API server took
+        // minutes, and a tree created meanwhile went that long unordered
+        // (seen in CI). The reads only read; the writes below stay in order.
+        let client = &self.client.clone();
+        // Owned inputs: a closure over borrowed ones is not general enough
+        // for the spawned loop.
+        let listable: Vec<(String, String, Vec<Selector>, Served)> = ordered
+            .0
+            .iter()
+            .filter_map(|(group, kind, selectors)| {
+                let served = kinds.of_kind(Some(group), kind).next().cloned()?;
+                Some((group.clone(), kind.clone(), selectors.clone(), served))
+            })
+            .collect();
+        let lists: Vec<_> = futures::stream::iter(listable.into_iter().map(
+            |(group, kind, selectors, served)| async move {
+                let list = ServedKinds::api(client, &served, None)
+                    .list_metadata(&ListParams::default())
+                    .await;
+                (group, kind, selectors, served, list)
+            },
+        ))
+        .buffered(READS_AT_ONCE)
+        .collect()
+        .await;
+        let mut due = Vec::new();
+        for (group, kind, selectors, served, list) in lists {
+            let list = match list {
                 Ok(list) => list.items,
                 Err(e) => {
                     listed_all = false;
@@ -212,28 +248,59 @@ impl SiblingOrder {
                     continue;
                 }
                 seen.insert(uid.clone());
-                let due = match self.roots.get(&uid) {
+                let deleting = meta.metadata.deletion_timestamp.is_some();
+                let last = self.roots.get(&uid);
+                let is_due = match last {
                     None => true,
                     Some((last_rv, at, active)) => {
-                        *active
-                            || *last_rv != rv
-                            || meta.metadata.deletion_timestamp.is_some()
-                            || at.elapsed() > self.resync
+                        *active || *last_rv != rv || deleting || at.elapsed() > self.resync
                     }
                 };
-                if due {
-                    let namespace = meta.namespace();
-                    let root = ServedKinds::api(&self.client, &served, namespace.as_deref())
-                        .get_opt(&meta.name_any())
-                        .await;
-                    match root {
-                        Ok(Some(root)) => {
-                            let active = self.reconcile(&kinds, &root).await;
-                            self.roots.insert(uid, (rv, Instant::now(), active));
-                        }
-                        Ok(None) => {}
-                        Err(e) => tracing::warn!(%kind, error = %e, "sibling order: cannot read"),
-                    }
+                if is_due {
+                    due.push(Due {
+                        // A tree being deleted first, then one never read:
+                        // those are what a late pass would cost.
+                        rank: if deleting {
+                            0
+                        } else if last.is_none() {
+                            1
+                        } else {
+                            2
+                        },
+                        uid,
+                        rv,
+                        kind: kind.clone(),
+                        served: served.clone(),
+                        namespace: meta.namespace(),
+                        name: meta.name_any(),
+                    });
+                }
+            }
+        }
+        due.sort_by_key(|d| d.rank);
+        let kinds_read = &kinds;
+        let read: Vec<_> = futures::stream::iter(due.into_iter().map(|d| async move {
+            let root = ServedKinds::api(client, &d.served, d.namespace.as_deref())
+                .get_opt(&d.name)
+                .await;
+            let tree = match &root {
+                Ok(Some(root)) => Some(read_tree(client, kinds_read, root).await),
+                _ => None,
+            };
+            (d, root, tree)
+        }))
+        .buffered(READS_AT_ONCE)
+        .collect()
+        .await;
+        for (d, root, tree) in read {
+            match (root, tree) {
+                (Ok(Some(root)), Some(tree)) => {
+                    let active = self.reconcile(&kinds, &root, tree).await;
+                    self.roots.insert(d.uid, (d.rv, Instant::now(), active));
+                }
+                (Ok(_), _) => {}
+                (Err(e), _) => {
+                    tracing::warn!(kind = %d.kind, error = %e, "sibling order: cannot read")
                 }
             }
         }
@@ -280,11 +347,15 @@ impl SiblingOrder {
     /// Brings one tree's labels to what its graph says; true while anything
     /// in it is being deleted or was just changed, or the tree is young (it
     /// is then read every tick).
-    async fn reconcile(&mut self, kinds: &ServedKinds, root: &DynamicObject) -> bool {
+    async fn reconcile(
+        &mut self,
+        kinds: &ServedKinds,
+        root: &DynamicObject,
+        read: TreeRead,
+    ) -> bool {
         let Some(root_uid) = root.uid() else {
             return false;
         };
-        let read = read_tree(&self.client, kinds, root).await;
         let graph = match order::graph(&read.objects, &root_uid) {
             Ok(graph) => graph,
             Err(e) => {
