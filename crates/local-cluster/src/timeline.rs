@@ -2,11 +2,12 @@
 //! watches, to assert order (an owner outlived its dependents) rather than
 //! sample state at a few instants.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::api::{ApiResource, DynamicObject, PartialObjectMeta};
+use kube::api::{ApiResource, DynamicObject, ListParams, PartialObjectMeta};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
@@ -41,6 +42,52 @@ pub struct Entry {
     /// delete). Arrival order (`seq`) across separate watches is not the
     /// API server's order for changes milliseconds apart.
     pub revision: Option<u64>,
+    /// A removal the watch never reported, found by its re-list (after an
+    /// expired revision or an API server restart, a watch lists again, and a
+    /// list reports no removals): the object left after this revision (the
+    /// last seen of it) and no later than `revision` (a list's after the
+    /// re-list).
+    pub missed_after: Option<u64>,
+}
+
+/// Records a removal the watch missed for each of `missed` (uids its re-list
+/// no longer showed), bounded by a list's revision read now.
+async fn record_missed(
+    log: &Mutex<Log>,
+    lister: &Api<PartialObjectMeta<DynamicObject>>,
+    group: &str,
+    kind: &str,
+    present: &mut HashMap<String, (String, Option<String>, Option<u64>)>,
+    missed: Vec<String>,
+) {
+    let by = lister
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .ok()
+        .and_then(|l| l.metadata.resource_version)
+        .and_then(|rv| rv.parse().ok());
+    let Ok(mut log) = log.lock() else {
+        return;
+    };
+    for uid in missed {
+        let Some((name, namespace, last)) = present.remove(&uid) else {
+            continue;
+        };
+        let seq = log.next;
+        log.next += 1;
+        log.entries.push(Entry {
+            seq,
+            at: Instant::now(),
+            group: group.to_string(),
+            kind: kind.to_string(),
+            namespace,
+            name,
+            uid,
+            change: Change::Gone,
+            revision: by,
+            missed_after: Some(last.unwrap_or(0)),
+        });
+    }
 }
 
 #[derive(Default)]
@@ -87,18 +134,58 @@ impl Timeline {
             ready.push((watch, ready_rx, last_error.clone()));
             tasks.push(tokio::spawn(async move {
                 let mut ready_tx = Some(ready_tx);
+                let lister = api.clone();
                 let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+                // What is there as last seen (uid: name, namespace, revision),
+                // and, during a re-list, what the list has shown so far.
+                let mut present: HashMap<String, (String, Option<String>, Option<u64>)> =
+                    HashMap::new();
+                let mut relisted: Option<HashSet<String>> = None;
                 while let Some(event) = stream.next().await {
                     let (object, gone) = match event {
-                        Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => (o, false),
+                        Ok(Event::Apply(o)) => (o, false),
+                        Ok(Event::InitApply(o)) => {
+                            if let (Some(seen), Some(uid)) =
+                                (relisted.as_mut(), o.metadata.uid.as_ref())
+                            {
+                                seen.insert(uid.clone());
+                            }
+                            (o, false)
+                        }
                         Ok(Event::Delete(o)) => (o, true),
+                        // The watch lists again after an error (its revision
+                        // expired, the API server restarted); a list reports
+                        // no removals.
+                        Ok(Event::Init) => {
+                            if ready_tx.is_none() {
+                                relisted = Some(HashSet::new());
+                            }
+                            continue;
+                        }
                         Ok(Event::InitDone) => {
                             if let Some(tx) = ready_tx.take() {
                                 let _ = tx.send(());
                             }
+                            if let Some(seen) = relisted.take() {
+                                let missed: Vec<String> = present
+                                    .keys()
+                                    .filter(|uid| !seen.contains(*uid))
+                                    .cloned()
+                                    .collect();
+                                if !missed.is_empty() {
+                                    record_missed(
+                                        &log,
+                                        &lister,
+                                        &group,
+                                        &kind,
+                                        &mut present,
+                                        missed,
+                                    )
+                                    .await;
+                                }
+                            }
                             continue;
                         }
-                        Ok(Event::Init) => continue,
                         Err(e) => {
                             if let Ok(mut last) = last_error.lock() {
                                 *last = Some(e.to_string());
@@ -111,9 +198,16 @@ impl Timeline {
                         .resource_version
                         .as_deref()
                         .and_then(|rv| rv.parse().ok());
+                    let uid = meta.uid.unwrap_or_default();
+                    let name = meta.name.unwrap_or_default();
                     let change = if gone {
+                        present.remove(&uid);
                         Change::Gone
                     } else {
+                        present.insert(
+                            uid.clone(),
+                            (name.clone(), meta.namespace.clone(), revision),
+                        );
                         Change::Seen {
                             terminating: meta.deletion_timestamp.is_some(),
                             finalizers: meta.finalizers.unwrap_or_default(),
@@ -128,10 +222,11 @@ impl Timeline {
                             group: group.clone(),
                             kind: kind.clone(),
                             namespace: meta.namespace,
-                            name: meta.name.unwrap_or_default(),
-                            uid: meta.uid.unwrap_or_default(),
+                            name,
+                            uid,
                             change,
                             revision,
+                            missed_after: None,
                         });
                     }
                 }

@@ -392,8 +392,21 @@ pub fn fate(entries: &[Entry], object: &ObjectRef, uid: Option<&str>) -> Option<
         });
         f.still_there = e.change != Change::Gone;
         if e.change == Change::Gone {
-            f.first_gone.get_or_insert(mark(e));
-            f.last_gone = Some(mark(e));
+            // A removal the watch missed (its re-list found it gone) is
+            // known within revisions only; without a list's revision, no
+            // later bound at all.
+            let m = match e.missed_after {
+                Some(after) => {
+                    f.missed_after.get_or_insert(after);
+                    Mark {
+                        revision: Some(e.revision.unwrap_or(u64::MAX)),
+                        seq: e.seq,
+                    }
+                }
+                None => mark(e),
+            };
+            f.first_gone.get_or_insert(m);
+            f.last_gone = Some(m);
         }
     }
     fate
@@ -782,6 +795,7 @@ fn invariant_edges_and_verdicts_table() {
             }
         },
         revision: Some(revision),
+        missed_after: None,
     };
     let entries = vec![
         entry(0, "cloud.io", "Cluster", "t", false, 1),
@@ -915,6 +929,32 @@ fn invariant_edges_and_verdicts_table() {
         fate_with(&entries, &release, None, Some(Missed { after: 2, by: 20 })),
         fate_of(&release)
     );
+    // The same found by the timeline's own re-list (an entry marked
+    // missed): a range as above; without a list's revision, no upper bound.
+    let relisted = |by: Option<u64>| {
+        let mut more = entries.clone();
+        more.push(Entry {
+            seq: 12,
+            change: Change::Gone,
+            revision: by,
+            missed_after: Some(3),
+            ..entries[2].clone()
+        });
+        more
+    };
+    let (at_9, unknown) = (relisted(Some(9)), relisted(None));
+    assert!(matches!(
+        judge(&edge(&object, &cluster), |r: &ObjectRef| fate(
+            &at_9, r, None
+        )),
+        Verdict::InOrder { .. }
+    ));
+    assert!(matches!(
+        judge(&edge(&object, &cluster), |r: &ObjectRef| fate(
+            &unknown, r, None
+        )),
+        Verdict::Unsure { .. }
+    ));
     let all = [edge(&release, &cluster), edge(&object, &cluster)];
     let broken = broken(&all, fate_of);
     assert_eq!(broken.len(), 1);
