@@ -23,8 +23,9 @@
 //! providers and cascade-guard and restarts kube-apiserver, has the stack
 //! to itself (see `Stack::exclusive`). cargo
 //! runs as many tests at once as there are cores unless told otherwise:
-//! `--test-threads=16` has them all at once (scripts/run-test-binaries.sh
-//! passes it).
+//! `--test-threads=64` has them all at once (scripts/run-test-binaries.sh
+//! passes it). All at once matters: a test started late, after the
+//! randomized test has asked for the stack, waits until that test is done.
 //!
 //! And a legacy XRD with a claim, in each mode (its own XRD per mode, so
 //! concurrently): deleting the claim ends with everything gone (in order,
@@ -788,12 +789,7 @@ impl Tree {
         let edges = &invariant::edges(snapshot);
         let uids = invariant::uids(snapshot);
         let entries = self.timeline.entries();
-        let fate = |r: &invariant::ObjectRef| self.fate_of(&entries, &uids, r);
-        let broken = invariant::broken(edges, fate)
-            .into_iter()
-            .map(|(e, v)| format!("{e}: {v}"))
-            .collect();
-        let tally = invariant::tally(&invariant::judge_all(edges, fate));
+        let (broken, tally) = invariant::measure(edges, |r| self.fate_of(&entries, &uids, r));
         (edges.len(), broken, tally)
     }
 
@@ -832,56 +828,10 @@ impl Tree {
         .is_some()
     }
 
-    /// Leaves nothing of the tree, whatever its teardown left, as an
-    /// operator does with a wedged tree: first the providers' finalizers of
-    /// the managed resources stuck on a cluster that is gone, then (after a
-    /// minute, for what those held) every finalizer of whatever is still
-    /// terminating, and a delete of whatever nobody deleted.
+    /// Leaves nothing of the tree, whatever its teardown left
+    /// ([`clean_up_completely`]).
     async fn clean_up_completely(&self) {
-        let started = Instant::now();
-        let gone = wait::until(Duration::from_secs(240), || async {
-            let escalate = started.elapsed() > Duration::from_secs(60);
-            let mut left = false;
-            for (r, ns, n) in self.objects() {
-                let objects = api(&self.client, &r, ns.as_deref());
-                let o = match objects.get_opt(&n).await {
-                    Ok(Some(o)) => o,
-                    Ok(None) => continue,
-                    Err(_) => {
-                        left = true;
-                        continue;
-                    }
-                };
-                left = true;
-                let managed = r.kind == "Release" || r.kind == "Object";
-                if o.metadata.deletion_timestamp.is_none() {
-                    if escalate {
-                        let _ = objects.delete(&n, &DeleteParams::background()).await;
-                    }
-                } else if !o.finalizers().is_empty() && (managed || escalate) {
-                    let _ = objects
-                        .patch(
-                            &n,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                        )
-                        .await;
-                }
-            }
-            if left {
-                // Each pass writes: give what it did time to act.
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
-            (!left).then_some(())
-        })
-        .await;
-        assert!(
-            gone.is_some(),
-            "{}: clean-up left {:?}\n{}",
-            self.name,
-            self.left().await,
-            self.states().await
-        );
+        clean_up_completely(&self.client, &self.name, &self.objects()).await;
     }
 
     /// Waits for the cloud cluster to leave the API.
@@ -1859,18 +1809,14 @@ async fn claim_outcome(stack: &Stack, mode: Mode, how: ClaimDelete) -> Result<St
         (_, true) => format!("kubectl said: {}", said.trim()),
     };
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    // A namespace finishes on its controller's next retry, which backs off
-    // while the claim's cascade runs; under CI's load (two cores, 14 random
-    // trees beside) its last retry came after 180 s, with everything in it
-    // gone: the bound is for a wedge, not for speed.
+    // The namespace controller deletes the claim only on a retry, which
+    // backs off (under CI's load its retry came minutes late): the bound is
+    // for a wedge, not for speed. The namespace itself: below.
     let limit = match how {
         ClaimDelete::Namespace(_) => Duration::from_secs(300),
         _ => Duration::from_secs(120),
     };
     let gone = wait::until(limit, || async {
-        if let ClaimDelete::Namespace(ns) = how {
-            namespaces.get_opt(ns).await.ok()?.is_none().then_some(())?;
-        }
         timeline.gone(&claims.kind, name)?;
         let xr = timeline.gone(&xrs.kind, &xr_name)?;
         let maps: Option<Vec<_>> = composed
@@ -1888,6 +1834,9 @@ async fn claim_outcome(stack: &Stack, mode: Mode, how: ClaimDelete) -> Result<St
             timeline.describe()
         ));
     };
+    if let ClaimDelete::Namespace(ns) = how {
+        namespace_finishes(&namespaces, ns).await?;
+    }
     let in_order = maps.iter().all(|m| m.seq < xr.seq);
     // Off is the seed's failure: the XR goes first and leaves its resources
     // to the garbage collector.
@@ -1900,6 +1849,57 @@ async fn claim_outcome(stack: &Stack, mode: Mode, how: ClaimDelete) -> Result<St
             timeline.describe()
         ))
     }
+}
+
+/// Waits for the namespace `ns`, whose content is gone, to finish. The
+/// namespace controller retries a namespace whose discovery failed (this
+/// stack's tests make and delete CRDs all the time) with a back-off that
+/// grows to 1,000 s; seen in CI with everything in the namespace gone for
+/// minutes. So after a minute a write to the namespace queues it at once (its
+/// conditions said first), as an operator would look at it; it must then
+/// finish.
+async fn namespace_finishes(
+    namespaces: &Api<k8s_openapi::api::core::v1::Namespace>,
+    ns: &str,
+) -> Result<(), String> {
+    let gone = || async { namespaces.get_opt(ns).await.ok()?.is_none().then_some(()) };
+    if wait::until(Duration::from_secs(60), gone).await.is_some() {
+        return Ok(());
+    }
+    let conditions = |n: Option<k8s_openapi::api::core::v1::Namespace>| {
+        n.and_then(|n| n.status?.conditions).map(|c| {
+            c.iter()
+                .map(|c| {
+                    format!(
+                        "{}={} ({})",
+                        c.type_,
+                        c.status,
+                        c.message.clone().unwrap_or_default()
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let before = conditions(namespaces.get_opt(ns).await.ok().flatten());
+    eprintln!(
+        "namespace {ns}: its content gone, not finished after 60 s; its conditions: {before:?}; queued again by a write"
+    );
+    let _ = namespaces
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"seed-real/nudged": "its content is gone"}}}),
+            ),
+        )
+        .await;
+    if wait::until(Duration::from_secs(120), gone).await.is_some() {
+        return Ok(());
+    }
+    let after = conditions(namespaces.get_opt(ns).await.ok().flatten());
+    Err(format!(
+        "namespace {ns} did not finish with its content gone; its conditions before the write: {before:?}, after: {after:?}"
+    ))
 }
 
 #[tokio::test]
@@ -2411,7 +2411,26 @@ async fn off_outcome(stack: &Stack, tree: &Tree, snapshot: &[Value], what: &str)
     let (total, broken, tally) = tree.measure_edges(snapshot);
     let left = tree.left().await;
     eprintln!(
-        "{what}: {} of {total} edges broken{}{}\n  ({tally}; {}; left {left:?}; leaked {:?})",
+        "{what}: {}",
+        off_report(total, &broken, &tally, settled, &left, &tree.leaked(stack))
+    );
+    tree.clean_up_completely().await;
+    broken.len()
+}
+
+/// What a teardown under Off did, in one message: how many edges broke of
+/// how many (each broken one on a line), the tally, whether it settled, what
+/// it left and what the local cloud leaked.
+fn off_report(
+    total: usize,
+    broken: &[String],
+    tally: &str,
+    settled: bool,
+    left: &[String],
+    leaked: &[String],
+) -> String {
+    format!(
+        "{} of {total} edges broken{}{}\n  ({tally}; {}; left {left:?}; leaked {leaked:?})",
         broken.len(),
         if broken.is_empty() { "" } else { ":\n  " },
         broken.join("\n  "),
@@ -2420,10 +2439,62 @@ async fn off_outcome(stack: &Stack, tree: &Tree, snapshot: &[Value], what: &str)
         } else {
             "not settled within the bound"
         },
-        tree.leaked(stack)
+    )
+}
+
+/// Leaves nothing of `objects`, whatever a teardown left, as an operator
+/// does with a wedged tree: first the providers' finalizers of the managed
+/// resources stuck on a cluster that is gone, then (after a minute, for what
+/// those held) every finalizer of whatever is still terminating, and a
+/// delete of whatever nobody deleted.
+async fn clean_up_completely(
+    client: &Client,
+    what: &str,
+    objects: &[(ApiResource, Option<String>, String)],
+) {
+    let started = Instant::now();
+    let gone = wait::until(Duration::from_secs(240), || async {
+        let escalate = started.elapsed() > Duration::from_secs(60);
+        let mut left = false;
+        for (r, ns, n) in objects {
+            let objects = api(client, r, ns.as_deref());
+            let o = match objects.get_opt(n).await {
+                Ok(Some(o)) => o,
+                Ok(None) => continue,
+                Err(_) => {
+                    left = true;
+                    continue;
+                }
+            };
+            left = true;
+            let managed = r.kind == "Release" || r.kind == "Object";
+            if o.metadata.deletion_timestamp.is_none() {
+                if escalate {
+                    let _ = objects.delete(n, &DeleteParams::background()).await;
+                }
+            } else if !o.finalizers().is_empty() && (managed || escalate) {
+                let _ = objects
+                    .patch(
+                        n,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        }
+        if left {
+            // Each pass writes: give what it did time to act.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        (!left).then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "{what}: clean-up left {:?}\n{}",
+        left_of(client, objects).await,
+        states_of(client, objects).await
     );
-    tree.clean_up_completely().await;
-    broken.len()
 }
 
 const DROP_GROUP: &str = "dropped.seed.local-cluster.dev";

@@ -615,6 +615,18 @@ pub fn all_kept(
 }
 
 /// How many verdicts of each sort, e.g. `in order 24, kept 2`.
+/// Every edge judged as things stand (Off: what a teardown without
+/// cascade-guard did): each broken one with its verdict, and the tally.
+pub fn measure(edges: &[Edge], fate: impl Fn(&ObjectRef) -> Option<Fate>) -> (Vec<String>, String) {
+    let verdicts = judge_all(edges, fate);
+    let broken = verdicts
+        .iter()
+        .filter(|(_, v)| v.is_broken())
+        .map(|(e, v)| format!("{e}: {v}"))
+        .collect();
+    (broken, tally(&verdicts))
+}
+
 pub fn tally(verdicts: &[(&Edge, Verdict)]) -> String {
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, v) in verdicts {

@@ -24,16 +24,19 @@
 //!   crossplane-runtime#1150 wedges those (`siblings.rs` asserts that
 //!   failure exactly).
 //!
-//! Each tree gets a mode (Refuse or Convert, each its own platform copy), a
-//! client and a delay. Under Refuse a refused client follows the refusal's
-//! command; `--cascade=orphan` is refused in both modes and then followed
-//! the same way; with break-glass (the admin may use it) an orphaning delete
-//! is allowed, the tree's edges are not checked, and the rest is deleted in
-//! the order its edges ask. Every tree must be gone within a bound, every
-//! edge of its snapshot (read just before its delete) kept, Crossplane never
-//! refused, and no load balancer leaked. The first line printed names the
-//! seed and every tree's shape, client and mode: CASCADE_GUARD_SEED replays
-//! a run, CASCADE_GUARD_REAL_SHAPES sets how many trees (6).
+//! Each tree gets a mode (Refuse or Convert, each its own platform copy, or
+//! now and then Off), a client and a delay. Under Refuse a refused client
+//! follows the refusal's command; `--cascade=orphan` is refused in both
+//! modes and then followed the same way; with break-glass (the admin may use
+//! it) an orphaning delete is allowed, the tree's edges are not checked, and
+//! the rest is deleted in the order its edges ask. Every tree must be gone
+//! within a bound, every edge of its snapshot (read just before its delete)
+//! kept, Crossplane never refused, and no load balancer leaked. Under Off
+//! nothing is asserted but Crossplane never refused: the broken edges, what
+//! wedged and what leaked are printed (the seed's failure, measured), and the
+//! tree is cleaned up. The first line printed names the seed and every
+//! tree's shape, client and mode: CASCADE_GUARD_SEED replays a run,
+//! CASCADE_GUARD_REAL_SHAPES sets how many trees (6).
 
 use std::collections::BTreeSet;
 
@@ -47,6 +50,11 @@ const BREAK_GLASS: &str = "cascade-guard.dev/break-glass";
 /// A teardown may wait for guards released up to 20 s late, Crossplane's
 /// replay, two load balancers in turn and Usages' 30-second re-checks.
 const SHAPE_TEARDOWN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Under Off, how long a teardown is given before what it left is measured
+/// as wedged: past the Off platform's 60-second load balancer and the
+/// providers' polls.
+const OFF_SETTLE: Duration = Duration::from_secs(240);
 /// The shared namespace of the claims (each mode has its own claim kind).
 const CLAIMS_NAMESPACE: &str = "shapes-claims";
 
@@ -112,7 +120,7 @@ impl How {
     /// break-glass only where the orphans are all in the snapshot; no claim
     /// orphaned (under Refuse its own policy does not count; under Convert
     /// claims are not guarded); a namespace deletion only of a namespace
-    /// without managed resources, under Convert (Refuse refuses the
+    /// without managed resources, under Convert or Off (Refuse refuses the
     /// namespace controller's Background deletes, by design).
     fn draw(rng: &mut support::rng::Rng, shape: Shape, mode: Mode) -> Self {
         let mut clients = vec![
@@ -127,13 +135,17 @@ impl How {
         if shape != Shape::Claim {
             clients.push(How::Orphan);
         }
-        if matches!(
-            shape,
-            Shape::Seed { .. } | Shape::Nested { .. } | Shape::Namespaced
-        ) {
+        // Under Off nothing refuses an orphaning delete: break-glass changes
+        // nothing there.
+        if mode != Mode::Off
+            && matches!(
+                shape,
+                Shape::Seed { .. } | Shape::Nested { .. } | Shape::Namespaced
+            )
+        {
             clients.push(How::OrphanBreakGlass);
         }
-        if shape == Shape::Namespaced && mode == Mode::Convert {
+        if shape == Shape::Namespaced && mode != Mode::Refuse {
             clients.push(How::Namespace);
         }
         clients[rng.below(clients.len() as u64) as usize]
@@ -271,6 +283,14 @@ async fn wait_ready(client: &Client, target: &Target, what: &str) -> DynamicObje
             target.resource.kind, target.name
         )
     })
+}
+
+/// Waits until sibling order holds `target` for a sibling that needs it;
+/// under Off it holds nothing (the kind is not protected), so no wait.
+async fn wait_sibling_hold(client: &Client, target: &Target, mode: Mode, what: &str) {
+    if mode != Mode::Off {
+        wait_label(client, target, SIBLING_HOLD_LABEL, None, what).await;
+    }
 }
 
 /// Waits until `target` carries `label` (with `value`, if given).
@@ -568,7 +588,7 @@ impl Built {
                 if with {
                     wait_label(&client, &eks, IN_USE_LABEL, Some("true"), &what).await;
                 } else {
-                    wait_label(&client, &eks, SIBLING_HOLD_LABEL, None, &what).await;
+                    wait_sibling_hold(&client, &eks, plan.mode, &what).await;
                 }
                 for (g, reason) in guards.iter().zip(1..) {
                     let guard = json!({
@@ -631,7 +651,7 @@ impl Built {
                 apply(&client, &usage.resource, &object, &what).await;
                 wait_label(&client, hub, IN_USE_LABEL, Some("true"), &what).await;
                 // Held for its user's tree (sibling order).
-                wait_label(&client, usage, SIBLING_HOLD_LABEL, None, &what).await;
+                wait_sibling_hold(&client, usage, plan.mode, &what).await;
             }
             Shape::Nested { depth } => {
                 let top = json!({
@@ -656,19 +676,17 @@ impl Built {
                 }
                 // Sibling order: the InferenceCluster held for the edge
                 // ServingStack, the EKSCluster for its own.
-                wait_label(
+                wait_sibling_hold(
                     &client,
                     &Target::new(platform.inference_clusters(), None, n),
-                    SIBLING_HOLD_LABEL,
-                    None,
+                    plan.mode,
                     &what,
                 )
                 .await;
-                wait_label(
+                wait_sibling_hold(
                     &client,
                     &Target::new(platform.eks_clusters(), system, n),
-                    SIBLING_HOLD_LABEL,
-                    None,
+                    plan.mode,
                     &what,
                 )
                 .await;
@@ -844,6 +862,28 @@ impl Built {
                 self.timeline.describe()
             ),
         }
+    }
+
+    /// Every edge of `snapshot` judged as things stand, without waiting
+    /// (Off: what a teardown without cascade-guard did): how many edges,
+    /// each broken one with its revisions, and the tally.
+    fn measure_edges(&self, snapshot: &[Value]) -> (usize, Vec<String>, String) {
+        let edges = &invariant::edges(snapshot);
+        let uids = invariant::uids(snapshot);
+        let entries = self.timeline.entries();
+        let (broken, tally) = invariant::measure(edges, |r| {
+            invariant::fate(&entries, r, uids.get(r).map(String::as_str))
+        });
+        (edges.len(), broken, tally)
+    }
+
+    /// What the local cloud logged as leaked for the tree's clusters.
+    fn leaked(&self, stack: &Stack) -> Vec<String> {
+        let log = std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default();
+        self.clusters
+            .iter()
+            .flat_map(|c| modelplane::leaked(&log, c))
+            .collect()
     }
 
     /// etcd's revision of `kind/name`'s first sight deleting, or leaving.
@@ -1115,7 +1155,7 @@ async fn deliver(stack: &Stack, built: &Built, how: How, target: &Target) -> Out
     }
     let refused = match how {
         How::Namespace | How::OrphanBreakGlass => false,
-        How::Orphan => true,
+        How::Orphan => mode != Mode::Off,
         // A claim's own propagation counts for nothing under Refuse.
         How::KubectlForeground => claim && mode == Mode::Refuse,
         _ => mode == Mode::Refuse,
@@ -1201,9 +1241,10 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
             );
             let outcome = deliver(stack, built, plan.how, &built.root).await;
             assert_eq!(outcome, Outcome::Allowed, "{what}: the user's delete");
+            // Nothing replays: its owner deletes it again once it is free
+            // (under Off, if its user went at all: a wedge is measured below).
+            let mut free = !replay;
             if !replay {
-                // Nothing replays: its owner deletes it again once it is
-                // free.
                 let usage = built.usage.as_ref().expect("a Usage");
                 for (kind, name) in [
                     (&built.root.resource.kind, &built.root.name),
@@ -1211,8 +1252,12 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
                 ] {
                     let gone = built
                         .timeline
-                        .wait_gone(kind, name, SHAPE_TEARDOWN_TIMEOUT)
+                        .wait_gone(kind, name, teardown_bound(plan.mode))
                         .await;
+                    if gone.is_none() && plan.mode == Mode::Off {
+                        free = false;
+                        break;
+                    }
                     assert!(
                         gone.is_some(),
                         "{what}: {kind}/{name} never left\n{}\n{}",
@@ -1220,6 +1265,8 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
                         built.timeline.describe()
                     );
                 }
+            }
+            if free {
                 let hubs = hub.api(&built.client);
                 let free = wait::until(Duration::from_secs(90), || async {
                     let o = hubs.get_opt(&hub.name).await.ok().flatten()?;
@@ -1235,6 +1282,9 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
             let outcome = deliver(stack, built, plan.how, &built.root).await;
             assert_eq!(outcome, Outcome::Allowed, "{what}");
         }
+    }
+    if plan.mode == Mode::Off {
+        return off_outcome(stack, built, &snapshot, started).await;
     }
     let tally = if plan.how == How::OrphanBreakGlass {
         let root = built
@@ -1310,21 +1360,76 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
         }
         _ => {}
     }
-    let events = local_cluster::audit::read(&stack.cp.audit_log_path());
-    let refused = crossplane_refusals(&events, &built.objects);
-    assert!(
-        refused.is_empty(),
-        "{what}: Crossplane was refused: {refused:?}"
-    );
-    let log = std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default();
-    for cluster in &built.clusters {
-        let leaked = modelplane::leaked(&log, cluster);
-        assert!(leaked.is_empty(), "{what}: leaked {leaked:?}");
-    }
+    assert_crossplane_never_refused(stack, built);
+    let leaked = built.leaked(stack);
+    assert!(leaked.is_empty(), "{what}: leaked {leaked:?}");
     format!(
         "{what}: gone in {:?}; {tally}; Crossplane never refused, nothing leaked",
         started.elapsed()
     )
+}
+
+/// How long a tree's teardown may take: under Off, how long one is given
+/// to do all it will before what it left is measured as wedged.
+fn teardown_bound(mode: Mode) -> Duration {
+    if mode == Mode::Off {
+        OFF_SETTLE
+    } else {
+        SHAPE_TEARDOWN_TIMEOUT
+    }
+}
+
+/// Under Off the invariant is measured, not asserted (as the random round's
+/// Off trees): once the teardown has done all it will (everything gone, or
+/// nothing changed for 45 s, within [`OFF_SETTLE`]; after an orphaning
+/// delete, the root gone), every
+/// broken edge is printed with what was left and leaked, and the tree is
+/// cleaned up completely, so that nothing of it stays for the other tests.
+async fn off_outcome(stack: &Stack, built: &Built, snapshot: &[Value], started: Instant) -> String {
+    let what = built.what();
+    let settled = if built.plan.how == How::Orphan {
+        built
+            .timeline
+            .wait_gone(&built.root.resource.kind, &built.root.name, OFF_SETTLE)
+            .await
+            .is_some()
+    } else {
+        // Gone, or still: nothing of the tree has changed for a while (a
+        // wedge: what is left waits on finalizers that cannot finish).
+        let quiet = Duration::from_secs(45);
+        wait::until(OFF_SETTLE, || async {
+            let last_change = built.timeline.entries().iter().map(|e| e.at).max();
+            let still = last_change.is_some_and(|at| at.elapsed() > quiet);
+            let done = still || built.left().await.is_empty();
+            if !done {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            done.then_some(())
+        })
+        .await
+        .is_some()
+    };
+    let (total, broken, tally) = built.measure_edges(snapshot);
+    let left = built.left().await;
+    let leaked = built.leaked(stack);
+    clean_up_completely(&built.client, &what, &built.objects).await;
+    assert_crossplane_never_refused(stack, built);
+    format!(
+        "{what}: measured under Off after {:?}: {}; cleaned up",
+        started.elapsed(),
+        off_report(total, &broken, &tally, settled, &left, &leaked)
+    )
+}
+
+/// Crossplane (core, a provider) was never refused a write to the tree.
+fn assert_crossplane_never_refused(stack: &Stack, built: &Built) {
+    let events = local_cluster::audit::read(&stack.cp.audit_log_path());
+    let refused = crossplane_refusals(&events, &built.objects);
+    assert!(
+        refused.is_empty(),
+        "{}: Crossplane was refused: {refused:?}",
+        built.what()
+    );
 }
 
 #[tokio::test]
@@ -1340,10 +1445,12 @@ async fn random_shapes_keep_every_edge() {
     let plans: Vec<Plan> = (0..trees)
         .map(|i| {
             let shape = Shape::draw(&mut rng);
-            let mode = if rng.chance(2) {
-                Mode::Refuse
-            } else {
-                Mode::Convert
+            // Off now and then: its broken edges are the seed's failure,
+            // measured (and its wedges cost minutes).
+            let mode = match rng.below(6) {
+                0 => Mode::Off,
+                1..=2 => Mode::Refuse,
+                _ => Mode::Convert,
             };
             let how = How::draw(&mut rng, shape, mode);
             let delay = rng.millis(0, 10_000);
@@ -1370,16 +1477,15 @@ async fn random_shapes_keep_every_edge() {
             .join("; ")
     );
     let started = Instant::now();
-    let (refuse, convert) = tokio::join!(
-        Kinds::install(stack, Mode::Refuse),
-        Kinds::install(stack, Mode::Convert)
-    );
+    let modes: Vec<Mode> = [Mode::Off, Mode::Refuse, Mode::Convert]
+        .into_iter()
+        .filter(|m| plans.iter().any(|p| p.mode == *m))
+        .collect();
+    let installed =
+        futures::future::join_all(modes.iter().map(|m| Kinds::install(stack, *m))).await;
     let kinds = |mode: Mode| {
-        if mode == Mode::Refuse {
-            &refuse
-        } else {
-            &convert
-        }
+        let at = modes.iter().position(|m| *m == mode).expect("installed");
+        &installed[at]
     };
     let built = futures::future::join_all(
         plans
