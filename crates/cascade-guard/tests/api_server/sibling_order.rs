@@ -24,6 +24,12 @@ use support::*;
 
 const HOLD_LABEL: &str = "cascade-guard.dev/hold";
 
+/// The hold policy is one object for the whole control plane: the test that
+/// weakens it has it to itself (every other test here relies on it; seen in
+/// CI, where a foreground cascade met the weakened policy and deleted a held
+/// object early).
+static HOLD_POLICY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// XR `tree` composing ConfigMaps `tree-0` (which needs `tree-1`, by the
 /// annotation) and `tree-1`, each held by the test provider's finalizer.
 async fn needy_tree(client: &Client, resource: &ApiResource, ns: &str) {
@@ -96,6 +102,7 @@ async fn tear_down(
     held: bool,
     policy: Option<PropagationPolicy>,
 ) -> Timeline {
+    let _policy = HOLD_POLICY.read().await;
     let env = env().await;
     let s = Scope::new(&env.cp, test).await;
     let resource = kind.resource();
@@ -161,6 +168,7 @@ async fn without_holding_a_foreground_cascade_deletes_both_siblings_at_once() {
 /// held object is refused with what it waits for; break-glass gets through.
 #[tokio::test]
 async fn the_hold_is_guarded_and_break_glass_gets_past_it() {
+    let _policy = HOLD_POLICY.read().await;
     let env = env().await;
     let s = Scope::new(&env.cp, "sibling-guard").await;
     let resource = CONVERT.resource();
@@ -229,6 +237,7 @@ async fn the_hold_is_guarded_and_break_glass_gets_past_it() {
 /// come off.
 #[tokio::test]
 async fn a_kind_that_stops_being_protected_lets_go_of_what_it_held() {
+    let _policy = HOLD_POLICY.read().await;
     let env = env().await;
     let s = Scope::new(&env.cp, "sibling-toggle").await;
     let resource = TOGGLED.resource();
@@ -267,6 +276,7 @@ async fn a_kind_that_stops_being_protected_lets_go_of_what_it_held() {
 #[tokio::test]
 async fn an_edited_hold_policy_is_put_back() {
     use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+    let _policy = HOLD_POLICY.write().await;
     let env = env().await;
     let s = Scope::new(&env.cp, "sibling-edited").await;
     let resource = CONVERT.resource();

@@ -23,9 +23,10 @@
 //! providers and cascade-guard and restarts kube-apiserver, has the stack
 //! to itself (see `Stack::exclusive`). cargo
 //! runs as many tests at once as there are cores unless told otherwise:
-//! `--test-threads=64` has them all at once (scripts/run-test-binaries.sh
-//! passes it). All at once matters: a test started late, after the
-//! randomized test has asked for the stack, waits until that test is done.
+//! `--test-threads=16` has most of them at once (scripts/run-test-binaries.sh
+//! passes it). A test started late, after the randomized test has asked for
+//! the stack, waits until that test is done; all 31 at once loaded two
+//! cores so that cascade-guard's replicas lost their Leases again and again.
 //!
 //! And a legacy XRD with a claim, in each mode (its own XRD per mode, so
 //! concurrently): deleting the claim ends with everything gone (in order,
