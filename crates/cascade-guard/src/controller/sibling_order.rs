@@ -52,6 +52,8 @@ const TEARDOWN_TICK: Duration = Duration::from_millis(200);
 const SETTLING_SECS: i64 = 120;
 /// Discovery (which kinds exist, in which versions) is read again this often.
 const DISCOVERY_EVERY: Duration = Duration::from_secs(30);
+/// A look that takes longer than this is logged.
+const SLOW_LOOK: Duration = Duration::from_secs(10);
 /// How many lists, or trees, are read at once in a tick.
 const READS_AT_ONCE: usize = 8;
 
@@ -174,6 +176,7 @@ impl SiblingOrder {
         if ordered.0.is_empty() && self.roots.is_empty() && self.swept.is_some() {
             return;
         }
+        let started = Instant::now();
         self.write_hold().await;
         let stale = self
             .kinds
@@ -278,8 +281,11 @@ impl SiblingOrder {
             }
         }
         due.sort_by_key(|d| d.rank);
+        let trees_read = due.len();
         let kinds_read = &kinds;
-        let read: Vec<_> = futures::stream::iter(due.into_iter().map(|d| async move {
+        // Each tree's writes as soon as it is read (those being deleted
+        // first): a teardown waits on them.
+        let mut reads = futures::stream::iter(due.into_iter().map(|d| async move {
             let root = ServedKinds::api(client, &d.served, d.namespace.as_deref())
                 .get_opt(&d.name)
                 .await;
@@ -289,10 +295,8 @@ impl SiblingOrder {
             };
             (d, root, tree)
         }))
-        .buffered(READS_AT_ONCE)
-        .collect()
-        .await;
-        for (d, root, tree) in read {
+        .buffered(READS_AT_ONCE);
+        while let Some((d, root, tree)) = reads.next().await {
             match (root, tree) {
                 (Ok(Some(root)), Some(tree)) => {
                     let active = self.reconcile(&kinds, &root, tree).await;
@@ -304,6 +308,7 @@ impl SiblingOrder {
                 }
             }
         }
+        drop(reads);
         // A root that left (gone, relabelled out, its kind no longer
         // ordered) may leave held objects behind: look for them across every
         // kind then, and every resync in case a restart forgot one.
@@ -339,6 +344,16 @@ impl SiblingOrder {
             self.holds.values().sum(),
             self.reported.values().map(BTreeSet::len).sum(),
         );
+        // A new tree waits for its first read up to a look: say when looks
+        // are slow (an overloaded API server, very many young trees).
+        if started.elapsed() > SLOW_LOOK {
+            tracing::info!(
+                seconds = started.elapsed().as_secs(),
+                kinds = ordered.0.len(),
+                trees_read,
+                "sibling order: a slow look; new trees wait this long for their holds"
+            );
+        }
         // Put back with the time of its discovery, so that it is read again
         // every DISCOVERY_EVERY and a kind served later is found.
         self.kinds = Some((kinds, discovered));

@@ -107,7 +107,10 @@ impl Scene {
         value: Option<&str>,
     ) {
         let objects = api(&self.client, resource, ns);
-        let labelled = wait::until(Duration::from_secs(90), || async {
+        // A bound for a hold that never comes, as the shapes' (240 s): in
+        // CI, about 40 trees on two cores, sibling order's look at a new tree
+        // came after more than 90 s.
+        let labelled = wait::until(Duration::from_secs(240), || async {
             let o = objects.get_opt(name).await.ok().flatten()?;
             let v = o.labels().get(label)?;
             value.is_none_or(|want| v == want).then_some(())
