@@ -283,9 +283,7 @@ impl SiblingOrder {
         due.sort_by_key(|d| d.rank);
         let trees_read = due.len();
         let kinds_read = &kinds;
-        // Each tree's writes as soon as it is read (those being deleted
-        // first): a teardown waits on them.
-        let mut reads = futures::stream::iter(due.into_iter().map(|d| async move {
+        let read: Vec<_> = futures::stream::iter(due.into_iter().map(|d| async move {
             let root = ServedKinds::api(client, &d.served, d.namespace.as_deref())
                 .get_opt(&d.name)
                 .await;
@@ -295,8 +293,10 @@ impl SiblingOrder {
             };
             (d, root, tree)
         }))
-        .buffered(READS_AT_ONCE);
-        while let Some((d, root, tree)) = reads.next().await {
+        .buffered(READS_AT_ONCE)
+        .collect()
+        .await;
+        for (d, root, tree) in read {
             match (root, tree) {
                 (Ok(Some(root)), Some(tree)) => {
                     let active = self.reconcile(&kinds, &root, tree).await;
@@ -308,7 +308,6 @@ impl SiblingOrder {
                 }
             }
         }
-        drop(reads);
         // A root that left (gone, relabelled out, its kind no longer
         // ordered) may leave held objects behind: look for them across every
         // kind then, and every resync in case a restart forgot one.
