@@ -742,22 +742,12 @@ impl Tree {
     /// every broken edge and every edge it could not judge, each with its
     /// revisions; returns how many of each verdict.
     async fn assert_every_edge(&self, snapshot: &[Value], what: &str) -> String {
-        let edges = &invariant::edges(snapshot);
         let uids = invariant::uids(snapshot);
-        let fate_in = |entries: &[local_cluster::timeline::Entry], r: &invariant::ObjectRef| {
+        let kept = edges_kept(&self.timeline, snapshot, |entries, r| {
             self.fate_of(entries, &uids, r)
-        };
-        let _ = wait::until(Duration::from_secs(60), || async {
-            let entries = self.timeline.entries();
-            edges
-                .iter()
-                .all(|e| fate_in(&entries, &e.needer).is_none_or(|f| !f.still_there))
-                .then_some(())
         })
         .await;
-        let entries = self.timeline.entries();
-        let fate = |r: &invariant::ObjectRef| fate_in(&entries, r);
-        let tally = match invariant::all_kept(edges, fate) {
+        match kept {
             Ok(tally) => tally,
             Err(report) => panic!(
                 "{what}: {report}\nleft: {:?}\n{}\n{}",
@@ -765,22 +755,7 @@ impl Tree {
                 self.states().await,
                 self.timeline.describe()
             ),
-        };
-        // Said, not failed: what came back under a snapshotted name (a
-        // ProviderConfigUsage its provider wrote again) is not the object
-        // the snapshot read.
-        let again: BTreeSet<String> = uids
-            .keys()
-            .filter(|r| fate(r).is_some_and(|f| f.made_again))
-            .map(|r| r.to_string())
-            .collect();
-        let mut tally = tally;
-        if !again.is_empty() {
-            tally.push_str(&format!(
-                "; made again under a name after it left: {again:?}"
-            ));
         }
-        tally
     }
 
     /// Every edge of the tree's snapshot judged as things stand, without
@@ -2417,6 +2392,46 @@ async fn off_outcome(stack: &Stack, tree: &Tree, snapshot: &[Value], what: &str)
     );
     tree.clean_up_completely().await;
     broken.len()
+}
+
+/// Every edge of `snapshot` kept, as `timeline` saw its teardown through
+/// `fate_in` (each object followed by the UID the snapshot read), after a
+/// minute at most for every needer to be seen leaving (watch events trail the
+/// API a little): the tally, or the report of every broken and unjudged edge.
+async fn edges_kept(
+    timeline: &Timeline,
+    snapshot: &[Value],
+    fate_in: impl Fn(
+        &[local_cluster::timeline::Entry],
+        &invariant::ObjectRef,
+    ) -> Option<invariant::Fate>,
+) -> Result<String, String> {
+    let edges = &invariant::edges(snapshot);
+    let _ = wait::until(Duration::from_secs(60), || async {
+        let entries = timeline.entries();
+        edges
+            .iter()
+            .all(|e| fate_in(&entries, &e.needer).is_none_or(|f| !f.still_there))
+            .then_some(())
+    })
+    .await;
+    let entries = timeline.entries();
+    let fate = |r: &invariant::ObjectRef| fate_in(&entries, r);
+    let mut tally = invariant::all_kept(edges, fate)?;
+    // Said, not failed: what came back under a snapshotted name (a
+    // ProviderConfigUsage its provider wrote again) is not the object the
+    // snapshot read.
+    let again: BTreeSet<String> = invariant::uids(snapshot)
+        .keys()
+        .filter(|r| fate(r).is_some_and(|f| f.made_again))
+        .map(|r| r.to_string())
+        .collect();
+    if !again.is_empty() {
+        tally.push_str(&format!(
+            "; made again under a name after it left: {again:?}"
+        ));
+    }
+    Ok(tally)
 }
 
 /// What a teardown under Off did, in one message: how many edges broke of

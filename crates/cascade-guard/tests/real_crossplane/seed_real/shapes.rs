@@ -836,27 +836,16 @@ impl Built {
     /// removal): fails listing every broken and every unjudged edge; returns
     /// the tally.
     async fn assert_every_edge(&self, snapshot: &[Value]) -> String {
-        let what = self.what();
-        let edges = &invariant::edges(snapshot);
         let uids = invariant::uids(snapshot);
-        let fate_in = |entries: &[local_cluster::timeline::Entry], r: &invariant::ObjectRef| {
+        let kept = edges_kept(&self.timeline, snapshot, |entries, r| {
             invariant::fate(entries, r, uids.get(r).map(String::as_str))
-        };
-        // Every needer seen leaving (watch events trail the API a little).
-        let _ = wait::until(Duration::from_secs(60), || async {
-            let entries = self.timeline.entries();
-            edges
-                .iter()
-                .all(|e| fate_in(&entries, &e.needer).is_none_or(|f| !f.still_there))
-                .then_some(())
         })
         .await;
-        let entries = self.timeline.entries();
-        let fate = |r: &invariant::ObjectRef| fate_in(&entries, r);
-        match invariant::all_kept(edges, fate) {
+        match kept {
             Ok(tally) => tally,
             Err(report) => panic!(
-                "{what}: {report}\nleft: {:?}\n{}\n{}",
+                "{}: {report}\nleft: {:?}\n{}\n{}",
+                self.what(),
                 self.left().await,
                 self.states().await,
                 self.timeline.describe()
