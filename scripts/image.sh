@@ -13,15 +13,17 @@
 #
 # Reproducible: the same binary gives the same digest. The layer's one file has
 # a fixed time, owner and mode; the config's times are Go's zero time (crane's
-# empty base) and it names no commit; the binary is built with the checkout's
-# and Cargo's paths remapped, so it names no host path, and with symbols
+# empty base) and it names no commit; the binary is built with its target
+# dir's and Cargo's paths remapped, so it names no host path, and with symbols
 # stripped (the C objects' file symbols carry their build paths).
 #
 # Needs, and installs when missing: the Rust musl target (rustup), and musl's C
 # compiler for ring's C part (Debian's musl-tools, pinned below; apt-get as
 # root). Anything it cannot install stops it with the installer's own error.
-# The build is incremental in its own target dir (target/image), so a warm run
-# is Cargo's no-op check.
+# The build is incremental in its own target dir (image/ in CARGO_TARGET_DIR,
+# else in target/), so a warm run is Cargo's no-op check, from any clone: the
+# flags name the target dir and Cargo's home, not the checkout (Cargo gives
+# rustc a workspace crate's sources by their path inside the workspace).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +40,7 @@ case "$(uname -m)" in
   *) die "no image for $(uname -m): only x86_64 and aarch64 have a musl target here" ;;
 esac
 rust_target="$(uname -m)-unknown-linux-musl"
-target_dir="$PWD/target/image"
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}/image"
 binary="$target_dir/$rust_target/release/cascade-guard"
 
 ensure_musl_target() {
@@ -74,9 +76,12 @@ build_binary() {
   local cc_var="CC_${rust_target//-/_}" cflags_var="CFLAGS_${rust_target//-/_}"
   # No host path in the binary: Rust's panic locations and the C objects'
   # names are remapped to fixed prefixes.
-  local remap="--remap-path-prefix=$PWD=/src --remap-path-prefix=$cargo_home=/cargo"
+  # The checkout itself is not remapped: that would make the flags, and so
+  # every crate, differ from one clone to the next (tests/api_server/install.rs
+  # checks that the binary names neither the checkout nor Cargo's home).
+  local remap="--remap-path-prefix=$target_dir=/target --remap-path-prefix=$cargo_home=/cargo"
   local start=$SECONDS
-  echo "image.sh: building the static binary ($rust_target, release) in target/image" >&2
+  echo "image.sh: building the static binary ($rust_target, release) in $target_dir" >&2
   # Run from a test (cargo test sets CARGO_MANIFEST_DIR, CARGO_PKG_* and more
   # for it), Cargo would see ring's build script's inputs changed and rebuild
   # half the tree: build in an environment without them.
@@ -88,7 +93,7 @@ build_binary() {
     CARGO_TARGET_DIR="$target_dir" \
     RUSTFLAGS="$remap -C strip=symbols" \
     "$cc_var=musl-gcc" \
-    "$cflags_var=-ffile-prefix-map=$PWD=/src -ffile-prefix-map=$cargo_home=/cargo" \
+    "$cflags_var=-ffile-prefix-map=$target_dir=/target -ffile-prefix-map=$cargo_home=/cargo" \
     cargo build --release --locked --target "$rust_target" -p cascade-guard --bin cascade-guard >&2 \
     || die "cargo build for $rust_target failed (its error is above)"
   echo "image.sh: static binary ready in $((SECONDS - start))s" >&2

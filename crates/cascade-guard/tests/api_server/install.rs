@@ -236,7 +236,14 @@ fn the_image_is_one_static_binary_run_as_the_charts_user() {
     let checkout = checkout.canonicalize().expect("the checkout");
     let cargo_home = std::env::var("CARGO_HOME")
         .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap_or_default()));
-    for host_path in [checkout.to_string_lossy().into_owned(), cargo_home] {
+    // scripts/test.sh builds outside the checkout (CARGO_TARGET_DIR).
+    let target_dir = std::env::var("CARGO_TARGET_DIR")
+        .ok()
+        .filter(|d| !d.is_empty());
+    let host_paths = [checkout.to_string_lossy().into_owned(), cargo_home]
+        .into_iter()
+        .chain(target_dir);
+    for host_path in host_paths {
         assert!(
             !elf.windows(host_path.len())
                 .any(|w| w == host_path.as_bytes()),
