@@ -26,7 +26,16 @@ print_timings() {
   printf '\n==> time by step\n'
   printf '%s\n' "${timings[@]}"
 }
-trap print_timings EXIT
+# And no build left running in the background when a step fails.
+on_exit() {
+  print_timings
+  local pid
+  for pid in $(jobs -p); do
+    pkill -TERM -P "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+  done
+}
+trap on_exit EXIT
 end_step() {
   if [ -n "$current" ]; then
     timings+=("$(printf '%6ds  %s' $((SECONDS - step_start)) "$current")")
@@ -102,6 +111,30 @@ for place in . "$cache"; do
   fi
 done
 
+step "the Rust builds (the tests', clippy's and the image's static binary), started in the background"
+# On a cold machine the Go builds below leave part of the two cores idle
+# (module downloads, one linker at a time): the Rust builds run beside them.
+# The steps "clippy" and "the tests' build" below run the same commands
+# again, which then only confirm the result and show it.
+#
+# The container image's static (musl) binary is built incrementally in
+# image/ under CARGO_TARGET_DIR (scripts/image.sh adds the Rust musl target
+# and Debian's musl-tools when they are missing, or stops with the
+# installer's error). tests/api_server/install.rs pushes the image
+# (scripts/image.sh push, with the pinned crane of testbed/tools/crane.sh) to a
+# registry on loopback (crane registry serve), pulls it, and runs the binary
+# taken out of it as the chart's ServiceAccount.
+mkdir -p target
+rust_log=target/rust-build.log
+(cargo fetch --locked &&
+  cargo test --workspace --locked --no-run &&
+  cargo clippy --workspace --all-targets --locked -- -D warnings) >"$rust_log" 2>&1 &
+rust_pid=$!
+image_log=target/image-build.log
+scripts/image.sh binary >"$image_log" 2>&1 &
+image_pid=$!
+echo "logs: $rust_log, $image_log"
+
 step "control plane binaries (testbed/controlplane/build.sh)"
 bin=$(testbed/controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin
@@ -169,21 +202,9 @@ for release in "${pinned[@]:1:${#pinned[@]}-2}"; do
   fi
 done
 
-step "the image's static binary (scripts/image.sh binary), for tests/api_server/install.rs, started in the background"
-# The container image's static (musl) binary, built incrementally in
-# image/ under CARGO_TARGET_DIR (scripts/image.sh adds the Rust musl target
-# and Debian's musl-tools when they are missing, or stops with the
-# installer's error). tests/api_server/install.rs pushes the image
-# (scripts/image.sh push, with the pinned crane of testbed/tools/crane.sh) to a
-# registry on loopback (crane registry serve), pulls it, and runs the binary
-# taken out of it as the chart's ServiceAccount. A release build of the
-# workspace's crates leaves a core idle much of the time: it runs beside
-# rustfmt, clippy and the tests' build, and is waited for before the tests.
-mkdir -p target
-image_log=target/image-build.log
-scripts/image.sh binary >"$image_log" 2>&1 &
-image_pid=$!
-echo "log: $image_log"
+step "the Rust builds started above, waited for"
+# Their result is what the next steps show: a failure here is reported there.
+wait "$rust_pid" || echo "the background Rust build stopped early; the steps below show why (its log: $rust_log)"
 
 step "rustfmt"
 cargo fmt --all -- --check

@@ -391,14 +391,8 @@ impl ControlPlane {
     /// components', and any a test added there, such as a controller's), for a
     /// failing test. The audit log is left out: it is data, not a story.
     pub fn log_tails(&self, lines: usize) -> String {
-        let dir = self.dir.join("logs");
-        let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map(|entries| entries.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        logs.retain(|p| p.file_name().is_some_and(|n| n != "audit.log"));
-        logs.sort();
         let mut out = String::new();
-        for log in logs {
+        for log in self.story_logs() {
             out.push_str(&format!(
                 "----- {} -----\n{}\n",
                 log.display(),
@@ -406,6 +400,35 @@ impl ControlPlane {
             ));
         }
         out
+    }
+
+    /// Every line of each log in the logs directory (the audit log aside)
+    /// that contains `what` (an object's name, say), by log: what the
+    /// components said of it, for a failing test.
+    pub fn log_lines_naming(&self, what: &str) -> String {
+        let mut out = String::new();
+        for log in self.story_logs() {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().filter(|l| l.contains(what)).collect();
+            if !lines.is_empty() {
+                out.push_str(&format!(
+                    "----- {} -----\n{}\n",
+                    log.display(),
+                    lines.join("\n")
+                ));
+            }
+        }
+        out
+    }
+
+    /// The logs in the logs directory but the audit log, by name.
+    fn story_logs(&self) -> Vec<PathBuf> {
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(self.dir.join("logs"))
+            .map(|entries| entries.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        logs.retain(|p| p.file_name().is_some_and(|n| n != "audit.log"));
+        logs.sort();
+        logs
     }
 
     /// Restarts one component (`kube-apiserver`, `kube-controller-manager`,

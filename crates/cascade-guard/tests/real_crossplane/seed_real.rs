@@ -65,7 +65,7 @@
 //! to three faults at random moments (the leader of cascade-guard's two
 //! replicas, Crossplane core, provider-kubernetes or provider-helm
 //! SIGKILLed, or kube-apiserver restarted), everything started again after
-//! each (scripts/soak.sh runs many rounds). Under Refuse and Convert every
+//! each (CASCADE_GUARD_REAL_ROUNDS runs more rounds). Under Refuse and Convert every
 //! tree must go in order with nothing wedged or leaked: every edge its
 //! objects state just before the deletes (`support::invariant`, read
 //! independently of cascade-guard's own graph) kept, and the hand-picked
@@ -491,9 +491,59 @@ struct Tree {
     usage: bool,
     client: Client,
     timeline: Timeline,
-    /// Removals the timeline's watches missed across an API server restart,
-    /// found by [`sweep_missed`]: by UID, with kind and name.
-    missed: StdMutex<BTreeMap<String, (String, String, invariant::Missed)>>,
+    /// Removals the timeline's watches missed across an API server restart.
+    missed: MissedRemovals,
+}
+
+/// Removals a tree's timeline missed across an API server restart, found by
+/// [`sweep_missed`]: by UID, with kind and name.
+type MissedRemovals = StdMutex<BTreeMap<String, (String, String, invariant::Missed)>>;
+
+/// What became of a snapshot's object: `entries`' record, with a removal the
+/// watch missed.
+fn fate_with_missed(
+    entries: &[local_cluster::timeline::Entry],
+    uids: &BTreeMap<invariant::ObjectRef, String>,
+    missed: &MissedRemovals,
+    r: &invariant::ObjectRef,
+) -> Option<invariant::Fate> {
+    let uid = uids.get(r).map(String::as_str);
+    let missed = uid.and_then(|u| {
+        let missed = missed.lock().expect("missed");
+        missed.get(u).map(|(_, _, m)| *m)
+    });
+    invariant::fate_with(entries, r, uid, missed)
+}
+
+/// When `kind/name` left the API: etcd's revision of its delete (ordered
+/// across kinds; arrival order across separate watches is not, for deletes
+/// milliseconds apart), else the order the test saw it; for a removal the
+/// watch missed, the revisions it lies within; `None` if never seen leaving.
+fn gone_within(
+    timeline: &Timeline,
+    missed: &MissedRemovals,
+    kind: &str,
+    name: &str,
+) -> Option<(u64, u64)> {
+    if let Some(e) = timeline.gone(kind, name) {
+        let at = e.revision.unwrap_or(e.seq);
+        return Some((at, at));
+    }
+    let missed = missed.lock().expect("missed");
+    missed
+        .values()
+        .find(|(k, n, _)| k == kind && n == name)
+        .map(|(_, _, m)| (m.after + 1, m.by))
+}
+
+/// One tree as [`sweep_missed`] looks through it.
+struct Swept<'a> {
+    name: &'a str,
+    client: &'a Client,
+    timeline: &'a Timeline,
+    missed: &'a MissedRemovals,
+    /// The kinds, each with its namespace, that its snapshot's objects are of.
+    kinds: Vec<(ApiResource, Option<String>)>,
 }
 
 impl Tree {
@@ -655,22 +705,35 @@ impl Tree {
         .is_some()
     }
 
-    /// When it left the API: etcd's revision of its delete (ordered across
-    /// kinds; arrival order across separate watches is not, for deletes
-    /// milliseconds apart), else the order the test saw it; for a removal
-    /// the watch missed ([`Tree::missed`]), the revisions it lies within.
+    /// When it left the API ([`gone_within`]).
     fn gone_within(&self, kind: &str, name: &str) -> (u64, u64) {
-        if let Some(e) = self.timeline.gone(kind, name) {
-            let at = e.revision.unwrap_or(e.seq);
-            return (at, at);
-        }
-        let missed = self.missed.lock().expect("missed");
-        match missed.values().find(|(k, n, _)| k == kind && n == name) {
-            Some((_, _, m)) => (m.after + 1, m.by),
-            None => panic!(
+        gone_within(&self.timeline, &self.missed, kind, name).unwrap_or_else(|| {
+            panic!(
                 "{kind}/{name} never seen leaving the API\n{}",
                 self.timeline.describe()
-            ),
+            )
+        })
+    }
+
+    /// The tree as [`sweep_missed`] looks through it: its objects' kinds,
+    /// the cloud cluster's kubeconfig Secret and the ProviderConfigUsages.
+    fn swept(&self) -> Swept<'_> {
+        let mut kinds: Vec<(ApiResource, Option<String>)> = Vec::new();
+        let objects = self.objects().into_iter().map(|(r, ns, _)| (r, ns));
+        let more = std::iter::once(secrets())
+            .chain(provider_config_usages())
+            .map(|r| (r, Some(SYSTEM_NAMESPACE.to_string())));
+        for kind in objects.chain(more) {
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        Swept {
+            name: &self.name,
+            client: &self.client,
+            timeline: &self.timeline,
+            missed: &self.missed,
+            kinds,
         }
     }
 
@@ -710,12 +773,7 @@ impl Tree {
         uids: &BTreeMap<invariant::ObjectRef, String>,
         r: &invariant::ObjectRef,
     ) -> Option<invariant::Fate> {
-        let uid = uids.get(r).map(String::as_str);
-        let missed = uid.and_then(|u| {
-            let missed = self.missed.lock().expect("missed");
-            missed.get(u).map(|(_, _, m)| *m)
-        });
-        invariant::fate_with(entries, r, uid, missed)
+        fate_with_missed(entries, uids, &self.missed, r)
     }
 
     /// The tree as it is now, for `support::invariant::edges`: every object
@@ -1390,7 +1448,19 @@ fn crossplane_refusals(
                     .iter()
                     .any(|(r, ns, n)| e.is_about(&r.plural, ns.as_deref().unwrap_or_default(), n))
         })
-        .map(|e| format!("{:?}", e.object_ref))
+        .map(|e| {
+            let message = e
+                .response_status
+                .as_ref()
+                .and_then(|s| s.get("message"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            format!(
+                "{:?} ({:?}): {message}",
+                e.object_ref,
+                e.propagation_policy()
+            )
+        })
         .collect()
 }
 
@@ -2054,7 +2124,8 @@ async fn random_trees_clients_and_kills_never_lose_a_cluster_first() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(8);
-    // scripts/soak.sh runs many rounds.
+    // More rounds, for a longer run (scripts/soak.sh runs the random
+    // shapes).
     let rounds: usize = std::env::var("CASCADE_GUARD_REAL_ROUNDS")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -2101,10 +2172,10 @@ impl std::fmt::Display for Fault {
     }
 }
 
-/// Zero to three faults, each of a random kind at a random moment of the
-/// deletes' first minute, with a downtime of its kind's range.
-fn draw_faults(rng: &mut support::rng::Rng) -> Vec<Fault> {
-    let mut faults: Vec<Fault> = (0..rng.below(4))
+/// `least` to three faults, each of a random kind at a random moment of
+/// the deletes' first minute, with a downtime of its kind's range.
+fn draw_faults(rng: &mut support::rng::Rng, least: u64) -> Vec<Fault> {
+    let mut faults: Vec<Fault> = (0..least + rng.below(4 - least))
         .map(|_| {
             let (kind, longest) = match rng.below(5) {
                 0 => (FaultKind::Leader, 10_000),
@@ -2123,6 +2194,20 @@ fn draw_faults(rng: &mut support::rng::Rng) -> Vec<Fault> {
         .collect();
     faults.sort_by_key(|f| f.at);
     faults
+}
+
+/// The faults of a round, in words.
+fn faults_said(faults: &[Fault]) -> String {
+    format!("[{}]", joined(faults))
+}
+
+/// Each of `items` in words, `; ` between them.
+fn joined<T: std::fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(T::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Runs `fault` at its moment after `started`, then brings back what it
@@ -2168,20 +2253,14 @@ async fn run_fault(stack: &Stack, fault: Fault, started: Instant) {
 /// still there, left after the last revision the timeline saw of it and no
 /// later than the list's ([`invariant::Missed`]). Run every few seconds
 /// while the API server restarts and after, so that the range is narrow.
-async fn sweep_missed(trees: &[Tree], snapshots: &[Vec<Value>]) {
+async fn sweep_missed(trees: &[Swept<'_>], snapshots: &[Vec<Value>]) {
     let Some(client) = trees.first().map(|t| t.client.clone()) else {
         return;
     };
     let mut kinds: Vec<(ApiResource, Option<String>)> = Vec::new();
-    for tree in trees {
-        let objects = tree.objects().into_iter().map(|(r, ns, _)| (r, ns));
-        let more = std::iter::once(secrets())
-            .chain(provider_config_usages())
-            .map(|r| (r, Some(SYSTEM_NAMESPACE.to_string())));
-        for kind in objects.chain(more) {
-            if !kinds.contains(&kind) {
-                kinds.push(kind);
-            }
+    for kind in trees.iter().flat_map(|t| t.kinds.iter()) {
+        if !kinds.contains(kind) {
+            kinds.push(kind.clone());
         }
     }
     for (r, ns) in &kinds {
@@ -2299,15 +2378,8 @@ async fn random_round(
             (how, rng.millis(0, 20_000))
         })
         .collect();
-    let faults = draw_faults(rng);
-    let faults_said = format!(
-        "[{}]",
-        faults
-            .iter()
-            .map(Fault::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
+    let faults = draw_faults(rng, 0);
+    let faults_said = faults_said(&faults);
     eprintln!("random round {round}: mode {mode:?}, {trees} trees, faults {faults_said}");
     for ((tree, (how, after)), snapshot) in built.iter().zip(&plan).zip(&snapshots) {
         eprintln!(
@@ -2351,7 +2423,8 @@ async fn random_round(
                 );
             }
             if restarts {
-                sweep_missed(&built, &snapshots).await;
+                let swept: Vec<Swept<'_>> = built.iter().map(Tree::swept).collect();
+                sweep_missed(&swept, &snapshots).await;
             }
         }
     };

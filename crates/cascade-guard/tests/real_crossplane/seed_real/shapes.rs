@@ -2,8 +2,12 @@
 //! the invariant over every edge (`support::invariant`) checked for each.
 //!
 //! The randomized test above draws one shape (the seed's tree, with or
-//! without its Usage) and kills parts of the stack; this one keeps the stack
-//! whole and draws the shapes the fixed tests show one at a time:
+//! without its Usage) and kills parts of the stack; this one draws the
+//! shapes the fixed tests show one at a time, and kills parts of the stack
+//! only when asked (CASCADE_GUARD_SHAPE_FAULTS=1, as scripts/soak.sh does:
+//! one to three faults per round, those of the randomized test, each round
+//! then having the stack to itself; in CI it shares the stack with the
+//! other tests):
 //!
 //! - the seed's InferenceCluster, with or without its Usage;
 //! - the InferenceCluster guarded by one to three ClusterUsages (a reason
@@ -35,8 +39,9 @@
 //! nothing is asserted but Crossplane never refused: the broken edges, what
 //! wedged and what leaked are printed (the seed's failure, measured), and the
 //! tree is cleaned up. The first line printed names the seed and every
-//! tree's shape, client and mode: CASCADE_GUARD_SEED replays a run,
-//! CASCADE_GUARD_REAL_SHAPES sets how many trees (6).
+//! tree's shape, client and mode, and each round's faults:
+//! CASCADE_GUARD_SEED replays a run, CASCADE_GUARD_REAL_SHAPES sets how many
+//! trees per round (6), CASCADE_GUARD_SHAPE_ROUNDS how many rounds (1).
 
 use std::collections::BTreeSet;
 
@@ -164,6 +169,40 @@ struct Plan {
     releases: Vec<Duration>,
 }
 
+impl Plan {
+    /// Tree `i` of round `round` (of `rounds`): its shape, mode, client,
+    /// delay and, when guarded, its guards' releases.
+    fn draw(rng: &mut support::rng::Rng, round: usize, rounds: usize, i: usize) -> Self {
+        let shape = Shape::draw(rng);
+        // Off now and then: its broken edges are the seed's failure,
+        // measured (and its wedges cost minutes).
+        let mode = match rng.below(6) {
+            0 => Mode::Off,
+            1..=2 => Mode::Refuse,
+            _ => Mode::Convert,
+        };
+        let how = How::draw(rng, shape, mode);
+        let delay = rng.millis(0, 10_000);
+        let releases = match shape {
+            Shape::Guarded { guards } => (0..guards).map(|_| rng.millis(0, 20_000)).collect(),
+            _ => Vec::new(),
+        };
+        let name = if rounds == 1 {
+            format!("shp-{i}")
+        } else {
+            format!("shp-{round}-{i}")
+        };
+        Plan {
+            name,
+            shape,
+            mode,
+            how,
+            delay,
+            releases,
+        }
+    }
+}
+
 impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -235,6 +274,8 @@ struct Built {
     clusters: Vec<String>,
     /// The namespace of its own, for [`Shape::Namespaced`].
     namespace: Option<String>,
+    /// Removals its timeline missed across an API server restart.
+    missed: MissedRemovals,
 }
 
 /// Server-side applies `object` (its kind `resource`) as the tests do.
@@ -769,6 +810,7 @@ impl Built {
             usage,
             clusters,
             namespace,
+            missed: MissedRemovals::default(),
         }
     }
 
@@ -796,19 +838,52 @@ impl Built {
                 format!("{c}-kubeconfig"),
             )
         });
-        let managed_namespaces: BTreeSet<Option<String>> = self
-            .objects
-            .iter()
-            .filter(|(r, _, _)| r.kind == "Release" || r.kind == "Object")
-            .map(|(_, ns, _)| ns.clone())
-            .collect();
         snapshot_of(
             &self.client,
             &what,
             self.objects.iter().cloned().chain(secrets_read),
-            managed_namespaces,
+            self.managed_namespaces(),
         )
         .await
+    }
+
+    /// The namespaces of its managed resources (their ProviderConfigUsages
+    /// are there).
+    fn managed_namespaces(&self) -> BTreeSet<Option<String>> {
+        self.objects
+            .iter()
+            .filter(|(r, _, _)| r.kind == "Release" || r.kind == "Object")
+            .map(|(_, ns, _)| ns.clone())
+            .collect()
+    }
+
+    /// The tree as [`sweep_missed`] looks through it: its objects' kinds,
+    /// the kubeconfig Secrets and the ProviderConfigUsages of its managed
+    /// resources.
+    fn swept(&self) -> Swept<'_> {
+        let mut kinds: Vec<(ApiResource, Option<String>)> = Vec::new();
+        let objects = self
+            .objects
+            .iter()
+            .map(|(r, ns, _)| (r.clone(), ns.clone()));
+        let secrets =
+            (!self.clusters.is_empty()).then(|| (secrets(), Some(SYSTEM_NAMESPACE.to_string())));
+        let usages = self
+            .managed_namespaces()
+            .into_iter()
+            .flat_map(|ns| provider_config_usages().map(|r| (r, ns.clone())));
+        for kind in objects.chain(secrets).chain(usages) {
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        Swept {
+            name: &self.plan.name,
+            client: &self.client,
+            timeline: &self.timeline,
+            missed: &self.missed,
+            kinds,
+        }
     }
 
     /// Waits until nothing of the tree (and its namespace, if deleted) is
@@ -832,13 +907,13 @@ impl Built {
     }
 
     /// Every edge of `snapshot` kept by the teardown (as
-    /// `Tree::assert_every_edge`, without an API server restart to miss a
-    /// removal): fails listing every broken and every unjudged edge; returns
-    /// the tally.
+    /// `Tree::assert_every_edge`, with the removals the watch missed across
+    /// an API server restart): fails listing every broken and every unjudged
+    /// edge; returns the tally.
     async fn assert_every_edge(&self, snapshot: &[Value]) -> String {
         let uids = invariant::uids(snapshot);
         let kept = edges_kept(&self.timeline, snapshot, |entries, r| {
-            invariant::fate(entries, r, uids.get(r).map(String::as_str))
+            fate_with_missed(entries, &uids, &self.missed, r)
         })
         .await;
         match kept {
@@ -861,7 +936,7 @@ impl Built {
         let uids = invariant::uids(snapshot);
         let entries = self.timeline.entries();
         let (broken, tally) = invariant::measure(edges, |r| {
-            invariant::fate(&entries, r, uids.get(r).map(String::as_str))
+            fate_with_missed(&entries, &uids, &self.missed, r)
         });
         (edges.len(), broken, tally)
     }
@@ -875,23 +950,26 @@ impl Built {
             .collect()
     }
 
-    /// etcd's revision of `kind/name`'s first sight deleting, or leaving.
-    fn deleted_at(&self, kind: &str, name: &str) -> Option<u64> {
-        self.timeline
-            .terminating(kind, name)
-            .or_else(|| self.timeline.gone(kind, name))
-            .map(|e| e.revision.unwrap_or(e.seq))
+    /// etcd's revision of `kind/name`'s first sight deleting, or leaving;
+    /// for a removal the watch missed, the revisions it lies within.
+    fn deleted_at(&self, kind: &str, name: &str) -> Option<(u64, u64)> {
+        match self.timeline.terminating(kind, name) {
+            Some(e) => {
+                let at = e.revision.unwrap_or(e.seq);
+                Some((at, at))
+            }
+            None => gone_within(&self.timeline, &self.missed, kind, name),
+        }
     }
 
-    fn gone_at(&self, kind: &str, name: &str) -> u64 {
-        match self.timeline.gone(kind, name) {
-            Some(e) => e.revision.unwrap_or(e.seq),
-            None => panic!(
+    fn gone_at(&self, kind: &str, name: &str) -> (u64, u64) {
+        gone_within(&self.timeline, &self.missed, kind, name).unwrap_or_else(|| {
+            panic!(
                 "{}: {kind}/{name} never seen leaving\n{}",
                 self.what(),
                 self.timeline.describe()
-            ),
-        }
+            )
+        })
     }
 
     /// After an orphaning delete: deletes (foreground) what is left, each
@@ -937,14 +1015,11 @@ impl Built {
                 .map(|(r, _, _)| r.clone())
                 .collect()
         };
+        let uids = invariant::uids(snapshot);
         let gone = wait::until(SHAPE_TEARDOWN_TIMEOUT, || async {
             let entries = self.timeline.entries();
             let alive = |r: &invariant::ObjectRef| {
-                let uid = refs
-                    .iter()
-                    .find(|(x, _, _)| x == r)
-                    .map(|(_, u, _)| u.as_str());
-                invariant::fate(&entries, r, uid).is_some_and(|f| f.still_there)
+                fate_with_missed(&entries, &uids, &self.missed, r).is_some_and(|f| f.still_there)
             };
             for (r, ns, n) in &self.objects {
                 let objects = api(&self.client, r, ns.as_deref());
@@ -999,6 +1074,60 @@ enum Outcome {
     InUse,
 }
 
+/// `kubectl <args> --wait=false`, tried again while it gets no answer (the
+/// API server restarting, a webhook down with Crossplane core), as a user
+/// would: (succeeded, stdout + stderr).
+async fn kubectl_retrying(stack: &Stack, args: &[String]) -> (bool, String) {
+    let mut tries = Tries::new(&args.join(" "));
+    loop {
+        let (ok, said) = kubectl(stack, args).await;
+        if ok || !tries.again(kubectl_unreachable(&said), &said).await {
+            return (ok, said);
+        }
+    }
+}
+
+/// A client's tries of one request while the API server or a webhook cannot
+/// answer, until [`UNREACHABLE_TIMEOUT`].
+struct Tries {
+    what: String,
+    deadline: Instant,
+    retried: bool,
+}
+
+impl Tries {
+    fn new(what: &str) -> Self {
+        Self {
+            what: what.to_string(),
+            deadline: Instant::now() + UNREACHABLE_TIMEOUT,
+            retried: false,
+        }
+    }
+
+    /// Whether to try again after a failure (`transient`: it got no answer),
+    /// after a pause.
+    async fn again(&mut self, transient: bool, said: &str) -> bool {
+        if !transient || Instant::now() > self.deadline {
+            return false;
+        }
+        let last = said.trim().lines().last().unwrap_or_default();
+        eprintln!("{}: again: {last}", self.what);
+        self.retried = true;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        true
+    }
+
+    /// Whether a retry's failure says an earlier try went through before
+    /// its answer was lost: the object, or the namespace's content, already
+    /// gone.
+    fn went_through(&self, said: &str) -> bool {
+        self.retried
+            && (said.contains("(NotFound)")
+                || said.contains("(404)")
+                || said.contains("ensuring all content is removed"))
+    }
+}
+
 /// `kubectl <args> --wait=false`: (succeeded, stdout + stderr).
 async fn kubectl(stack: &Stack, args: &[String]) -> (bool, String) {
     let out = tokio::process::Command::new(&stack.kubectl)
@@ -1026,10 +1155,50 @@ fn api_message(e: kube::Error) -> String {
     }
 }
 
-/// Sends `how`'s delete of `target`: Ok, or the refusal's message.
+/// Sends `how`'s delete of `target`, again while it gets no answer (the API
+/// server restarting, Crossplane's webhook down): Ok (also when a retry
+/// finds that an earlier try went through), or the refusal's message.
 async fn send(stack: &Stack, built: &Built, how: How, target: &Target) -> Result<(), String> {
+    let mut tries = Tries::new(&format!(
+        "{}: {how:?} of {} {}",
+        built.plan.name, target.resource.kind, target.name
+    ));
+    loop {
+        match send_once(stack, built, how, target).await {
+            Ok(()) => return Ok(()),
+            Err((said, transient)) => {
+                if tries.again(transient, &said).await {
+                    continue;
+                }
+                if tries.went_through(&said) {
+                    return Ok(());
+                }
+                return Err(said);
+            }
+        }
+    }
+}
+
+/// One try of [`send`]: Ok, or what it said and whether it got no answer.
+async fn send_once(
+    stack: &Stack,
+    built: &Built,
+    how: How,
+    target: &Target,
+) -> Result<(), (String, bool)> {
     let objects = target.api(&built.client);
-    let from_kubectl = |(ok, said): (bool, String)| if ok { Ok(()) } else { Err(said) };
+    let from_kubectl = |(ok, said): (bool, String)| {
+        if ok {
+            Ok(())
+        } else {
+            let transient = kubectl_unreachable(&said);
+            Err((said, transient))
+        }
+    };
+    let failed = |e: kube::Error| {
+        let transient = api_unreachable(&e);
+        (api_message(e), transient)
+    };
     let mut delete = vec!["delete".to_string()];
     delete.extend(target.kubectl_args());
     match how {
@@ -1046,12 +1215,12 @@ async fn send(stack: &Stack, built: &Built, how: How, target: &Target) -> Result
             .delete(&target.name, &DeleteParams::background())
             .await
             .map(|_| ())
-            .map_err(api_message),
+            .map_err(failed),
         How::ApiNoPolicy => objects
             .delete(&target.name, &DeleteParams::default())
             .await
             .map(|_| ())
-            .map_err(api_message),
+            .map_err(failed),
         How::Collection => {
             let by_label = kube::api::ListParams::default()
                 .labels(&format!("{TREE_LABEL}={}", built.plan.name));
@@ -1059,7 +1228,7 @@ async fn send(stack: &Stack, built: &Built, how: How, target: &Target) -> Result
                 .delete_collection(&DeleteParams::default(), &by_label)
                 .await
                 .map(|_| ())
-                .map_err(api_message)
+                .map_err(failed)
         }
         How::Namespace => {
             let ns = built.namespace.as_deref().expect("a namespace of its own");
@@ -1067,7 +1236,7 @@ async fn send(stack: &Stack, built: &Built, how: How, target: &Target) -> Result
                 .delete(ns, &DeleteParams::default())
                 .await
                 .map(|_| ())
-                .map_err(api_message)
+                .map_err(failed)
         }
     }
 }
@@ -1090,8 +1259,28 @@ fn command_in(refusal: &str) -> Option<String> {
     Some(command)
 }
 
-/// Runs what a refusal says works, as a user would paste it.
+/// Runs what a refusal says works, as a user would paste it, again while it
+/// gets no answer (the API server restarting): Ok also when a retry finds
+/// that an earlier try went through.
 pub(super) async fn follow(stack: &Stack, command: &str) -> Result<(), String> {
+    let mut tries = Tries::new(command);
+    loop {
+        match follow_once(stack, command).await {
+            Ok(()) => return Ok(()),
+            Err(said) => {
+                if tries.again(kubectl_unreachable(&said), &said).await {
+                    continue;
+                }
+                if tries.went_through(&said) {
+                    return Ok(());
+                }
+                return Err(said);
+            }
+        }
+    }
+}
+
+async fn follow_once(stack: &Stack, command: &str) -> Result<(), String> {
     let kubectl_dir = stack
         .kubectl
         .parent()
@@ -1132,15 +1321,27 @@ async fn deliver(stack: &Stack, built: &Built, how: How, target: &Target) -> Out
     let mode = built.plan.mode;
     let claim = built.plan.shape == Shape::Claim;
     if how == How::OrphanBreakGlass {
-        target
-            .api(&built.client)
-            .patch(
-                &target.name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": {BREAK_GLASS: "random shapes: orphaned on purpose"}}})),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{what}: annotate break-glass: {e}"));
+        let mut tries = Tries::new(&format!("{what}: annotate break-glass"));
+        let annotation = json!({"metadata": {"annotations": {BREAK_GLASS: "random shapes: orphaned on purpose"}}});
+        loop {
+            let patched = target
+                .api(&built.client)
+                .patch(
+                    &target.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&annotation),
+                )
+                .await;
+            match patched {
+                Ok(_) => break,
+                Err(e) => {
+                    let said = e.to_string();
+                    if !tries.again(api_unreachable(&e), &said).await {
+                        panic!("{what}: annotate break-glass: {said}");
+                    }
+                }
+            }
+        }
     }
     let refused = match how {
         How::Namespace | How::OrphanBreakGlass => false,
@@ -1186,11 +1387,10 @@ async fn deliver(stack: &Stack, built: &Built, how: How, target: &Target) -> Out
 /// Deletes the tree with its plan's client at its delay, waits for it to
 /// go, and asserts every edge, nothing wedged or leaked, Crossplane never
 /// refused; returns what it saw.
-async fn tear_down(stack: &Stack, built: &Built) -> String {
+async fn tear_down(stack: &Stack, built: &Built, snapshot: &[Value]) -> String {
     let what = built.what();
     let plan = &built.plan;
     tokio::time::sleep(plan.delay).await;
-    let snapshot = built.snapshot().await;
     let started = Instant::now();
     match plan.shape {
         Shape::Guarded { .. } => {
@@ -1206,10 +1406,19 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
                 let what = &what;
                 async move {
                     tokio::time::sleep(*after).await;
-                    guards
-                        .delete(g, &DeleteParams::default())
-                        .await
-                        .unwrap_or_else(|e| panic!("{what}: release {g}: {e}"));
+                    let mut tries = Tries::new(&format!("{what}: release {g}"));
+                    loop {
+                        let Err(e) = guards.delete(g, &DeleteParams::default()).await else {
+                            break;
+                        };
+                        let transient = api_unreachable(&e);
+                        let said = api_message(e);
+                        if tries.again(transient, &said).await {
+                            continue;
+                        }
+                        assert!(tries.went_through(&said), "{what}: release {g}: {said}");
+                        break;
+                    }
                 }
             }))
             .await;
@@ -1223,7 +1432,7 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
             if plan.mode == Mode::Refuse {
                 delete.push("--cascade=foreground".to_string());
             }
-            let (ok, said) = kubectl(stack, &delete).await;
+            let (ok, said) = kubectl_retrying(stack, &delete).await;
             assert!(
                 !ok && said.contains("in-use"),
                 "{what}: Crossplane's webhook should refuse the used XR's delete: {said}"
@@ -1257,7 +1466,9 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
             }
             if free {
                 let hubs = hub.api(&built.client);
-                let free = wait::until(Duration::from_secs(90), || async {
+                // Crossplane may be down for a while, then its Usage
+                // re-checks its user every 30 s.
+                let free = wait::until(Duration::from_secs(180), || async {
                     let o = hubs.get_opt(&hub.name).await.ok().flatten()?;
                     (!o.labels().contains_key(IN_USE_LABEL)).then_some(())
                 })
@@ -1273,7 +1484,7 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
         }
     }
     if plan.mode == Mode::Off {
-        return off_outcome(stack, built, &snapshot, started).await;
+        return off_outcome(stack, built, snapshot, started).await;
     }
     let tally = if plan.how == How::OrphanBreakGlass {
         let root = built
@@ -1289,7 +1500,7 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
             "{what}: the orphaning delete left the root\n{}",
             built.states().await
         );
-        built.clean_up_in_order(&snapshot).await;
+        built.clean_up_in_order(snapshot).await;
         "orphaned with break-glass: edges not checked, cleaned up in order".to_string()
     } else {
         assert!(
@@ -1299,10 +1510,10 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
             built.states().await,
             built.timeline.describe()
         );
-        let tally = built.assert_every_edge(&snapshot).await;
+        let tally = built.assert_every_edge(snapshot).await;
         format!(
             "every edge kept ({} edges: {tally})",
-            invariant::edges(&snapshot).len()
+            invariant::edges(snapshot).len()
         )
     };
     match plan.shape {
@@ -1321,14 +1532,15 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
                         .deleted_at("ClusterUsage", g)
                         .expect("a guard was deleted")
                 })
-                .max()
+                .max_by_key(|r| r.1)
                 .expect("a guard");
             let deleted = built
                 .deleted_at(&built.root.resource.kind, &built.root.name)
                 .expect("the cluster was deleted");
+            // Sure: a removal known only within revisions lies wholly before.
             assert!(
-                last < deleted,
-                "{what}: the cluster was deleted (#{deleted}) before its last guard was (#{last})\n{}",
+                last.1 < deleted.0,
+                "{what}: the cluster was deleted (#{deleted:?}) before its last guard was (#{last:?})\n{}",
                 built.timeline.describe()
             );
         }
@@ -1340,8 +1552,8 @@ async fn tear_down(stack: &Stack, built: &Built) -> String {
                 .deleted_at(&hub.resource.kind, &hub.name)
                 .expect("the used XR was deleted");
             assert!(
-                user < deleted,
-                "{what}: {} {} deleted (#{deleted}) before its user was gone (#{user})\n{}",
+                user.1 < deleted.0,
+                "{what}: {} {} deleted (#{deleted:?}) before its user was gone (#{user:?})\n{}",
                 hub.resource.kind,
                 hub.name,
                 built.timeline.describe()
@@ -1416,59 +1628,54 @@ fn assert_crossplane_never_refused(stack: &Stack, built: &Built) {
     let refused = crossplane_refusals(&events, &built.objects);
     assert!(
         refused.is_empty(),
-        "{}: Crossplane was refused: {refused:?}",
-        built.what()
+        "{}: Crossplane was refused: {refused:?}\nwhat the logs say of the tree:\n{}\n{}",
+        built.what(),
+        stack.cp.log_lines_naming(&built.plan.name),
+        built.timeline.describe()
     );
 }
 
 #[tokio::test]
 async fn random_shapes_keep_every_edge() {
-    let (stack, _shared) = shared_stack().await;
+    let _clock = TestClock::start();
+    let stack = stack().await;
     let mut rng = support::rng::Rng::from_env("seed_real random shapes");
     let seed = rng.0;
-    let trees: usize = std::env::var("CASCADE_GUARD_REAL_SHAPES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(6);
+    let trees: usize = env_number("CASCADE_GUARD_REAL_SHAPES").unwrap_or(6);
+    // scripts/soak.sh runs many rounds, each with faults.
+    let rounds: usize = env_number("CASCADE_GUARD_SHAPE_ROUNDS").unwrap_or(1);
+    let faulting = std::env::var("CASCADE_GUARD_SHAPE_FAULTS").is_ok_and(|v| v == "1");
     // Every draw before anything runs, so that a seed replays the run.
-    let plans: Vec<Plan> = (0..trees)
-        .map(|i| {
-            let shape = Shape::draw(&mut rng);
-            // Off now and then: its broken edges are the seed's failure,
-            // measured (and its wedges cost minutes).
-            let mode = match rng.below(6) {
-                0 => Mode::Off,
-                1..=2 => Mode::Refuse,
-                _ => Mode::Convert,
+    let draws: Vec<(Vec<Plan>, Vec<Fault>)> = (0..rounds)
+        .map(|round| {
+            let plans = (0..trees)
+                .map(|i| Plan::draw(&mut rng, round, rounds, i))
+                .collect();
+            // One to three: several faults per tree.
+            let faults = if faulting {
+                draw_faults(&mut rng, 1)
+            } else {
+                Vec::new()
             };
-            let how = How::draw(&mut rng, shape, mode);
-            let delay = rng.millis(0, 10_000);
-            let releases = match shape {
-                Shape::Guarded { guards } => (0..guards).map(|_| rng.millis(0, 20_000)).collect(),
-                _ => Vec::new(),
-            };
-            Plan {
-                name: format!("shp-{i}"),
-                shape,
-                mode,
-                how,
-                delay,
-                releases,
-            }
+            (plans, faults)
         })
         .collect();
-    eprintln!(
-        "random shapes: CASCADE_GUARD_SEED={seed}; {}",
-        plans
-            .iter()
-            .map(Plan::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
+    eprintln!("random shapes: CASCADE_GUARD_SEED={seed}; {rounds} round(s) of {trees} trees");
+    for (round, (plans, faults)) in draws.iter().enumerate() {
+        eprintln!(
+            "random shapes: round {round}: {}; faults {}",
+            joined(plans),
+            faults_said(faults)
+        );
+    }
     let started = Instant::now();
+    // Without faults the test shares the stack with the others (a read
+    // guard keeps the randomized round's kills away); with them, each round
+    // builds beside the others, then has the stack to itself.
+    let shared = stack.exclusive.read().await;
     let modes: Vec<Mode> = [Mode::Off, Mode::Refuse, Mode::Convert]
         .into_iter()
-        .filter(|m| plans.iter().any(|p| p.mode == *m))
+        .filter(|m| draws.iter().flat_map(|(p, _)| p).any(|p| p.mode == *m))
         .collect();
     let installed =
         futures::future::join_all(modes.iter().map(|m| Kinds::install(stack, *m))).await;
@@ -1476,19 +1683,45 @@ async fn random_shapes_keep_every_edge() {
         let at = modes.iter().position(|m| *m == mode).expect("installed");
         &installed[at]
     };
-    let built = futures::future::join_all(
-        plans
-            .iter()
-            .map(|p| Built::build(stack, kinds(p.mode), p.clone())),
-    )
-    .await;
-    eprintln!(
-        "random shapes: {trees} trees built in {:?}",
-        started.elapsed()
-    );
-    let said = futures::future::join_all(built.iter().map(|b| tear_down(stack, b))).await;
-    for line in &said {
-        eprintln!("{line}");
+    let mut shared = Some(shared);
+    for (round, (plans, faults)) in draws.iter().enumerate() {
+        if shared.is_none() {
+            shared = Some(stack.exclusive.read().await);
+        }
+        let built = futures::future::join_all(
+            plans
+                .iter()
+                .map(|p| Built::build(stack, kinds(p.mode), p.clone())),
+        )
+        .await;
+        eprintln!(
+            "random shapes: round {round}: {trees} trees built in {:?}",
+            started.elapsed()
+        );
+        let owner = if faulting {
+            drop(shared.take());
+            let waited = TestClock::part(" (waiting for the other tests)");
+            let owner = stack.exclusive.write().await;
+            drop(waited);
+            Some(owner)
+        } else {
+            None
+        };
+        // Each tree's objects before the first delete and the first fault:
+        // every edge they state (support::invariant) is checked after its
+        // teardown.
+        let snapshots: Vec<Vec<Value>> =
+            futures::future::join_all(built.iter().map(Built::snapshot)).await;
+        let said = shapes_round(stack, &built, &snapshots, faults).await;
+        for line in &said {
+            eprintln!("{line}");
+        }
+        drop(owner);
+        eprintln!(
+            "random shapes: round {round}: {trees} trees, faults {}: done at {:?}",
+            faults_said(faults),
+            started.elapsed()
+        );
     }
     // No write by Crossplane, a provider or the garbage collector (anyone
     // but the test's admin) was ever refused by cascade-guard.
@@ -1502,5 +1735,56 @@ async fn random_shapes_keep_every_edge() {
         refused_writes.is_empty(),
         "random shapes: writes refused by cascade-guard: {refused_writes:?}"
     );
-    eprintln!("random shapes: {trees} trees in {:?}", started.elapsed());
+    eprintln!(
+        "random shapes: {} trees in {rounds} round(s) in {:?}",
+        rounds * trees,
+        started.elapsed()
+    );
+}
+
+/// A number from the environment, if it is set and one.
+fn env_number(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|n| n.parse().ok())
+}
+
+/// One round's teardowns, with its faults at their moments: what each tree
+/// came to. With an API server restart among the faults, the removals the
+/// timelines miss are swept for every 2 seconds until the last tree is done.
+async fn shapes_round(
+    stack: &Stack,
+    built: &[Built],
+    snapshots: &[Vec<Value>],
+    faults: &[Fault],
+) -> Vec<String> {
+    let started = Instant::now();
+    let chaos = futures::future::join_all(faults.iter().map(|f| run_fault(stack, *f, started)));
+    let teardowns = futures::future::join_all(
+        built
+            .iter()
+            .zip(snapshots)
+            .map(|(b, snapshot)| tear_down(stack, b, snapshot)),
+    );
+    let restarts = faults.iter().any(|f| f.kind == FaultKind::ApiServer);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let sweeper = async {
+        while restarts && !done.load(std::sync::atomic::Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let swept: Vec<Swept<'_>> = built.iter().map(Built::swept).collect();
+            sweep_missed(&swept, snapshots).await;
+        }
+    };
+    let work = async {
+        let (_, said) = tokio::join!(chaos, teardowns);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        said
+    };
+    let (_, said) = tokio::join!(sweeper, work);
+    if !faults.is_empty() {
+        let replicas = stack.restart_controller();
+        let crossplane = stack.restart_crossplane();
+        eprintln!(
+            "random shapes: after the faults, started again: cascade-guard {replicas:?}, Crossplane {crossplane:?}"
+        );
+    }
+    said
 }
