@@ -83,6 +83,7 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
             "inForeground",
             &finalizer_present(FOREGROUND_DELETION_FINALIZER),
         ),
+        var("deleting", "has(oldObject.metadata.deletionTimestamp)"),
     ];
     match shape {
         // Modern XRs list composed resources in spec.crossplane.resourceRefs,
@@ -418,6 +419,7 @@ fn rules(mode: Mode, shape: Shape) -> Vec<(AllowReason, &'static str)> {
                 AllowReason::AlreadyInForeground if !claim => {
                     "variables.noPolicy && variables.inForeground"
                 }
+                AllowReason::AlreadyDeleting => "variables.noPolicy && variables.deleting",
                 AllowReason::NothingToCascade if shape != Shape::Other => {
                     "variables.nothingToCascade"
                 }
@@ -1056,7 +1058,9 @@ mod tests {
                     .ends_with("'refused: ' + variables.sent")
             );
         }
-        // Which rules a claim has: its own propagation counts for nothing.
+        // Which rules a claim has: its own propagation counts for nothing,
+        // except that a delete of a claim already being deleted, sending
+        // none, changes nothing.
         let claim: Vec<AllowReason> = rules(Mode::Refuse, Shape::Claim)
             .into_iter()
             .map(|(r, _)| r)
@@ -1064,6 +1068,7 @@ mod tests {
         assert_eq!(
             claim,
             [
+                AllowReason::AlreadyDeleting,
                 AllowReason::NothingToCascade,
                 AllowReason::CompositeDeletedInForeground,
                 AllowReason::GarbageCollector,

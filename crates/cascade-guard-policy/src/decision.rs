@@ -48,6 +48,9 @@ pub struct ObjectState {
     pub composite_delete_foreground: bool,
     /// The break-glass annotation is present with a non-empty value.
     pub break_glass: bool,
+    /// `metadata.deletionTimestamp` is set: the object is already being
+    /// deleted.
+    pub deleting: bool,
 }
 
 impl ObjectState {
@@ -78,11 +81,15 @@ impl ObjectState {
             .and_then(|a| a.get(BREAK_GLASS_ANNOTATION))
             .and_then(Value::as_str)
             .is_some_and(|v| !v.is_empty());
+        let deleting = object
+            .pointer("/metadata/deletionTimestamp")
+            .is_some_and(|t| !t.is_null());
         ObjectState {
             finalizers,
             composed_count,
             composite_delete_foreground,
             break_glass,
+            deleting,
         }
     }
 
@@ -111,6 +118,11 @@ pub enum AllowReason {
     /// No policy sent at all, and the object is already in a foreground
     /// cascade: the API server keeps `foregroundDeletion` in that case only.
     AlreadyInForeground,
+    /// No policy sent at all, and the object is already being deleted: the
+    /// API server then leaves its deletion as it is (no finalizer added or
+    /// taken away), so the delete changes nothing. Crossplane sends such
+    /// deletes again and again while a claim or an owner is terminating.
+    AlreadyDeleting,
     /// A composite resource that lists no composed resources, or a claim
     /// bound to no composite resource.
     NothingToCascade,
@@ -129,9 +141,10 @@ pub enum AllowReason {
 
 impl AllowReason {
     /// The order rules are checked in, here and in the CEL.
-    pub const ORDER: [AllowReason; 7] = [
+    pub const ORDER: [AllowReason; 8] = [
         AllowReason::ForegroundAsked,
         AllowReason::AlreadyInForeground,
+        AllowReason::AlreadyDeleting,
         AllowReason::NothingToCascade,
         AllowReason::CompositeDeletedInForeground,
         AllowReason::GarbageCollector,
@@ -143,6 +156,7 @@ impl AllowReason {
         match self {
             AllowReason::ForegroundAsked => "ForegroundAsked",
             AllowReason::AlreadyInForeground => "AlreadyInForeground",
+            AllowReason::AlreadyDeleting => "AlreadyDeleting",
             AllowReason::NothingToCascade => "NothingToCascade",
             AllowReason::CompositeDeletedInForeground => "CompositeDeletedInForeground",
             AllowReason::GarbageCollector => "GarbageCollector",
@@ -261,6 +275,7 @@ fn rule_holds(
         AllowReason::AlreadyInForeground => {
             !claim && no_policy && req.object.has_finalizer(FOREGROUND_DELETION_FINALIZER)
         }
+        AllowReason::AlreadyDeleting => no_policy && req.object.deleting,
         AllowReason::NothingToCascade => {
             shape != Shape::Other && req.object.composed_count == Some(0)
         }
@@ -408,13 +423,18 @@ pub(crate) mod tests {
                 composite_delete_foreground: shape == Shape::Claim
                     && state == State::LiveComposingInForeground,
                 break_glass: false,
+                deleting: matches!(
+                    state,
+                    State::TerminatingForeground | State::TerminatingBackground
+                ),
             },
         }
     }
 
     /// The table in words: a delete of a guarded object goes through when
     /// the client asked for foreground, or sent nothing while a foreground
-    /// cascade is already running; when a composite resource composed
+    /// cascade is already running or the object is already being deleted
+    /// (nothing changes then); when a composite resource composed
     /// nothing; or when the garbage collector itself deletes. A claim's own
     /// propagation does not count: it goes through when it is bound to no
     /// composite resource, or says to delete that in the foreground.
@@ -424,6 +444,11 @@ pub(crate) mod tests {
         let asked_foreground = !claim && sent == Sent::Foreground;
         let keeps_running_foreground =
             !claim && sent == Sent::Nothing && state == State::TerminatingForeground;
+        let changes_nothing = sent == Sent::Nothing
+            && matches!(
+                state,
+                State::TerminatingForeground | State::TerminatingBackground
+            );
         let composed_nothing = shape != Shape::Other && state == State::LiveWithNone;
         let composite_in_foreground = claim && state == State::LiveComposingInForeground;
         let garbage_collector = matches!(
@@ -432,6 +457,7 @@ pub(crate) mod tests {
         );
         asked_foreground
             || keeps_running_foreground
+            || changes_nothing
             || composed_nothing
             || composite_in_foreground
             || garbage_collector
@@ -619,6 +645,7 @@ pub(crate) mod tests {
                     composed_count: Some(2),
                     composite_delete_foreground: false,
                     break_glass: false,
+                    deleting: false,
                 },
             };
             let v = decide(Mode::Convert, Shape::CompositeResource, &settings, &req);
@@ -690,9 +717,15 @@ pub(crate) mod tests {
                 finalizers: vec![],
                 composed_count: Some(0),
                 composite_delete_foreground: false,
-                break_glass: false
+                break_glass: false,
+                deleting: false,
             }
         );
+        let terminating = ObjectState::from_object(
+            &json!({"metadata": {"deletionTimestamp": "2026-12-04T07:40:00Z"}}),
+            Shape::Other,
+        );
+        assert!(terminating.deleting);
 
         // A claim: bound or not, and how Crossplane deletes its composite.
         let claim = |spec: Value| ObjectState::from_object(&json!({"spec": spec}), Shape::Claim);
