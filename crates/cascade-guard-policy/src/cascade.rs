@@ -88,9 +88,24 @@ pub struct Memory {
     /// orphaned the dependents it drops `orphan`, and the object must still
     /// not be converted.
     pub orphaned: bool,
+    /// It was seen in the garbage collector's foreground cascade before
+    /// cascade-guard converted it: the delete was foreground already (a
+    /// user's, Crossplane's replay, or the garbage collector's own for a
+    /// dependent in a foreground cascade), which counts as the first
+    /// conversion. Without it, cascade-guard would answer the garbage
+    /// collector's clearing of `foregroundDeletion` with a Foreground delete
+    /// of an object with nothing left, and wait on the garbage collector to
+    /// clear it a second time, which a soak saw it never do.
+    pub foreground_from_the_start: bool,
 }
 
 impl Memory {
+    /// Foreground cascades started on the object: cascade-guard's
+    /// conversions, and the foreground delete it was first seen in.
+    pub fn cascades(&self) -> u32 {
+        self.conversions + u32::from(self.foreground_from_the_start)
+    }
+
     /// The memory of a replica that may not have seen the conversion (a
     /// restart, a new leader): an object marked converted counts as converted
     /// once, so that the state machine goes on from a finished or cut-short
@@ -175,7 +190,8 @@ pub fn live_step(observed: Observed) -> Step {
 
 /// The next step for one object.
 ///
-/// When `foregroundDeletion` disappears after a conversion, either the garbage
+/// When `foregroundDeletion` disappears after a conversion (or after the
+/// foreground delete the object was first seen in), either the garbage
 /// collector finished (no blocking dependents left) or a Background DELETE
 /// stripped it. For XRs, the composed resources tell which: any left means
 /// convert again. For other kinds cascade-guard cannot see the dependents, so
@@ -209,7 +225,7 @@ pub fn next_step(
     if observed.orphaning || memory.orphaned {
         return Step::LetGo(LetGo::Orphaning);
     }
-    if memory.conversions == 0 {
+    if memory.cascades() == 0 {
         return Step::Convert;
     }
     let step = match observed.shape {
@@ -247,7 +263,7 @@ pub fn reconversion_interval(conversions: u32) -> Duration {
 /// Without sight of the dependents: let go once the garbage collector has
 /// cleared `foregroundDeletion` after a second conversion.
 fn confirmed(memory: Memory) -> Step {
-    if memory.conversions >= 2 {
+    if memory.cascades() >= 2 {
         Step::Release
     } else {
         Step::Convert
@@ -355,6 +371,67 @@ mod tests {
                 "deleting={deleting} held={held} fg={fg} {shape:?} conversions={conversions} {deps:?}"
             );
         }
+    }
+
+    /// An object first seen in a foreground cascade it did not start (a user's
+    /// `--cascade=foreground`, Crossplane's replay, the garbage collector's
+    /// own delete of a dependent): when the garbage collector clears
+    /// `foregroundDeletion`, that cascade counts as the first conversion. An
+    /// XR with nothing left is released without a Foreground delete that
+    /// only the garbage collector could clear again (seed
+    /// 1796387107332808193, round 4: it never did); other kinds confirm once,
+    /// as after cascade-guard's own first conversion; a cascade cut short
+    /// (composed resources left) is converted.
+    #[test]
+    fn a_cascade_seen_in_foreground_from_the_start_counts_as_the_first() {
+        use Dependents::*;
+        let now = Instant::now();
+        let cleared = |shape| obs(true, true, false, shape);
+        let from_start = |conversions| Memory {
+            conversions,
+            foreground_from_the_start: true,
+            ..Memory::default()
+        };
+        let cases = [
+            (
+                Shape::CompositeResource,
+                0,
+                NotLookedUp,
+                Step::LookUpDependents,
+            ),
+            (Shape::CompositeResource, 0, None, Step::Release),
+            (Shape::CompositeResource, 0, Remaining(1), Step::Convert),
+            (Shape::CompositeResource, 0, Unknowable, Step::Convert),
+            (Shape::CompositeResource, 1, Unknowable, Step::Release),
+            (Shape::Other, 0, NotLookedUp, Step::Convert),
+            (Shape::Other, 1, NotLookedUp, Step::Release),
+        ];
+        for (shape, conversions, deps, want) in cases {
+            assert_eq!(
+                next_step(
+                    cleared(shape),
+                    from_start(conversions),
+                    deps,
+                    now,
+                    Carry::ToTheEnd
+                ),
+                want,
+                "{shape:?} conversions={conversions} {deps:?}"
+            );
+        }
+        // While the garbage collector's cascade runs, nothing changes.
+        assert_eq!(
+            next_step(
+                obs(true, true, true, Shape::CompositeResource),
+                from_start(0),
+                NotLookedUp,
+                now,
+                Carry::ToTheEnd
+            ),
+            Step::Wait
+        );
+        assert_eq!(from_start(0).cascades(), 1);
+        assert_eq!(Memory::default().cascades(), 0);
     }
 
     /// A new leader (nothing in memory) finds an object it converted before,

@@ -65,6 +65,11 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
     let now = Instant::now();
     let marked = object.annotations().contains_key(CONVERTED_ANNOTATION);
     let memory = ctx.memory(&uid).restored(marked);
+    // A foreground cascade cascade-guard did not start counts as its first
+    // conversion (cascade::Memory::foreground_from_the_start).
+    if observed.deleting && observed.held && observed.in_foreground && memory.cascades() == 0 {
+        ctx.remember(&uid, |m| m.foreground_from_the_start = true);
+    }
     let decide = |dependents| next_step(observed, memory, dependents, now, ctx.carry);
     let mut step = decide(Dependents::NotLookedUp);
     // A cascade cascade-guard holds: what it waits for, for the stall clock
@@ -311,6 +316,43 @@ mod tests {
         let again = Ok(Action::requeue(Duration::from_secs(30)));
         assert_eq!(turns, [again.clone(), again, Ok(Action::await_change())]);
         // Released: forgotten.
+        assert_eq!(conversions, [1, 2, 0]);
+    }
+
+    /// Deleted with Foreground by someone else: the garbage collector's
+    /// clearing counts as after a first conversion, so one confirming delete
+    /// (not two) and then the release.
+    #[tokio::test]
+    async fn a_foreground_delete_from_the_start_is_confirmed_once_and_released() {
+        let in_cascade = object("u1", "7", &[HELD, FOREGROUND], true);
+        let cleared = object("u1", "8", &[HELD], true);
+        let in_foreground = metadata("u1", "9", &[HELD, FOREGROUND], true);
+        let script = vec![
+            convert().ok(in_foreground.clone()),
+            mark().ok(in_foreground),
+            event("Normal", "ForegroundCascade"),
+            release_any_version().ok(metadata("u1", "10", &[], true)),
+            event("Normal", "CascadeComplete"),
+        ];
+        let (turns, conversions) = against(script, async |c| {
+            let ctx = context(c, Shape::Other, Reach::Every);
+            let mut turns = vec![turn(&in_cascade, &ctx).await];
+            let mut conversions = vec![ctx.memory("u1").cascades()];
+            for _ in 0..2 {
+                turns.push(turn(&cleared, &ctx).await);
+                conversions.push(ctx.memory("u1").cascades());
+            }
+            (turns, conversions)
+        })
+        .await;
+        assert!(turns[0].is_ok(), "{turns:?}");
+        assert_eq!(
+            turns[1..],
+            [
+                Ok(Action::requeue(Duration::from_secs(30))),
+                Ok(Action::await_change())
+            ]
+        );
         assert_eq!(conversions, [1, 2, 0]);
     }
 
