@@ -41,7 +41,9 @@
 //! tree is cleaned up. The first line printed names the seed and every
 //! tree's shape, client and mode, and each round's faults:
 //! CASCADE_GUARD_SEED replays a run, CASCADE_GUARD_REAL_SHAPES sets how many
-//! trees per round (6), CASCADE_GUARD_SHAPE_ROUNDS how many rounds (1).
+//! trees per round (6), CASCADE_GUARD_SHAPE_ROUNDS how many rounds (1),
+//! CASCADE_GUARD_SHAPE_FIRST_ROUND the first round to run (0): with the seed,
+//! a run cut short goes on from the round where it stopped.
 
 use std::collections::BTreeSet;
 
@@ -1645,7 +1647,9 @@ async fn random_shapes_keep_every_edge() {
     // scripts/soak.sh runs many rounds, each with faults.
     let rounds: usize = env_number("CASCADE_GUARD_SHAPE_ROUNDS").unwrap_or(1);
     let faulting = std::env::var("CASCADE_GUARD_SHAPE_FAULTS").is_ok_and(|v| v == "1");
-    // Every draw before anything runs, so that a seed replays the run.
+    let first_round: usize = env_number("CASCADE_GUARD_SHAPE_FIRST_ROUND").unwrap_or(0);
+    // Every draw before anything runs, so that a seed replays the run (and
+    // the rounds before the first to run are drawn all the same).
     let draws: Vec<(Vec<Plan>, Vec<Fault>)> = (0..rounds)
         .map(|round| {
             let plans = (0..trees)
@@ -1675,7 +1679,13 @@ async fn random_shapes_keep_every_edge() {
     let shared = stack.exclusive.read().await;
     let modes: Vec<Mode> = [Mode::Off, Mode::Refuse, Mode::Convert]
         .into_iter()
-        .filter(|m| draws.iter().flat_map(|(p, _)| p).any(|p| p.mode == *m))
+        .filter(|m| {
+            draws
+                .iter()
+                .skip(first_round)
+                .flat_map(|(p, _)| p)
+                .any(|p| p.mode == *m)
+        })
         .collect();
     let installed =
         futures::future::join_all(modes.iter().map(|m| Kinds::install(stack, *m))).await;
@@ -1684,7 +1694,7 @@ async fn random_shapes_keep_every_edge() {
         &installed[at]
     };
     let mut shared = Some(shared);
-    for (round, (plans, faults)) in draws.iter().enumerate() {
+    for (round, (plans, faults)) in draws.iter().enumerate().skip(first_round) {
         if shared.is_none() {
             shared = Some(stack.exclusive.read().await);
         }
@@ -1735,9 +1745,10 @@ async fn random_shapes_keep_every_edge() {
         refused_writes.is_empty(),
         "random shapes: writes refused by cascade-guard: {refused_writes:?}"
     );
+    let ran = rounds.saturating_sub(first_round);
     eprintln!(
-        "random shapes: {} trees in {rounds} round(s) in {:?}",
-        rounds * trees,
+        "random shapes: {} trees in {ran} round(s) (from round {first_round}) in {:?}",
+        ran * trees,
         started.elapsed()
     );
 }
