@@ -683,3 +683,46 @@ impl std::io::Write for Written {
         Ok(())
     }
 }
+
+/// A delete that is a foreground cascade already (`--cascade=foreground`):
+/// once the garbage collector ends it, cascade-guard releases the XR without
+/// a Foreground delete of its own. One, re-adding `foregroundDeletion` just
+/// after the garbage collector had cleared it, once left an XR wedged on real
+/// Crossplane (soak seed 1796387107332808193, round 4).
+#[tokio::test]
+async fn a_foreground_delete_is_let_go_without_a_conversion() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "fg-from-start").await;
+    let resource = CONVERT.resource();
+    create_tree(&s.client, &resource, &s.namespace, "fg", 2).await;
+    wait_held(&s.client, &resource, &s.namespace, "fg").await;
+    let got = delete(
+        &s.client,
+        &resource,
+        &s.namespace,
+        "fg",
+        &DeleteSpec::propagation("Foreground"),
+    )
+    .await;
+    assert!(got.allowed(), "{got:?}");
+    let _provider = Provider::start(s.client.clone(), s.namespace.clone(), Duration::ZERO);
+    let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &s.namespace, &resource);
+    let gone = wait::until(Duration::from_secs(60), || async {
+        matches!(xrs.get_opt("fg").await, Ok(None)).then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "fg never left: {:?}",
+        xrs.get_opt("fg").await
+    );
+    let conversions = audit::read(&env.cp.audit_log_path())
+        .into_iter()
+        .filter(|e| {
+            e.verb == "delete"
+                && e.effective_username() == CONTROLLER_USER
+                && e.is_about(&resource.plural, &s.namespace, "fg")
+        })
+        .count();
+    assert_eq!(conversions, 0, "cascade-guard deleted fg itself");
+}
