@@ -14,7 +14,8 @@
 //! stalled cascade from a slow one, [`holders`] says what holds an object,
 //! and [`composed`] reads what an XR composes. [`order`] reads which objects
 //! of a live tree need which, the order its siblings must go in, and what a
-//! Background or Foreground delete of it would break. [`static_manifest`]
+//! Background or Foreground delete of it would break, and [`roots`] which
+//! objects begin such a tree. [`static_manifest`]
 //! writes the compiled objects as files the API server serves on its own.
 
 pub mod admission;
@@ -36,6 +37,7 @@ pub mod plan;
 pub mod render;
 pub mod replay;
 pub mod resolve;
+pub mod roots;
 pub mod selector;
 pub mod settings;
 pub mod shown;

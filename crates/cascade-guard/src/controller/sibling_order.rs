@@ -40,6 +40,7 @@ use crate::policy::hold::{
 };
 use crate::policy::holders::IN_USE_LABEL;
 use crate::policy::order::{self, ObjectRef};
+use crate::policy::roots::Listed;
 use crate::policy::{CompileSettings, Mode, Policy};
 
 /// How often the loop looks.
@@ -222,10 +223,18 @@ impl SiblingOrder {
         .buffered(READS_AT_ONCE)
         .collect()
         .await;
-        let mut due = Vec::new();
+        let mut listed = Listed::default();
+        let mut ok = Vec::new();
         for (group, kind, selectors, served, list) in lists {
-            let list = match list {
-                Ok(list) => list.items,
+            match list {
+                Ok(list) => {
+                    listed.add_kind(
+                        &group,
+                        &kind,
+                        list.items.iter().filter_map(|m| m.metadata.uid.as_deref()),
+                    );
+                    ok.push((kind, selectors, served, list.items));
+                }
                 Err(e) => {
                     listed_all = false;
                     // Said once per kind: without list (RBAC: the chart's
@@ -233,14 +242,15 @@ impl SiblingOrder {
                     if self.warned.insert(format!("list {group}/{kind}")) {
                         tracing::warn!(%kind, %group, error = %e, "sibling order: cannot list this kind; its trees are not ordered (cascade-guard needs get, list, patch and delete on the group: the chart's protectedGroups)");
                     }
-                    continue;
                 }
-            };
+            }
+        }
+        let mut due = Vec::new();
+        for (kind, selectors, served, list) in ok {
             for meta in list {
-                let is_root = meta
-                    .owner_references()
-                    .iter()
-                    .all(|o| o.controller != Some(true));
+                // Its controller gone too: what an orphan delete of the root
+                // left behind, which the garbage collector may delete next.
+                let is_root = listed.is_root(meta.owner_references());
                 let selected = selectors
                     .iter()
                     .any(|s| s.selects_all() || s.matches(meta.labels()));

@@ -93,15 +93,40 @@ async fn delete_tree(
     .expect("delete the tree");
 }
 
+/// What starts the teardown.
+enum Teardown {
+    /// A delete of the tree with this policy.
+    Delete(Option<PropagationPolicy>),
+    /// The tree given a controller that is gone: what a break-glass orphan
+    /// delete of a composite above it can leave (seen with real Crossplane in
+    /// the soak). The garbage collector deletes it (in the background) as a
+    /// dependent of a gone owner, and cascade-guard must keep ordering it as
+    /// a tree of its own.
+    ControllerGone,
+}
+
+async fn controller_gone(client: &Client, resource: &ApiResource, ns: &str) {
+    let xrs: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
+    let owner = json!({
+        "apiVersion": resource.api_version,
+        "kind": resource.kind,
+        "name": "gone",
+        "uid": "00000000-0000-4000-8000-00000000dead",
+        "controller": true,
+    });
+    xrs.patch(
+        "tree",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"ownerReferences": [owner]}})),
+    )
+    .await
+    .expect("give the tree a controller that is gone");
+}
+
 /// Builds the needy tree of `kind` in a namespace of its own, waits until
-/// `tree-1` is held (when `held`), deletes the tree with `policy` and waits
-/// until it is gone: the timeline of it all.
-async fn tear_down(
-    test: &str,
-    kind: &TestKind,
-    held: bool,
-    policy: Option<PropagationPolicy>,
-) -> Timeline {
+/// `tree-1` is held (when `held`), starts the teardown (`how`) and waits
+/// until the tree is gone: the timeline of it all.
+async fn tear_down(test: &str, kind: &TestKind, held: bool, how: Teardown) -> Timeline {
     let _policy = HOLD_POLICY.read().await;
     let env = env().await;
     let s = Scope::new(&env.cp, test).await;
@@ -119,7 +144,10 @@ async fn tear_down(
     if held {
         wait_labelled(&s.client, &s.namespace, "tree-1").await;
     }
-    delete_tree(&s.client, &resource, &s.namespace, policy).await;
+    match how {
+        Teardown::Delete(policy) => delete_tree(&s.client, &resource, &s.namespace, policy).await,
+        Teardown::ControllerGone => controller_gone(&s.client, &resource, &s.namespace).await,
+    }
     let gone = timeline
         .wait_gone(resource.kind.as_str(), "tree", Duration::from_secs(120))
         .await;
@@ -134,15 +162,38 @@ async fn tear_down(
 #[tokio::test]
 async fn convert_deletes_what_a_sibling_needs_only_after_that_sibling_is_gone() {
     // A client that sends no policy: Convert makes it a foreground cascade.
-    let timeline = tear_down("sibling-convert", &CONVERT, true, None).await;
+    let timeline = tear_down("sibling-convert", &CONVERT, true, Teardown::Delete(None)).await;
     assert_in_order(&timeline, "Convert, no policy");
 }
 
 #[tokio::test]
 async fn a_foreground_delete_under_refuse_keeps_the_siblings_order_too() {
     let foreground = Some(PropagationPolicy::Foreground);
-    let timeline = tear_down("sibling-refuse", &REFUSE, true, foreground).await;
+    let timeline = tear_down(
+        "sibling-refuse",
+        &REFUSE,
+        true,
+        Teardown::Delete(foreground),
+    )
+    .await;
     assert_in_order(&timeline, "Refuse, --cascade=foreground");
+}
+
+/// A tree whose controller is gone is a tree of its own: the garbage
+/// collector's delete of it (converted) keeps its siblings' order. Before,
+/// such a tree was neither a root nor under one, its holds were let go as
+/// orphaned, and its siblings went at once (a wedge in the soak: the cloud
+/// cluster went before the Helm releases on it).
+#[tokio::test]
+async fn a_tree_whose_controller_is_gone_keeps_its_order() {
+    let timeline = tear_down(
+        "sibling-gone-owner",
+        &CONVERT,
+        true,
+        Teardown::ControllerGone,
+    )
+    .await;
+    assert_in_order(&timeline, "Convert, deleted by the garbage collector");
 }
 
 /// The hazard itself: with no holding (an Off kind), a foreground cascade
@@ -150,7 +201,7 @@ async fn a_foreground_delete_under_refuse_keeps_the_siblings_order_too() {
 #[tokio::test]
 async fn without_holding_a_foreground_cascade_deletes_both_siblings_at_once() {
     let foreground = Some(PropagationPolicy::Foreground);
-    let timeline = tear_down("sibling-off", &OFF, false, foreground).await;
+    let timeline = tear_down("sibling-off", &OFF, false, Teardown::Delete(foreground)).await;
     let needer_gone = timeline
         .gone("ConfigMap", "tree-0")
         .and_then(|e| e.revision);
