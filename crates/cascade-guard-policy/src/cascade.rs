@@ -109,9 +109,10 @@ impl Memory {
     /// The memory of a replica that may not have seen the conversion (a
     /// restart, a new leader): an object marked converted counts as converted
     /// once, so that the state machine goes on from a finished or cut-short
-    /// cascade instead of starting it again.
+    /// cascade instead of starting it again. A replica that saw the cascade
+    /// from its start (and marked it) has counted it already.
     pub fn restored(self, marked_converted: bool) -> Self {
-        if marked_converted && self.conversions == 0 {
+        if marked_converted && self.cascades() == 0 {
             Memory {
                 conversions: 1,
                 ..self
@@ -477,6 +478,24 @@ mod tests {
         };
         assert_eq!(seen.restored(true), seen);
         assert_eq!(seen.restored(false), seen);
+        // A foreground cascade this replica saw from its start, and marked,
+        // is counted once, not once more for the mark: a kind that is not an
+        // XR is still confirmed before it is released.
+        let from_start = Memory {
+            foreground_from_the_start: true,
+            ..Memory::default()
+        };
+        assert_eq!(from_start.restored(true), from_start);
+        assert_eq!(
+            next_step(
+                cleared(Shape::Other),
+                from_start.restored(true),
+                NotLookedUp,
+                now,
+                Carry::ToTheEnd
+            ),
+            Step::Convert
+        );
     }
 
     /// Out of reach (relabelled out of a selector, or the kind no longer

@@ -28,7 +28,8 @@ pub const BREAK_GLASS_VERB: &str = "use";
 pub const FOREGROUND_CASCADE_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
 
 /// Annotation cascade-guard writes on an object of a Convert kind once it has
-/// turned its delete into a foreground cascade. What it remembers of a
+/// turned its delete into a foreground cascade, or seen it in one it did not
+/// start (a foreground delete counts as the first conversion). What it remembers of a
 /// deletion survives a restart or a change of leader this way: a new leader
 /// that finds it does not issue the first Foreground delete again, which
 /// could re-add `foregroundDeletion` just after the garbage collector cleared

@@ -390,28 +390,53 @@ async fn a_restart_mid_teardown_keeps_what_sibling_order_holds() {
 /// collector's clear, around an API server restart, was never cleared again).
 #[tokio::test]
 async fn a_conversion_marked_on_the_xr_is_not_issued_again_after_a_restart() {
+    let one = (Some("Foreground".to_string()), Some(200));
+    marked_then_restarted("marked", "Background", &[one]).await;
+}
+
+/// The same for a delete that was foreground from the start (a user's
+/// `--cascade=foreground`, Crossplane's replay, the garbage collector's own
+/// delete of a dependent): cascade-guard marks the cascade it did not start,
+/// and the next replica converts nothing. Unmarked, a new leader that came
+/// after the garbage collector had ended the cascade of two nested XRs
+/// converted both, and they stayed with `foregroundDeletion` (soak seed
+/// 1796387107332808193, run 4, round 4).
+#[tokio::test]
+async fn a_foreground_cascade_seen_before_a_restart_is_not_converted_after_it() {
+    marked_then_restarted("fg-marked", "Foreground", &[]).await;
+}
+
+/// Deletes XR `name` with `propagation`, waits until it is in a foreground
+/// cascade and marked, kills the controller, lets the garbage collector end
+/// the cascade, starts another and waits until the XR is gone; cascade-guard's
+/// deletes of the XR (policy and response code) must be `expected`.
+async fn marked_then_restarted(
+    name: &str,
+    propagation: &'static str,
+    expected: &[(Option<String>, Option<i64>)],
+) {
     let _serial = SERIAL.lock().await;
     let env = bare_env().await;
     let _stop = env.controllers_stop_on_drop();
-    let s = Scope::new(&env.cp, "marked").await;
+    let s = Scope::new(&env.cp, name).await;
     let resource = CONVERT.resource();
     let first = env.start_controller(&["--no-leader-election"]);
     let timeline = tree_timeline(&s.client, &resource, &s.namespace).await;
-    create_tree(&s.client, &resource, &s.namespace, "marked", 2).await;
-    wait_held(&s.client, &resource, &s.namespace, "marked").await;
+    create_tree(&s.client, &resource, &s.namespace, name, 2).await;
+    wait_held(&s.client, &resource, &s.namespace, name).await;
     let got = delete(
         &s.client,
         &resource,
         &s.namespace,
-        "marked",
-        &DeleteSpec::propagation("Background"),
+        name,
+        &DeleteSpec::propagation(propagation),
     )
     .await;
     assert!(got.allowed(), "{got:?}");
     let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &s.namespace, &resource);
     let has = |xr: &DynamicObject, finalizer: &str| xr.finalizers().iter().any(|f| f == finalizer);
     let converted = wait::until(Duration::from_secs(60), || async {
-        let xr = xrs.get_opt("marked").await.ok().flatten()?;
+        let xr = xrs.get_opt(name).await.ok().flatten()?;
         (xr.annotations().contains_key(CONVERTED_ANNOTATION)
             && has(&xr, FOREGROUND_DELETION_FINALIZER))
         .then_some(())
@@ -420,7 +445,7 @@ async fn a_conversion_marked_on_the_xr_is_not_issued_again_after_a_restart() {
     assert!(
         converted.is_some(),
         "never converted and marked: {:?}",
-        xrs.get_opt("marked").await
+        xrs.get_opt(name).await
     );
     env.kill_controller(first);
 
@@ -428,7 +453,7 @@ async fn a_conversion_marked_on_the_xr_is_not_issued_again_after_a_restart() {
     // collector ends the cascade.
     let _provider = Provider::start(s.client.clone(), s.namespace.clone(), Duration::ZERO);
     let ended = wait::until(Duration::from_secs(60), || async {
-        let xr = xrs.get_opt("marked").await.ok().flatten()?;
+        let xr = xrs.get_opt(name).await.ok().flatten()?;
         (!has(&xr, FOREGROUND_DELETION_FINALIZER) && has(&xr, FOREGROUND_CASCADE_FINALIZER))
             .then_some(())
     })
@@ -436,12 +461,12 @@ async fn a_conversion_marked_on_the_xr_is_not_issued_again_after_a_restart() {
     assert!(
         ended.is_some(),
         "the garbage collector never ended the cascade: {:?}",
-        xrs.get_opt("marked").await
+        xrs.get_opt(name).await
     );
 
     let second = env.start_controller(&["--no-leader-election"]);
     let gone = timeline
-        .wait_gone(&resource.kind, "marked", Duration::from_secs(60))
+        .wait_gone(&resource.kind, name, Duration::from_secs(60))
         .await;
     assert!(
         gone.is_some(),
@@ -453,7 +478,7 @@ async fn a_conversion_marked_on_the_xr_is_not_issued_again_after_a_restart() {
         .filter(|e| {
             e.verb == "delete"
                 && e.effective_username() == CONTROLLER_USER
-                && e.is_about(&resource.plural, &s.namespace, "marked")
+                && e.is_about(&resource.plural, &s.namespace, name)
         })
         .map(|e| {
             (
@@ -467,7 +492,7 @@ async fn a_conversion_marked_on_the_xr_is_not_issued_again_after_a_restart() {
     });
     assert_eq!(
         conversions,
-        [(Some("Foreground".to_string()), Some(200))],
+        expected,
         "cascade-guard's deletes of the XR; its logs:\n{}",
         logs.join("\n----\n")
     );

@@ -63,12 +63,26 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
     };
     let observed = ctx.observe(object);
     let now = Instant::now();
-    let marked = object.annotations().contains_key(CONVERTED_ANNOTATION);
+    let mut marked = object.annotations().contains_key(CONVERTED_ANNOTATION);
     let memory = ctx.memory(&uid).restored(marked);
     // A foreground cascade cascade-guard did not start counts as its first
-    // conversion (cascade::Memory::foreground_from_the_start).
+    // conversion (cascade::Memory::foreground_from_the_start), and is marked
+    // like one: a replica that starts after the garbage collector has ended
+    // it (a restart, a new leader) would otherwise take the ended cascade for
+    // a Background delete never converted, and re-add `foregroundDeletion`
+    // for a garbage collector done with the object (soak seed
+    // 1796387107332808193, run 4, round 4: never cleared, the XR wedged).
     if observed.deleting && observed.held && observed.in_foreground && memory.cascades() == 0 {
         ctx.remember(&uid, |m| m.foreground_from_the_start = true);
+        let name = object.name_any();
+        if !marked {
+            match writes::mark_converted(&ctx.api(object), &name, &uid).await {
+                Ok(()) => marked = true,
+                Err(e) => {
+                    tracing::warn!(kind = %ctx.label, %name, error = %e, "could not mark the object's foreground cascade");
+                }
+            }
+        }
     }
     let decide = |dependents| next_step(observed, memory, dependents, now, ctx.carry);
     let mut step = decide(Dependents::NotLookedUp);
@@ -120,7 +134,7 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
             if first {
                 // Unmarked, a restart costs one more Foreground delete: worth
                 // a warning, not a retry of the conversion.
-                if let Err(e) = writes::mark_converted(&api, &name, &uid).await {
+                if !marked && let Err(e) = writes::mark_converted(&api, &name, &uid).await {
                     tracing::warn!(kind = %ctx.label, %name, error = %e, "could not mark the object converted");
                 }
                 ctx.metrics.conversion(&ctx.label);
@@ -325,11 +339,15 @@ mod tests {
     #[tokio::test]
     async fn a_foreground_delete_from_the_start_is_confirmed_once_and_released() {
         let in_cascade = object("u1", "7", &[HELD, FOREGROUND], true);
-        let cleared = object("u1", "8", &[HELD], true);
+        // Marked on first sight of the cascade, and not marked again.
+        let mut cleared = object("u1", "8", &[HELD], true);
+        cleared
+            .annotations_mut()
+            .insert(CONVERTED_ANNOTATION.into(), "true".into());
         let in_foreground = metadata("u1", "9", &[HELD, FOREGROUND], true);
         let script = vec![
-            convert().ok(in_foreground.clone()),
-            mark().ok(in_foreground),
+            mark().ok(in_foreground.clone()),
+            convert().ok(in_foreground),
             event("Normal", "ForegroundCascade"),
             release_any_version().ok(metadata("u1", "10", &[], true)),
             event("Normal", "CascadeComplete"),
@@ -605,6 +623,7 @@ mod tests {
         let in_foreground = object("u1", "9", &[HELD, FOREGROUND], true);
         let gone = || Exchange::get(COMPOSED).fails(says::NOT_FOUND, "not found");
         let script = vec![
+            mark().ok(metadata("u1", "10", &[HELD, FOREGROUND], true)),
             Exchange::get(OBJECT).ok(xr()),
             discovery(),
             Exchange::get(COMPOSED).ok(composed_blocking()),
