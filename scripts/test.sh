@@ -159,6 +159,9 @@ step "real Crossplane (testbed/crossplane/build.sh), for tests/real_crossplane/r
 crossplane_bin=$(testbed/crossplane/build.sh)
 export LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$crossplane_bin
 echo "$crossplane_bin"
+# And the oldest supported v2 release, for its compat run below: only its core
+# is built again (the function and the providers are shared, and cached).
+testbed/crossplane/build.sh "$oldest_crossplane"
 
 step "crank (testbed/tools/crank.sh) and crane (testbed/tools/crane.sh), for tests/real_crossplane/package_real.rs"
 # crank (Crossplane's CLI, v2.2.1) builds and pushes the Configuration package,
@@ -170,25 +173,21 @@ export LOCAL_CLUSTER_CRANK_BIN CRANE_BIN
 echo "$LOCAL_CLUSTER_CRANK_BIN"
 echo "$CRANE_BIN"
 
-step "helm (testbed/tools/helm.sh) and promtool (testbed/tools/promtool.sh), for the chart tests: started in the background"
-# The pinned Helm (tests/api_server/install.rs renders the chart with it) and
-# promtool, with prometheus-operator's PrometheusRule CRD from its module zip
-# beside it (tests/api_server/prometheus_rule.rs runs `promtool test rules` on
-# the rules the chart renders and applies the rendered PrometheusRule against
-# that CRD); built from the Go module proxy and cached like the control plane.
-# A warm run has them at once. A cold one builds them (about four minutes of
-# Go on two cores) beside the tests, at the lowest CPU priority: the tests
-# leave about one core idle while they wait on control planes and
-# Crossplane's timers (BENCHMARKS.md "CI"). A test that needs one first runs
-# the same script, which waits under its lock for the build to finish.
-tools_log=target/tools-build.log
-(
-  tools_start=$SECONDS
-  nice -n 19 testbed/tools/helm.sh && nice -n 19 testbed/tools/promtool.sh &&
-    echo "helm and promtool ready in $((SECONDS - tools_start))s (in the background)"
-) >"$tools_log" 2>&1 &
-tools_pid=$!
-echo "log: $tools_log"
+step "helm (testbed/tools/helm.sh), for the chart tests"
+# The pinned Helm, built from the Go module proxy and cached like the control
+# plane; tests/api_server/install.rs renders the chart with it.
+HELM_BIN=$(testbed/tools/helm.sh)
+export HELM_BIN
+echo "$HELM_BIN"
+
+step "promtool (testbed/tools/promtool.sh), for the chart's alerts"
+# The pinned promtool, built from the Go module proxy and cached like helm,
+# with prometheus-operator's PrometheusRule CRD from its module zip beside it;
+# tests/api_server/prometheus_rule.rs runs `promtool test rules` on the rules the chart
+# renders and applies the rendered PrometheusRule against that CRD.
+PROMTOOL_BIN=$(testbed/tools/promtool.sh)
+export PROMTOOL_BIN
+echo "$PROMTOOL_BIN"
 
 step "the other pinned Kubernetes releases (testbed/controlplane/build.sh), for the compatibility checks"
 # The suite runs on the newest release; every compatibility check on the
@@ -280,25 +279,10 @@ if [ ${#between[@]} -gt 0 ]; then
   beside+="
 scripts/compat.sh --only decision-table ${between[*]} || status=1"
 fi
-# The oldest Crossplane's core (the function and the providers are shared,
-# and cached) is built first, at the lowest CPU priority like helm and
-# promtool: compat.sh finds it cached (or, had that build failed, builds it
-# again and reports why).
 beside+="
-nice -n 19 testbed/crossplane/build.sh $oldest_crossplane >/dev/null || true
 scripts/compat.sh --crossplane --only characterization,seed-convert $oldest_crossplane || status=1
 exit \$status"
-tests=0
-scripts/run-test-binaries.sh --beside "$beside" || tests=$?
-# The tests that needed helm and promtool waited for them; a failed build
-# shows in them too, and here with its log.
-if ! wait "$tools_pid"; then
-  cat "$tools_log" >&2
-  echo "testbed/tools/helm.sh or testbed/tools/promtool.sh failed (its output is above)" >&2
-  exit 1
-fi
-tail -n1 "$tools_log"
-[ "$tests" = 0 ] || exit "$tests"
+scripts/run-test-binaries.sh --beside "$beside"
 
 end_step
 current=""
