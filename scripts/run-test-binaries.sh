@@ -7,6 +7,9 @@
 #
 #   scripts/run-test-binaries.sh                  every test binary
 #   TEST_BACKGROUND="seed_real real_crossplane"   which run in the background
+#   TEST_LAST="chart install"                     which of the others run last
+#                                                 (in this order): those that
+#                                                 need a tool still being built
 #   --then 'COMMAND'                              also run COMMAND (a shell
 #                                                 line) beside the background
 #                                                 ones, after the others
@@ -40,6 +43,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 background=${TEST_BACKGROUND:-seed_real}
+last=${TEST_LAST:-}
 : "${TEST_ARGS_seed_real=--test-threads=16}"
 then=
 beside=
@@ -112,6 +116,12 @@ is_background() {
   return 1
 }
 
+is_last() {
+  local name=$1 l
+  for l in $last; do [ "$l" = "$name" ] && return 0; done
+  return 1
+}
+
 while IFS=$'\t' read -r name dir exe; do
   if is_background "$name"; then
     echo "==> $name: started in the background (log: $logs/$name.log)"
@@ -126,13 +136,26 @@ if [ -n "$beside" ]; then
   pids[beside]=$!
 fi
 
-while IFS=$'\t' read -r name dir exe; do
-  is_background "$name" && continue
+foreground() {
+  local name=$1
+  shift
   echo "==> $name"
-  if ! run "$name" "$dir" "$exe" "$@" </dev/null; then
+  if ! run "$name" "$@" </dev/null; then
     failed+=("$name")
   fi
+}
+while IFS=$'\t' read -r name dir exe; do
+  is_background "$name" && continue
+  is_last "$name" && continue
+  foreground "$name" "$dir" "$exe" "$@"
 done <"$list"
+for l in $last; do
+  while IFS=$'\t' read -r name dir exe; do
+    if [ "$name" = "$l" ] && ! is_background "$name"; then
+      foreground "$name" "$dir" "$exe" "$@"
+    fi
+  done <"$list"
+done
 
 if [ -n "$then" ]; then
   echo "==> $then"

@@ -4,8 +4,9 @@
 # ~/.cache/cascade-guard), then checks formatting and lints, and runs the unit
 # and integration tests (the integration tests start real etcd, kube-apiserver
 # and kube-controller-manager, and real Crossplane with its providers), and the
-# compatibility checks on the other pinned Kubernetes releases (a machine whose
-# cache was empty leaves those out and names them) and the oldest Crossplane.
+# compatibility checks on the other pinned Kubernetes releases and the oldest
+# supported Crossplane release (a machine whose cache was empty leaves those
+# out and names them, with the command that checks each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -159,9 +160,6 @@ step "real Crossplane (testbed/crossplane/build.sh), for tests/real_crossplane/r
 crossplane_bin=$(testbed/crossplane/build.sh)
 export LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$crossplane_bin
 echo "$crossplane_bin"
-# And the oldest supported v2 release, for its compat run below: only its core
-# is built again (the function and the providers are shared, and cached).
-testbed/crossplane/build.sh "$oldest_crossplane"
 
 step "crank (testbed/tools/crank.sh) and crane (testbed/tools/crane.sh), for tests/real_crossplane/package_real.rs"
 # crank (Crossplane's CLI, v2.2.1) builds and pushes the Configuration package,
@@ -173,34 +171,40 @@ export LOCAL_CLUSTER_CRANK_BIN CRANE_BIN
 echo "$LOCAL_CLUSTER_CRANK_BIN"
 echo "$CRANE_BIN"
 
-step "helm (testbed/tools/helm.sh), for the chart tests"
-# The pinned Helm, built from the Go module proxy and cached like the control
-# plane; tests/api_server/install.rs renders the chart with it.
-HELM_BIN=$(testbed/tools/helm.sh)
-export HELM_BIN
-echo "$HELM_BIN"
+step "helm (testbed/tools/helm.sh) and promtool (testbed/tools/promtool.sh), for the chart tests: started in the background"
+# The pinned Helm (tests/api_server/install.rs and tests/without_cluster/chart.rs
+# render the chart with it) and promtool, with prometheus-operator's
+# PrometheusRule CRD from its module zip beside it
+# (tests/api_server/prometheus_rule.rs runs `promtool test rules` on the rules
+# the chart renders and applies the rendered PrometheusRule against that CRD);
+# built from the Go module proxy and cached like the control plane. A warm run
+# has them at once. A cold one builds them (about four minutes of Go on two
+# cores) beside the tests, which leave about one core idle while they wait on
+# control planes and Crossplane's timers: at normal priority (at the lowest,
+# starved, they were ready only 17 minutes in; BENCHMARKS.md "CI"), and the
+# three test binaries that need them run last (TEST_LAST below). Each of them
+# runs the same script, which waits under its lock for the build to finish.
+tools_log=target/tools-build.log
+(
+  tools_start=$SECONDS
+  testbed/tools/helm.sh && testbed/tools/promtool.sh &&
+    echo "helm and promtool ready in $((SECONDS - tools_start))s (in the background)"
+) >"$tools_log" 2>&1 &
+tools_pid=$!
+echo "log: $tools_log"
 
-step "promtool (testbed/tools/promtool.sh), for the chart's alerts"
-# The pinned promtool, built from the Go module proxy and cached like helm,
-# with prometheus-operator's PrometheusRule CRD from its module zip beside it;
-# tests/api_server/prometheus_rule.rs runs `promtool test rules` on the rules the chart
-# renders and applies the rendered PrometheusRule against that CRD.
-PROMTOOL_BIN=$(testbed/tools/promtool.sh)
-export PROMTOOL_BIN
-echo "$PROMTOOL_BIN"
-
-step "the other pinned Kubernetes releases (testbed/controlplane/build.sh), for the compatibility checks"
+step "the other pinned Kubernetes releases (testbed/controlplane/build.sh) and the oldest Crossplane (testbed/crossplane/build.sh), for the compatibility checks"
 # The suite runs on the newest release; every compatibility check on the
 # oldest; the decision table (Refuse and Convert, every cell through the real
 # API server) on each release between them: beside the tests below. Each
 # release is cached like the newest. A release that is not cached yet costs 4
 # to 10 minutes of Go builds on two cores, and its checks keep the two cores
 # busy beside the suite: on a machine whose cache was empty (the builds above
-# took more than five minutes) every release other than the newest is left
-# out, each named with the command that checks it, so that a cold run stays
-# inside 40 minutes (BENCHMARKS.md "CI": 42 minutes on a fresh machine with
-# the oldest built); CASCADE_GUARD_ALL_RELEASES=1 builds them anyway. A warm
-# run (CI's) builds any that are missing and checks them all.
+# took more than five minutes) every release other than the newest, and the
+# oldest Crossplane, is left out, each named with the command that checks it,
+# so that a cold run stays inside 40 minutes (BENCHMARKS.md "CI");
+# CASCADE_GUARD_ALL_RELEASES=1 builds them anyway. A warm run (CI's) builds
+# any that are missing and checks them all.
 mapfile -t pinned < <(testbed/controlplane/build.sh --list)
 oldest_kubernetes=${pinned[0]}
 # Decided once, before any of them: a warm machine that misses several
@@ -221,9 +225,22 @@ for release in "${pinned[@]:0:${#pinned[@]}-1}"; do
       check="scripts/compat.sh --only decision-table $release checks it"
     fi
     echo "LEFT OUT: Kubernetes $release (not cached, and this machine's cache was empty): not checked in this run; $check"
-    left_out+=("$release")
+    left_out+=("Kubernetes $release")
   fi
 done
+# The oldest supported Crossplane v2 release likewise: only its core is built
+# (the function and the providers are shared, and cached); a cold run leaves
+# its checks out (its core's build, about five minutes of Go on two cores, and
+# its checks', four minutes of CPU beside the suite).
+oldest_crossplane_built=
+if testbed/crossplane/build.sh --cached "$oldest_crossplane" >/dev/null 2>&1 ||
+  [ "${CASCADE_GUARD_ALL_RELEASES:-0}" = 1 ] || [ "$cold_cache" = 0 ]; then
+  testbed/crossplane/build.sh "$oldest_crossplane" | tail -n1
+  oldest_crossplane_built=$oldest_crossplane
+else
+  echo "LEFT OUT: Crossplane $oldest_crossplane (not cached, and this machine's cache was empty): not checked in this run; scripts/compat.sh --crossplane --only characterization,seed-convert $oldest_crossplane checks it"
+  left_out+=("Crossplane $oldest_crossplane")
+fi
 
 step "the Rust builds started above, waited for"
 # Their result is what the next steps show: a failure here is reported there.
@@ -267,7 +284,8 @@ step "tests, and every pinned Kubernetes release and the oldest Crossplane relea
 # on the CPU), every compatibility check on the oldest Kubernetes release, the
 # decision table on each release between it and the newest, then, on the
 # oldest supported Crossplane v2 release, its characterization tests and the
-# seed tree under Convert (every run goes on, whichever fails).
+# seed tree under Convert (every run goes on, whichever fails); each of them
+# only if built above. The tests that need helm and promtool run last.
 # `scripts/compat.sh` with no arguments runs every check on every pinned
 # Kubernetes release, `scripts/compat.sh --crossplane` every Crossplane one.
 beside="status=0"
@@ -279,14 +297,27 @@ if [ ${#between[@]} -gt 0 ]; then
   beside+="
 scripts/compat.sh --only decision-table ${between[*]} || status=1"
 fi
+if [ -n "$oldest_crossplane_built" ]; then
+  beside+="
+scripts/compat.sh --crossplane --only characterization,seed-convert $oldest_crossplane_built || status=1"
+fi
 beside+="
-scripts/compat.sh --crossplane --only characterization,seed-convert $oldest_crossplane || status=1
 exit \$status"
-scripts/run-test-binaries.sh --beside "$beside"
+tests=0
+TEST_LAST="chart install prometheus_rule" scripts/run-test-binaries.sh --beside "$beside" || tests=$?
+# The tests that needed helm and promtool waited for them; a failed build
+# shows in them too, and here with its log.
+if ! wait "$tools_pid"; then
+  cat "$tools_log" >&2
+  echo "testbed/tools/helm.sh or testbed/tools/promtool.sh failed (its output is above)" >&2
+  exit 1
+fi
+tail -n1 "$tools_log"
+[ "$tests" = 0 ] || exit "$tests"
 
 end_step
 current=""
 printf '\n==> all tests passed in %ss\n' "$((SECONDS - start))"
 if [ ${#left_out[@]} -gt 0 ]; then
-  printf '==> Kubernetes releases left out (not cached on a cold machine): %s\n' "${left_out[*]}"
+  printf '==> left out (not cached on a cold machine): %s\n' "$(IFS=,; echo "${left_out[*]}" | sed 's/,/, /g')"
 fi

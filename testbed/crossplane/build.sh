@@ -17,6 +17,9 @@
 #   testbed/crossplane/build.sh v2.0.2     that pinned release (or a minor: 2.0, v1.20)
 #   testbed/crossplane/build.sh --list     the pinned releases, oldest first
 #   testbed/crossplane/build.sh --default  the default release
+#   testbed/crossplane/build.sh --cached v2.2.1
+#                                          print the release's bin directory
+#                                          if it is cached, else fail
 #   CASCADE_GUARD_CACHE=/some/dir          where to cache (default ~/.cache/cascade-guard)
 #   CROSSPLANE_BUILD_JOBS=N                Go builds run at once (default 2)
 set -euo pipefail
@@ -41,6 +44,11 @@ case ${1:-} in
   exit 0
   ;;
 esac
+only_cached=0
+if [ "${1:-}" = --cached ]; then
+  only_cached=1
+  shift
+fi
 version=
 want=${1:-$default}
 for v in $pinned; do
@@ -128,5 +136,13 @@ build_release() {
   for part in "${parts[@]}"; do cp -Rl "$part/." "$tmp/" || return 1; done
 }
 
+if [ "$only_cached" = 1 ]; then
+  if [ -d "$bin" ]; then
+    echo "$bin"
+    exit 0
+  fi
+  echo "build.sh: Crossplane $version is not cached" >&2
+  exit 1
+fi
 go_install "$bin" build_release
 echo "$bin"
