@@ -178,12 +178,14 @@ step "helm (testbed/tools/helm.sh) and promtool (testbed/tools/promtool.sh), for
 # (tests/api_server/prometheus_rule.rs runs `promtool test rules` on the rules
 # the chart renders and applies the rendered PrometheusRule against that CRD);
 # built from the Go module proxy and cached like the control plane. A warm run
-# has them at once. A cold one builds them (about four minutes of Go on two
-# cores) beside the tests, which leave about one core idle while they wait on
-# control planes and Crossplane's timers: at normal priority (at the lowest,
-# starved, they were ready only 17 minutes in; BENCHMARKS.md "CI"), and the
-# three test binaries that need them run last (TEST_LAST below). Each of them
-# runs the same script, which waits under its lock for the build to finish.
+# has them at once. A cold one builds them (Helm about a minute of Go on two
+# cores, promtool, without its service-discovery plugins, under two) beside
+# the tests, which alone leave about a quarter of the two cores idle while
+# they wait on control planes and Crossplane's timers: at normal priority (at
+# the lowest, starved, they were ready only 17 minutes in; BENCHMARKS.md
+# "CI"), and the three test binaries that need them run last (TEST_LAST
+# below). Each of them runs the same script, which waits under its lock for
+# the build to finish.
 tools_log=target/tools-build.log
 (
   tools_start=$SECONDS
