@@ -386,6 +386,11 @@ async fn main() -> Result<()> {
             eprintln!("Error: {e:#}");
             std::process::exit(UNREACHABLE_EXIT);
         }
+        // Leader election at work, not a fault: one line, no backtrace.
+        Err(e) if e.downcast_ref::<LostLeadership>().is_some() => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
         other => other,
     }
 }
@@ -471,6 +476,12 @@ const REACH_TIMEOUT: Duration = Duration::from_secs(15);
 /// Exit status of a command that cannot reach the API server (every command
 /// but `run`, which keeps retrying).
 const UNREACHABLE_EXIT: i32 = 5;
+
+/// A leader whose Lease another replica took stops writing and exits; its
+/// Deployment starts it again as a candidate.
+#[derive(Debug, thiserror::Error)]
+#[error("lost leadership: another replica leads now; exiting to restart as a candidate")]
+struct LostLeadership;
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot reach the API server at {server}: {cause}")]
@@ -597,7 +608,7 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
             metrics.set_leader(false);
             // Another replica leads now: stop writing at once; the Deployment
             // restarts this one as a candidate.
-            bail!("lost leadership")
+            Err(LostLeadership.into())
         }
         () = &mut stop => {
             tracing::info!("stopping; handing leadership over");
