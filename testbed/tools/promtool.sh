@@ -62,6 +62,18 @@ key=$(printf '%s\n' "$module" -trimpath -ldflags "$ldflags" "sd-plugins $sd_plug
 dir=$(go_install_cache)/promtool-$version-$key
 crd_stamp="$operator_module $operator_version"
 
+# module_dir WHERE MODULE VERSION: downloads the module's zip into the module
+# cache and prints where it is unpacked. Run in WHERE, outside the wrapper
+# module, so that nothing it requires moves promtool's dependencies.
+module_dir() {
+  local info
+  if ! info=$(cd "$1" && go mod download -json "$2@$3"); then
+    echo "promtool.sh: cannot download $2 $3 from $(go env GOPROXY): $info" >&2
+    return 1
+  fi
+  printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+}
+
 build_promtool() {
   local out=$1 work status=0
   work=$(mktemp -d) || return 1
@@ -71,13 +83,8 @@ build_promtool() {
 }
 
 promtool_without_sd_plugins() {
-  local out=$1 work=$2 info source
-  # Outside the wrapper module, as the CRDs below: only the download.
-  if ! info=$(cd "$work" && go mod download -json "$module@$version"); then
-    echo "promtool.sh: cannot download $module $version from $(go env GOPROXY): $info" >&2
-    return 1
-  fi
-  source=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  local out=$1 work=$2 source
+  source=$(module_dir "$work" "$module" "$version") || return 1
   if [ ! -f "$source/plugins/plugins.go" ]; then
     echo "promtool.sh: $module $version has no plugins/plugins.go: see sd_plugins in $0" >&2
     return 1
@@ -101,14 +108,8 @@ crds_present() {
 }
 
 fetch_crds() {
-  local tmp=$1 info operator_dir entry file
-  # Outside the wrapper module: the operator's own requirements must not move
-  # promtool's dependencies.
-  if ! info=$(cd "$tmp" && go mod download -json "$operator_module@$operator_version"); then
-    echo "promtool.sh: cannot download $operator_module $operator_version from $(go env GOPROXY): $info" >&2
-    return 1
-  fi
-  operator_dir=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  local tmp=$1 operator_dir entry file
+  operator_dir=$(module_dir "$tmp" "$operator_module" "$operator_version") || return 1
   for entry in "${crd_files[@]}"; do
     file=${entry%%:*}
     if [ ! -f "$operator_dir/$file" ]; then
