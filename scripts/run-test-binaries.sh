@@ -33,8 +33,8 @@
 # TEST_ARGS_seed_real is --test-threads=16 unless set: its tests wait on real
 # Crossplane's timers, not the CPU, and are written to run at once on its
 # one stack (see tests/real_crossplane/seed_real.rs); libtest's default, one per core, would
-# run them a few at a time. Its 31 tests run in two waves (the second waits
-# behind the randomized test, which has the stack to itself); all at once
+# run them a few at a time. Its randomized test kills parts of the stack once
+# every other test is done (it has the stack to itself); all 31 at once
 # (64) loaded two cores so that cascade-guard's replicas kept losing their
 # Leases and nearly every test failed (CI at af19925).
 #

@@ -21,12 +21,12 @@
 //! the providers, so every test names its trees (and so everything in them)
 //! differently. Only the randomized test, which kills Crossplane core, the
 //! providers and cascade-guard and restarts kube-apiserver, has the stack
-//! to itself (see `Stack::exclusive`). cargo
-//! runs as many tests at once as there are cores unless told otherwise:
-//! `--test-threads=16` has most of them at once (scripts/run-test-binaries.sh
-//! passes it). A test started late, after the randomized test has asked for
-//! the stack, waits until that test is done; all 31 at once loaded two
-//! cores so that cascade-guard's replicas lost their Leases again and again.
+//! to itself (see `Stack::fault_window`): it builds its trees beside the
+//! others and kills once every other test is done. cargo runs as many tests
+//! at once as there are cores unless told otherwise: `--test-threads=16` has
+//! most of them at once (scripts/run-test-binaries.sh passes it); all 31 at
+//! once loaded two cores so that cascade-guard's replicas lost their Leases
+//! again and again.
 //!
 //! And a legacy XRD with a claim, in each mode (its own XRD per mode, so
 //! concurrently): deleting the claim ends with everything gone (in order,
@@ -82,6 +82,8 @@
 //! wedge, and the randomized test keeps them; the Refuse and Convert copies
 //! have shorter ones ([`SHORT_LOAD_BALANCER_SECONDS`]).
 
+#[path = "seed_real/fault_window.rs"]
+mod fault_window;
 #[path = "seed_real/guard.rs"]
 mod guard;
 #[path = "seed_real/scene.rs"]
@@ -99,6 +101,7 @@ use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
 use cascade_guard::api::CascadePolicy;
+use fault_window::FaultWindow;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use local_cluster::process::{self, Lifetime, Process};
@@ -190,10 +193,10 @@ struct Stack {
     apiserver: tokio::sync::Mutex<Option<Process>>,
     /// The randomized test SIGKILLs Crossplane core, a provider and
     /// cascade-guard and restarts kube-apiserver, which every test's objects
-    /// need (a build, a refusal, a conversion, a teardown in time): it takes
-    /// this for writing while it kills, every other test takes it for
-    /// reading throughout ([`shared_stack`]).
-    exclusive: tokio::sync::RwLock<()>,
+    /// need (a build, a refusal, a conversion, a teardown in time): it owns
+    /// this while it kills, once every other test, which shares it
+    /// throughout ([`shared_stack`]), is done.
+    fault_window: FaultWindow,
 }
 
 /// How long a leader kill waits for a replica to hold the Lease: a
@@ -242,13 +245,12 @@ async fn stack() -> &'static Stack {
     stack
 }
 
-/// The stack, and a read guard that keeps the randomized test's kills away
-/// until the caller's test ends. Take it once per test: a second one could
-/// wait behind the randomized test, which waits for the first.
+/// The stack, and a share of it that keeps the randomized test's kills away
+/// until the caller's test ends.
 async fn shared_stack() -> (&'static Stack, Shared) {
     let clock = TestClock::start();
     let stack = stack().await;
-    let guard = stack.exclusive.read().await;
+    let guard = stack.fault_window.share().await;
     (
         stack,
         Shared {
@@ -260,7 +262,7 @@ async fn shared_stack() -> (&'static Stack, Shared) {
 
 /// A test's hold on the shared stack (see [`shared_stack`]), timed.
 struct Shared {
-    _guard: tokio::sync::RwLockReadGuard<'static, ()>,
+    _guard: fault_window::Sharing,
     _clock: TestClock,
 }
 
@@ -373,7 +375,7 @@ async fn start() -> Stack {
             slots,
         }),
         apiserver: tokio::sync::Mutex::new(None),
-        exclusive: tokio::sync::RwLock::new(()),
+        fault_window: FaultWindow::default(),
     }
 }
 
@@ -2363,7 +2365,7 @@ async fn random_round(
     // test runs, and has the stack to itself until its trees are gone. Only
     // once they are built, so that the builds overlap the other tests.
     let waited = TestClock::part(" (waiting for the other tests)");
-    let _owner = stack.exclusive.write().await;
+    let _owner = stack.fault_window.own().await;
     drop(waited);
     stack.put_mode(platform, mode).await;
     stack.enter(mode, &built[0]).await;

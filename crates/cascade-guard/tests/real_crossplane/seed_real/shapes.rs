@@ -1676,7 +1676,7 @@ async fn random_shapes_keep_every_edge() {
     // Without faults the test shares the stack with the others (a read
     // guard keeps the randomized round's kills away); with them, each round
     // builds beside the others, then has the stack to itself.
-    let shared = stack.exclusive.read().await;
+    let shared = stack.fault_window.share().await;
     let modes: Vec<Mode> = [Mode::Off, Mode::Refuse, Mode::Convert]
         .into_iter()
         .filter(|m| {
@@ -1696,7 +1696,7 @@ async fn random_shapes_keep_every_edge() {
     let mut shared = Some(shared);
     for (round, (plans, faults)) in draws.iter().enumerate().skip(first_round) {
         if shared.is_none() {
-            shared = Some(stack.exclusive.read().await);
+            shared = Some(stack.fault_window.share().await);
         }
         let built = futures::future::join_all(
             plans
@@ -1711,7 +1711,7 @@ async fn random_shapes_keep_every_edge() {
         let owner = if faulting {
             drop(shared.take());
             let waited = TestClock::part(" (waiting for the other tests)");
-            let owner = stack.exclusive.write().await;
+            let owner = stack.fault_window.own().await;
             drop(waited);
             Some(owner)
         } else {
