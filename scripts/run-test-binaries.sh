@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Builds every test binary of the workspace once, then runs them: the slow
 # ones (real Crossplane's timers keep them waiting, not computing) in the
-# background, every other one in turn beside them. Each binary starts its own
-# control plane, so they share nothing but the machine. A background binary's
-# output is kept in target/test-logs/ and printed whole when it ends.
+# background, every other one in turn beside them, and two at a time, then
+# three, as background jobs end. Each binary starts its own control plane, so
+# they share nothing but the machine. Each binary's output is kept in
+# target/test-logs/ and printed whole when it ends.
 #
 #   scripts/run-test-binaries.sh                  every test binary
 #   TEST_BACKGROUND="seed_real real_crossplane"   which run in the background
 #   TEST_LAST="chart install"                     which of the others run last
 #                                                 (in this order): those that
 #                                                 need a tool still being built
-#   --then 'COMMAND'                              also run COMMAND (a shell
-#                                                 line) beside the background
-#                                                 ones, after the others
+#   TEST_LANES=3                                  how many of the others may
+#                                                 run at once (one more as
+#                                                 each background job ends)
 #   --beside 'COMMAND'                            run COMMAND in the
 #                                                 background from the start,
 #                                                 like a background binary
@@ -45,12 +46,10 @@ cd "$(dirname "$0")/.."
 background=${TEST_BACKGROUND:-seed_real}
 last=${TEST_LAST:-}
 : "${TEST_ARGS_seed_real=--test-threads=16}"
-then=
 beside=
 group=
-while [ "${1:-}" = --then ] || [ "${1:-}" = --beside ] || [ "${1:-}" = --group ]; do
+while [ "${1:-}" = --beside ] || [ "${1:-}" = --group ]; do
   case $1 in
-    --then) then=$2 ;;
     --beside) beside=$2 ;;
     --group) group=$2 ;;
   esac
@@ -98,7 +97,7 @@ if [ ! -s "$list" ]; then
 fi
 
 failed=()
-declare -A pids
+declare -A pids=()
 
 # Like cargo test: each binary runs in its package's directory. Binary
 # <name>'s own arguments (TEST_ARGS_<name>) come last.
@@ -136,47 +135,105 @@ if [ -n "$beside" ]; then
   pids[beside]=$!
 fi
 
-foreground() {
-  local name=$1
-  shift
-  echo "==> $name"
-  if ! run "$name" "$@" </dev/null; then
-    failed+=("$name")
-  fi
-}
+# Every other binary, from one queue (TEST_LAST's at its end), run by lanes:
+# one from the start, and one more each time a background job ends, up to
+# TEST_LANES (3). The background jobs leave the cores to the queue as they
+# end: one lane after seed_real's end left the two cores a quarter idle for
+# the last 200 s of a run (CI at 638ef3a). A lane keeps each binary's output
+# in target/test-logs/ and prints it whole when the binary ends.
+queue=$logs/queue.tsv
+next=$logs/queue.next
+failed_file=$logs/failed
+: >"$queue"
+echo 0 >"$next"
+: >"$failed_file"
 while IFS=$'\t' read -r name dir exe; do
-  is_background "$name" && continue
-  is_last "$name" && continue
-  foreground "$name" "$dir" "$exe" "$@"
+  is_background "$name" || is_last "$name" || printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$queue"
 done <"$list"
 for l in $last; do
   while IFS=$'\t' read -r name dir exe; do
     if [ "$name" = "$l" ] && ! is_background "$name"; then
-      foreground "$name" "$dir" "$exe" "$@"
+      printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$queue"
     fi
   done <"$list"
 done
+queued=$(wc -l <"$queue")
 
-if [ -n "$then" ]; then
-  echo "==> $then"
-  if ! bash -c "$then" </dev/null; then
-    failed+=("$then")
-  fi
-fi
+# The queue's next entry, taken under a lock (empty when none is left).
+take() {
+  (
+    flock 9
+    local n
+    n=$(cat "$next")
+    echo $((n + 1)) >"$next"
+    sed -n "$((n + 1))p" "$queue"
+  ) 9>"$queue.lock"
+}
 
-for name in "${!pids[@]}"; do
-  start=$SECONDS
-  if wait "${pids[$name]}"; then status=passed; else
-    status=failed
-    failed+=("$name")
-  fi
-  echo "==> $name (in the background; $status, ${SECONDS}s after this script's start, waited $((SECONDS - start))s for it)"
-  cat "$logs/$name.log"
-  if [ "$name" = seed_real ] && [ -s "$SEED_REAL_TIMES" ]; then
-    echo "==> seed_real's tests by end (seconds from its first test: start, end, test)"
-    sort -t$'\t' -k3 -n "$SEED_REAL_TIMES" | awk -F'\t' '{ printf "%6d %6d  %s %s\n", $2, $3, $1, $4 }'
+# How many entries of the queue were taken, read under the same lock.
+taken() {
+  (
+    flock 9
+    cat "$next"
+  ) 9>"$queue.lock"
+}
+
+# One writer at a time on the script's output.
+say() {
+  (
+    flock 9
+    cat
+  ) 9>"$logs/output.lock"
+}
+
+lane() {
+  local entry name dir exe began status
+  while entry=$(take) && [ -n "$entry" ]; do
+    IFS=$'\t' read -r name dir exe <<<"$entry"
+    began=$SECONDS
+    if run "$name" "$dir" "$exe" "$@" </dev/null >"$logs/$name.log" 2>&1; then status=passed; else
+      status=failed
+      echo "$name" >>"$failed_file"
+    fi
+    { echo "==> $name ($status in $((SECONDS - began))s, ${SECONDS}s after this script's start)"; cat "$logs/$name.log"; } | say
+  done
+}
+
+lanes=()
+max_lanes=${TEST_LANES:-3}
+lane "$@" &
+lanes+=($!)
+
+background_ended() {
+  local name=$1 status=$2
+  {
+    echo "==> $name (in the background; $status, ${SECONDS}s after this script's start)"
+    cat "$logs/$name.log"
+    if [ "$name" = seed_real ] && [ -s "$SEED_REAL_TIMES" ]; then
+      echo "==> seed_real's tests by end (seconds from its first test: start, end, test)"
+      sort -t$'\t' -k3 -n "$SEED_REAL_TIMES" | awk -F'\t' '{ printf "%6d %6d  %s %s\n", $2, $3, $1, $4 }'
+    fi
+  } | say
+}
+
+declare -A name_of=()
+for name in "${!pids[@]}"; do name_of[${pids[$name]}]=$name; done
+while [ ${#name_of[@]} -gt 0 ]; do
+  ended=
+  if wait -n -p ended "${!name_of[@]}"; then status=passed; else status=failed; fi
+  [ -n "$ended" ] || break
+  name=${name_of[$ended]}
+  unset "name_of[$ended]"
+  if [ "$status" = failed ]; then failed+=("$name"); fi
+  background_ended "$name" "$status"
+  if [ ${#lanes[@]} -lt "$max_lanes" ] && [ "$(taken)" -lt "$queued" ]; then
+    echo "==> $name having ended, $((${#lanes[@]} + 1)) of the others now run at once" | say
+    lane "$@" &
+    lanes+=($!)
   fi
 done
+wait "${lanes[@]}" || true
+mapfile -t -O "${#failed[@]}" failed <"$failed_file"
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "run-test-binaries.sh: failed: ${failed[*]}" >&2

@@ -281,7 +281,8 @@ fi
 step "tests, and every pinned Kubernetes release and the oldest Crossplane release (scripts/compat.sh) beside the slowest"
 # Every test binary once (scripts/run-test-binaries.sh):
 # tests/real_crossplane/seed_real.rs, which mostly waits on real Crossplane's
-# timers, in the background while the others run in turn; beside them from
+# timers, in the background while the others run in turn (two or three at
+# a time once the background jobs end); beside them from
 # the start (they too wait on control planes and Crossplane's timers more than
 # on the CPU), every compatibility check on the oldest Kubernetes release, the
 # decision table on each release between it and the newest, then, on the
