@@ -11,6 +11,10 @@
 #   TEST_LAST="chart install"                     which of the others run last
 #                                                 (in this order): those that
 #                                                 need a tool still being built
+#   TEST_FIRST="real_crossplane"                  which of the others run first
+#                                                 (in this order): long ones
+#                                                 that mostly wait, kept out
+#                                                 of the run's tail
 #   TEST_LANES=3                                  how many of the others may
 #                                                 run at once (one more as
 #                                                 each background job ends)
@@ -45,6 +49,7 @@ cd "$(dirname "$0")/.."
 
 background=${TEST_BACKGROUND:-seed_real}
 last=${TEST_LAST:-}
+first=${TEST_FIRST:-}
 : "${TEST_ARGS_seed_real=--test-threads=16}"
 beside=
 group=
@@ -115,6 +120,12 @@ is_background() {
   return 1
 }
 
+is_first() {
+  local name=$1 f
+  for f in $first; do [ "$f" = "$name" ] && return 0; done
+  return 1
+}
+
 is_last() {
   local name=$1 l
   for l in $last; do [ "$l" = "$name" ] && return 0; done
@@ -135,7 +146,8 @@ if [ -n "$beside" ]; then
   pids[beside]=$!
 fi
 
-# Every other binary, from one queue (TEST_LAST's at its end), run by lanes:
+# Every other binary, from one queue (TEST_FIRST's at its head, TEST_LAST's
+# at its end), run by lanes:
 # one from the start, and one more each time a background job ends, up to
 # TEST_LANES (3). The background jobs leave the cores to the queue as they
 # end: one lane after seed_real's end left the two cores a quarter idle for
@@ -147,16 +159,23 @@ failed_file=$logs/failed
 : >"$queue"
 echo 0 >"$next"
 : >"$failed_file"
+# The entries of the list named $1, in that order, to the queue.
+enqueue_named() {
+  local n name dir exe
+  for n in $1; do
+    while IFS=$'\t' read -r name dir exe; do
+      if [ "$name" = "$n" ] && ! is_background "$name"; then
+        printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$queue"
+      fi
+    done <"$list"
+  done
+}
+enqueue_named "$first"
 while IFS=$'\t' read -r name dir exe; do
-  is_background "$name" || is_last "$name" || printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$queue"
+  is_background "$name" || is_first "$name" || is_last "$name" ||
+    printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$queue"
 done <"$list"
-for l in $last; do
-  while IFS=$'\t' read -r name dir exe; do
-    if [ "$name" = "$l" ] && ! is_background "$name"; then
-      printf '%s\t%s\t%s\n' "$name" "$dir" "$exe" >>"$queue"
-    fi
-  done <"$list"
-done
+enqueue_named "$last"
 queued=$(wc -l <"$queue")
 
 # The queue's next entry, taken under a lock (empty when none is left).
