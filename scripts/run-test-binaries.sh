@@ -147,12 +147,11 @@ if [ -n "$beside" ]; then
 fi
 
 # Every other binary, from one queue (TEST_FIRST's at its head, TEST_LAST's
-# at its end), run by lanes:
-# one from the start, and one more each time a background job ends, up to
-# TEST_LANES (3). The background jobs leave the cores to the queue as they
-# end: one lane after seed_real's end left the two cores a quarter idle for
-# the last 200 s of a run (CI at 638ef3a). A lane keeps each binary's output
-# in target/test-logs/ and prints it whole when the binary ends.
+# at its end), run by lanes: one from the start, and one more each time a
+# background job ends or the cores idle (below), up to TEST_LANES (3). With
+# one lane throughout, it was the run's long pole once seed_real had shrunk
+# (CI at 638ef3a). A lane keeps each binary's output in target/test-logs/
+# and prints it whole when the binary ends.
 queue=$logs/queue.tsv
 next=$logs/queue.next
 failed_file=$logs/failed
@@ -220,6 +219,7 @@ lane() {
 
 lanes=()
 max_lanes=${TEST_LANES:-3}
+binary_args=("$@")
 lane "$@" &
 lanes+=($!)
 
@@ -235,21 +235,60 @@ background_ended() {
   } | say
 }
 
+# The two cores' idle share over the last 30 s, in percent, from /proc/stat
+# sampled every 5 s (nothing where there is no /proc/stat, or too few
+# samples yet).
+cpu_samples=()
+sample_cpu() {
+  [ -r /proc/stat ] || return 0
+  local _cpu user nice system idle iowait irq softirq steal
+  read -r _cpu user nice system idle iowait irq softirq steal _ </proc/stat
+  cpu_samples+=("$((idle + iowait)) $((user + nice + system + idle + iowait + irq + softirq + steal))")
+  [ ${#cpu_samples[@]} -le 7 ] || cpu_samples=("${cpu_samples[@]:1}")
+}
+idle_share() {
+  [ ${#cpu_samples[@]} -ge 7 ] || return 0
+  local i0 t0 i1 t1
+  read -r i0 t0 <<<"${cpu_samples[0]}"
+  read -r i1 t1 <<<"${cpu_samples[-1]}"
+  if [ "$t1" -gt "$t0" ]; then echo $((100 * (i1 - i0) / (t1 - t0))); fi
+}
+
+can_open() {
+  [ ${#lanes[@]} -lt "$max_lanes" ] && [ "$(taken)" -lt "$queued" ]
+}
+opened=$SECONDS
+open_lane() {
+  echo "==> $1: $((${#lanes[@]} + 1)) of the others now run at once" | say
+  lane "${binary_args[@]}" &
+  lanes+=($!)
+  opened=$SECONDS
+}
+
+# Until every background job has ended: each one's output as it ends, and a
+# lane more when one ends or when the cores have been a third idle for 30 s
+# (the binaries mostly wait on control planes and Crossplane: at 4bc05a3 the
+# cores were 34 to 64 % idle over the run's last four minutes, one lane
+# running, seed_real's randomized round and the checks beside waiting).
 declare -A name_of=()
 for name in "${!pids[@]}"; do name_of[${pids[$name]}]=$name; done
-while [ ${#name_of[@]} -gt 0 ]; do
-  ended=
-  if wait -n -p ended "${!name_of[@]}"; then status=passed; else status=failed; fi
-  [ -n "$ended" ] || break
-  name=${name_of[$ended]}
-  unset "name_of[$ended]"
-  if [ "$status" = failed ]; then failed+=("$name"); fi
-  background_ended "$name" "$status"
-  if [ ${#lanes[@]} -lt "$max_lanes" ] && [ "$(taken)" -lt "$queued" ]; then
-    echo "==> $name having ended, $((${#lanes[@]} + 1)) of the others now run at once" | say
-    lane "$@" &
-    lanes+=($!)
+while :; do
+  for pid in "${!name_of[@]}"; do
+    kill -0 "$pid" 2>/dev/null && continue
+    if wait "$pid"; then status=passed; else status=failed; fi
+    name=${name_of[$pid]}
+    unset "name_of[$pid]"
+    if [ "$status" = failed ]; then failed+=("$name"); fi
+    background_ended "$name" "$status"
+    if can_open; then open_lane "$name having ended"; fi
+  done
+  sample_cpu
+  idle=$(idle_share)
+  if [ -n "$idle" ] && [ "$idle" -ge 33 ] && [ $((SECONDS - opened)) -ge 30 ] && can_open; then
+    open_lane "the cores $idle % idle over the last 30 s"
   fi
+  if [ ${#name_of[@]} -eq 0 ] && ! can_open; then break; fi
+  sleep 5
 done
 wait "${lanes[@]}" || true
 mapfile -t -O "${#failed[@]}" failed <"$failed_file"
