@@ -150,7 +150,7 @@ fi
 # at its end), run by lanes: one from the start, and one more each time a
 # background job ends or the cores idle (below), up to TEST_LANES (3). With
 # one lane throughout, it was the run's long pole once seed_real had shrunk
-# (CI at 638ef3a). A lane keeps each binary's output in target/test-logs/
+# (a warm run at 638ef3a). A lane keeps each binary's output in target/test-logs/
 # and prints it whole when the binary ends.
 queue=$logs/queue.tsv
 next=$logs/queue.next

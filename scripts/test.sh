@@ -296,7 +296,7 @@ step "tests, and every pinned Kubernetes release and the oldest Crossplane relea
 # busy cores of the run's first ten minutes; the decision tables are short
 # and busy, and fill the cores the other tests leave at the end (last, the
 # Crossplane checks ran alone for the run's final 90 s, the cores 56 to 80 %
-# idle; CI at cd5b09c).
+# idle; a warm run at cd5b09c, BENCHMARKS.md "CI").
 beside="status=0"
 if [ -n "$oldest_crossplane_built" ]; then
   beside+="

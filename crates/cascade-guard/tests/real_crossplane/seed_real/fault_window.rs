@@ -6,7 +6,7 @@
 //! from starting: it gets the stack only once no test holds it, so it runs
 //! after every other test. With a fair lock (tokio's `RwLock`) each test that
 //! started while the round waited for the running ones to end sat idle in
-//! its slot (CI at 6568816: 10 of the 16 slots waited 180 to 270 s), and
+//! its slot (a warm run at 6568816: 10 of the 16 slots waited 180 to 270 s), and
 //! those tests ran after the round, adding its window and its drain to the
 //! binary's time.
 
