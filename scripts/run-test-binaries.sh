@@ -217,11 +217,6 @@ lane() {
   done
 }
 
-lanes=()
-max_lanes=${TEST_LANES:-3}
-binary_args=("$@")
-lane "$@" &
-lanes+=($!)
 
 background_ended() {
   local name=$1 status=$2
@@ -257,13 +252,19 @@ idle_share() {
 can_open() {
   [ ${#lanes[@]} -lt "$max_lanes" ] && [ "$(taken)" -lt "$queued" ]
 }
-opened=$SECONDS
+lanes=()
+max_lanes=${TEST_LANES:-3}
+binary_args=("$@")
+# A lane more (the first from the start), saying why when it is not the first.
 open_lane() {
-  echo "==> $1: $((${#lanes[@]} + 1)) of the others now run at once" | say
+  if [ ${#lanes[@]} -gt 0 ]; then
+    echo "==> $1: $((${#lanes[@]} + 1)) of the others now run at once" | say
+  fi
   lane "${binary_args[@]}" &
   lanes+=($!)
   opened=$SECONDS
 }
+open_lane "the start"
 
 # Until every background job has ended: each one's output as it ends, and a
 # lane more when one ends or when the cores have been a third idle for 30 s
