@@ -1673,8 +1673,8 @@ async fn random_shapes_keep_every_edge() {
         );
     }
     let started = Instant::now();
-    // Without faults the test shares the stack with the others (a read
-    // guard keeps the randomized round's kills away); with them, each round
+    // Without faults the test shares the stack with the others (its share
+    // keeps the randomized round's kills away); with them, each round
     // builds beside the others, then has the stack to itself.
     let shared = stack.fault_window.share().await;
     let modes: Vec<Mode> = [Mode::Off, Mode::Refuse, Mode::Convert]
