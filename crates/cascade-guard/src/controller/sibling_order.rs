@@ -5,10 +5,10 @@
 //! when nothing needs it any more, takes the label away and deletes it if
 //! its parent is being deleted.
 //!
-//! A loop, not a watch per kind: every tick it lists each such kind's
-//! objects (metadata only) and reads the trees whose root changed, is being
-//! deleted, or has not been read for a resync period. The tree, what it
-//! references and the graph are the ones `cascade-guard plan` shows.
+//! A loop over a metadata watch of each such kind ([`mirror`]): every tick
+//! it reads the trees whose root changed, is being deleted, is new or young,
+//! or has not been read for a resync period. The tree, what it references
+//! and the graph are the ones `cascade-guard plan` shows.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -18,10 +18,10 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use kube::api::{
-    DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams, Preconditions,
+    DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams, Preconditions,
     PropagationPolicy,
 };
-use kube::core::{Selector, SelectorExt};
+use kube::core::Selector;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -43,6 +43,9 @@ use crate::policy::order::{self, ObjectRef};
 use crate::policy::roots::Listed;
 use crate::policy::{CompileSettings, Mode, Policy};
 
+mod mirror;
+use mirror::{Candidate, Look, Mirror};
+
 /// How often the loop looks.
 const TICK: Duration = Duration::from_secs(1);
 /// How often it looks while a tree it holds is being deleted: the next wave
@@ -60,7 +63,7 @@ const READS_AT_ONCE: usize = 8;
 
 /// A root whose tree is read this tick.
 struct Due {
-    /// 0: being deleted, 1: never read, 2: the rest.
+    /// See [`rank`].
     rank: u8,
     uid: String,
     rv: String,
@@ -68,6 +71,56 @@ struct Due {
     served: Served,
     namespace: Option<String>,
     name: String,
+}
+
+/// What the loop remembers of a root's last read, as it bears on the next.
+#[derive(Clone, Copy)]
+struct Last {
+    /// Its resourceVersion is not the one read.
+    changed: bool,
+    /// Being deleted, young, or with labels to write when last read.
+    active: bool,
+    /// Not read for a resync period.
+    resync_due: bool,
+}
+
+/// Whether a root's tree is read this look, and how soon: 0 being deleted,
+/// 1 never read (those are what a late look costs), 2 changed or active,
+/// 3 only its resync due.
+fn rank(deleting: bool, last: Option<Last>) -> Option<u8> {
+    match last {
+        _ if deleting => Some(0),
+        None => Some(1),
+        Some(l) if l.changed || l.active => Some(2),
+        Some(l) if l.resync_due => Some(3),
+        Some(_) => None,
+    }
+}
+
+/// How often the loop looks over every root when nothing changed and no tree
+/// is active: what is due then is only resyncs.
+const QUIET_LOOK: Duration = Duration::from_secs(10);
+
+/// The most trees one look reads. The rest stay due and are read by the next
+/// looks, in rank: a look over 100,000 new roots would otherwise take minutes
+/// before a tree being deleted is read again.
+const READS_PER_LOOK: usize = 512;
+/// The most trees one look reads only because their resync is due: with
+/// 100,000 roots, reading each every resync period (300 s) would be 330
+/// reads a second at rest; this makes a full resync longer instead.
+const RESYNCS_PER_LOOK: usize = 32;
+
+/// Keeps what one look reads of `due`, sorted by rank.
+fn take_this_look<T>(due: &mut Vec<T>, rank: impl Fn(&T) -> u8) {
+    let mut resyncs = 0;
+    due.retain(|d| {
+        if rank(d) < 3 {
+            return true;
+        }
+        resyncs += 1;
+        resyncs <= RESYNCS_PER_LOOK
+    });
+    due.truncate(READS_PER_LOOK);
 }
 
 /// The kinds whose trees are ordered: Refuse and Convert ones, each with the
@@ -119,12 +172,16 @@ pub fn start(
         metrics,
         resync,
         roots: HashMap::new(),
+        mirrors: HashMap::new(),
         holds: HashMap::new(),
         kinds: None,
         hold_written: None,
         reported: HashMap::new(),
         warned: BTreeSet::new(),
         swept: None,
+        read_every_tree: false,
+        last_look: None,
+        backlog: false,
         tearing_down: false,
     };
     tokio::spawn(async move {
@@ -135,20 +192,31 @@ pub fn start(
         }
         loop {
             let kinds = rx.borrow().clone().unwrap_or_default();
+            let started = Instant::now();
             order.tick(&kinds).await;
-            let tick = if order.tearing_down {
-                TEARDOWN_TICK
-            } else {
-                TICK
-            };
-            tokio::time::sleep(tick).await;
+            tokio::time::sleep(pause(order.tearing_down, started.elapsed())).await;
         }
     });
     tx
 }
 
+/// The pause after a look. A look reads every due tree, which takes minutes
+/// when very many are due at once (100,000 new objects of ordered kinds): the
+/// pause grows with the look, so that the loop reads for at most half of the
+/// time (four fifths while a tree is torn down, where the pause is what each
+/// level of the teardown waits), not all of it.
+fn pause(tearing_down: bool, look: Duration) -> Duration {
+    if tearing_down {
+        TEARDOWN_TICK.max(look / 4)
+    } else {
+        TICK.max(look)
+    }
+}
+
 struct SiblingOrder {
     client: Client,
+    /// A watch of each ordered kind, by group and kind.
+    mirrors: HashMap<(String, String), Mirror>,
     settings: CompileSettings,
     recorder: Recorder,
     metrics: Arc<Metrics>,
@@ -167,6 +235,14 @@ struct SiblingOrder {
     /// When every kind was last searched for objects held by a root that is
     /// no longer ordered.
     swept: Option<Instant>,
+    /// Every root has been read once since the start (said once, in the log).
+    read_every_tree: bool,
+    /// When the last whole look was, for which kinds, and the generation of
+    /// each kind's mirror then.
+    last_look: Option<(Instant, OrderedKinds, Vec<u64>)>,
+    /// The last look left trees for the next that are due for more than
+    /// their resync.
+    backlog: bool,
     /// A tree read in the last tick is being deleted while something in it
     /// is held.
     tearing_down: bool,
@@ -212,88 +288,119 @@ impl SiblingOrder {
                 Some((group.clone(), kind.clone(), selectors.clone(), served))
             })
             .collect();
-        let lists: Vec<_> = futures::stream::iter(listable.into_iter().map(
-            |(group, kind, selectors, served)| async move {
-                let list = ServedKinds::api(client, &served, None)
-                    .list_metadata(&ListParams::default())
-                    .await;
-                (group, kind, selectors, served, list)
-            },
-        ))
-        .buffered(READS_AT_ONCE)
-        .collect()
-        .await;
+        // A watch of each ordered kind served, in the version served; none of
+        // the others.
+        self.mirrors.retain(|(group, kind), mirror| {
+            listable
+                .iter()
+                .any(|(g, k, _, served)| g == group && k == kind && *served == mirror.served)
+        });
+        for (group, kind, _, served) in &listable {
+            self.mirrors
+                .entry((group.clone(), kind.clone()))
+                .or_insert_with(|| Mirror::start(client, served));
+        }
+        // At rest (nothing changed in any ordered kind, no tree active), a
+        // look only every QUIET_LOOK: each goes over every root, which at
+        // 100,000 roots took a fifth of a core every second.
+        let generations: Vec<u64> = listable
+            .iter()
+            .map(|(g, k, _, _)| {
+                self.mirrors
+                    .get(&(g.clone(), k.clone()))
+                    .map_or(u64::MAX, Mirror::generation)
+            })
+            .collect();
+        let unchanged = self.last_look.as_ref().is_some_and(|(at, o, gens)| {
+            o == ordered && *gens == generations && at.elapsed() < QUIET_LOOK
+        });
+        if unchanged
+            && !was_tearing_down
+            && !self.backlog
+            && !self.roots.values().any(|(_, _, active)| *active)
+        {
+            self.kinds = Some((kinds, discovered));
+            return;
+        }
+        self.last_look = Some((Instant::now(), ordered.clone(), generations));
         let mut listed = Listed::default();
         let mut ok = Vec::new();
-        for (group, kind, selectors, served, list) in lists {
-            match list {
-                Ok(list) => {
-                    listed.add_kind(
-                        &group,
-                        &kind,
-                        list.items.iter().filter_map(|m| m.metadata.uid.as_deref()),
-                    );
-                    ok.push((kind, selectors, served, list.items));
+        for (group, kind, selectors, served) in listable {
+            let Some(mirror) = self.mirrors.get(&(group.clone(), kind.clone())) else {
+                listed_all = false;
+                continue;
+            };
+            match mirror.look(&selectors) {
+                Look::Listed(uids, candidates) => {
+                    listed.add_kind(&group, &kind, uids.iter().map(String::as_str));
+                    ok.push((kind, served, candidates));
                 }
-                Err(e) => {
+                Look::Pending => listed_all = false,
+                Look::Failing(e) => {
                     listed_all = false;
                     // Said once per kind: without list (RBAC: the chart's
                     // protectedGroups) the kind's trees are not ordered.
                     if self.warned.insert(format!("list {group}/{kind}")) {
-                        tracing::warn!(%kind, %group, error = %e, "sibling order: cannot list this kind; its trees are not ordered (cascade-guard needs get, list, patch and delete on the group: the chart's protectedGroups)");
+                        tracing::warn!(%kind, %group, error = %e, "sibling order: cannot list this kind; its trees are not ordered (cascade-guard needs get, list, watch, patch and delete on the group: the chart's protectedGroups)");
                     }
                 }
             }
         }
         let mut due = Vec::new();
-        for (kind, selectors, served, list) in ok {
-            for meta in list {
+        for (kind, served, candidates) in ok {
+            for c in candidates {
                 // Its controller gone too: what an orphan delete of the root
                 // left behind, which the garbage collector may delete next.
-                let is_root = listed.is_root(meta.owner_references());
-                let selected = selectors
-                    .iter()
-                    .any(|s| s.selects_all() || s.matches(meta.labels()));
-                let (Some(uid), Some(rv)) = (meta.uid(), meta.resource_version()) else {
-                    continue;
-                };
-                if !is_root || !selected {
+                if !listed.is_root(&c.entry.controllers) {
                     continue;
                 }
-                seen.insert(uid.clone());
-                let deleting = meta.metadata.deletion_timestamp.is_some();
-                let last = self.roots.get(&uid);
-                let is_due = match last {
-                    None => true,
-                    Some((last_rv, at, active)) => {
-                        *active || *last_rv != rv || deleting || at.elapsed() > self.resync
-                    }
-                };
-                if is_due {
-                    due.push(Due {
-                        // A tree being deleted first, then one never read:
-                        // those are what a late pass would cost.
-                        rank: if deleting {
-                            0
-                        } else if last.is_none() {
-                            1
-                        } else {
-                            2
+                let Candidate {
+                    uid,
+                    entry:
+                        mirror::Entry {
+                            rv,
+                            namespace,
+                            name,
+                            deleting,
+                            ..
                         },
+                } = c;
+                seen.insert(uid.clone());
+                let last = self.roots.get(&uid).map(|(last_rv, at, active)| Last {
+                    changed: *last_rv != rv,
+                    active: *active,
+                    resync_due: at.elapsed() > self.resync,
+                });
+                if let Some(rank) = rank(deleting, last) {
+                    due.push(Due {
+                        rank,
                         uid,
                         rv,
                         kind: kind.clone(),
                         served: served.clone(),
-                        namespace: meta.namespace(),
-                        name: meta.name_any(),
+                        namespace,
+                        name,
                     });
                 }
             }
         }
         due.sort_by_key(|d| d.rank);
+        if !self.read_every_tree && listed_all && !due.iter().any(|d| d.rank == 1) {
+            self.read_every_tree = true;
+            // Until then a tree's holds are those it had at the start.
+            tracing::info!(roots = seen.len(), "sibling order: every tree read once");
+        }
+        let urgent = |due: &[Due]| due.iter().filter(|d| d.rank < 3).count();
+        let urgent_due = urgent(&due);
+        take_this_look(&mut due, |d| d.rank);
+        // Trees left for the next looks but resyncs: those come every tick,
+        // not quiet.
+        self.backlog = urgent(&due) < urgent_due;
         let trees_read = due.len();
         let kinds_read = &kinds;
-        let read: Vec<_> = futures::stream::iter(due.into_iter().map(|d| async move {
+        // Taken as they come, not collected: at 100,000 young trees the
+        // collected reads were a GiB.
+        let mut reads = futures::stream::iter(due.into_iter().map(|d| async move {
             let root = ServedKinds::api(client, &d.served, d.namespace.as_deref())
                 .get_opt(&d.name)
                 .await;
@@ -303,10 +410,8 @@ impl SiblingOrder {
             };
             (d, root, tree)
         }))
-        .buffered(READS_AT_ONCE)
-        .collect()
-        .await;
-        for (d, root, tree) in read {
+        .buffered(READS_AT_ONCE);
+        while let Some((d, root, tree)) = reads.next().await {
             match (root, tree) {
                 (Ok(Some(root)), Some(tree)) => {
                     let active = self.reconcile(&kinds, &root, tree).await;
@@ -318,6 +423,7 @@ impl SiblingOrder {
                 }
             }
         }
+        drop(reads);
         // A root that left (gone, relabelled out, its kind no longer
         // ordered) may leave held objects behind: look for them across every
         // kind then, and every resync in case a restart forgot one.
@@ -454,13 +560,19 @@ impl SiblingOrder {
         self.tearing_down |= deleting && holding > 0;
         // A young tree is still being composed (its Usages taking hold, its
         // references filled in) without its root always changing: it is read
-        // every tick until it settles, then when its root changes.
-        let settling = root.creation_timestamp().is_some_and(|t| {
-            k8s_openapi::jiff::Timestamp::now()
-                .duration_since(t.0)
-                .as_secs()
-                < SETTLING_SECS
-        });
+        // every tick until it settles, then when its root changes. Not a root
+        // alone (nothing composed, referenced or using it yet): what it will
+        // compose or reference first changes the root itself (Crossplane
+        // writes `resourceRefs`), which makes it due; read every tick, 100,000
+        // new objects of an ordered kind kept the loop reading for minutes.
+        let alone = read.objects.len() <= 1;
+        let settling = !alone
+            && root.creation_timestamp().is_some_and(|t| {
+                k8s_openapi::jiff::Timestamp::now()
+                    .duration_since(t.0)
+                    .as_secs()
+                    < SETTLING_SECS
+            });
         deleting || settling || !todo.is_empty()
     }
 
@@ -666,5 +778,46 @@ fn describe(action: &Action) -> String {
                 "delete {object} (Foreground): its parent is being deleted, and what needed it is gone"
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_trees_a_look_reads_first() {
+        let last = |changed, active, resync_due| {
+            Some(Last {
+                changed,
+                active,
+                resync_due,
+            })
+        };
+        let cases = [
+            (true, None, Some(0)),
+            (true, last(false, false, false), Some(0)),
+            (false, None, Some(1)),
+            (false, last(true, false, false), Some(2)),
+            (false, last(false, true, false), Some(2)),
+            (false, last(true, true, true), Some(2)),
+            (false, last(false, false, true), Some(3)),
+            (false, last(false, false, false), None),
+        ];
+        for (deleting, last, want) in cases {
+            assert_eq!(rank(deleting, last), want);
+        }
+    }
+
+    #[test]
+    fn a_look_reads_a_bounded_number_of_trees_and_few_resyncs() {
+        // Sorted by rank, as the look sorts them.
+        let mut due: Vec<u8> = [vec![0; 3], vec![1; 10], vec![2; 5], vec![3; 100]].concat();
+        take_this_look(&mut due, |r| *r);
+        assert_eq!(due.len(), 3 + 10 + 5 + RESYNCS_PER_LOOK);
+        let mut many: Vec<u8> = [vec![1; 2 * READS_PER_LOOK], vec![3; 10]].concat();
+        take_this_look(&mut many, |r| *r);
+        assert_eq!(many.len(), READS_PER_LOOK);
+        assert!(many.iter().all(|r| *r == 1));
     }
 }

@@ -131,6 +131,23 @@ pub async fn run() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(10)).await;
     print_rest(controller.pid, Duration::from_secs(30))?;
 
+    // Sibling order reads every tree once after a start (one GET a root
+    // here); only then is the controller at rest.
+    println!("\n3b. Sibling order's first read of every tree, then at rest");
+    while !logged_since(&log, offset, READ_EVERY_TREE) {
+        if started.elapsed() > Duration::from_secs(1800) {
+            bail!("sibling order did not read every tree in 30 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let first_pass = started.elapsed().as_secs_f64();
+    let pass_cpu = cpu_ticks(controller.pid)? as f64 / super::TICKS_PER_SECOND;
+    println!(
+        "   every tree read {first_pass:.1} s after the start, cascade-guard's CPU by then {pass_cpu:.1} s"
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    print_rest(controller.pid, Duration::from_secs(30))?;
+
     println!("\n4. A single plain delete amid them, {SINGLE} one at a time: to foregroundDeletion");
     let single = one_at_a_time(&admin, &tree, "single").await?;
     print_latencies(&single);
@@ -199,6 +216,18 @@ async fn list_every_kind(client: &Client, kinds: &[ApiResource]) -> Result<(f64,
         seen += c?;
     }
     Ok((took, seen))
+}
+
+/// What sibling order logs once it has read every tree after its start.
+const READ_EVERY_TREE: &str = "sibling order: every tree read once";
+
+/// Whether cascade-guard logged `what` after `offset` in its log.
+fn logged_since(log: &Path, offset: u64, what: &str) -> bool {
+    let text = std::fs::read(log).unwrap_or_default();
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(text.len());
+    String::from_utf8_lossy(&text[start..]).contains(what)
 }
 
 /// How many kinds cascade-guard has logged as listed after `offset` in its log.
