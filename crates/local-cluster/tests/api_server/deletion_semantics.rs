@@ -20,6 +20,10 @@ use local_cluster::timeline::Timeline;
 use local_cluster::{ControlPlane, Options, audit, wait};
 use serde_json::json;
 
+/// An experiment run by hand: the garbage collector missing a re-added
+/// `foregroundDeletion` after an API server restart.
+mod gc_missed_transition;
+
 const GROUP: &str = "examples.local-cluster.dev";
 /// A finalizer no controller handles: the test removes it to let an object go.
 const HOLD: &str = "examples.local-cluster.dev/hold";
