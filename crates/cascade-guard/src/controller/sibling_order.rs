@@ -60,6 +60,9 @@ const DISCOVERY_EVERY: Duration = Duration::from_secs(30);
 const SLOW_LOOK: Duration = Duration::from_secs(10);
 /// How many lists, or trees, are read at once in a tick.
 const READS_AT_ONCE: usize = 8;
+/// How many trees are read before they are written: the reads overlap, and
+/// what is held in memory stays bounded.
+const READ_BATCH: usize = 32;
 
 /// A root whose tree is read this tick.
 struct Due {
@@ -398,32 +401,40 @@ impl SiblingOrder {
         self.backlog = urgent(&due) < urgent_due;
         let trees_read = due.len();
         let kinds_read = &kinds;
-        // Taken as they come, not collected: at 100,000 young trees the
-        // collected reads were a GiB.
-        let mut reads = futures::stream::iter(due.into_iter().map(|d| async move {
-            let root = ServedKinds::api(client, &d.served, d.namespace.as_deref())
-                .get_opt(&d.name)
-                .await;
-            let tree = match &root {
-                Ok(Some(root)) => Some(read_tree(client, kinds_read, root).await),
-                _ => None,
-            };
-            (d, root, tree)
-        }))
-        .buffered(READS_AT_ONCE);
-        while let Some((d, root, tree)) = reads.next().await {
-            match (root, tree) {
-                (Ok(Some(root)), Some(tree)) => {
-                    let active = self.reconcile(&kinds, &root, tree).await;
-                    self.roots.insert(d.uid, (d.rv, Instant::now(), active));
-                }
-                (Ok(_), _) => {}
-                (Err(e), _) => {
-                    tracing::warn!(kind = %d.kind, error = %e, "sibling order: cannot read")
+        // Read a batch at a time, READS_AT_ONCE in flight, then written: a
+        // write while reads are in flight stalls them (a stream's reads make
+        // progress only while it is polled: 31de24a wrote each tree as it
+        // came, and under a loaded CI a look at 22 trees took 216 s), and
+        // all of a look's trees collected were a GiB at 100,000 young ones.
+        let mut due = due.into_iter().peekable();
+        while due.peek().is_some() {
+            let batch: Vec<Due> = due.by_ref().take(READ_BATCH).collect();
+            let read: Vec<_> = futures::stream::iter(batch.into_iter().map(|d| async move {
+                let root = ServedKinds::api(client, &d.served, d.namespace.as_deref())
+                    .get_opt(&d.name)
+                    .await;
+                let tree = match &root {
+                    Ok(Some(root)) => Some(read_tree(client, kinds_read, root).await),
+                    _ => None,
+                };
+                (d, root, tree)
+            }))
+            .buffered(READS_AT_ONCE)
+            .collect()
+            .await;
+            for (d, root, tree) in read {
+                match (root, tree) {
+                    (Ok(Some(root)), Some(tree)) => {
+                        let active = self.reconcile(&kinds, &root, tree).await;
+                        self.roots.insert(d.uid, (d.rv, Instant::now(), active));
+                    }
+                    (Ok(_), _) => {}
+                    (Err(e), _) => {
+                        tracing::warn!(kind = %d.kind, error = %e, "sibling order: cannot read")
+                    }
                 }
             }
         }
-        drop(reads);
         // A root that left (gone, relabelled out, its kind no longer
         // ordered) may leave held objects behind: look for them across every
         // kind then, and every resync in case a restart forgot one.
