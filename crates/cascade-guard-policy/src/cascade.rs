@@ -97,6 +97,20 @@ pub struct Memory {
     /// of an object with nothing left, and wait on the garbage collector to
     /// clear it a second time, which a soak saw it never do.
     pub foreground_from_the_start: bool,
+    /// When cascade-guard first saw the foreground cascade running on with
+    /// nothing it can see left to wait for: an XR with no composed resource
+    /// left, or any other kind, whose dependents it cannot see, from the
+    /// cascade's start. `None` while it waits for something, or out of one.
+    pub quiet_since: Option<Instant>,
+    /// Cascades cascade-guard restarted because the garbage collector seemed
+    /// to have missed their start ([`Step::RestartCascade`]), and when it
+    /// last did.
+    pub restarts: u32,
+    pub last_restart: Option<Instant>,
+    /// It removed `foregroundDeletion` to restart the cascade and has not yet
+    /// seen its Foreground delete go through: convert, whatever else it
+    /// remembers, or the object would be let go without a cascade.
+    pub restarting: bool,
 }
 
 impl Memory {
@@ -104,6 +118,42 @@ impl Memory {
     /// conversions, and the foreground delete it was first seen in.
     pub fn cascades(&self) -> u32 {
         self.conversions + u32::from(self.foreground_from_the_start)
+    }
+
+    /// Moves the quiet clock on with what one look saw: it starts when a
+    /// foreground cascade shows nothing cascade-guard can see left, and stops
+    /// when the cascade waits for something again or is no longer running.
+    /// An XR's dependents not looked up yet leave it as it is.
+    pub fn seen(self, observed: Observed, dependents: Dependents, now: Instant) -> Self {
+        let running = observed.deleting && observed.held && observed.in_foreground;
+        let nothing_seen_left = match observed.shape {
+            Shape::CompositeResource => match dependents {
+                Dependents::NotLookedUp => return self,
+                Dependents::Remaining(_) => false,
+                Dependents::None | Dependents::Unknowable => true,
+            },
+            Shape::Other | Shape::Claim => true,
+        };
+        let quiet_since = if running && nothing_seen_left {
+            Some(self.quiet_since.unwrap_or(now))
+        } else {
+            None
+        };
+        Memory {
+            quiet_since,
+            ..self
+        }
+    }
+
+    /// When a quiet foreground cascade is due to be restarted: `after` a
+    /// quiet spell starts, then after growing waits from the last restart
+    /// ([`restart_interval`]).
+    pub fn restart_due(&self, after: Duration) -> Option<Instant> {
+        let quiet = self.quiet_since?;
+        Some(match self.last_restart {
+            Some(last) if last >= quiet => last + restart_interval(self.restarts).max(after),
+            _ => quiet + after,
+        })
     }
 
     /// The memory of a replica that may not have seen the conversion (a
@@ -138,8 +188,10 @@ pub enum Dependents {
 /// How far cascade-guard carries a deleting object before it lets go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Carry {
-    /// Until nothing is left to cascade (the controller).
-    ToTheEnd,
+    /// Until nothing is left to cascade (the controller), restarting a
+    /// quiet foreground cascade after `restart_after` ([`Step::RestartCascade`];
+    /// `None`: never).
+    ToTheEnd { restart_after: Option<Duration> },
     /// Until the garbage collector's foreground cascade holds it: `uninstall`,
     /// where cascade-guard is leaving, and the garbage collector keeps the
     /// object until its blocking dependents are gone, as for any foreground
@@ -178,6 +230,28 @@ pub enum Step {
     Release,
     /// Remove cascade-guard's finalizer: there is no cascade to hold it for.
     LetGo(LetGo),
+    /// The foreground cascade has run on with nothing cascade-guard can see
+    /// left for a while ([`RESTART_AFTER`] by default): the garbage collector may have missed its
+    /// start (it starts a cascade only on an edge its informer sees, and after
+    /// an API server restart it can miss one: docs/deletion-semantics.md §2).
+    /// Remove `foregroundDeletion` and delete in the foreground again, both
+    /// with preconditions, while cascade-guard's finalizer keeps the object:
+    /// the collector then sees the edge and decides itself whether anything
+    /// is left. Harmless when it had not missed it: the cascade goes on.
+    RestartCascade,
+}
+
+/// How long a foreground cascade may show nothing cascade-guard can see left
+/// before it is restarted, by default. The garbage collector clears
+/// `foregroundDeletion` within milliseconds of the last blocking dependent
+/// going when it has seen the cascade start.
+pub const RESTART_AFTER: Duration = Duration::from_secs(30);
+
+/// The least time between restart `restarts` and the next: 1 min doubling to
+/// 16 min. A kind whose dependents cascade-guard cannot see is restarted
+/// through a long cascade too; each restart is two requests.
+pub fn restart_interval(restarts: u32) -> Duration {
+    Duration::from_secs(60u64 << restarts.saturating_sub(1).min(4))
 }
 
 /// What to do with a live object: only holding and letting go apply.
@@ -219,9 +293,15 @@ pub fn next_step(
     }
     if observed.in_foreground {
         return match carry {
-            Carry::ToTheEnd => Step::Wait,
+            Carry::ToTheEnd { restart_after } => {
+                in_foreground_step(observed.shape, memory, dependents, now, restart_after)
+            }
             Carry::ToTheGarbageCollector => Step::LetGo(LetGo::HandedOver),
         };
+    }
+    // Half-way through a restart: put the cascade back.
+    if memory.restarting {
+        return Step::Convert;
     }
     if observed.orphaning || memory.orphaned {
         return Step::LetGo(LetGo::Orphaning);
@@ -251,6 +331,28 @@ pub fn next_step(
     }
 }
 
+/// While the garbage collector's cascade runs: wait, and restart a cascade
+/// that has been quiet too long ([`Step::RestartCascade`]).
+fn in_foreground_step(
+    shape: Shape,
+    memory: Memory,
+    dependents: Dependents,
+    now: Instant,
+    restart_after: Option<Duration>,
+) -> Step {
+    if shape == Shape::CompositeResource {
+        match dependents {
+            Dependents::NotLookedUp => return Step::LookUpDependents,
+            Dependents::Remaining(_) => return Step::Wait,
+            Dependents::None | Dependents::Unknowable => {}
+        }
+    }
+    match restart_after.and_then(|after| memory.restart_due(after)) {
+        Some(due) if now >= due => Step::RestartCascade,
+        _ => Step::Wait,
+    }
+}
+
 /// The least time between conversion `conversions` and the next: none for
 /// the second (the confirming round of kinds that are not XRs), then 1 s
 /// doubling to 30 s.
@@ -274,6 +376,10 @@ fn confirmed(memory: Memory) -> Step {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TO_THE_END: Carry = Carry::ToTheEnd {
+        restart_after: Some(RESTART_AFTER),
+    };
 
     fn obs(deleting: bool, held: bool, in_foreground: bool, shape: Shape) -> Observed {
         Observed {
@@ -307,8 +413,19 @@ mod tests {
             // Deleting, not held (from before installation, or released): not ours.
             (true, false, false, CompositeResource, 0, NotLookedUp, Wait),
             (true, false, true, CompositeResource, 3, Remaining(2), Wait),
-            // Deleting, held, in foreground: the garbage collector is at work.
-            (true, true, true, CompositeResource, 0, NotLookedUp, Wait),
+            // Deleting, held, in foreground: the garbage collector is at work
+            // (an XR's composed resources tell whether it is quiet).
+            (
+                true,
+                true,
+                true,
+                CompositeResource,
+                0,
+                NotLookedUp,
+                LookUpDependents,
+            ),
+            (true, true, true, CompositeResource, 1, Remaining(1), Wait),
+            (true, true, true, CompositeResource, 1, None, Wait),
             (true, true, true, Other, 5, None, Wait),
             // Deleting, held, no foregroundDeletion, never converted: convert.
             (
@@ -365,7 +482,7 @@ mod tests {
                 m(conversions),
                 deps,
                 now,
-                Carry::ToTheEnd,
+                TO_THE_END,
             );
             assert_eq!(
                 got, want,
@@ -414,7 +531,7 @@ mod tests {
                     from_start(conversions),
                     deps,
                     now,
-                    Carry::ToTheEnd
+                    TO_THE_END
                 ),
                 want,
                 "{shape:?} conversions={conversions} {deps:?}"
@@ -425,9 +542,9 @@ mod tests {
             next_step(
                 obs(true, true, true, Shape::CompositeResource),
                 from_start(0),
-                NotLookedUp,
+                None,
                 now,
-                Carry::ToTheEnd
+                TO_THE_END
             ),
             Step::Wait
         );
@@ -465,7 +582,7 @@ mod tests {
                     fresh.restored(marked),
                     deps,
                     now,
-                    Carry::ToTheEnd
+                    TO_THE_END
                 ),
                 want,
                 "{shape:?} marked={marked} {deps:?}"
@@ -492,7 +609,7 @@ mod tests {
                 from_start.restored(true),
                 NotLookedUp,
                 now,
-                Carry::ToTheEnd
+                TO_THE_END
             ),
             Step::Convert
         );
@@ -521,14 +638,20 @@ mod tests {
             ),
             (out(false, false, false), 0, NotLookedUp, Step::Wait),
             (out(true, true, false), 0, NotLookedUp, Step::Convert),
-            (out(true, true, true), 1, NotLookedUp, Step::Wait),
+            (
+                out(true, true, true),
+                1,
+                NotLookedUp,
+                Step::LookUpDependents,
+            ),
+            (out(true, true, true), 1, Remaining(1), Step::Wait),
             (out(true, true, false), 1, Remaining(1), Step::Convert),
             (out(true, true, false), 1, None, Step::Release),
             (out(true, false, false), 0, NotLookedUp, Step::Wait),
         ];
         for (observed, conversions, deps, want) in cases {
             assert_eq!(
-                next_step(observed, m(conversions), deps, now, Carry::ToTheEnd),
+                next_step(observed, m(conversions), deps, now, TO_THE_END),
                 want,
                 "{observed:?} {conversions} {deps:?}"
             );
@@ -549,13 +672,7 @@ mod tests {
                 ..Memory::default()
             };
             assert_eq!(
-                next_step(
-                    orphaning,
-                    memory,
-                    Dependents::Remaining(2),
-                    now,
-                    Carry::ToTheEnd
-                ),
+                next_step(orphaning, memory, Dependents::Remaining(2), now, TO_THE_END),
                 Step::LetGo(LetGo::Orphaning)
             );
         }
@@ -569,13 +686,7 @@ mod tests {
             ..orphaning
         };
         assert_eq!(
-            next_step(
-                done,
-                orphaned,
-                Dependents::NotLookedUp,
-                now,
-                Carry::ToTheEnd
-            ),
+            next_step(done, orphaned, Dependents::NotLookedUp, now, TO_THE_END),
             Step::LetGo(LetGo::Orphaning)
         );
         // Not held: not ours to touch.
@@ -589,7 +700,7 @@ mod tests {
                 Memory::default(),
                 Dependents::NotLookedUp,
                 now,
-                Carry::ToTheEnd
+                TO_THE_END
             ),
             Step::Wait
         );
@@ -640,7 +751,7 @@ mod tests {
                 memory,
                 Dependents::Remaining(1),
                 start + Duration::from_secs_f64(secs),
-                Carry::ToTheEnd,
+                TO_THE_END,
             )
         };
         // The second conversion is not held back (the confirming round).
@@ -707,7 +818,7 @@ mod tests {
         let now = Instant::now();
         let xr = |deleting, held, fg| obs(deleting, held, fg, Shape::CompositeResource);
         let mut memory = Memory::default();
-        let step = |o, m, d| next_step(o, m, d, now, Carry::ToTheEnd);
+        let step = |o, m, d| next_step(o, m, d, now, TO_THE_END);
         assert_eq!(
             step(xr(false, false, false), memory, Dependents::NotLookedUp),
             Step::Hold
@@ -718,9 +829,14 @@ mod tests {
             Step::Convert
         );
         memory.conversions += 1;
-        // Foreground is running.
+        // Foreground is running: its composed resources are looked up (the
+        // quiet clock), and it waits for them.
         assert_eq!(
             step(xr(true, true, true), memory, Dependents::NotLookedUp),
+            Step::LookUpDependents
+        );
+        assert_eq!(
+            step(xr(true, true, true), memory, Dependents::Remaining(2)),
             Step::Wait
         );
         // Stripped by a second Background delete while two composed resources remain.
@@ -738,5 +854,139 @@ mod tests {
             step(xr(true, true, false), memory, Dependents::None),
             Step::Release
         );
+    }
+    /// A foreground cascade that shows nothing cascade-guard can see left is
+    /// restarted after RESTART_AFTER, then after growing waits; one that
+    /// waits for something, or stops running, stops the clock; half-way
+    /// through a restart the object is converted, not let go.
+    #[test]
+    fn a_quiet_foreground_cascade_is_restarted_after_growing_waits() {
+        use Dependents::*;
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let running = |shape| obs(true, true, true, shape);
+        let xr = Shape::CompositeResource;
+        let converted = Memory {
+            conversions: 1,
+            ..Memory::default()
+        };
+
+        // The clock: (memory, what is seen, dependents, when) -> quiet since.
+        let m = converted.seen(running(xr), NotLookedUp, at(0));
+        assert_eq!(m.quiet_since, Option::None, "not looked up: no change");
+        let m = m.seen(running(xr), Remaining(2), at(1));
+        assert_eq!(m.quiet_since, Option::None, "waits for two");
+        let m = m.seen(running(xr), None, at(5));
+        assert_eq!(m.quiet_since, Some(at(5)));
+        let m = m.seen(running(xr), Unknowable, at(9));
+        assert_eq!(m.quiet_since, Some(at(5)), "keeps its start");
+        let m2 = m.seen(running(xr), NotLookedUp, at(10));
+        assert_eq!(m2.quiet_since, Some(at(5)));
+        assert_eq!(
+            m.seen(running(xr), Remaining(1), at(11)).quiet_since,
+            Option::None
+        );
+        assert_eq!(
+            m.seen(obs(true, true, false, xr), None, at(11)).quiet_since,
+            Option::None,
+            "cleared: no cascade running"
+        );
+        assert_eq!(
+            m.seen(obs(true, false, true, xr), None, at(11)).quiet_since,
+            Option::None,
+            "not held"
+        );
+        // Other kinds: quiet from the start, whatever the lookup says.
+        let other = converted.seen(running(Shape::Other), NotLookedUp, at(3));
+        assert_eq!(other.quiet_since, Some(at(3)));
+
+        // The schedule: (restarts, last restart, now) -> step.
+        let quiet = |restarts: u32, last: Option<u64>| Memory {
+            quiet_since: Some(at(0)),
+            restarts,
+            last_restart: last.map(at),
+            ..converted
+        };
+        let cases = [
+            (0, Option::None, 29, Step::Wait),
+            (0, Option::None, 30, Step::RestartCascade),
+            (1, Some(30), 89, Step::Wait),
+            (1, Some(30), 90, Step::RestartCascade),
+            (2, Some(90), 209, Step::Wait),
+            (2, Some(90), 210, Step::RestartCascade),
+            (5, Some(1000), 1959, Step::Wait),
+            (5, Some(1000), 1960, Step::RestartCascade),
+            (40, Some(1000), 1960, Step::RestartCascade),
+        ];
+        for (restarts, last, now, want) in cases {
+            for shape in [xr, Shape::Other] {
+                assert_eq!(
+                    next_step(
+                        running(shape),
+                        quiet(restarts, last),
+                        None,
+                        at(now),
+                        TO_THE_END
+                    ),
+                    want,
+                    "{shape:?} restarts={restarts} last={last:?} at {now}"
+                );
+            }
+        }
+        // A restart before this quiet spell does not shorten the first wait.
+        let earlier = Memory {
+            quiet_since: Some(at(100)),
+            restarts: 1,
+            last_restart: Some(at(50)),
+            ..converted
+        };
+        assert_eq!(earlier.restart_due(RESTART_AFTER), Some(at(130)));
+        // A longer wait than the interval holds between restarts too.
+        let long = Duration::from_secs(300);
+        assert_eq!(quiet(1, Some(30)).restart_due(long), Some(at(330)));
+        // An XR quiet since 0, looked at 500 s in: (dependents, carry) -> step.
+        let off = Carry::ToTheEnd {
+            restart_after: Option::None,
+        };
+        let long_quiet = [
+            // Restarts can be turned off.
+            (None, off, Step::Wait),
+            // Still waiting for composed resources: never restarted.
+            (Remaining(1), TO_THE_END, Step::Wait),
+            // Uninstall hands a running cascade over, quiet or not.
+            (
+                None,
+                Carry::ToTheGarbageCollector,
+                Step::LetGo(LetGo::HandedOver),
+            ),
+        ];
+        for (deps, carry, want) in long_quiet {
+            assert_eq!(
+                next_step(running(xr), quiet(0, Option::None), deps, at(500), carry),
+                want,
+                "{deps:?} {carry:?}"
+            );
+        }
+        // Half-way through a restart (foregroundDeletion removed, the
+        // Foreground delete not yet through): convert, for every kind,
+        // whatever the count of cascades says.
+        let half_way = Memory {
+            conversions: 3,
+            restarting: true,
+            ..Memory::default()
+        };
+        for (shape, deps) in [(xr, None), (xr, NotLookedUp), (Shape::Other, NotLookedUp)] {
+            assert_eq!(
+                next_step(
+                    obs(true, true, false, shape),
+                    half_way,
+                    deps,
+                    at(0),
+                    TO_THE_END
+                ),
+                Step::Convert,
+                "{shape:?} {deps:?}"
+            );
+        }
     }
 }

@@ -145,6 +145,15 @@ struct RunArgs {
     /// cascade_guard_stalled_cascades.
     #[arg(long, env = "CASCADE_GUARD_STALL_AFTER", value_parser = humantime_duration, default_value = "10m")]
     stall_after: Duration,
+    /// A foreground cascade cascade-guard holds that runs on this long with
+    /// nothing it can see left (an XR with no composed resource left; any
+    /// cascade of another kind) is restarted: foregroundDeletion removed and
+    /// the object deleted in the foreground again, so that a garbage
+    /// collector that missed the cascade's start (after an API server
+    /// restart) sees it; then at growing intervals. A CascadeRestarted Event
+    /// and cascade_guard_cascade_restarts say so. 0s turns it off.
+    #[arg(long, env = "CASCADE_GUARD_RESTART_QUIET_CASCADES_AFTER", value_parser = humantime_duration, default_value = "30s")]
+    restart_quiet_cascades_after: Duration,
     /// Seconds between full passes when nothing changes.
     #[arg(long, env = "CASCADE_GUARD_RESYNC_SECONDS", default_value_t = 300)]
     resync_seconds: u64,
@@ -520,6 +529,8 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
         compile: args.policy.compile_settings(),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         stall_after: args.stall_after,
+        restart_quiet_cascades_after: (!args.restart_quiet_cascades_after.is_zero())
+            .then_some(args.restart_quiet_cascades_after),
         sibling_order: args.sibling_order == SiblingOrder::Enforce,
         ..Settings::default()
     };

@@ -51,6 +51,10 @@ pub struct Settings {
     /// A cascade cascade-guard holds with no progress for this long gets a
     /// `CascadeStalled` Warning Event and counts in the stalled gauge.
     pub stall_after: Duration,
+    /// A foreground cascade cascade-guard holds that shows nothing it can see
+    /// left for this long is restarted (`Step::RestartCascade`); `None`:
+    /// never.
+    pub restart_quiet_cascades_after: Option<Duration>,
     /// Order the siblings of the trees of Refuse and Convert kinds
     /// ([`sibling_order`]).
     pub sibling_order: bool,
@@ -64,6 +68,7 @@ impl Default for Settings {
             resync: Duration::from_secs(300),
             debounce: Duration::from_millis(100),
             stall_after: convert::DEFAULT_STALL_AFTER,
+            restart_quiet_cascades_after: Some(crate::policy::cascade::RESTART_AFTER),
             sibling_order: true,
         }
     }
@@ -92,7 +97,8 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
         )
     });
     let mut converter = convert::Converter::new(client.clone(), recorder.clone(), metrics.clone())
-        .with_stall_after(settings.stall_after);
+        .with_stall_after(settings.stall_after)
+        .with_restarts_after(settings.restart_quiet_cascades_after);
     let mut kind_watches = watches::Watches::new(
         client.clone(),
         recorder,

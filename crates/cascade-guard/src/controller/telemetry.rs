@@ -62,6 +62,7 @@ pub struct Metrics {
     registry: Registry,
     protected: Family<KindLabel, Gauge>,
     conversions: Family<KindLabel, Counter>,
+    restarts: Family<KindLabel, Counter>,
     in_progress: Family<KindLabel, Gauge>,
     stalled: Family<KindLabel, Gauge>,
     durations: Family<KindLabel, Histogram, fn() -> Histogram>,
@@ -89,6 +90,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let protected = Family::<KindLabel, Gauge>::default();
         let conversions = Family::<KindLabel, Counter>::default();
+        let restarts = Family::<KindLabel, Counter>::default();
         let in_progress = Family::<KindLabel, Gauge>::default();
         let stalled = Family::<KindLabel, Gauge>::default();
         let durations = Family::<KindLabel, Histogram, fn() -> Histogram>::new_with_constructor(
@@ -115,6 +117,11 @@ impl Metrics {
             "cascade_guard_conversions",
             "Deletes turned into foreground cascades",
             conversions.clone(),
+        );
+        registry.register(
+            "cascade_guard_cascade_restarts",
+            "Quiet foreground cascades restarted because the garbage collector may have missed their start",
+            restarts.clone(),
         );
         registry.register(
             "cascade_guard_cascades_in_progress",
@@ -191,6 +198,7 @@ impl Metrics {
             registry,
             protected,
             conversions,
+            restarts,
             in_progress,
             stalled,
             durations,
@@ -228,6 +236,11 @@ impl Metrics {
     /// A delete of a `kind` object was turned into a foreground cascade.
     pub fn conversion(&self, kind: &str) {
         self.conversions.get_or_create(&kind_label(kind)).inc();
+    }
+
+    /// A quiet foreground cascade of a `kind` object was restarted.
+    pub fn cascade_restarted(&self, kind: &str) {
+        self.restarts.get_or_create(&kind_label(kind)).inc();
     }
 
     pub fn cascade_started(&self, kind: &str) {

@@ -89,7 +89,9 @@ impl Context {
             ),
             client,
             resource: crate::fake_api_server::resource(),
-            carry: Carry::ToTheEnd,
+            carry: Carry::ToTheEnd {
+                restart_after: Some(crate::policy::cascade::RESTART_AFTER),
+            },
             stall_after,
             metrics: Arc::new(Metrics::new()),
         };

@@ -71,7 +71,9 @@ impl Converter {
             metrics,
             running: BTreeMap::new(),
             holds: Arc::new(Semaphore::new(HOLDS_AT_ONCE)),
-            carry: Carry::ToTheEnd,
+            carry: Carry::ToTheEnd {
+                restart_after: Some(crate::policy::cascade::RESTART_AFTER),
+            },
             stall_after: DEFAULT_STALL_AFTER,
         }
     }
@@ -79,6 +81,15 @@ impl Converter {
     /// Cascades with no progress for this long are reported stalled.
     pub fn with_stall_after(mut self, stall_after: Duration) -> Self {
         self.stall_after = stall_after;
+        self
+    }
+
+    /// Quiet foreground cascades are restarted after this long (`None`:
+    /// never). Uninstall hands cascades over instead, and keeps doing so.
+    pub fn with_restarts_after(mut self, after: Option<Duration>) -> Self {
+        if let Carry::ToTheEnd { restart_after } = &mut self.carry {
+            *restart_after = after;
+        }
         self
     }
 

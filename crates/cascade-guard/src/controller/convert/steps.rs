@@ -10,10 +10,10 @@ use kube::runtime::events::EventType;
 
 use super::Meta;
 use super::context::Context;
-use super::writes::{self, Reissue};
+use super::writes::{self, Reissue, ReleaseIf, Strip};
 use crate::controller::backoff::step_retry;
 use crate::policy::Shape;
-use crate::policy::cascade::{Dependents, LetGo, Step, next_step};
+use crate::policy::cascade::{Carry, Dependents, LetGo, Memory, Step, next_step};
 use crate::policy::names::CONVERTED_ANNOTATION;
 
 /// A failed write of `step` on object `name`.
@@ -49,6 +49,7 @@ pub(super) fn error_policy(object: Arc<Meta>, error: &StepError, ctx: Arc<Contex
     ctx.metrics.error(match *step {
         "hold" => "AddFinalizer",
         "convert" => "Reissue",
+        "restart" => "RestartCascade",
         _ => "RemoveFinalizer",
     });
     let failures = ctx.failed_again(object.uid());
@@ -84,15 +85,18 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
             }
         }
     }
-    let decide = |dependents| next_step(observed, memory, dependents, now, ctx.carry);
-    let mut step = decide(Dependents::NotLookedUp);
+    // The quiet clock moves with each look (and with the lookup below).
+    let mut memory = memory.seen(observed, Dependents::NotLookedUp, now);
+    let decide = |memory, dependents| next_step(observed, memory, dependents, now, ctx.carry);
+    let mut step = decide(memory, Dependents::NotLookedUp);
     // A cascade cascade-guard holds: what it waits for, for the stall clock
     // (and for the decision, when that needs it).
     let in_cascade = observed.deleting && observed.held && !observed.orphaning;
     if step == Step::LookUpDependents || (in_cascade && ctx.shape == Shape::CompositeResource) {
         let (dependents, left) = ctx.lookup().dependents(object, &uid).await;
+        memory = memory.seen(observed, dependents, now);
         if step == Step::LookUpDependents {
-            step = decide(dependents);
+            step = decide(memory, dependents);
         }
         if in_cascade && !matches!(step, Step::Release | Step::LetGo(_)) {
             ctx.watch_progress(object, &uid, left).await;
@@ -100,13 +104,24 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
     } else if in_cascade {
         ctx.watch_progress(object, &uid, Vec::new()).await;
     }
+    let quiet_since = memory.quiet_since;
+    ctx.remember(&uid, |m| m.quiet_since = quiet_since);
     let name = object.name_any();
     let api = ctx.api(object);
     match step {
         Step::Wait | Step::LookUpDependents => Ok(if in_cascade {
             // A cascade is running: look at its progress now and then (and
-            // catch an event that was missed).
-            Action::requeue(ctx.look_interval())
+            // catch an event that was missed), and when a restart is due.
+            let look = ctx.look_interval();
+            let due = match ctx.carry {
+                Carry::ToTheEnd {
+                    restart_after: Some(after),
+                } => memory.restart_due(after),
+                _ => None,
+            };
+            let due =
+                due.map(|due| due.saturating_duration_since(now) + Duration::from_millis(100));
+            Action::requeue(due.map_or(look, |due| due.min(look)))
         } else {
             Action::await_change()
         }),
@@ -130,6 +145,7 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
                 *m = m.restored(marked);
                 m.conversions += 1;
                 m.last_conversion = Some(Instant::now());
+                m.restarting = false;
             });
             if first {
                 // Unmarked, a restart costs one more Foreground delete: worth
@@ -152,6 +168,7 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
             }
             Ok(Action::requeue(Duration::from_secs(30)))
         }
+        Step::RestartCascade => restart(object, &uid, &memory, ctx).await,
         Step::Backoff(wait) => {
             tracing::debug!(kind = %ctx.label, %name, wait_ms = wait.as_millis(), "the cascade keeps being cut short; converting again after a pause");
             Ok(Action::requeue(wait))
@@ -183,7 +200,8 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
                 }
                 LetGo::HandedOver => None,
             };
-            writes::release(&api, object, &uid, rv.as_deref())
+            let guard = rv.as_deref().map_or(ReleaseIf::Held, ReleaseIf::AtVersion);
+            writes::release(&api, object, &uid, guard)
                 .await
                 .map_err(failed("release", &name))?;
             if why != LetGo::Orphaning {
@@ -194,7 +212,12 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
             Ok(Action::await_change())
         }
         Step::Release => {
-            writes::release(&api, object, &uid, None)
+            let guard = if memory.restarts > 0 {
+                ReleaseIf::FinalizersAsSeen
+            } else {
+                ReleaseIf::Held
+            };
+            writes::release(&api, object, &uid, guard)
                 .await
                 .map_err(failed("release", &name))?;
             ctx.forget(&uid);
@@ -222,6 +245,62 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
             Ok(Action::await_change())
         }
     }
+}
+
+/// Restarts a foreground cascade the garbage collector may have lost
+/// ([`Step::RestartCascade`]): removes `foregroundDeletion` and deletes in
+/// the foreground again, so that the collector sees the cascade start. The
+/// object stays held in between; a failure half-way is converted on the
+/// next turn ([`Memory::restarting`]).
+async fn restart(
+    object: &Meta,
+    uid: &str,
+    memory: &Memory,
+    ctx: &Context,
+) -> Result<Action, StepError> {
+    let name = object.name_any();
+    let api = ctx.api(object);
+    match writes::strip_foreground(&api, object, uid)
+        .await
+        .map_err(failed("restart", &name))?
+    {
+        Strip::Stripped => {}
+        // Cleared or changed meanwhile: decide again on what is there now.
+        Strip::NotAsSeen => return Ok(Action::requeue(Duration::from_secs(1))),
+    }
+    ctx.remember(uid, |m| m.restarting = true);
+    match writes::convert(&api, &name, uid)
+        .await
+        .map_err(failed("restart", &name))?
+    {
+        Reissue::Converted => {}
+        Reissue::Gone => {
+            ctx.forget(uid);
+            return Ok(Action::await_change());
+        }
+    }
+    let now = Instant::now();
+    let quiet_for = memory
+        .quiet_since
+        .map(|since| now.saturating_duration_since(since))
+        .unwrap_or_default();
+    ctx.remember(uid, |m| {
+        m.restarting = false;
+        m.conversions += 1;
+        m.last_conversion = Some(now);
+        m.restarts += 1;
+        m.last_restart = Some(now);
+    });
+    ctx.metrics.cascade_restarted(&ctx.label);
+    let note = format!(
+        "foregroundDeletion stayed {}s with nothing left that cascade-guard can see; the garbage collector may have missed the cascade's start (after an API server restart, say): removed foregroundDeletion and deleted it in the foreground again, so that the collector starts the cascade afresh (restart {})",
+        quiet_for.as_secs(),
+        memory.restarts + 1
+    );
+    tracing::warn!(kind = %ctx.label, %name, restarts = memory.restarts + 1, quiet_seconds = quiet_for.as_secs(), "restarted a quiet foreground cascade");
+    ctx.publish(object, EventType::Warning, "CascadeRestarted", &note)
+        .await;
+    Ok(Action::requeue(ctx.look_interval()))
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@ use serde_json::{Value, json};
 
 use super::Meta;
 use crate::controller::MANAGER;
-use crate::policy::names::{CONVERTED_ANNOTATION, FOREGROUND_CASCADE_FINALIZER};
+use crate::policy::names::{
+    CONVERTED_ANNOTATION, FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER,
+};
 
 /// The object's own endpoint: namespaced or cluster-wide as the object is.
 pub(super) fn object_api(client: &Client, resource: &ApiResource, object: &Meta) -> Api<Meta> {
@@ -47,35 +49,43 @@ fn hold_patch(object: &Meta, uid: &str) -> json_patch::Patch {
     ])
 }
 
-/// Removes the finalizer, testing that it is still where it was seen (and,
-/// given one, that the object is still at `resource_version`). Gone, or not
-/// holding the finalizer, is done.
+/// What else a release tests besides the object's UID and cascade-guard's
+/// finalizer where it was seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ReleaseIf<'a> {
+    /// Nothing else.
+    Held,
+    /// The object is still at this resourceVersion.
+    AtVersion(&'a str),
+    /// Its finalizers are all as seen: after a restarted cascade, a view from
+    /// between the removal of `foregroundDeletion` and its return must not
+    /// let go of an object whose cascade runs again.
+    FinalizersAsSeen,
+}
+
+/// Removes the finalizer, testing that it is still where it was seen (and
+/// what `guard` asks). Gone, or not holding the finalizer, is done.
 pub(super) async fn release(
     api: &Api<Meta>,
     object: &Meta,
     uid: &str,
-    resource_version: Option<&str>,
+    guard: ReleaseIf<'_>,
 ) -> Result<(), kube::Error> {
-    match release_patch(object, uid, resource_version) {
+    match release_patch(object, uid, guard) {
         Some(patch) => send_patch(api, &object.name_any(), patch).await,
         None => Ok(()),
     }
 }
 
-fn release_patch(
-    object: &Meta,
-    uid: &str,
-    resource_version: Option<&str>,
-) -> Option<json_patch::Patch> {
-    let index = object
-        .finalizers()
-        .iter()
-        .position(|f| f == FOREGROUND_CASCADE_FINALIZER)?;
-    let mut at = PointerBuf::from_tokens(["metadata", "finalizers"]);
-    at.push_back(index);
+fn release_patch(object: &Meta, uid: &str, guard: ReleaseIf<'_>) -> Option<json_patch::Patch> {
+    let at = finalizer_at(object, FOREGROUND_CASCADE_FINALIZER)?;
     let mut ops = vec![test("/metadata/uid", json!(uid))];
-    if let Some(rv) = resource_version {
-        ops.push(test("/metadata/resourceVersion", json!(rv)));
+    match guard {
+        ReleaseIf::Held => {}
+        ReleaseIf::AtVersion(rv) => ops.push(test("/metadata/resourceVersion", json!(rv))),
+        ReleaseIf::FinalizersAsSeen => {
+            ops.push(test("/metadata/finalizers", json!(object.finalizers())));
+        }
     }
     ops.push(PatchOperation::Test(TestOperation {
         path: at.clone(),
@@ -83,6 +93,58 @@ fn release_patch(
     }));
     ops.push(PatchOperation::Remove(RemoveOperation { path: at }));
     Some(json_patch::Patch(ops))
+}
+
+/// Where `finalizer` is in the object's finalizers, as a JSON pointer.
+fn finalizer_at(object: &Meta, finalizer: &str) -> Option<PointerBuf> {
+    let index = object.finalizers().iter().position(|f| f == finalizer)?;
+    let mut at = PointerBuf::from_tokens(["metadata", "finalizers"]);
+    at.push_back(index);
+    Some(at)
+}
+
+/// What removing `foregroundDeletion` to restart a cascade came to.
+#[derive(Debug, PartialEq)]
+pub(super) enum Strip {
+    Stripped,
+    /// Not where it was seen (the garbage collector cleared it, say), or the
+    /// object is gone or replaced: nothing to restart; decide again.
+    NotAsSeen,
+}
+
+/// Removes `foregroundDeletion` from the object as seen (its UID, the
+/// finalizer where it was seen), the first half of a restart
+/// ([`crate::policy::cascade::Step::RestartCascade`]). The caller holds the
+/// object with cascade-guard's finalizer, so it cannot go in between.
+pub(super) async fn strip_foreground(
+    api: &Api<Meta>,
+    object: &Meta,
+    uid: &str,
+) -> Result<Strip, kube::Error> {
+    let Some(at) = finalizer_at(object, FOREGROUND_DELETION_FINALIZER) else {
+        return Ok(Strip::NotAsSeen);
+    };
+    let patch = json_patch::Patch(vec![
+        test("/metadata/uid", json!(uid)),
+        PatchOperation::Test(TestOperation {
+            path: at.clone(),
+            value: json!(FOREGROUND_DELETION_FINALIZER),
+        }),
+        PatchOperation::Remove(RemoveOperation { path: at }),
+    ]);
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch(&object.name_any(), &params, &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => Ok(Strip::Stripped),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Strip::NotAsSeen),
+        Err(e) if is_stale(&e) => Ok(Strip::NotAsSeen),
+        Err(e) => Err(e),
+    }
 }
 
 fn test(path: &'static str, value: Value) -> PatchOperation {
@@ -337,8 +399,8 @@ mod tests {
         let (any_version, as_seen) = against(script, async |c| {
             let api = api(&c, &seen);
             (
-                release(&api, &seen, "u1", None).await,
-                release(&api, &seen, "u1", Some("7")).await,
+                release(&api, &seen, "u1", ReleaseIf::Held).await,
+                release(&api, &seen, "u1", ReleaseIf::AtVersion("7")).await,
             )
         })
         .await;
@@ -348,10 +410,76 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_release_after_a_restart_tests_every_finalizer_as_seen() {
+        let seen = object("u1", "9", &["other.io/keep", HELD], true);
+        let script =
+            vec![
+            hold_request(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                {"op": "test", "path": "/metadata/finalizers", "value": ["other.io/keep", HELD]},
+                {"op": "test", "path": "/metadata/finalizers/1", "value": HELD},
+                {"op": "remove", "path": "/metadata/finalizers/1"},
+            ]))
+            .fails(says::INVALID, "the server rejected our request due to an error in our request"),
+        ];
+        let out = against(script, async |c| {
+            release(&api(&c, &seen), &seen, "u1", ReleaseIf::FinalizersAsSeen).await
+        })
+        .await;
+        // foregroundDeletion is back on the real object: refused, and stale.
+        assert!(out.as_ref().is_err_and(is_stale), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn stripping_foreground_deletion_tests_it_where_seen_and_takes_refusals_as_changes() {
+        let seen = object("u1", "9", &[HELD, "foregroundDeletion"], true);
+        let strip = || {
+            hold_request(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                {"op": "test", "path": "/metadata/finalizers/1", "value": "foregroundDeletion"},
+                {"op": "remove", "path": "/metadata/finalizers/1"},
+            ]))
+        };
+        let script = vec![
+            strip().ok(metadata("u1", "10", &[HELD], true)),
+            strip().fails(
+                says::INVALID,
+                "the server rejected our request due to an error in our request",
+            ),
+            strip().fails(says::NOT_FOUND, "not found"),
+            strip().fails(says::FORBIDDEN, "forbidden"),
+        ];
+        let outs = against(script, async |c| {
+            let api = api(&c, &seen);
+            let mut outs = Vec::new();
+            for _ in 0..4 {
+                outs.push(
+                    strip_foreground(&api, &seen, "u1")
+                        .await
+                        .map_err(|e| e.to_string()),
+                );
+            }
+            outs
+        })
+        .await;
+        assert_eq!(outs[0], Ok(Strip::Stripped));
+        assert_eq!(outs[1], Ok(Strip::NotAsSeen));
+        assert_eq!(outs[2], Ok(Strip::NotAsSeen));
+        assert!(outs[3].is_err(), "{:?}", outs[3]);
+        // Not seen with foregroundDeletion: nothing sent.
+        let cleared = object("u1", "9", &[HELD], true);
+        let out = against(Vec::new(), async |c| {
+            strip_foreground(&api(&c, &cleared), &cleared, "u1").await
+        })
+        .await;
+        assert_eq!(out.ok(), Some(Strip::NotAsSeen));
+    }
+
+    #[tokio::test]
     async fn releasing_an_object_not_held_sends_nothing() {
         let seen = object("u1", "7", &["other.io/keep"], true);
         let out = against(Vec::new(), async |c| {
-            release(&api(&c, &seen), &seen, "u1", None).await
+            release(&api(&c, &seen), &seen, "u1", ReleaseIf::Held).await
         })
         .await;
         assert!(out.is_ok(), "{out:?}");
