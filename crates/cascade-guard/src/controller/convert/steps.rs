@@ -453,6 +453,57 @@ mod tests {
         assert_eq!(conversions, [1, 2, 0]);
     }
 
+    /// A cascade quiet past the restart time is restarted: foregroundDeletion
+    /// removed where seen, a Foreground delete, a Warning Event. A view from
+    /// between the two (foregroundDeletion gone, the object still held) must
+    /// not let go: the release tests every finalizer as seen, and the API
+    /// server, with foregroundDeletion back, refuses it.
+    #[tokio::test]
+    async fn a_quiet_cascade_is_restarted_and_a_view_from_half_way_does_not_let_go() {
+        let mark = |mut o: Meta| {
+            o.annotations_mut()
+                .insert(CONVERTED_ANNOTATION.into(), "true".into());
+            o
+        };
+        let quiet = mark(object("u1", "8", &[HELD, FOREGROUND], true));
+        let half_way = mark(object("u1", "9", &[HELD], true));
+        let script = vec![
+            Exchange::patch(PATCHED)
+                .body(json!([
+                    {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                    {"op": "test", "path": "/metadata/finalizers/1", "value": FOREGROUND},
+                    {"op": "remove", "path": "/metadata/finalizers/1"},
+                ]))
+                .ok(metadata("u1", "9", &[HELD], true)),
+            convert().ok(metadata("u1", "10", &[HELD, FOREGROUND], true)),
+            event("Warning", "CascadeRestarted"),
+            release(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                {"op": "test", "path": "/metadata/finalizers", "value": [HELD]},
+                {"op": "test", "path": "/metadata/finalizers/0", "value": HELD},
+                {"op": "remove", "path": "/metadata/finalizers/0"},
+            ]))
+            .fails(
+                says::INVALID,
+                "the server rejected our request due to an error in our request",
+            ),
+        ];
+        let (turns, memory) = against(script, async |c| {
+            let ctx = context(c, Shape::Other, Reach::Every);
+            ctx.remember("u1", |m| {
+                m.conversions = 1;
+                m.quiet_since = Instant::now().checked_sub(Duration::from_secs(60));
+            });
+            let turns = vec![turn(&quiet, &ctx).await, turn(&half_way, &ctx).await];
+            (turns, ctx.memory("u1"))
+        })
+        .await;
+        assert_eq!(turns[0], Ok(Action::requeue(Duration::from_secs(30))));
+        assert!(turns[1].is_err(), "{turns:?}");
+        assert_eq!((memory.restarts, memory.conversions), (1, 2));
+        assert!(!memory.restarting);
+    }
+
     #[tokio::test]
     async fn a_conversion_that_finds_the_object_gone_or_replaced_forgets_it() {
         let deleting = object("u1", "8", &[HELD], true);
