@@ -31,8 +31,43 @@ pub struct TreeRead {
     pub unread: Vec<String>,
 }
 
-/// Reads the tree under `root`, what it references and the Usages naming it.
-pub async fn read_tree(client: &Client, kinds: &ServedKinds, root: &DynamicObject) -> TreeRead {
+/// Crossplane's Usages and ClusterUsages (of both API groups), listed once
+/// for any number of trees: listed per tree, a look at many trees listed
+/// every Usage once for each.
+pub struct Usages {
+    lists: Vec<(String, Result<Vec<DynamicObject>, kube::Error>)>,
+}
+
+impl Usages {
+    pub async fn list(client: &Client, kinds: &ServedKinds) -> Self {
+        let served: Vec<Served> = ["protection.crossplane.io", "apiextensions.crossplane.io"]
+            .into_iter()
+            .flat_map(|g| {
+                ["Usage", "ClusterUsage"]
+                    .into_iter()
+                    .flat_map(move |k| kinds.of_kind(Some(g), k).cloned())
+            })
+            .collect();
+        let mut lists = Vec::new();
+        for s in served {
+            let list = ServedKinds::api(client, &s, None)
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items);
+            lists.push((s.0.kind.clone(), list));
+        }
+        Self { lists }
+    }
+}
+
+/// Reads the tree under `root`, what it references and the Usages naming it
+/// (from `usages`, listed before).
+pub async fn read_tree(
+    client: &Client,
+    kinds: &ServedKinds,
+    root: &DynamicObject,
+    usages: &Usages,
+) -> TreeRead {
     let mut reading = Reading::new(client, kinds);
     reading.tree(root);
     reading.expand().await;
@@ -42,7 +77,7 @@ pub async fn read_tree(client: &Client, kinds: &ServedKinds, root: &DynamicObjec
         }
     }
     let root_uid = root.metadata.uid.clone().unwrap_or_default();
-    reading.usages(&root_uid).await;
+    reading.usages(&root_uid, usages);
     // The sides of those Usages that are not read yet: the object a
     // standalone Usage of another tree protects.
     reading.follow_references().await;
@@ -191,34 +226,22 @@ impl<'a> Reading<'a> {
     /// Crossplane's Usages and ClusterUsages that name an object read, and
     /// those sibling order holds for `root_uid` (one whose user is gone
     /// names nothing read any more, and must be let go).
-    async fn usages(&mut self, root_uid: &str) {
-        let kinds = self.kinds;
-        let served: Vec<Served> = ["protection.crossplane.io", "apiextensions.crossplane.io"]
-            .into_iter()
-            .flat_map(|g| {
-                ["Usage", "ClusterUsage"]
-                    .into_iter()
-                    .flat_map(move |k| kinds.of_kind(Some(g), k).cloned())
-            })
-            .collect();
+    fn usages(&mut self, root_uid: &str, usages: &Usages) {
         let names: HashSet<(String, String)> = self
             .refs
             .iter()
             .map(|r| (r.kind.clone(), r.name.clone()))
             .collect();
-        for s in served {
-            let list = match ServedKinds::api(self.client, &s, None)
-                .list(&ListParams::default())
-                .await
-            {
-                Ok(list) => list.items,
+        for (kind, list) in &usages.lists {
+            let list = match list {
+                Ok(list) => list,
                 Err(e) => {
-                    self.unread.push(format!("{}s: {e}", s.0.kind));
+                    self.unread.push(format!("{kind}s: {e}"));
                     continue;
                 }
             };
             for usage in list {
-                let value = serde_value(&usage);
+                let value = serde_value(usage);
                 let names_one = ["/spec/of", "/spec/by"].iter().any(|side| {
                     let kind = value
                         .pointer(&format!("{side}/kind"))
@@ -232,9 +255,9 @@ impl<'a> Reading<'a> {
                 let held_here = !root_uid.is_empty()
                     && usage.labels().get(HOLD_LABEL).map(String::as_str) == Some(root_uid);
                 if (names_one || held_here)
-                    && let Some(key) = key_of(&usage)
+                    && let Some(key) = key_of(usage)
                 {
-                    self.take(key, &usage);
+                    self.take(key, usage);
                 }
             }
         }

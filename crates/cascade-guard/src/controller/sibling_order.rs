@@ -32,7 +32,7 @@ use std::sync::Arc;
 use super::MANAGER;
 use super::telemetry::Metrics;
 use crate::cluster::kinds::{Served, ServedKinds};
-use crate::cluster::tree::{TreeRead, read_tree};
+use crate::cluster::tree::{TreeRead, Usages, read_tree};
 use crate::cluster::unhold;
 use crate::policy::drift::first_difference;
 use crate::policy::hold::{
@@ -409,12 +409,16 @@ impl SiblingOrder {
         let mut due = due.into_iter().peekable();
         while due.peek().is_some() {
             let batch: Vec<Due> = due.by_ref().take(READ_BATCH).collect();
+            // The Usages as the batch starts: one that appears after is
+            // read at the tree's next look.
+            let usages = Usages::list(client, kinds_read).await;
+            let usages = &usages;
             let read: Vec<_> = futures::stream::iter(batch.into_iter().map(|d| async move {
                 let root = ServedKinds::api(client, &d.served, d.namespace.as_deref())
                     .get_opt(&d.name)
                     .await;
                 let tree = match &root {
-                    Ok(Some(root)) => Some(read_tree(client, kinds_read, root).await),
+                    Ok(Some(root)) => Some(read_tree(client, kinds_read, root, usages).await),
                     _ => None,
                 };
                 (d, root, tree)

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use cascade_guard::cli::plan::{self as plan_cli, Options as PlanOptions};
 use cascade_guard::cluster::kinds::ServedKinds;
-use cascade_guard::cluster::tree::read_tree;
+use cascade_guard::cluster::tree::{Usages, read_tree};
 use cascade_guard::policy::Mode;
 use cascade_guard::policy::hold::{self, HOLD_LABEL};
 use cascade_guard::policy::order::{self, COMPOSITION_RESOURCE_NAME_ANNOTATION, NEEDS_ANNOTATION};
@@ -404,7 +404,8 @@ async fn plan_part() -> Result<()> {
         .get(ROOT)
         .await?;
     let root_uid = root.uid().context("the root has no uid")?;
-    let read = read_tree(&admin, &served, &root).await;
+    let usages = Usages::list(&admin, &served).await;
+    let read = read_tree(&admin, &served, &root, &usages).await;
     if !read.unread.is_empty() {
         bail!("the tree was not read whole: {:?}", read.unread);
     }
@@ -474,7 +475,8 @@ async fn plan_part() -> Result<()> {
         plan_cli::plan(&admin, &options).await?;
         in_process.push(started.elapsed().as_secs_f64() * 1000.0);
         let started = Instant::now();
-        read_tree(&admin, &served, &root).await;
+        let usages = Usages::list(&admin, &served).await;
+        read_tree(&admin, &served, &root, &usages).await;
         reads.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     in_process.sort_by(f64::total_cmp);

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::cluster::inputs::read_once;
 use crate::cluster::kinds::{LookupError, Served, ServedKinds};
-use crate::cluster::tree::read_tree;
+use crate::cluster::tree::{Usages, read_tree};
 use crate::policy::order::{self, Graph, Hazard, ObjectRef, Teardown};
 use crate::policy::{Mode, Policy, resolve};
 
@@ -130,7 +130,8 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
         None => mode_today(client, &root_served, &root, options.xrd_default_mode).await?,
     };
 
-    let read = read_tree(client, &kinds, &root).await;
+    let usages = Usages::list(client, &kinds).await;
+    let read = read_tree(client, &kinds, &root, &usages).await;
     let graph = order::graph(&read.objects, &root_uid).map_err(|_| PlanError::NoUid)?;
     let sibling_order = sibling_order_enforced(client).await;
     let teardown = teardown_of(mode, sibling_order);
