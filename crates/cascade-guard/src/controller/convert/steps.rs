@@ -292,14 +292,35 @@ async fn restart(
         m.last_restart = Some(now);
     });
     ctx.metrics.cascade_restarted(&ctx.label);
-    let note = format!(
-        "foregroundDeletion stayed {}s with nothing left that cascade-guard can see; the garbage collector may have missed the cascade's start (after an API server restart, say): removed foregroundDeletion and deleted it in the foreground again, so that the collector starts the cascade afresh (restart {})",
-        quiet_for.as_secs(),
-        memory.restarts + 1
-    );
-    tracing::warn!(kind = %ctx.label, %name, restarts = memory.restarts + 1, quiet_seconds = quiet_for.as_secs(), "restarted a quiet foreground cascade");
-    ctx.publish(object, EventType::Warning, "CascadeRestarted", &note)
-        .await;
+    let restart = memory.restarts + 1;
+    let quiet = quiet_for.as_secs();
+    // An XR with nothing left is a lost cascade for sure; a kind whose
+    // dependents cascade-guard cannot see is restarted through any long
+    // cascade, which is routine.
+    let (type_, note) = if ctx.shape == Shape::CompositeResource {
+        (
+            EventType::Warning,
+            format!(
+                "foregroundDeletion stayed {quiet}s with none of its composed resources left; the garbage collector may have missed the cascade's start (after an API server restart, say): removed foregroundDeletion and deleted it in the foreground again, so that the collector starts the cascade afresh (restart {restart})"
+            ),
+        )
+    } else {
+        (
+            EventType::Normal,
+            format!(
+                "in its foreground cascade for {quiet}s; cascade-guard cannot see this kind's dependents, so it restarted the cascade in case the garbage collector missed its start (after an API server restart, say): removed foregroundDeletion and deleted it in the foreground again; the collector goes on waiting for what is left (restart {restart})"
+            ),
+        )
+    };
+    match type_ {
+        EventType::Warning => {
+            tracing::warn!(kind = %ctx.label, %name, restart, quiet_seconds = quiet, "restarted a quiet foreground cascade")
+        }
+        EventType::Normal => {
+            tracing::info!(kind = %ctx.label, %name, restart, quiet_seconds = quiet, "restarted a long foreground cascade")
+        }
+    }
+    ctx.publish(object, type_, "CascadeRestarted", &note).await;
     Ok(Action::requeue(ctx.look_interval()))
 }
 
@@ -454,7 +475,8 @@ mod tests {
     }
 
     /// A cascade quiet past the restart time is restarted: foregroundDeletion
-    /// removed where seen, a Foreground delete, a Warning Event. A view from
+    /// removed where seen, a Foreground delete, an Event (Normal for a kind
+    /// whose dependents cascade-guard cannot see). A view from
     /// between the two (foregroundDeletion gone, the object still held) must
     /// not let go: the release tests every finalizer as seen, and the API
     /// server, with foregroundDeletion back, refuses it.
@@ -476,7 +498,7 @@ mod tests {
                 ]))
                 .ok(metadata("u1", "9", &[HELD], true)),
             convert().ok(metadata("u1", "10", &[HELD, FOREGROUND], true)),
-            event("Warning", "CascadeRestarted"),
+            event("Normal", "CascadeRestarted"),
             release(json!([
                 {"op": "test", "path": "/metadata/uid", "value": "u1"},
                 {"op": "test", "path": "/metadata/finalizers", "value": [HELD]},
