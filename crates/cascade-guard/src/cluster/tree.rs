@@ -39,17 +39,21 @@ pub struct Usages {
 }
 
 impl Usages {
-    pub async fn list(client: &Client, kinds: &ServedKinds) -> Self {
-        let served: Vec<Served> = ["protection.crossplane.io", "apiextensions.crossplane.io"]
+    /// The kinds served: Usage and ClusterUsage of either API group.
+    pub fn kinds(kinds: &ServedKinds) -> Vec<Served> {
+        ["protection.crossplane.io", "apiextensions.crossplane.io"]
             .into_iter()
             .flat_map(|g| {
                 ["Usage", "ClusterUsage"]
                     .into_iter()
                     .flat_map(move |k| kinds.of_kind(Some(g), k).cloned())
             })
-            .collect();
+            .collect()
+    }
+
+    pub async fn list(client: &Client, kinds: &ServedKinds) -> Self {
         let mut lists = Vec::new();
-        for s in served {
+        for s in Self::kinds(kinds) {
             let list = ServedKinds::api(client, &s, None)
                 .list(&ListParams::default())
                 .await

@@ -10,7 +10,7 @@
 //! or has not been read for a resync period. The tree, what it references
 //! and the graph are the ones `cascade-guard plan` shows.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -176,6 +176,9 @@ pub fn start(
         resync,
         roots: HashMap::new(),
         mirrors: HashMap::new(),
+        usage_mirrors: HashMap::new(),
+        usage_versions: HashMap::new(),
+        members: HashMap::new(),
         holds: HashMap::new(),
         kinds: None,
         hold_written: None,
@@ -203,23 +206,37 @@ pub fn start(
     tx
 }
 
-/// The pause after a look. A look reads every due tree, which takes minutes
-/// when very many are due at once (100,000 new objects of ordered kinds): the
-/// pause grows with the look, so that the loop reads for at most half of the
-/// time (four fifths while a tree is torn down, where the pause is what each
-/// level of the teardown waits), not all of it.
+/// The pause after a look. A look reads up to READS_PER_LOOK trees, which
+/// takes a while when very many are due at once (100,000 new objects of
+/// ordered kinds) or the API server is slow: the pause grows with the look,
+/// so that the loop reads for at most half of the time (four fifths while a
+/// tree is torn down, where the pause is what each level of the teardown
+/// waits), but never past MAX_PAUSE: a new tree waits for the look after
+/// the pause, and a pause as long as a 216-s look under a loaded CI kept
+/// new trees from their holds for seven minutes.
 fn pause(tearing_down: bool, look: Duration) -> Duration {
     if tearing_down {
-        TEARDOWN_TICK.max(look / 4)
+        TEARDOWN_TICK.max(look / 4).min(MAX_PAUSE / 4)
     } else {
-        TICK.max(look)
+        TICK.max(look).min(MAX_PAUSE)
     }
 }
+
+/// The longest pause between two looks.
+const MAX_PAUSE: Duration = Duration::from_secs(10);
 
 struct SiblingOrder {
     client: Client,
     /// A watch of each ordered kind, by group and kind.
     mirrors: HashMap<(String, String), Mirror>,
+    /// A watch of each Usage kind served: a Usage made or changed makes the
+    /// tree of its user due, also a settled one whose root did not change.
+    usage_mirrors: HashMap<(String, String), Mirror>,
+    /// Each Usage's resourceVersion at the last look.
+    usage_versions: HashMap<String, String>,
+    /// The root of each object read in a tree of more than one object, for
+    /// a Usage whose user is inside a tree.
+    members: HashMap<String, String>,
     settings: CompileSettings,
     recorder: Recorder,
     metrics: Arc<Metrics>,
@@ -303,6 +320,14 @@ impl SiblingOrder {
                 .entry((group.clone(), kind.clone()))
                 .or_insert_with(|| Mirror::start(client, served));
         }
+        let usage_kinds = Usages::kinds(&kinds);
+        self.usage_mirrors
+            .retain(|_, mirror| usage_kinds.contains(&mirror.served));
+        for served in &usage_kinds {
+            self.usage_mirrors
+                .entry((served.0.group.clone(), served.0.kind.clone()))
+                .or_insert_with(|| Mirror::start(client, served));
+        }
         // At rest (nothing changed in any ordered kind, no tree active), a
         // look only every QUIET_LOOK: each goes over every root, which at
         // 100,000 roots took a fifth of a core every second.
@@ -313,6 +338,11 @@ impl SiblingOrder {
                     .get(&(g.clone(), k.clone()))
                     .map_or(u64::MAX, Mirror::generation)
             })
+            .chain(usage_kinds.iter().map(|s| {
+                self.usage_mirrors
+                    .get(&(s.0.group.clone(), s.0.kind.clone()))
+                    .map_or(u64::MAX, Mirror::generation)
+            }))
             .collect();
         let unchanged = self.last_look.as_ref().is_some_and(|(at, o, gens)| {
             o == ordered && *gens == generations && at.elapsed() < QUIET_LOOK
@@ -349,6 +379,7 @@ impl SiblingOrder {
                 }
             }
         }
+        let poked = self.poked_by_usages();
         let mut due = Vec::new();
         for (kind, served, candidates) in ok {
             for c in candidates {
@@ -370,7 +401,7 @@ impl SiblingOrder {
                 } = c;
                 seen.insert(uid.clone());
                 let last = self.roots.get(&uid).map(|(last_rv, at, active)| Last {
-                    changed: *last_rv != rv,
+                    changed: *last_rv != rv || poked.contains(&uid),
                     active: *active,
                     resync_due: at.elapsed() > self.resync,
                 });
@@ -467,6 +498,7 @@ impl SiblingOrder {
         // still noticed (and its holds let go) once the listing is whole.
         if listed_all {
             self.roots.retain(|uid, _| seen.contains(uid));
+            self.members.retain(|_, root| seen.contains(root));
             self.reported.retain(|uid, _| seen.contains(uid));
             self.holds.retain(|uid, _| seen.contains(uid));
         }
@@ -487,6 +519,50 @@ impl SiblingOrder {
         // Put back with the time of its discovery, so that it is read again
         // every DISCOVERY_EVERY and a kind served later is found.
         self.kinds = Some((kinds, discovered));
+    }
+
+    /// The roots whose trees a Usage made or changed since the last look
+    /// names as its user (Crossplane makes the user the Usage's owner): the
+    /// root itself, or the root of the tree it was read in.
+    fn poked_by_usages(&mut self) -> HashSet<String> {
+        let mut poked = HashSet::new();
+        let mut listed_all = true;
+        let mut now = HashMap::new();
+        for mirror in self.usage_mirrors.values() {
+            let usages = match mirror.look(&[Selector::default()]) {
+                Look::Listed(_, usages) => usages,
+                Look::Pending => {
+                    listed_all = false;
+                    continue;
+                }
+                Look::Failing(e) => {
+                    listed_all = false;
+                    let kind = &mirror.served.0.kind;
+                    if self.warned.insert(format!("watch {kind}")) {
+                        tracing::warn!(%kind, error = %e, "sibling order: cannot watch this kind; a new one is seen at its tree's next read, within the resync period (cascade-guard needs watch on Usages and ClusterUsages)");
+                    }
+                    continue;
+                }
+            };
+            for usage in usages {
+                if self.usage_versions.get(&usage.uid) != Some(&usage.entry.rv) {
+                    for owner in &usage.entry.owners {
+                        if self.roots.contains_key(owner) {
+                            poked.insert(owner.clone());
+                        } else if let Some(root) = self.members.get(owner) {
+                            poked.insert(root.clone());
+                        }
+                    }
+                }
+                now.insert(usage.uid, usage.entry.rv);
+            }
+        }
+        if listed_all {
+            self.usage_versions = now;
+        } else {
+            self.usage_versions.extend(now);
+        }
+        poked
     }
 
     /// Brings one tree's labels to what its graph says; true while anything
@@ -581,6 +657,16 @@ impl SiblingOrder {
         // writes `resourceRefs`), which makes it due; read every tick, 100,000
         // new objects of an ordered kind kept the loop reading for minutes.
         let alone = read.objects.len() <= 1;
+        if !alone {
+            for uid in read
+                .objects
+                .iter()
+                .filter_map(|v| v.pointer("/metadata/uid").and_then(Value::as_str))
+                .filter(|uid| *uid != root_uid)
+            {
+                self.members.insert(uid.to_string(), root_uid.clone());
+            }
+        }
         let settling = !alone
             && root.creation_timestamp().is_some_and(|t| {
                 k8s_openapi::jiff::Timestamp::now()
@@ -821,6 +907,24 @@ mod tests {
         ];
         for (deleting, last, want) in cases {
             assert_eq!(rank(deleting, last), want);
+        }
+    }
+
+    #[test]
+    fn the_pause_grows_with_the_look_up_to_a_bound() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // (tearing down, look) -> pause
+        let cases = [
+            (false, ms(50), s(1)),
+            (false, s(4), s(4)),
+            (false, s(216), s(10)),
+            (true, ms(50), ms(200)),
+            (true, s(4), s(1)),
+            (true, s(216), ms(2500)),
+        ];
+        for (tearing_down, look, want) in cases {
+            assert_eq!(pause(tearing_down, look), want, "{tearing_down} {look:?}");
         }
     }
 

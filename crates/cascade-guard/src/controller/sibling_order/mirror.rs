@@ -34,6 +34,9 @@ pub(super) struct Entry {
     pub labels: BTreeMap<String, String>,
     /// Its controller references: they decide whether it begins a tree.
     pub controllers: Vec<OwnerReference>,
+    /// The uids of all its owners (a Usage's user is one, not its
+    /// controller).
+    pub owners: Vec<String>,
 }
 
 /// One selected object of the kind, for the look.
@@ -138,6 +141,11 @@ fn entry(meta: &PartialObjectMeta<DynamicObject>) -> Option<(String, Entry)> {
                 .iter()
                 .filter(|o| o.controller == Some(true))
                 .cloned()
+                .collect(),
+            owners: meta
+                .owner_references()
+                .iter()
+                .map(|o| o.uid.clone())
                 .collect(),
         },
     ))
