@@ -222,6 +222,32 @@ fn pause(tearing_down: bool, look: Duration) -> Duration {
     }
 }
 
+/// The roots of the trees a Usage's users are in, when the Usage is new or
+/// changed since `versions` (by uid): each owner that is a root, or the root
+/// of the tree an owner was read in (`members`). Unchanged: none.
+fn users_roots(
+    usage: &mirror::Candidate,
+    versions: &HashMap<String, String>,
+    is_root: impl Fn(&str) -> bool,
+    members: &HashMap<String, String>,
+) -> Vec<String> {
+    if versions.get(&usage.uid) == Some(&usage.entry.rv) {
+        return Vec::new();
+    }
+    usage
+        .entry
+        .owners
+        .iter()
+        .filter_map(|owner| {
+            if is_root(owner) {
+                Some(owner.clone())
+            } else {
+                members.get(owner).cloned()
+            }
+        })
+        .collect()
+}
+
 /// The longest pause between two looks.
 const MAX_PAUSE: Duration = Duration::from_secs(10);
 
@@ -545,15 +571,12 @@ impl SiblingOrder {
                 }
             };
             for usage in usages {
-                if self.usage_versions.get(&usage.uid) != Some(&usage.entry.rv) {
-                    for owner in &usage.entry.owners {
-                        if self.roots.contains_key(owner) {
-                            poked.insert(owner.clone());
-                        } else if let Some(root) = self.members.get(owner) {
-                            poked.insert(root.clone());
-                        }
-                    }
-                }
+                poked.extend(users_roots(
+                    &usage,
+                    &self.usage_versions,
+                    |uid| self.roots.contains_key(uid),
+                    &self.members,
+                ));
                 now.insert(usage.uid, usage.entry.rv);
             }
         }
@@ -908,6 +931,56 @@ mod tests {
         for (deleting, last, want) in cases {
             assert_eq!(rank(deleting, last), want);
         }
+    }
+
+    #[test]
+    fn a_new_or_changed_usage_makes_its_users_tree_due() {
+        let usage = |rv: &str, owners: &[&str]| mirror::Candidate {
+            uid: "u1".into(),
+            entry: mirror::Entry {
+                rv: rv.into(),
+                namespace: None,
+                name: "uses".into(),
+                deleting: false,
+                labels: Default::default(),
+                controllers: Vec::new(),
+                owners: owners.iter().map(|o| o.to_string()).collect(),
+            },
+        };
+        let versions: HashMap<String, String> = [("u1".to_string(), "5".to_string())].into();
+        let members: HashMap<String, String> =
+            [("stack".to_string(), "cluster-root".to_string())].into();
+        let is_root = |uid: &str| uid == "gateway-root" || uid == "cluster-root";
+        // (its version, its owners) -> the roots made due
+        let cases: [(&str, &[&str], &[&str]); 6] = [
+            ("5", &["gateway-root"], &[]),
+            ("6", &["gateway-root"], &["gateway-root"]),
+            ("6", &["stack"], &["cluster-root"]),
+            ("6", &["unknown"], &[]),
+            ("6", &[], &[]),
+            (
+                "6",
+                &["gateway-root", "stack"],
+                &["gateway-root", "cluster-root"],
+            ),
+        ];
+        for (rv, owners, want) in cases {
+            assert_eq!(
+                users_roots(&usage(rv, owners), &versions, is_root, &members),
+                want,
+                "{rv} {owners:?}"
+            );
+        }
+        // Never seen: new.
+        assert_eq!(
+            users_roots(
+                &usage("5", &["gateway-root"]),
+                &HashMap::new(),
+                is_root,
+                &members
+            ),
+            ["gateway-root"]
+        );
     }
 
     #[test]
