@@ -104,8 +104,12 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
     } else if in_cascade {
         ctx.watch_progress(object, &uid, Vec::new()).await;
     }
+    // Remembered only when it changes: a live object (no clock) gets no
+    // entry, which at 100,000 held objects would be memory for nothing.
     let quiet_since = memory.quiet_since;
-    ctx.remember(&uid, |m| m.quiet_since = quiet_since);
+    if ctx.memory(&uid).quiet_since != quiet_since {
+        ctx.remember(&uid, |m| m.quiet_since = quiet_since);
+    }
     let name = object.name_any();
     let api = ctx.api(object);
     match step {
