@@ -132,10 +132,7 @@ pub(super) async fn strip_foreground(
         }),
         PatchOperation::Remove(RemoveOperation { path: at }),
     ]);
-    let params = PatchParams {
-        field_manager: Some(MANAGER.into()),
-        ..PatchParams::default()
-    };
+    let params = own_field_manager();
     match api
         .patch(&object.name_any(), &params, &Patch::<()>::Json(patch))
         .await
@@ -144,6 +141,14 @@ pub(super) async fn strip_foreground(
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Strip::NotAsSeen),
         Err(e) if is_stale(&e) => Ok(Strip::NotAsSeen),
         Err(e) => Err(e),
+    }
+}
+
+/// cascade-guard's own field manager, for every patch it sends.
+fn own_field_manager() -> PatchParams {
+    PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
     }
 }
 
@@ -159,10 +164,7 @@ async fn send_patch(
     name: &str,
     patch: json_patch::Patch,
 ) -> Result<(), kube::Error> {
-    let params = PatchParams {
-        field_manager: Some(MANAGER.into()),
-        ..PatchParams::default()
-    };
+    let params = own_field_manager();
     match api.patch(name, &params, &Patch::<()>::Json(patch)).await {
         Ok(_) => Ok(()),
         // Gone: nothing to hold or release.
@@ -210,10 +212,7 @@ pub(super) async fn mark_converted(
     name: &str,
     uid: &str,
 ) -> Result<(), kube::Error> {
-    let params = PatchParams {
-        field_manager: Some(MANAGER.into()),
-        ..PatchParams::default()
-    };
+    let params = own_field_manager();
     let patch = json!({"metadata": {"uid": uid, "annotations": {CONVERTED_ANNOTATION: "true"}}});
     match api.patch(name, &params, &Patch::Merge(&patch)).await {
         Ok(_) => Ok(()),
