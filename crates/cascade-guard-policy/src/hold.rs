@@ -96,14 +96,7 @@ pub fn compile_hold(settings: &CompileSettings) -> Compiled {
             ..Validation::default()
         },
     ];
-    let metadata = ObjectMeta {
-        name: Some(HOLD_OBJECT_NAME.to_string()),
-        labels: Some(BTreeMap::from([(
-            SIBLING_ORDER_LABEL.to_string(),
-            "true".to_string(),
-        )])),
-        ..ObjectMeta::default()
-    };
+    let metadata = sibling_order_metadata(HOLD_OBJECT_NAME);
     let held = LabelSelector {
         match_expressions: Some(vec![LabelSelectorRequirement {
             key: HOLD_LABEL.to_string(),
@@ -146,6 +139,19 @@ pub fn compile_hold(settings: &CompileSettings) -> Compiled {
         },
     };
     Compiled { policy, binding }
+}
+
+/// The metadata of an admission object of sibling order's: its name, and
+/// the label by which cascade-guard (and `uninstall`) find it.
+pub(crate) fn sibling_order_metadata(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        labels: Some(BTreeMap::from([(
+            SIBLING_ORDER_LABEL.to_string(),
+            "true".to_string(),
+        )])),
+        ..ObjectMeta::default()
+    }
 }
 
 /// What cascade-guard does to one object of a tree.

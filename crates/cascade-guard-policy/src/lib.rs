@@ -33,6 +33,7 @@ pub mod mode;
 pub mod names;
 pub mod naming;
 pub mod order;
+pub mod order_gate;
 pub mod plan;
 pub mod render;
 pub mod replay;

@@ -168,6 +168,19 @@ struct RunArgs {
         default_value = "enforce"
     )]
     sibling_order: SiblingOrder,
+    /// With sibling order enforced, what a delete of the root of a Refuse or
+    /// Convert tree that the controller has not ordered gets (not read yet,
+    /// changed since, the controller down, or a hold it may not make):
+    /// refuse (fail closed, the default: the refusal says why and what to
+    /// do); allow (prefer availability: such a tree is torn down as a plain
+    /// foreground cascade, in no sibling order).
+    #[arg(
+        long,
+        env = "CASCADE_GUARD_UNORDERED_DELETES",
+        value_enum,
+        default_value = "refuse"
+    )]
+    unordered_deletes: UnorderedDeletes,
     /// Also write the compiled policies as static admission manifests into
     /// this directory: the one the API server's AdmissionConfiguration names
     /// as staticManifestsDir (Kubernetes 1.36 with the feature gate
@@ -195,6 +208,12 @@ struct RunArgs {
 enum SiblingOrder {
     Enforce,
     Off,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum UnorderedDeletes {
+    Refuse,
+    Allow,
 }
 
 #[derive(Args)]
@@ -282,6 +301,10 @@ struct PlanArgs {
     xrd_default_mode: Mode,
     #[arg(short, long, value_enum, default_value = "text")]
     output: PlanOutput,
+    /// The name of the controller's Lease (its --leader-election-id), looked
+    /// for in every namespace: whether it runs and has ordered this tree.
+    #[arg(long, default_value = "cascade-guard")]
+    leader_election_id: String,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -524,7 +547,14 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
     init_logging(args.log_json);
     let (client, _, _) = configure(kubeconfig).await?;
     report_server_version(&client).await;
+    let namespace = args
+        .leader
+        .leader_election_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| "default".into());
     let settings = Settings {
+        home_namespace: namespace.clone(),
         xrd_default_mode: args.policy.xrd_default_mode,
         compile: args.policy.compile_settings(),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
@@ -532,6 +562,7 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
         restart_quiet_cascades_after: (!args.restart_quiet_cascades_after.is_zero())
             .then_some(args.restart_quiet_cascades_after),
         sibling_order: args.sibling_order == SiblingOrder::Enforce,
+        refuse_unordered_deletes: args.unordered_deletes == UnorderedDeletes::Refuse,
         ..Settings::default()
     };
     let metrics = Arc::new(Metrics::new());
@@ -578,12 +609,6 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
-    let namespace = args
-        .leader
-        .leader_election_namespace
-        .clone()
-        .or_else(|| std::env::var("POD_NAMESPACE").ok())
-        .unwrap_or_else(|| "default".into());
     let lease = LeaseSettings {
         lease_duration: Duration::from_secs(args.leader.leader_election_lease_seconds),
         renew_interval: Duration::from_secs(args.leader.leader_election_renew_seconds),
@@ -763,6 +788,7 @@ async fn plan(kubeconfig: Option<PathBuf>, args: PlanArgs) -> Result<()> {
         namespace: args.namespace.unwrap_or(context_namespace),
         mode: args.mode,
         xrd_default_mode: args.xrd_default_mode,
+        leader_election_id: args.leader_election_id,
     };
     let plan = cli::plan::plan(&client, &options).await?;
     match args.output {
@@ -770,7 +796,7 @@ async fn plan(kubeconfig: Option<PathBuf>, args: PlanArgs) -> Result<()> {
         PlanOutput::Json => out(&format!("{}\n", serde_json::to_string_pretty(&plan)?))?,
         PlanOutput::Yaml => out(&serde_yaml::to_string(&plan)?)?,
     }
-    if !plan.hazards.is_empty() {
+    if plan.unsafe_now() {
         std::process::exit(PLAN_HAZARD_EXIT);
     }
     Ok(())

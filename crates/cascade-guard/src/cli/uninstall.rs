@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
@@ -84,6 +85,19 @@ pub async fn uninstall(
         format!("{SIBLING_ORDER_LABEL}=true"),
     ] {
         summary.admission_objects += delete_admission_objects(client, &selector).await?;
+    }
+    // Sibling order's ConfigMap (how each tree stood), wherever the
+    // controller ran: nothing reads it once its gate is gone.
+    let configmaps: Api<ConfigMap> = Api::all(client.clone());
+    let labelled = ListParams::default().labels(&format!("{SIBLING_ORDER_LABEL}=true"));
+    for c in configmaps
+        .list_metadata(&labelled)
+        .await
+        .map_err(list("ConfigMaps"))?
+    {
+        let api: Api<ConfigMap> =
+            Api::namespaced(client.clone(), &c.namespace().unwrap_or_default());
+        delete(&api, &c.name_any(), "ConfigMap").await?;
     }
     let kinds = ServedKinds::discover(client)
         .await

@@ -19,7 +19,7 @@ pub async fn list<'a>(client: &kube::Client, kinds: &'a ServedKinds) -> Holds<'a
         held: Vec::new(),
         unreadable: Vec::new(),
     };
-    for served in kinds.all() {
+    for served in kinds.listable() {
         match ServedKinds::api(client, served, None)
             .list_metadata(&labelled)
             .await

@@ -82,6 +82,9 @@ pub type Served = (ApiResource, bool);
 pub struct ServedKinds {
     by_gvk: HashMap<(String, String), Served>,
     all: Vec<Served>,
+    /// Which of `all` may be listed at all (tokenreviews, bindings and the
+    /// like are create-only): by index.
+    listable: Vec<bool>,
 }
 
 impl ServedKinds {
@@ -89,9 +92,11 @@ impl ServedKinds {
         let discovery = Discovery::new(client.clone()).run_aggregated().await?;
         let mut by_gvk = HashMap::new();
         let mut all = Vec::new();
+        let mut listable = Vec::new();
         for group in discovery.groups() {
             for (resource, caps) in group.recommended_resources() {
                 let namespaced = caps.scope == Scope::Namespaced;
+                listable.push(caps.supports_operation(kube::discovery::verbs::LIST));
                 by_gvk.insert(
                     (resource.api_version.clone(), resource.kind.clone()),
                     (resource.clone(), namespaced),
@@ -99,7 +104,11 @@ impl ServedKinds {
                 all.push((resource, namespaced));
             }
         }
-        Ok(Self { by_gvk, all })
+        Ok(Self {
+            by_gvk,
+            all,
+            listable,
+        })
     }
 
     /// `inferenceclusters`, `inferencecluster`, `InferenceCluster` or any of
@@ -167,6 +176,16 @@ impl ServedKinds {
     /// Every served resource.
     pub fn all(&self) -> impl Iterator<Item = &Served> {
         self.all.iter()
+    }
+
+    /// Every served resource that can be listed: what a search for labelled
+    /// objects goes over (a create-only kind holds nothing to find).
+    pub fn listable(&self) -> impl Iterator<Item = &Served> {
+        self.all
+            .iter()
+            .zip(&self.listable)
+            .filter(|(_, listable)| **listable)
+            .map(|(served, _)| served)
     }
 
     /// The API of `resource`, in `namespace` when it is namespaced.

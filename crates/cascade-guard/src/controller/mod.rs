@@ -58,6 +58,12 @@ pub struct Settings {
     /// Order the siblings of the trees of Refuse and Convert kinds
     /// ([`sibling_order`]).
     pub sibling_order: bool,
+    /// The controller's own namespace (its Lease's): where sibling order
+    /// keeps the ConfigMap its admission gate reads.
+    pub home_namespace: String,
+    /// With sibling order: refuse the delete of a root whose tree it has not
+    /// ordered (its admission gate), rather than let it go in no order.
+    pub refuse_unordered_deletes: bool,
 }
 
 impl Default for Settings {
@@ -70,6 +76,8 @@ impl Default for Settings {
             stall_after: convert::DEFAULT_STALL_AFTER,
             restart_quiet_cascades_after: Some(crate::policy::cascade::RESTART_AFTER),
             sibling_order: true,
+            home_namespace: "default".to_string(),
+            refuse_unordered_deletes: true,
         }
     }
 }
@@ -90,12 +98,22 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     let ordering = settings.sibling_order.then(|| {
         sibling_order::start(
             client.clone(),
+            settings.home_namespace.clone(),
+            settings.refuse_unordered_deletes,
             settings.compile.clone(),
             recorder.clone(),
             metrics.clone(),
             settings.resync,
         )
     });
+    if !settings.sibling_order {
+        // Off: nothing may stay held, and no delete may wait on a gate that
+        // nothing keeps.
+        tokio::spawn(sibling_order::let_go_of_everything(
+            client.clone(),
+            settings.home_namespace.clone(),
+        ));
+    }
     let mut converter = convert::Converter::new(client.clone(), recorder.clone(), metrics.clone())
         .with_stall_after(settings.stall_after)
         .with_restarts_after(settings.restart_quiet_cascades_after);

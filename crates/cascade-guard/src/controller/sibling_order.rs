@@ -40,10 +40,13 @@ use crate::policy::hold::{
 };
 use crate::policy::holders::IN_USE_LABEL;
 use crate::policy::order::{self, ObjectRef};
+use crate::policy::order_gate::{GatedKind, TreeOrder};
 use crate::policy::roots::Listed;
-use crate::policy::{CompileSettings, Mode, Policy};
+use crate::policy::{CompileSettings, Mode, Policy, Shape};
 
+mod gate;
 mod mirror;
+use gate::Gate;
 use mirror::{Candidate, Look, Mirror};
 
 /// How often the loop looks.
@@ -129,11 +132,11 @@ fn take_this_look<T>(due: &mut Vec<T>, rank: impl Fn(&T) -> u8) {
 /// The kinds whose trees are ordered: Refuse and Convert ones, each with the
 /// selectors of its policies (none: every object).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct OrderedKinds(Vec<(String, String, Vec<Selector>)>);
+pub struct OrderedKinds(Vec<(String, String, Vec<Selector>, Shape)>);
 
 impl OrderedKinds {
     pub fn of(policies: &[Policy]) -> Self {
-        let mut kinds: Vec<(String, String, Vec<Selector>)> = Vec::new();
+        let mut kinds: Vec<(String, String, Vec<Selector>, Shape)> = Vec::new();
         for p in policies
             .iter()
             .filter(|p| matches!(p.mode, Mode::Refuse | Mode::Convert))
@@ -145,10 +148,15 @@ impl OrderedKinds {
                 .unwrap_or_default();
             match kinds
                 .iter_mut()
-                .find(|(g, k, _)| *g == p.kind.group && *k == p.kind.kind)
+                .find(|(g, k, _, _)| *g == p.kind.group && *k == p.kind.kind)
             {
-                Some((_, _, selectors)) => selectors.push(selector),
-                None => kinds.push((p.kind.group.clone(), p.kind.kind.clone(), vec![selector])),
+                Some((_, _, selectors, _)) => selectors.push(selector),
+                None => kinds.push((
+                    p.kind.group.clone(),
+                    p.kind.kind.clone(),
+                    vec![selector],
+                    p.kind.shape,
+                )),
             }
         }
         Self(kinds)
@@ -162,6 +170,8 @@ impl OrderedKinds {
 /// its order (found by the randomized real-Crossplane test).
 pub fn start(
     client: Client,
+    namespace: String,
+    refuse_unordered: bool,
     settings: CompileSettings,
     recorder: Recorder,
     metrics: Arc<Metrics>,
@@ -169,6 +179,12 @@ pub fn start(
 ) -> watch::Sender<Option<OrderedKinds>> {
     let (tx, mut rx) = watch::channel(None::<OrderedKinds>);
     let mut order = SiblingOrder {
+        gate: Gate::new(
+            client.clone(),
+            namespace,
+            refuse_unordered,
+            settings.clone(),
+        ),
         client,
         settings,
         recorder,
@@ -253,6 +269,8 @@ const MAX_PAUSE: Duration = Duration::from_secs(10);
 
 struct SiblingOrder {
     client: Client,
+    /// Says, for the admission gate, how each root's tree stands.
+    gate: Gate,
     /// A watch of each ordered kind, by group and kind.
     mirrors: HashMap<(String, String), Mirror>,
     /// A watch of each Usage kind served: a Usage made or changed makes the
@@ -329,9 +347,23 @@ impl SiblingOrder {
         let listable: Vec<(String, String, Vec<Selector>, Served)> = ordered
             .0
             .iter()
-            .filter_map(|(group, kind, selectors)| {
+            .filter_map(|(group, kind, selectors, _)| {
                 let served = kinds.of_kind(Some(group), kind).next().cloned()?;
                 Some((group.clone(), kind.clone(), selectors.clone(), served))
+            })
+            .collect();
+        // Every ordered kind served is gated, listable or not: a kind the
+        // controller cannot read has no tree it ordered.
+        let gated: Vec<GatedKind> = ordered
+            .0
+            .iter()
+            .filter_map(|(group, kind, _, shape)| {
+                let served = kinds.of_kind(Some(group), kind).next()?;
+                Some(GatedKind {
+                    group: group.clone(),
+                    plural: served.0.plural.clone(),
+                    shape: *shape,
+                })
             })
             .collect();
         // A watch of each ordered kind served, in the version served; none of
@@ -378,6 +410,7 @@ impl SiblingOrder {
             && !self.backlog
             && !self.roots.values().any(|(_, _, active)| *active)
         {
+            self.gate.write(&gated, self.resync).await;
             self.kinds = Some((kinds, discovered));
             return;
         }
@@ -523,11 +556,15 @@ impl SiblingOrder {
         // Forgotten only when every kind was listed: a root that left is
         // still noticed (and its holds let go) once the listing is whole.
         if listed_all {
+            if self.read_every_tree {
+                self.gate.forget_others(|uid| seen.contains(uid));
+            }
             self.roots.retain(|uid, _| seen.contains(uid));
             self.members.retain(|_, root| seen.contains(root));
             self.reported.retain(|uid, _| seen.contains(uid));
             self.holds.retain(|uid, _| seen.contains(uid));
         }
+        self.gate.write(&gated, self.resync).await;
         self.metrics.set_sibling_order(
             self.holds.values().sum(),
             self.reported.values().map(BTreeSet::len).sum(),
@@ -645,6 +682,16 @@ impl SiblingOrder {
                 .filter(|a| matches!(a, Action::Release { .. }))
                 .count();
         self.holds.insert(root_uid.clone(), holding);
+        // Why the tree is not ordered, if it is not: the gate refuses the
+        // root's delete with it, and `plan` shows it.
+        let mut unordered: Vec<String> = read
+            .unread
+            .iter()
+            .map(|u| format!("not read: {u}"))
+            .collect();
+        if self.hold_written.is_none() {
+            unordered.push("the hold policy is not in place".to_string());
+        }
         for action in &todo {
             let object = match action {
                 Action::Hold { object, .. }
@@ -656,6 +703,9 @@ impl SiblingOrder {
             };
             if let Err(e) = self.act(kinds, &root_uid, action, value).await {
                 let note = format!("cannot {}: {e}", describe(action));
+                if matches!(action, Action::Hold { .. }) {
+                    unordered.push(note.clone());
+                }
                 tracing::warn!(root = %root.name_any(), %note, "sibling order");
                 self.event(root, EventType::Warning, "SiblingOrderFailed", &note)
                     .await;
@@ -680,6 +730,18 @@ impl SiblingOrder {
         // writes `resourceRefs`), which makes it due; read every tick, 100,000
         // new objects of an ordered kind kept the loop reading for minutes.
         let alone = read.objects.len() <= 1;
+        let order = match unordered.len() {
+            0 => TreeOrder::Ordered {
+                generation: root.metadata.generation.unwrap_or(0),
+            },
+            1 => TreeOrder::Unordered {
+                reason: unordered.remove(0),
+            },
+            n => TreeOrder::Unordered {
+                reason: format!("{} (and {} more)", unordered.remove(0), n - 1),
+            },
+        };
+        self.gate.mark(&root_uid, order.value(), alone);
         if !alone {
             for uid in read
                 .objects
@@ -826,8 +888,8 @@ impl SiblingOrder {
             None => true,
             Some(at) if at.elapsed() > self.resync => true,
             Some(_) => {
-                drifted(&policies, &compiled.policy).await
-                    || drifted(&bindings, &compiled.binding).await
+                drifted(&policies, HOLD_OBJECT_NAME, &compiled.policy).await
+                    || drifted(&bindings, HOLD_OBJECT_NAME, &compiled.binding).await
             }
         };
         if !due {
@@ -847,6 +909,34 @@ impl SiblingOrder {
             Err(e) => {
                 tracing::error!(error = %e, "sibling order: cannot write the hold policy; trees are not ordered")
             }
+        }
+    }
+}
+
+/// `--sibling-order off`: the gate, the hold policy and every hold removed,
+/// and what an owner being deleted had been refused deleted, so that nothing
+/// a controller once held stays held by one that no longer orders.
+pub async fn let_go_of_everything(client: Client, namespace: String) {
+    gate::remove_all(&client, &namespace).await;
+    gate::remove(&client, HOLD_OBJECT_NAME).await;
+    match ServedKinds::discover(&client).await {
+        Ok(kinds) => {
+            let released = unhold::sweep(
+                &client,
+                &kinds,
+                |_| false,
+                |line| tracing::warn!("sibling order is off: {line}"),
+            )
+            .await;
+            if released > 0 {
+                tracing::info!(
+                    released,
+                    "sibling order is off: let go of every object it held"
+                );
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "sibling order is off, and what it held cannot be found: cannot discover the API")
         }
     }
 }
@@ -876,14 +966,12 @@ async fn delete_this_one(
 
 /// The live hold object is missing, unreadable or not what `desired` is once
 /// stored.
-async fn drifted<K>(api: &Api<K>, desired: &K) -> bool
+async fn drifted<K>(api: &Api<K>, name: &str, desired: &K) -> bool
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
-    let (Ok(Some(live)), Ok(desired)) = (
-        api.get_opt(HOLD_OBJECT_NAME).await,
-        serde_json::to_value(desired),
-    ) else {
+    let (Ok(Some(live)), Ok(desired)) = (api.get_opt(name).await, serde_json::to_value(desired))
+    else {
         return true;
     };
     serde_json::to_value(&live)

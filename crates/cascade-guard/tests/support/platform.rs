@@ -163,6 +163,9 @@ impl Platform {
             "--resync-seconds=20".to_string(),
             "--http-address=127.0.0.1:0".to_string(),
             "--no-leader-election".to_string(),
+            // The gate on unordered deletes is the product's default, shown
+            // by its own tests; these show the teardowns themselves.
+            "--unordered-deletes=allow".to_string(),
         ];
         let process = process::spawn(
             &format!("cascade-guard-{n}"),

@@ -467,6 +467,7 @@ async fn plan_part() -> Result<()> {
         namespace: PLAN_NS.into(),
         mode: None,
         xrd_default_mode: Mode::Refuse,
+        leader_election_id: "cascade-guard".into(),
     };
     let mut in_process = Vec::new();
     let mut reads = Vec::new();

@@ -46,6 +46,9 @@ pub struct Options {
     pub mode: Option<Mode>,
     /// The controller's `--xrd-default-mode`, to resolve today's policies.
     pub xrd_default_mode: Mode,
+    /// The controller's Lease (its `--leader-election-id`), looked for in
+    /// every namespace: whether it runs, and where its ConfigMap is.
+    pub leader_election_id: String,
 }
 
 /// Where the mode a plan assumes comes from.
@@ -67,9 +70,13 @@ pub struct Plan {
     pub root: ObjectRef,
     pub mode: Mode,
     pub mode_source: ModeSource,
-    /// Whether cascade-guard holds what a sibling still needs (its hold
-    /// policy is in the cluster).
+    /// Whether cascade-guard keeps this tree's siblings in order now: a
+    /// controller runs with sibling order, its hold policy is in place, and
+    /// it read this tree whole since its last change and holds what the order
+    /// needs ([`not_ordered`](Self::not_ordered) empty).
     pub sibling_order: bool,
+    /// Why it does not, each checked (Refuse and Convert only).
+    pub not_ordered: Vec<String>,
     /// What a plain delete (kubectl's default) of the root does in that mode.
     pub teardown: Teardown,
     pub graph: Graph,
@@ -92,14 +99,76 @@ pub fn teardown_of(mode: Mode, sibling_order: bool) -> Teardown {
     }
 }
 
-/// Whether the running controller enforces sibling order: its hold policy is
-/// in the cluster.
-async fn sibling_order_enforced(client: &Client) -> bool {
+/// Why sibling order does not keep this root's tree in order now; empty
+/// when it does. Each is checked, none assumed: a controller runs (its Lease
+/// is live) with sibling order on, its hold policy is in the cluster, and its
+/// ConfigMap says the tree was ordered at the root's present generation.
+async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> Vec<String> {
+    use crate::policy::order_gate::{GateState, ORDERED_TREES};
     use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
-    kube::Api::<ValidatingAdmissionPolicy>::all(client.clone())
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    let mut why = Vec::new();
+    let leases = match crate::cluster::running::find(client, lease_id).await {
+        Ok(leases) => leases,
+        Err(e) => {
+            why.push(format!(
+                "cannot tell whether a controller runs: cannot list the Leases named {lease_id}: {e}"
+            ));
+            Vec::new()
+        }
+    };
+    let live = leases.iter().find(|r| r.live);
+    match live {
+        None if !leases.is_empty() => why.push(format!(
+            "no controller runs: the Lease {}/{lease_id} is not renewed (last {}s ago); deletes of trees it has not ordered are refused, and what it holds waits for it",
+            leases[0].namespace, leases[0].renewed_seconds_ago
+        )),
+        None if why.is_empty() => why.push(format!(
+            "no controller runs: no Lease named {lease_id} in any namespace (is cascade-guard installed? --leader-election-id)"
+        )),
+        Some(r) if r.settings.as_ref().is_some_and(|s| !s.sibling_order) => why.push(format!(
+            "the {} runs with --sibling-order off",
+            r.describe()
+        )),
+        _ => {}
+    }
+    match kube::Api::<ValidatingAdmissionPolicy>::all(client.clone())
         .get_opt(crate::policy::hold::HOLD_OBJECT_NAME)
         .await
-        .is_ok_and(|p| p.is_some())
+    {
+        Ok(Some(_)) => {}
+        Ok(None) => why.push(format!(
+            "the hold policy {} is not in the cluster",
+            crate::policy::hold::HOLD_OBJECT_NAME
+        )),
+        Err(e) => why.push(format!(
+            "cannot read the hold policy {}: {e}",
+            crate::policy::hold::HOLD_OBJECT_NAME
+        )),
+    }
+    // The controller's namespace: the live Lease's, else the last one's.
+    let Some(namespace) = live.or(leases.first()).map(|r| r.namespace.clone()) else {
+        return why;
+    };
+    let uid = root.uid().unwrap_or_default();
+    let generation = root.metadata.generation.unwrap_or(0);
+    match kube::Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+        .get_opt(ORDERED_TREES)
+        .await
+    {
+        Ok(found) => {
+            let data = found.and_then(|c| c.data).unwrap_or_default();
+            let state = GateState::of(data.get(&uid).map(String::as_str), generation);
+            if state != GateState::Ordered {
+                why.push(state.to_string());
+            }
+        }
+        Err(e) => why.push(format!(
+            "cannot tell whether the controller read this tree: cannot read the ConfigMap {namespace}/{ORDERED_TREES}: {e}"
+        )),
+    }
+    why
 }
 
 pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError> {
@@ -133,7 +202,13 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
     let usages = Usages::list(client, &kinds).await;
     let read = read_tree(client, &kinds, &root, &usages).await;
     let graph = order::graph(&read.objects, &root_uid).map_err(|_| PlanError::NoUid)?;
-    let sibling_order = sibling_order_enforced(client).await;
+    let not_ordered = match mode {
+        Mode::Refuse | Mode::Convert => {
+            not_ordered(client, &root, &options.leader_election_id).await
+        }
+        Mode::Off | Mode::Warn => Vec::new(),
+    };
+    let sibling_order = not_ordered.is_empty();
     let teardown = teardown_of(mode, sibling_order);
     let hazards = graph.hazards(teardown);
     Ok(Plan {
@@ -141,11 +216,21 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
         mode,
         mode_source,
         sibling_order,
+        not_ordered,
         teardown,
         graph,
         hazards,
         unread: read.unread,
     })
+}
+
+impl Plan {
+    /// A delete now is not shown safe: a hazard, a tree read only in part
+    /// (what was not read may need an order), or, in Refuse and Convert,
+    /// sibling order not in force for this tree.
+    pub fn unsafe_now(&self) -> bool {
+        !self.hazards.is_empty() || !self.unread.is_empty() || !self.not_ordered.is_empty()
+    }
 }
 
 /// The mode today's policies give the root: the policy of its kind whose

@@ -114,7 +114,27 @@ pub fn render_text(plan: &Plan) -> String {
         }
     }
 
-    if plan.hazards.is_empty() {
+    if !plan.not_ordered.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nSibling order is not in force for this tree (cascade-guard refuses its delete until it is; break-glass deletes it in no order):"
+        );
+        for why in &plan.not_ordered {
+            let _ = writeln!(out, "  {why}");
+        }
+    }
+
+    if plan.hazards.is_empty() && plan.unsafe_now() {
+        let _ = writeln!(
+            out,
+            "\nNo hazard in what was read, but a delete now is not shown safe: {}.",
+            if plan.unread.is_empty() {
+                "sibling order is not in force for this tree (above)"
+            } else {
+                "the tree was read only in part (above)"
+            }
+        );
+    } else if plan.hazards.is_empty() {
         let _ = writeln!(
             out,
             "\nNo hazard: a plain delete now tears the tree down in an order that works."
@@ -219,6 +239,7 @@ mod tests {
                 source: "XRD xrs.example.org".to_string(),
             },
             sibling_order: false,
+            not_ordered: vec!["no controller runs: no Lease named cascade-guard in any namespace (is cascade-guard installed? --leader-election-id)".to_string()],
             teardown,
             hazards: graph.hazards(teardown),
             graph,
@@ -274,6 +295,7 @@ mod tests {
                 mode: Mode::Convert,
                 mode_source: ModeSource::Flag,
                 sibling_order,
+                not_ordered: Vec::new(),
                 teardown,
                 hazards: graph.hazards(teardown),
                 graph: graph.clone(),
@@ -289,6 +311,8 @@ mod tests {
     fn with_sibling_order_enforced_the_plan_has_no_hazard_and_says_why() {
         let mut plan = plan_for(Mode::Convert);
         plan.sibling_order = true;
+        plan.not_ordered.clear();
+        plan.unread.clear();
         plan.teardown = teardown_of(Mode::Convert, true);
         plan.hazards = plan.graph.hazards(plan.teardown);
         let text = render_text(&plan);
@@ -296,7 +320,54 @@ mod tests {
             text.contains("cascade-guard holds each object a sibling still needs"),
             "{text}"
         );
-        assert!(text.contains("No hazard"), "{text}");
+        assert!(
+            text.contains(
+                "No hazard: a plain delete now tears the tree down in an order that works."
+            ),
+            "{text}"
+        );
+        assert!(!plan.unsafe_now());
+    }
+
+    #[test]
+    fn a_plan_never_says_safe_when_it_did_not_check_it() {
+        // Ordered but read in part: no "No hazard: ... works", and unsafe.
+        let mut partial = plan_for(Mode::Convert);
+        partial.not_ordered.clear();
+        partial.sibling_order = true;
+        partial.teardown = teardown_of(Mode::Convert, true);
+        partial.hazards = partial.graph.hazards(partial.teardown);
+        let text = render_text(&partial);
+        assert!(partial.unsafe_now());
+        assert!(text.contains("read only in part"), "{text}");
+        assert!(!text.contains("in an order that works"), "{text}");
+        // Not ordered: the reasons, the foreground's hazards, unsafe.
+        let mut down = plan_for(Mode::Convert);
+        down.unread.clear();
+        let text = render_text(&down);
+        assert!(down.unsafe_now());
+        assert!(
+            text.contains("Sibling order is not in force for this tree"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  no controller runs: no Lease named cascade-guard"),
+            "{text}"
+        );
+        assert!(
+            !down.hazards.is_empty(),
+            "a foreground cascade of this tree has hazards"
+        );
+        // Not ordered, and no sibling needs another: no hazard, still unsafe
+        // (cascade-guard refuses the delete until it is ordered).
+        let mut alone = down.clone();
+        alone.hazards.clear();
+        let text = render_text(&alone);
+        assert!(alone.unsafe_now());
+        assert!(
+            text.contains("not shown safe: sibling order is not in force"),
+            "{text}"
+        );
     }
 
     #[test]

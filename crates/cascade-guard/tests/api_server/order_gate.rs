@@ -1,0 +1,227 @@
+//! Failing closed, on the real control plane: with sibling order enforced and
+//! `--unordered-deletes=refuse` (the product's default), the delete of a root
+//! whose tree the controller has not ordered is refused with the reason,
+//! whatever the propagation; `plan` says so and exits 3. Once the controller
+//! has read the tree, the same delete goes through and the siblings leave in
+//! order (by etcd revision). `--sibling-order off` takes the gate, the hold
+//! policy and every hold away.
+//!
+//! One test, in phases: the gate is cluster-wide, so this binary has a
+//! control plane of its own, and the phases follow one another.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::process::Output;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
+use kube::{Api, Client, ResourceExt};
+use local_cluster::testing::Scope;
+use local_cluster::wait;
+use serde_json::json;
+use support::tree::{Provider, assert_needed_after, config_maps, create_tree, tree_timeline};
+use support::*;
+
+const HOLD_LABEL: &str = "cascade-guard.dev/hold";
+const ORDERED_TREES: &str = "cascade-guard-ordered-trees";
+/// Where a controller outside a pod, without --leader-election-namespace,
+/// keeps its Lease, and so its ConfigMap.
+const HOME: &str = "default";
+
+/// XR `name` composing ConfigMaps `name-0` (which needs `name-1`) and
+/// `name-1`.
+async fn needy_tree(client: &Client, resource: &ApiResource, ns: &str, name: &str) -> String {
+    let xr = create_tree(client, resource, ns, name, 2).await;
+    let maps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &config_maps());
+    maps.patch(
+        &format!("{name}-0"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {
+            "cascade-guard.dev/needs": format!("ConfigMap/{name}-1")}}})),
+    )
+    .await
+    .expect("annotate the needer");
+    xr.uid().expect("uid")
+}
+
+/// Waits until the controller's ConfigMap says the tree of `uid` is ordered
+/// (any generation: the root's is 1 here).
+async fn wait_ordered(client: &Client, uid: &str) {
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), HOME);
+    let ordered = wait::until(Duration::from_secs(90), || async {
+        let cm = configmaps.get_opt(ORDERED_TREES).await.ok()??;
+        let value = cm.data?.get(uid)?.clone();
+        value.chars().all(|c| c.is_ascii_digit()).then_some(())
+    })
+    .await;
+    assert!(
+        ordered.is_some(),
+        "the controller never marked {uid} ordered"
+    );
+}
+
+/// Waits until the gate refuses a dry-run foreground delete of `name` (the
+/// API server loads a new policy a moment after it is written); the refusal.
+async fn wait_refused(client: &Client, resource: &ApiResource, ns: &str, name: &str) -> String {
+    let xrs: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
+    let params = DeleteParams {
+        dry_run: true,
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        ..DeleteParams::default()
+    };
+    let refused = wait::until(Duration::from_secs(60), || async {
+        match xrs.delete(name, &params).await {
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("in order") => {
+                Some(s.message)
+            }
+            _ => None,
+        }
+    })
+    .await;
+    refused.unwrap_or_else(|| panic!("the gate never refused a foreground delete of {ns}/{name}"))
+}
+
+fn plan(env: &Env, resource: &ApiResource, ns: &str, name: &str) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+        .args(["plan", &resource.plural, name, "-n", ns, "--kubeconfig"])
+        .arg(env.cp.kubeconfig_path())
+        .output()
+        .expect("run plan")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test]
+async fn a_delete_of_a_tree_the_controller_has_not_ordered_is_refused_with_the_reason() {
+    let env = bare_env().await;
+    let _stop = env.controllers_stop_on_drop();
+    let refuse = &["--unordered-deletes=refuse", "--no-leader-election"];
+    let first = env.start_controller(refuse);
+    let s = Scope::new(&env.cp, "order-gate").await;
+    let client = &s.client;
+    let resource = REFUSE.resource();
+    env.wait_for_protection(client, &resource).await;
+    let _provider = Provider::start(client.clone(), s.namespace.clone(), Duration::from_secs(2));
+
+    // Read and held: ordered, and plan says so.
+    let tree = needy_tree(client, &resource, &s.namespace, "tree").await;
+    wait_ordered(client, &tree).await;
+    let out = plan(env, &resource, &s.namespace, "tree");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("in an order that works"),
+        "{}",
+        text(&out)
+    );
+
+    // The controller stopped: plan no longer says safe.
+    env.stop_controller(first);
+    let out = plan(env, &resource, &s.namespace, "tree");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("no controller runs"), "{}", text(&out));
+
+    // A tree made while no controller runs: its foreground delete (what
+    // Refuse's refusal suggests) is refused with the reason, and plan names
+    // it.
+    let fresh = needy_tree(client, &resource, &s.namespace, "fresh").await;
+    let refusal = wait_refused(client, &resource, &s.namespace, "fresh").await;
+    assert!(refusal.contains("has not read its tree yet"), "{refusal}");
+    assert!(refusal.contains("cascade-guard plan"), "{refusal}");
+    assert!(
+        refusal.contains("cascade-guard.dev/break-glass"),
+        "{refusal}"
+    );
+    let out = plan(env, &resource, &s.namespace, "fresh");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains("the controller has not read this tree"),
+        "{}",
+        text(&out)
+    );
+
+    // A tree read before, changed since (its generation moved): refused as
+    // changed.
+    let xrs: Api<DynamicObject> = Api::namespaced_with(client.clone(), &s.namespace, &resource);
+    xrs.patch(
+        "tree",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"crossplane": {"resourceRefs": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "tree-0"},
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "tree-1"},
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "tree-2"},
+        ]}}})),
+    )
+    .await
+    .expect("change the tree");
+    let refusal = wait_refused(client, &resource, &s.namespace, "tree").await;
+    assert!(refusal.contains("changed since"), "{refusal}");
+
+    // The controller back: it reads the fresh tree, holds fresh-1, and the
+    // same delete goes through, in order.
+    let _second = env.start_controller(refuse);
+    wait_ordered(client, &fresh).await;
+    let maps: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &s.namespace, &config_maps());
+    let held = wait::until(Duration::from_secs(60), || async {
+        let cm = maps.get("fresh-1").await.ok()?;
+        cm.labels().contains_key(HOLD_LABEL).then_some(())
+    })
+    .await;
+    assert!(held.is_some(), "fresh-1 was never held");
+    let timeline = tree_timeline(client, &resource, &s.namespace).await;
+    let deleted = wait::until(Duration::from_secs(30), || async {
+        xrs.delete(
+            "fresh",
+            &DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Foreground),
+                ..DeleteParams::default()
+            },
+        )
+        .await
+        .ok()
+        .map(|_| ())
+    })
+    .await;
+    assert!(
+        deleted.is_some(),
+        "the ordered tree's delete was still refused"
+    );
+    let gone = timeline
+        .wait_gone(resource.kind.as_str(), "fresh", Duration::from_secs(120))
+        .await;
+    assert!(gone.is_some(), "fresh never left\n{}", timeline.describe());
+    assert_needed_after(
+        &timeline,
+        "fresh-0",
+        "fresh-1",
+        "Refuse, ordered by the gate",
+    );
+
+    // Off: the gate, the hold policy and every hold go.
+    env.stop_controller(_second);
+    let _off = env.start_controller(&["--sibling-order=off", "--no-leader-election"]);
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let released = wait::until(Duration::from_secs(60), || async {
+        let cm = maps.get("tree-1").await.ok()?;
+        let gate = policies
+            .get_opt("cascade-guard-sibling-order-roots-composites")
+            .await
+            .ok()?;
+        let hold = policies.get_opt("cascade-guard-sibling-order").await.ok()?;
+        (!cm.labels().contains_key(HOLD_LABEL) && gate.is_none() && hold.is_none()).then_some(())
+    })
+    .await;
+    assert!(
+        released.is_some(),
+        "with --sibling-order off, a hold, the hold policy or the gate stayed"
+    );
+}
