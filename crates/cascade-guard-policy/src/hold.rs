@@ -4,22 +4,31 @@
 //! A foreground cascade deletes all children of a parent at once, so the
 //! [`order`](crate::order) graph's sibling edges ("ServingStack must be gone
 //! before EKSCluster goes") are not kept by the API. cascade-guard keeps them
-//! with a label and one admission policy:
+//! with one ConfigMap and one admission policy, and writes nothing to the
+//! objects it holds:
 //!
 //! - every object that must wait for a sibling (the `after` of a sibling
-//!   edge) carries [`HOLD_LABEL`] (its value: the root's uid) and
-//!   [`HELD_FOR_ANNOTATION`] (what it waits for, in words);
-//! - the ValidatingAdmissionPolicy of [`compile_hold`] refuses every DELETE
-//!   of a labelled object, the garbage collector's and the namespace
-//!   controller's included, and every UPDATE that takes the label away or
-//!   changes it, except by cascade-guard itself or with break-glass (and a
-//!   delete by Crossplane, which cascade-guard never refuses). The
-//!   object stays live: no deletionTimestamp, so no provider starts deleting
-//!   what it manages. A finalizer could not do that;
-//! - when everything it waits for is gone, cascade-guard deletes it itself
-//!   if its parent is being deleted (the garbage collector's delete was
-//!   refused), with a foreground cascade, and then removes the label; if its
-//!   parent is not being deleted, it only removes the label ([`actions`]).
+//!   edge) has an entry in the ConfigMap [`HOLDS`] of the controller's
+//!   namespace: its [`hold_key`] (kind, group, namespace and name), and a
+//!   [`HoldEntry`] (the root's uid, what it waits for in words);
+//! - the ValidatingAdmissionPolicy of [`compile_hold`] reads that ConfigMap
+//!   as its parameter and refuses every DELETE of an object it names, the
+//!   garbage collector's and the namespace controller's included, except
+//!   cascade-guard's own, Crossplane's (which cascade-guard never refuses) and
+//!   break-glass; and every change of the ConfigMap (or of the one of
+//!   [`crate::order_gate`]) by anyone but cascade-guard. The object stays
+//!   live: no deletionTimestamp, so no provider starts deleting what it
+//!   manages. A finalizer could not do that;
+//! - when everything it waits for is gone, its entry goes, and cascade-guard
+//!   deletes it itself if its parent is being deleted and it may (the
+//!   garbage collector's delete was refused; its retry would come only after
+//!   its back-off); where it may not, the garbage collector's retry deletes
+//!   it ([`actions`]).
+//!
+//! Holding so needs no permission on the held objects, which may be Secrets
+//! and ProviderConfigs of any provider; a label or an entry forged, restored
+//! from a backup or left by an older install holds nothing, since only the
+//! controller writes the ConfigMap.
 //!
 //! Objects in a cycle of sibling edges are not held: the cycle is reported
 //! and the tree falls back to the plain foreground cascade.
@@ -27,25 +36,26 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
-    ValidatingAdmissionPolicySpec, Validation,
+    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, ObjectMeta,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::admission::Compiled;
 use crate::cel::{break_glass_for, cel_string_literal};
 use crate::names::BREAK_GLASS_ANNOTATION;
 use crate::order::{Graph, ObjectRef};
+use crate::order_gate::ORDERED_TREES;
 use crate::settings::CompileSettings;
 
-/// On an object whose delete waits for its siblings; the value is the uid of
-/// the root of the tree that holds it.
+/// The label by which cascade-guard held objects before it kept its holds in
+/// [`HOLDS`]; it is taken off where seen, and holds nothing now.
 pub const HOLD_LABEL: &str = "cascade-guard.dev/hold";
-/// What a held object waits for, in words: the refusal quotes it.
+/// What a held object waited for, beside [`HOLD_LABEL`]; taken off with it.
 pub const HELD_FOR_ANNOTATION: &str = "cascade-guard.dev/held-for";
+/// The ConfigMap, in the controller's namespace, naming every object held.
+pub const HOLDS: &str = "cascade-guard-holds";
 /// The name of the hold policy and its binding.
 pub const HOLD_OBJECT_NAME: &str = "cascade-guard-sibling-order";
 /// The label on the hold policy and binding, by which cascade-guard finds
@@ -53,77 +63,175 @@ pub const HOLD_OBJECT_NAME: &str = "cascade-guard-sibling-order";
 /// managed-by label, so the sync pass leaves them alone).
 pub const SIBLING_ORDER_LABEL: &str = "cascade-guard.dev/sibling-order";
 
-/// The ValidatingAdmissionPolicy and binding that hold labelled objects.
-pub fn compile_hold(settings: &CompileSettings) -> Compiled {
+/// The longest key a ConfigMap takes.
+const MAX_KEY: usize = 253;
+
+/// An object's key in [`HOLDS`]: `Kind_group_namespace_name`, which the hold
+/// policy builds again from a DELETE request alone. None of the four can
+/// contain `_` (kinds are alphanumeric, the rest DNS names), so no two
+/// objects share a key; `None` when it would be longer than a ConfigMap key
+/// may be (such an object cannot be held).
+pub fn hold_key(object: &ObjectRef) -> Option<String> {
+    let key = format!(
+        "{}_{}_{}_{}",
+        object.kind,
+        object.group,
+        object.namespace.as_deref().unwrap_or(""),
+        object.name
+    );
+    let valid = key
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+    (key.len() <= MAX_KEY && valid).then_some(key)
+}
+
+/// The object a [`hold_key`] names.
+pub fn parse_hold_key(key: &str) -> Option<ObjectRef> {
+    let mut parts = key.splitn(4, '_');
+    let (kind, group, namespace, name) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if kind.is_empty() || name.is_empty() {
+        return None;
+    }
+    Some(ObjectRef::new(
+        group,
+        kind,
+        (!namespace.is_empty()).then_some(namespace),
+        name,
+    ))
+}
+
+/// What [`HOLDS`] says of one held object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HoldEntry {
+    /// The uid of the root of the tree that holds it.
+    pub root: String,
+    /// The root's `Kind.group`: whether the root left can be told from its
+    /// kind's listing alone, whatever other kind cannot be listed.
+    pub root_kind: String,
+    /// What it waits for, in words: the refusal quotes it.
+    pub held_for: String,
+}
+
+impl HoldEntry {
+    /// `<root uid> <Kind.group> <held for>`: neither of the first two has a
+    /// space.
+    pub fn value(&self) -> String {
+        format!("{} {} {}", self.root, self.root_kind, self.held_for)
+    }
+
+    pub fn parse(value: &str) -> Self {
+        let mut parts = value.splitn(3, ' ');
+        Self {
+            root: parts.next().unwrap_or_default().to_string(),
+            root_kind: parts.next().unwrap_or_default().to_string(),
+            held_for: parts.next().unwrap_or_default().to_string(),
+        }
+    }
+}
+
+/// The ValidatingAdmissionPolicy and binding that hold what [`HOLDS`], in
+/// `namespace`, names.
+pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
     let controller = cel_string_literal(&settings.controller_user);
     // Crossplane's own deletes go through: a composition that drops a
     // resource, and a Usage's replay, which comes only once the Usage's user
     // is gone. cascade-guard never refuses Crossplane.
     let crossplane = cel_string_literal(&settings.crossplane_user);
-    let allowed_delete = format!(
-        "request.userInfo.username == {controller} || request.userInfo.username == {crossplane} || ({})",
-        break_glass_for(settings, "oldObject")
-    );
-    let label = |o: &str| {
-        format!(
-            "(has({o}.metadata.labels) && '{HOLD_LABEL}' in {o}.metadata.labels ? {o}.metadata.labels['{HOLD_LABEL}'] : '')"
-        )
-    };
-    let allowed_update = format!(
-        "{new} == {old} || request.userInfo.username == {controller} || ({bg})",
-        new = label("object"),
-        old = label("oldObject"),
-        bg = break_glass_for(settings, "object"),
-    );
-    let held_for = format!(
-        "(has(oldObject.metadata.annotations) && '{HELD_FOR_ANNOTATION}' in oldObject.metadata.annotations ? oldObject.metadata.annotations['{HELD_FOR_ANNOTATION}'] : 'what needs it')"
-    );
+    let ns = cel_string_literal(namespace);
+    let holds = cel_string_literal(HOLDS);
+    let ordered = cel_string_literal(ORDERED_TREES);
+    let variables = vec![
+        // A DeleteCollection's items come with no request.name: only they
+        // read the stored object, whose conversion is what a policy's
+        // evaluation costs most.
+        variable(
+            "name",
+            "request.name != '' ? request.name : oldObject.metadata.name",
+        ),
+        variable(
+            "key",
+            "request.kind.kind + '_' + request.kind.group + '_' + request.namespace + '_' + variables.name",
+        ),
+        variable(
+            "held",
+            "request.operation == 'DELETE' && has(params.data) && variables.key in params.data",
+        ),
+        // The entry's third field: what it waits for.
+        variable(
+            "heldFor",
+            "variables.held ? params.data[variables.key].substring(params.data[variables.key].indexOf(' ', params.data[variables.key].indexOf(' ') + 1) + 1) : ''",
+        ),
+        variable(
+            "record",
+            &format!(
+                "request.kind.group == '' && request.kind.kind == 'ConfigMap' && request.namespace == {ns} && (variables.name == {holds} || variables.name == {ordered})"
+            ),
+        ),
+    ];
     let validations = vec![
         Validation {
-            expression: format!("request.operation != 'DELETE' || {allowed_delete}"),
+            expression: format!(
+                "!variables.held || request.userInfo.username == {crossplane} || ({})",
+                break_glass_for(settings, "oldObject")
+            ),
             message_expression: Some(format!(
-                "'cascade-guard holds ' + oldObject.kind + ' ' + oldObject.metadata.name + ' until ' + {held_for} + ' is gone (sibling order); it deletes it then. To delete it now: annotate it {BREAK_GLASS_ANNOTATION}=<reason>.'"
+                "'cascade-guard holds ' + request.kind.kind + ' ' + variables.name + ' until ' + variables.heldFor + ' is gone (sibling order); it lets it go then. To delete it now: annotate it {BREAK_GLASS_ANNOTATION}=<reason>.'"
+            )),
+            message: Some(format!(
+                "cascade-guard holds this object until what needs it is gone (sibling order); to delete it now, annotate it {BREAK_GLASS_ANNOTATION}=<reason>"
             )),
             reason: Some("Forbidden".to_string()),
-            ..Validation::default()
         },
         Validation {
-            expression: format!("request.operation != 'UPDATE' || {allowed_update}"),
-            message: Some(format!(
-                "only cascade-guard may change or remove the label {HOLD_LABEL}: it holds the object until what needs it is gone"
-            )),
+            expression: "!variables.record".to_string(),
+            message_expression: Some(
+                "'only cascade-guard changes ConfigMap ' + variables.name + ': it says what cascade-guard holds and which trees it ordered. To let go of everything: cascade-guard uninstall, or run the controller with --sibling-order off'".to_string(),
+            ),
+            message: Some(
+                "only cascade-guard changes this ConfigMap: it says what sibling order holds".to_string(),
+            ),
             reason: Some("Forbidden".to_string()),
-            ..Validation::default()
         },
     ];
     let metadata = sibling_order_metadata(HOLD_OBJECT_NAME);
-    let held = LabelSelector {
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: HOLD_LABEL.to_string(),
-            operator: "Exists".to_string(),
-            values: None,
-        }]),
-        match_labels: None,
-    };
     let policy = ValidatingAdmissionPolicy {
         metadata: metadata.clone(),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".to_string()),
+            param_kind: Some(ParamKind {
+                api_version: Some("v1".to_string()),
+                kind: Some("ConfigMap".to_string()),
+            }),
             match_constraints: Some(MatchResources {
-                // Any kind can be needed; the object selector keeps every
-                // request but those of held objects to one label lookup.
-                resource_rules: Some(vec![NamedRuleWithOperations {
-                    api_groups: Some(vec!["*".to_string()]),
-                    api_versions: Some(vec!["*".to_string()]),
-                    resources: Some(vec!["*".to_string()]),
-                    operations: Some(vec!["DELETE".to_string(), "UPDATE".to_string()]),
-                    scope: Some("*".to_string()),
-                    resource_names: None,
-                }]),
-                object_selector: Some(held.clone()),
-                match_policy: Some("Exact".to_string()),
+                // Any kind can be needed: every DELETE, and a change of the
+                // two ConfigMaps.
+                resource_rules: Some(vec![
+                    NamedRuleWithOperations {
+                        api_groups: Some(vec!["*".to_string()]),
+                        api_versions: Some(vec!["*".to_string()]),
+                        resources: Some(vec!["*".to_string()]),
+                        operations: Some(vec!["DELETE".to_string()]),
+                        scope: Some("*".to_string()),
+                        resource_names: None,
+                    },
+                    NamedRuleWithOperations {
+                        api_groups: Some(vec![String::new()]),
+                        api_versions: Some(vec!["v1".to_string()]),
+                        resources: Some(vec!["configmaps".to_string()]),
+                        operations: Some(vec!["UPDATE".to_string()]),
+                        scope: Some("Namespaced".to_string()),
+                        resource_names: Some(vec![HOLDS.to_string(), ORDERED_TREES.to_string()]),
+                    },
+                ]),
+                match_policy: Some("Equivalent".to_string()),
                 ..MatchResources::default()
             }),
+            match_conditions: Some(vec![MatchCondition {
+                name: "not-cascade-guard".to_string(),
+                expression: format!("request.userInfo.?username.orValue('') != {controller}"),
+            }]),
+            variables: Some(variables),
             validations: Some(validations),
             ..ValidatingAdmissionPolicySpec::default()
         }),
@@ -135,10 +243,25 @@ pub fn compile_hold(settings: &CompileSettings) -> Compiled {
             policy_name: HOLD_OBJECT_NAME.to_string(),
             validation_actions: vec!["Deny".to_string()],
             match_resources: None,
-            param_ref: None,
+            // Deny would refuse every delete in the cluster while the
+            // ConfigMap is missing; without it nothing is held, and the
+            // controller writes it again at its next look.
+            param_ref: Some(ParamRef {
+                name: Some(HOLDS.to_string()),
+                namespace: Some(namespace.to_string()),
+                parameter_not_found_action: Some("Allow".to_string()),
+                selector: None,
+            }),
         },
     };
     Compiled { policy, binding }
+}
+
+fn variable(name: &str, expression: &str) -> Variable {
+    Variable {
+        name: name.to_string(),
+        expression: expression.to_string(),
+    }
 }
 
 /// The metadata of an admission object of sibling order's: its name, and
@@ -493,37 +616,127 @@ mod tests {
     }
 
     #[test]
-    fn the_hold_policy_refuses_deletes_and_label_changes_but_cascade_guards_own() {
+    fn a_hold_key_is_built_from_what_a_delete_request_says() {
+        let cases = [
+            (
+                ObjectRef::new("", "Secret", Some("apps"), "kubeconfig"),
+                Some("Secret__apps_kubeconfig"),
+            ),
+            (
+                ObjectRef::new(
+                    "helm.m.crossplane.io",
+                    "ProviderConfig",
+                    Some("ns"),
+                    "prod.helm",
+                ),
+                Some("ProviderConfig_helm.m.crossplane.io_ns_prod.helm"),
+            ),
+            (
+                ObjectRef::new("helm.crossplane.io", "ProviderConfig", None, "default"),
+                Some("ProviderConfig_helm.crossplane.io__default"),
+            ),
+            (
+                ObjectRef::new("", "Secret", Some("ns"), &"a".repeat(250)),
+                None,
+            ),
+            (ObjectRef::new("", "Secret", Some("ns"), "no/slash"), None),
+        ];
+        for (object, want) in cases {
+            assert_eq!(hold_key(&object).as_deref(), want, "{object}");
+            if let Some(key) = want {
+                assert_eq!(parse_hold_key(key), Some(object), "{key}");
+            }
+        }
+        assert_eq!(parse_hold_key("Secret__ns"), None);
+        assert_eq!(parse_hold_key("_g_ns_name"), None);
+    }
+
+    #[test]
+    fn a_hold_entry_round_trips() {
+        let entry = HoldEntry {
+            root: "6f1c2e9a-0000-4000-8000-000000000001".into(),
+            root_kind: "InferenceCluster.modelplane.ai".into(),
+            held_for: "ServingStack ns/stack, XR ns/other".into(),
+        };
+        assert_eq!(
+            entry.value(),
+            "6f1c2e9a-0000-4000-8000-000000000001 InferenceCluster.modelplane.ai ServingStack ns/stack, XR ns/other"
+        );
+        assert_eq!(HoldEntry::parse(&entry.value()), entry);
+        assert_eq!(
+            HoldEntry::parse("bare"),
+            HoldEntry {
+                root: "bare".into(),
+                root_kind: String::new(),
+                held_for: String::new()
+            }
+        );
+    }
+
+    #[test]
+    fn the_hold_policy_is_pinned_whole() {
         let settings = CompileSettings {
             controller_user: "system:serviceaccount:cg:cascade-guard".to_string(),
+            crossplane_user: "system:serviceaccount:crossplane-system:crossplane".to_string(),
             ..CompileSettings::default()
         };
-        let compiled = compile_hold(&settings);
+        let compiled = compile_hold(&settings, "cg");
         let policy = serde_json::to_value(&compiled.policy).expect("serializes");
-        let rules = &policy["spec"]["matchConstraints"];
-        assert_eq!(rules["resourceRules"][0]["resources"], json!(["*"]));
+        let spec = &policy["spec"];
         assert_eq!(
-            rules["objectSelector"]["matchExpressions"][0]["key"],
-            json!(HOLD_LABEL)
+            policy["metadata"],
+            json!({"name": HOLD_OBJECT_NAME, "labels": {SIBLING_ORDER_LABEL: "true"}})
         );
-        let expressions: Vec<&str> = policy["spec"]["validations"]
+        assert_eq!(spec["failurePolicy"], "Fail");
+        assert_eq!(
+            spec["paramKind"],
+            json!({"apiVersion": "v1", "kind": "ConfigMap"})
+        );
+        assert_eq!(
+            spec["matchConstraints"],
+            json!({"matchPolicy": "Equivalent", "resourceRules": [
+                {"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"],
+                 "operations": ["DELETE"], "scope": "*"},
+                {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+                 "operations": ["UPDATE"], "scope": "Namespaced",
+                 "resourceNames": ["cascade-guard-holds", "cascade-guard-ordered-trees"]},
+            ]})
+        );
+        assert_eq!(
+            spec["matchConditions"],
+            json!([{"name": "not-cascade-guard",
+                    "expression": "request.userInfo.?username.orValue('') != \"system:serviceaccount:cg:cascade-guard\""}])
+        );
+        let names: Vec<&str> = spec["variables"]
             .as_array()
-            .expect("validations")
+            .expect("variables")
             .iter()
-            .filter_map(|v| v["expression"].as_str())
+            .filter_map(|v| v["name"].as_str())
             .collect();
-        assert_eq!(expressions.len(), 2);
-        for e in &expressions {
-            assert!(
-                e.contains(
-                    r#"request.userInfo.username == "system:serviceaccount:cg:cascade-guard""#
-                ),
-                "{e}"
-            );
-            assert!(e.contains("breakglass"), "{e}");
+        assert_eq!(names, ["name", "key", "held", "heldFor", "record"]);
+        assert!(
+            spec["variables"][4]["expression"]
+                .as_str()
+                .is_some_and(|e| e.contains("request.namespace == \"cg\""))
+        );
+        let validations = spec["validations"].as_array().expect("validations");
+        assert_eq!(validations.len(), 2);
+        let delete = validations[0]["expression"].as_str().unwrap_or_default();
+        assert!(
+            delete.starts_with("!variables.held || request.userInfo.username == \"system:serviceaccount:crossplane-system:crossplane\" || (")
+                && delete.contains("authorizer.group('cascade-guard.dev')"),
+            "{delete}"
+        );
+        assert_eq!(validations[1]["expression"], "!variables.record");
+        for v in validations {
+            assert_eq!(v["reason"], "Forbidden");
         }
         let binding = serde_json::to_value(&compiled.binding).expect("serializes");
-        assert_eq!(binding["spec"]["policyName"], json!(HOLD_OBJECT_NAME));
-        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        assert_eq!(
+            binding["spec"],
+            json!({"policyName": HOLD_OBJECT_NAME, "validationActions": ["Deny"],
+                   "paramRef": {"name": "cascade-guard-holds", "namespace": "cg",
+                                "parameterNotFoundAction": "Allow"}})
+        );
     }
 }

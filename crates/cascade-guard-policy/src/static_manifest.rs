@@ -286,9 +286,12 @@ fn label_value(labels: &str, key: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        ValidatingAdmissionPolicyBindingSpec,
+    };
+
     use super::*;
-    use crate::hold::compile_hold;
-    use crate::settings::CompileSettings;
 
     #[test]
     fn releases_before_1_36_are_refused_with_the_minimum_named() {
@@ -317,9 +320,31 @@ mod tests {
         assert!(parse_release("137").is_err());
     }
 
+    /// A policy and binding with no parameter, labelled, as the compiled
+    /// ones are.
+    fn sample() -> Compiled {
+        let metadata = crate::hold::sibling_order_metadata("cascade-guard-sibling-order");
+        Compiled {
+            policy: ValidatingAdmissionPolicy {
+                metadata: metadata.clone(),
+                spec: Some(Default::default()),
+                status: None,
+            },
+            binding: ValidatingAdmissionPolicyBinding {
+                metadata,
+                spec: ValidatingAdmissionPolicyBindingSpec {
+                    policy_name: "cascade-guard-sibling-order".into(),
+                    validation_actions: vec!["Deny".into()],
+                    match_resources: None,
+                    param_ref: None,
+                },
+            },
+        }
+    }
+
     #[test]
     fn names_and_policy_names_carry_the_suffix_and_nothing_the_loader_refuses() {
-        let mut hold = compile_hold(&CompileSettings::default());
+        let mut hold = sample();
         hold.policy.metadata.resource_version = Some("12".into());
         hold.policy.metadata.uid = Some("u".into());
         let docs = to_static(&[hold]).unwrap();
@@ -346,7 +371,7 @@ mod tests {
 
     #[test]
     fn a_param_kind_or_an_overlong_name_is_an_error_not_a_silent_drop() {
-        let mut with_param = compile_hold(&CompileSettings::default());
+        let mut with_param = sample();
         if let Some(spec) = with_param.policy.spec.as_mut() {
             spec.param_kind = Some(Default::default());
         }
@@ -357,7 +382,7 @@ mod tests {
                 ..
             })
         ));
-        let mut long = compile_hold(&CompileSettings::default());
+        let mut long = sample();
         long.policy.metadata.name = Some("a".repeat(NAME_MAX - STATIC_SUFFIX.len() + 1));
         assert!(matches!(
             to_static(&[long]),
@@ -373,7 +398,7 @@ mod tests {
 
     #[test]
     fn the_manifest_starts_with_a_document_not_a_lone_comment() {
-        let text = manifest(&[compile_hold(&CompileSettings::default())]).unwrap();
+        let text = manifest(&[sample()]).unwrap();
         assert!(text.starts_with("---\n# Written by cascade-guard"));
         let docs = crate::render::split_yaml_documents(&text).unwrap();
         assert_eq!(docs.len(), 2);

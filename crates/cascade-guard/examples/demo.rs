@@ -345,15 +345,19 @@ async fn without_usage(client: &Client) -> Result<String> {
 /// Waits (up to a minute) until cascade-guard holds the EKSCluster for the
 /// ServingStack.
 async fn wait_for_sibling_order(client: &Client) {
-    let ekss: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        SYSTEM_NAMESPACE,
-        &modelplane::eks_clusters(),
-    );
+    let eks = modelplane::eks_clusters();
+    // The controller runs outside a pod: its ConfigMaps are in `default`.
     let _ = wait::until(Duration::from_secs(60), || async {
-        let eks = ekss.get(NAME).await.ok()?;
-        eks.labels()
-            .contains_key("cascade-guard.dev/hold")
+        let held = cascade_guard::cluster::holds::read(client, "default")
+            .await
+            .ok()?;
+        held.iter()
+            .any(|(o, _)| {
+                o.kind == eks.kind
+                    && o.group == eks.group
+                    && o.namespace.as_deref() == Some(SYSTEM_NAMESPACE)
+                    && o.name == NAME
+            })
             .then_some(())
     })
     .await;

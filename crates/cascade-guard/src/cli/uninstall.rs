@@ -23,11 +23,11 @@ use kube::{Api, Client, ResourceExt};
 use crate::Error;
 use crate::cluster::held;
 use crate::cluster::kinds::ServedKinds;
-use crate::cluster::unhold;
+use crate::cluster::{holds, unhold};
 use crate::controller::MANAGER;
 use crate::controller::convert::Converter;
 use crate::controller::telemetry::Metrics;
-use crate::policy::hold::SIBLING_ORDER_LABEL;
+use crate::policy::hold::{HOLD_OBJECT_NAME, HOLDS, SIBLING_ORDER_LABEL};
 use crate::policy::names::MANAGED_BY_SELECTOR;
 
 #[derive(Clone, Debug)]
@@ -51,7 +51,7 @@ pub struct UninstallSummary {
     pub left: Vec<String>,
     /// Kinds that could not be read: what they hold is not known.
     pub unreadable: Vec<String>,
-    /// Objects that lost the sibling-order hold label.
+    /// Objects sibling order held, let go.
     pub unheld: usize,
 }
 
@@ -86,28 +86,49 @@ pub async fn uninstall(
     ] {
         summary.admission_objects += delete_admission_objects(client, &selector).await?;
     }
-    // Sibling order's ConfigMap (how each tree stood), wherever the
-    // controller ran: nothing reads it once its gate is gone.
+    // Sibling order's ConfigMaps (what it held, how each tree stood),
+    // wherever the controller ran: nothing reads them once its policies are
+    // gone. What they held is let go: deleted where an owner is leaving (its
+    // deleter was refused while it was held).
     let configmaps: Api<ConfigMap> = Api::all(client.clone());
     let labelled = ListParams::default().labels(&format!("{SIBLING_ORDER_LABEL}=true"));
+    let mut held = Vec::new();
     for c in configmaps
         .list_metadata(&labelled)
         .await
         .map_err(list("ConfigMaps"))?
     {
-        let api: Api<ConfigMap> =
-            Api::namespaced(client.clone(), &c.namespace().unwrap_or_default());
-        delete(&api, &c.name_any(), "ConfigMap").await?;
+        let namespace = c.namespace().unwrap_or_default();
+        if c.name_any() == HOLDS {
+            held.extend(
+                holds::read(client, &namespace)
+                    .await
+                    .map_err(list("what sibling order holds"))?
+                    .into_iter()
+                    .map(|(object, _)| object),
+            );
+        }
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        delete_once_unguarded(&api, &c.name_any()).await?;
     }
     let kinds = ServedKinds::discover(client)
         .await
         .map_err(list("the cluster's kinds"))?;
-    summary.unheld = unhold::sweep(client, &kinds, |_| false, |line| progress(line)).await;
+    for object in &held {
+        match unhold::let_go(client, &kinds, object).await {
+            Ok(_) => summary.unheld += 1,
+            Err(e) => progress(&format!("cannot let go of {object}: {e}")),
+        }
+    }
     if summary.unheld > 0 {
         progress(&format!(
-            "took the sibling-order hold off {} objects",
+            "let go of {} objects sibling order held",
             summary.unheld
         ));
+    }
+    let stripped = unhold::strip_old_labels(client, &kinds, |line| progress(line)).await;
+    if stripped > 0 {
+        progress(&format!("took the old hold label off {stripped} objects"));
     }
 
     // Every object that carries the finalizer, of any kind: one may hold it
@@ -209,6 +230,33 @@ where
             name: name.to_string(),
             source,
         }),
+    }
+}
+
+/// Deletes one of sibling order's ConfigMaps, which its hold policy guards:
+/// the API server still checks a deleted policy for a second or so, so a
+/// refusal by it is waited out (up to half a minute).
+async fn delete_once_unguarded(api: &Api<ConfigMap>, name: &str) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(kube::Error::Api(s))
+                if s.code == 403
+                    && s.message.contains(HOLD_OBJECT_NAME)
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(source) => {
+                return Err(Error::Delete {
+                    kind: "ConfigMap",
+                    name: name.to_string(),
+                    source,
+                });
+            }
+        }
     }
 }
 

@@ -6,15 +6,14 @@
 //! them and the other side of each. What cannot be read is said, never
 //! guessed.
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use kube::api::{DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::policy::composed_resources;
-use crate::policy::hold::HOLD_LABEL;
 use crate::policy::order::{self, ObjectRef};
 
 /// A tree larger than this is cut, and the reader says so: a composition
@@ -65,12 +64,15 @@ impl Usages {
 }
 
 /// Reads the tree under `root`, what it references and the Usages naming it
-/// (from `usages`, listed before).
+/// (from `usages`, listed before), and the Usages in `held` (sibling order
+/// holds them for this root: one whose user is gone names nothing read any
+/// more, and must be let go).
 pub async fn read_tree(
     client: &Client,
     kinds: &ServedKinds,
     root: &DynamicObject,
     usages: &Usages,
+    held: &BTreeSet<ObjectRef>,
 ) -> TreeRead {
     let mut reading = Reading::new(client, kinds);
     reading.tree(root);
@@ -80,8 +82,7 @@ pub async fn read_tree(
             break;
         }
     }
-    let root_uid = root.metadata.uid.clone().unwrap_or_default();
-    reading.usages(&root_uid, usages);
+    reading.usages(held, usages);
     // The sides of those Usages that are not read yet: the object a
     // standalone Usage of another tree protects.
     reading.follow_references().await;
@@ -105,6 +106,9 @@ struct Reading<'a> {
     /// names no version.
     refs: HashSet<ObjectRef>,
     queue: VecDeque<Key>,
+    /// The object that composes each queued one: what an object that may
+    /// not be read hangs from.
+    composers: HashMap<Key, Value>,
     /// Objects whose references were followed.
     followed: usize,
     unread: Vec<String>,
@@ -121,6 +125,7 @@ impl<'a> Reading<'a> {
             seen: HashSet::new(),
             refs: HashSet::new(),
             queue: VecDeque::new(),
+            composers: HashMap::new(),
             followed: 0,
             unread: Vec::new(),
             full: false,
@@ -133,9 +138,15 @@ impl<'a> Reading<'a> {
         if !self.take(key.clone(), object) {
             return;
         }
+        let composer = json!({
+            "apiVersion": key.0, "kind": key.1, "name": key.3,
+            "uid": object.metadata.uid.clone().unwrap_or_default(),
+            "controller": true, "blockOwnerDeletion": true,
+        });
         for c in composed_resources(&object.data, key.2.as_deref()).resources {
             let child = (c.api_version, c.kind, c.namespace, c.name);
             if !self.seen.contains(&child) {
+                self.composers.insert(child.clone(), composer.clone());
                 self.queue.push_back(child);
             }
         }
@@ -181,6 +192,10 @@ impl<'a> Reading<'a> {
             {
                 Ok(Some(object)) => self.tree(&object),
                 Ok(None) => {}
+                Err(e) if is_forbidden(&e) && is_leaf(api_version, kind) => {
+                    let owner = self.composers.get(&key).cloned();
+                    self.stub(key.clone(), owner);
+                }
                 Err(e) => self.unread.push(format!("{kind} {name}: {e}")),
             }
         }
@@ -218,8 +233,17 @@ impl<'a> Reading<'a> {
                         }
                     }
                     Ok(None) => {}
-                    // A reader without access to Secrets still gets a
-                    // plan; the graph reports the reference unresolved.
+                    Err(e) if is_forbidden(&e) && is_leaf(&s.0.api_version, &s.0.kind) => {
+                        let key = (
+                            s.0.api_version.clone(),
+                            s.0.kind.clone(),
+                            namespace.map(str::to_string),
+                            r.name.clone(),
+                        );
+                        found |= self.stub(key, None);
+                    }
+                    // A reader without access to it still gets a plan;
+                    // the graph reports the reference unresolved.
                     Err(e) => self.unread.push(format!("{} {}: {e}", r.kind, r.name)),
                 }
             }
@@ -227,10 +251,34 @@ impl<'a> Reading<'a> {
         found
     }
 
+    /// An object of a kind that references nothing (a Secret, a ConfigMap)
+    /// that the reader may not get: taken by its name alone, hanging from the
+    /// object that composes it (if any). Sibling order holds it by name, so
+    /// its content is never needed; true if it is new.
+    fn stub(&mut self, key: Key, composer: Option<Value>) -> bool {
+        let (api_version, kind, namespace, name) = &key;
+        let mut metadata = json!({
+            "name": name,
+            "uid": format!("unread:{kind}/{}/{name}", namespace.as_deref().unwrap_or("")),
+            "annotations": {UNREAD_ANNOTATION: "forbidden: known by name only"},
+        });
+        if let Some(ns) = namespace {
+            metadata["namespace"] = json!(ns);
+        }
+        if let Some(owner) = composer {
+            metadata["ownerReferences"] = json!([owner]);
+        }
+        let value = json!({"apiVersion": api_version, "kind": kind, "metadata": metadata});
+        match serde_json::from_value::<DynamicObject>(value) {
+            Ok(object) => self.take(key, &object),
+            Err(_) => false,
+        }
+    }
+
     /// Crossplane's Usages and ClusterUsages that name an object read, and
-    /// those sibling order holds for `root_uid` (one whose user is gone
-    /// names nothing read any more, and must be let go).
-    fn usages(&mut self, root_uid: &str, usages: &Usages) {
+    /// those sibling order holds for this root (`held`: one whose user is
+    /// gone names nothing read any more, and must be let go).
+    fn usages(&mut self, held: &BTreeSet<ObjectRef>, usages: &Usages) {
         let names: HashSet<(String, String)> = self
             .refs
             .iter()
@@ -256,8 +304,7 @@ impl<'a> Reading<'a> {
                     kind.zip(name)
                         .is_some_and(|(k, n)| names.contains(&(k.to_string(), n.to_string())))
                 });
-                let held_here = !root_uid.is_empty()
-                    && usage.labels().get(HOLD_LABEL).map(String::as_str) == Some(root_uid);
+                let held_here = ObjectRef::of_object(&value).is_some_and(|r| held.contains(&r));
                 if (names_one || held_here)
                     && let Some(key) = key_of(usage)
                 {
@@ -266,6 +313,19 @@ impl<'a> Reading<'a> {
             }
         }
     }
+}
+
+/// On an object the reader took by name alone: what it could not read.
+pub const UNREAD_ANNOTATION: &str = "cascade-guard.dev/unread";
+
+fn is_forbidden(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403)
+}
+
+/// Kinds whose objects reference nothing the graph follows: one that may
+/// not be read loses no edge.
+fn is_leaf(api_version: &str, kind: &str) -> bool {
+    api_version == "v1" && matches!(kind, "Secret" | "ConfigMap")
 }
 
 fn key_of(object: &DynamicObject) -> Option<Key> {

@@ -1,9 +1,8 @@
-//! Letting go of what sibling order holds, outside a tree's own reconcile:
-//! objects whose root is no longer ordered (its kind lost its policy, the
-//! root is gone) and, at uninstall, every one. The label comes off, and an
-//! object whose owner is being deleted or gone is deleted (Foreground): the
-//! garbage collector was refused its delete and would otherwise try again
-//! only after its back-off, which grows to 17 minutes.
+//! Letting go of what sibling order held, once its entry is gone: an object
+//! whose owner is being deleted or gone is deleted (Foreground, only this
+//! object): the garbage collector was refused its delete while it was held
+//! and would otherwise try again only after its back-off, which grows to 17
+//! minutes. And taking the old hold label off where an older release left it.
 
 use kube::api::{
     DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams, Preconditions,
@@ -13,73 +12,97 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::cluster::holds;
-use crate::cluster::kinds::{Served, ServedKinds};
+use crate::cluster::kinds::ServedKinds;
 use crate::policy::hold::{HELD_FOR_ANNOTATION, HOLD_LABEL};
 use crate::policy::names::FIELD_MANAGER;
+use crate::policy::order::ObjectRef;
 
-/// Lets go of every held object of every kind whose root (the label's value)
-/// `keep` does not name; returns how many. What cannot be listed or written
-/// is said through `progress` and left.
-pub async fn sweep(
+/// What became of an object let go.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LetGo {
+    /// Deleted: an owner of it is leaving.
+    Deleted,
+    /// Left as it is: nothing wants it gone, it is gone, or being deleted.
+    Left,
+    /// Its owner is leaving, but cascade-guard may not read or delete it:
+    /// whoever deletes it tries again (the garbage collector after its
+    /// back-off).
+    LeftToItsDeleter,
+}
+
+/// Deletes `object` if an owner of it is leaving.
+pub async fn let_go(
     client: &Client,
     kinds: &ServedKinds,
-    keep: impl Fn(&str) -> bool,
+    object: &ObjectRef,
+) -> Result<LetGo, kube::Error> {
+    let Some(served) = kinds
+        .of_kind(Some(object.group.as_str()), &object.kind)
+        .next()
+    else {
+        return Ok(LetGo::Left);
+    };
+    let api = ServedKinds::api(client, served, object.namespace.as_deref());
+    let meta = match api.get_metadata_opt(&object.name).await {
+        Ok(Some(meta)) => meta,
+        Ok(None) => return Ok(LetGo::Left),
+        Err(kube::Error::Api(s)) if s.code == 403 => return Ok(LetGo::LeftToItsDeleter),
+        Err(e) => return Err(e),
+    };
+    if meta.metadata.deletion_timestamp.is_some() || !owner_leaving(client, kinds, &meta).await {
+        return Ok(LetGo::Left);
+    }
+    // Only this object: a newer one of the same name is not touched.
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        preconditions: meta.uid().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&object.name, &params).await {
+        Ok(_) => Ok(LetGo::Deleted),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(LetGo::Left),
+        Err(kube::Error::Api(s)) if s.code == 403 => Ok(LetGo::LeftToItsDeleter),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes the old hold label (and its annotation) off every object that
+/// carries it, whatever its value: it holds nothing since the holds are kept
+/// in a ConfigMap. Returns how many; what cannot be listed or written is said
+/// through `progress` and left (a label alone is harmless).
+pub async fn strip_old_labels(
+    client: &Client,
+    kinds: &ServedKinds,
     progress: impl Fn(&str),
 ) -> usize {
     let mut count = 0;
-    for (served, object) in holds::list(client, kinds).await.held {
-        let root = object.labels().get(HOLD_LABEL).cloned().unwrap_or_default();
-        if keep(&root) {
-            continue;
-        }
-        match let_go(client, kinds, served, &object).await {
-            Ok(()) => count += 1,
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    for (served, object) in holds::labelled(client, kinds).await.objects {
+        let api = ServedKinds::api(client, served, object.namespace().as_deref());
+        let patch = json!({"metadata": {
+            "uid": object.uid(),
+            "labels": {HOLD_LABEL: null},
+            "annotations": {HELD_FOR_ANNOTATION: null},
+        }});
+        match api
+            .patch(&object.name_any(), &params, &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => count += 1,
             Err(e) => progress(&format!(
-                "cannot let go of {} {}: {e}",
+                "cannot take the old hold label off {} {}: {e}",
                 served.0.kind,
                 object.name_any()
             )),
         }
     }
     count
-}
-
-/// Takes the label off `object` and deletes it if an owner is leaving.
-pub async fn let_go(
-    client: &Client,
-    kinds: &ServedKinds,
-    served: &Served,
-    object: &PartialObjectMeta<DynamicObject>,
-) -> Result<(), kube::Error> {
-    let api = ServedKinds::api(client, served, object.namespace().as_deref());
-    let patch = json!({"metadata": {
-        "uid": object.uid(),
-        "labels": {HOLD_LABEL: null},
-        "annotations": {HELD_FOR_ANNOTATION: null},
-    }});
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..PatchParams::default()
-    };
-    api.patch(&object.name_any(), &params, &Patch::Merge(patch))
-        .await?;
-    if object.metadata.deletion_timestamp.is_none() && owner_leaving(client, kinds, object).await {
-        // Only this object: a newer one of the same name is not touched.
-        let params = DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Foreground),
-            preconditions: object.uid().map(|uid| Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&object.name_any(), &params).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// The garbage collector wants `object` gone: some blocking owner is being

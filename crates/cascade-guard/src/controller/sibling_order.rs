@@ -14,17 +14,11 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
-use kube::api::{
-    DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams, Preconditions,
-    PropagationPolicy,
-};
+use kube::api::{DeleteParams, DynamicObject, Preconditions, PropagationPolicy};
 use kube::core::Selector;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::watch;
 
 use std::sync::Arc;
@@ -34,10 +28,9 @@ use super::telemetry::Metrics;
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::cluster::tree::{TreeRead, Usages, read_tree};
 use crate::cluster::unhold;
+use crate::cluster::unhold::LetGo;
 use crate::policy::drift::first_difference;
-use crate::policy::hold::{
-    Action, HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, actions, compile_hold,
-};
+use crate::policy::hold::{Action, HOLD_OBJECT_NAME, actions};
 use crate::policy::holders::IN_USE_LABEL;
 use crate::policy::order::{self, ObjectRef};
 use crate::policy::order_gate::{GatedKind, TreeOrder};
@@ -45,8 +38,11 @@ use crate::policy::roots::Listed;
 use crate::policy::{CompileSettings, Mode, Policy, Shape};
 
 mod gate;
+mod holds;
 mod mirror;
+mod record;
 use gate::Gate;
+use holds::Holds;
 use mirror::{Candidate, Look, Mirror};
 
 /// How often the loop looks.
@@ -181,12 +177,12 @@ pub fn start(
     let mut order = SiblingOrder {
         gate: Gate::new(
             client.clone(),
-            namespace,
+            namespace.clone(),
             refuse_unordered,
             settings.clone(),
         ),
+        holds: Holds::new(client.clone(), namespace, settings),
         client,
-        settings,
         recorder,
         metrics,
         resync,
@@ -195,9 +191,8 @@ pub fn start(
         usage_mirrors: HashMap::new(),
         usage_versions: HashMap::new(),
         members: HashMap::new(),
-        holds: HashMap::new(),
+        held_counts: HashMap::new(),
         kinds: None,
-        hold_written: None,
         reported: HashMap::new(),
         warned: BTreeSet::new(),
         swept: None,
@@ -281,17 +276,17 @@ struct SiblingOrder {
     /// The root of each object read in a tree of more than one object, for
     /// a Usage whose user is inside a tree.
     members: HashMap<String, String>,
-    settings: CompileSettings,
     recorder: Recorder,
     metrics: Arc<Metrics>,
     /// How many objects each root's tree holds, as last read.
-    holds: HashMap<String, usize>,
+    held_counts: HashMap<String, usize>,
     resync: Duration,
     /// Each root read: its resourceVersion then, when, and whether its tree
     /// is active (then it is read every tick).
     roots: HashMap<String, (String, Instant, bool)>,
     kinds: Option<(ServedKinds, Instant)>,
-    hold_written: Option<Instant>,
+    /// What it holds, and the hold policy.
+    holds: Holds,
     /// The problems last reported per root, so each is an Event once.
     reported: HashMap<String, BTreeSet<String>>,
     /// Warnings already logged, each once.
@@ -318,7 +313,6 @@ impl SiblingOrder {
             return;
         }
         let started = Instant::now();
-        self.write_hold().await;
         let stale = self
             .kinds
             .as_ref()
@@ -332,6 +326,7 @@ impl SiblingOrder {
         let Some((kinds, discovered)) = self.kinds.take() else {
             return;
         };
+        self.holds.prepare(&kinds, self.resync).await;
         let mut seen = BTreeSet::new();
         // A kind that could not be listed hides its roots: nothing is let go
         // as orphaned in such a tick.
@@ -410,12 +405,15 @@ impl SiblingOrder {
             && !self.backlog
             && !self.roots.values().any(|(_, _, active)| *active)
         {
-            self.gate.write(&gated, self.resync).await;
+            if self.holds.write().await {
+                self.gate.write(&gated, self.resync).await;
+            }
             self.kinds = Some((kinds, discovered));
             return;
         }
         self.last_look = Some((Instant::now(), ordered.clone(), generations));
         let mut listed = Listed::default();
+        let mut listed_kinds = HashSet::new();
         let mut ok = Vec::new();
         for (group, kind, selectors, served) in listable {
             let Some(mirror) = self.mirrors.get(&(group.clone(), kind.clone())) else {
@@ -425,6 +423,7 @@ impl SiblingOrder {
             match mirror.look(&selectors) {
                 Look::Listed(uids, candidates) => {
                     listed.add_kind(&group, &kind, uids.iter().map(String::as_str));
+                    listed_kinds.insert(format!("{kind}.{group}"));
                     ok.push((kind, served, candidates));
                 }
                 Look::Pending => listed_all = false,
@@ -503,12 +502,21 @@ impl SiblingOrder {
             // read at the tree's next look.
             let usages = Usages::list(client, kinds_read).await;
             let usages = &usages;
+            let held: HashMap<String, BTreeSet<ObjectRef>> = batch
+                .iter()
+                .map(|d| (d.uid.clone(), self.holds.held_for(&d.uid)))
+                .collect();
+            let held = &held;
             let read: Vec<_> = futures::stream::iter(batch.into_iter().map(|d| async move {
                 let root = ServedKinds::api(client, &d.served, d.namespace.as_deref())
                     .get_opt(&d.name)
                     .await;
                 let tree = match &root {
-                    Ok(Some(root)) => Some(read_tree(client, kinds_read, root, usages).await),
+                    Ok(Some(root)) => {
+                        let none = BTreeSet::new();
+                        let held = held.get(&d.uid).unwrap_or(&none);
+                        Some(read_tree(client, kinds_read, root, usages, held).await)
+                    }
                     _ => None,
                 };
                 (d, root, tree)
@@ -530,29 +538,38 @@ impl SiblingOrder {
             }
         }
         // A root that left (gone, relabelled out, its kind no longer
-        // ordered) may leave held objects behind: look for them across every
-        // kind then, and every resync in case a restart forgot one.
-        let lost_root = listed_all && self.roots.keys().any(|uid| !seen.contains(uid));
+        // ordered) leaves what it held: let go. Told by the root's own kind,
+        // so that a kind that cannot be listed keeps only its own roots'
+        // holds; and not before a first whole look after the start, so that
+        // a start lets go of nothing it has not looked at.
+        let lost_root = self.roots.keys().any(|uid| !seen.contains(uid));
         // A root that left while its tree was torn down may leave a held
         // Usage to delete now (its user is gone): look once more quickly.
         self.tearing_down |= was_tearing_down && lost_root;
-        let sweep_due = listed_all && self.swept.is_none_or(|at| at.elapsed() > self.resync);
-        if lost_root || sweep_due {
-            let released = unhold::sweep(
-                &self.client,
-                &kinds,
-                |root| seen.contains(root),
-                |line| tracing::warn!("sibling order: {line}"),
-            )
-            .await;
-            if released > 0 {
-                tracing::info!(
-                    released,
-                    "sibling order: let go of objects whose tree is no longer ordered"
-                );
-            }
-            self.swept = Some(Instant::now());
+        let ordered_kinds: HashSet<String> = ordered
+            .0
+            .iter()
+            .map(|(group, kind, _, _)| format!("{kind}.{group}"))
+            .collect();
+        let left = self.holds.release_roots_but(|root, root_kind| {
+            let gone = if root_kind.is_empty() {
+                // Taken in from an old label: its kind is not known.
+                listed_all
+            } else if !ordered_kinds.contains(root_kind) {
+                true
+            } else {
+                listed_kinds.contains(root_kind)
+            };
+            seen.contains(root) || !gone
+        });
+        if !left.is_empty() {
+            tracing::info!(
+                released = left.len(),
+                "sibling order: let go of objects whose tree is no longer ordered"
+            );
         }
+        self.let_go_all(&kinds, &left).await;
+        self.swept = Some(Instant::now());
         // Forgotten only when every kind was listed: a root that left is
         // still noticed (and its holds let go) once the listing is whole.
         if listed_all {
@@ -562,11 +579,16 @@ impl SiblingOrder {
             self.roots.retain(|uid, _| seen.contains(uid));
             self.members.retain(|_, root| seen.contains(root));
             self.reported.retain(|uid, _| seen.contains(uid));
-            self.holds.retain(|uid, _| seen.contains(uid));
+            self.held_counts.retain(|uid, _| seen.contains(uid));
         }
-        self.gate.write(&gated, self.resync).await;
+        // What is held first: the gate's ConfigMap says a tree is ordered
+        // only once its holds are written (the API server reads both through
+        // one informer, in order).
+        if self.holds.write().await {
+            self.gate.write(&gated, self.resync).await;
+        }
         self.metrics.set_sibling_order(
-            self.holds.values().sum(),
+            self.held_counts.values().sum(),
             self.reported.values().map(BTreeSet::len).sum(),
         );
         // A new tree waits for its first read up to a look: say when looks
@@ -644,7 +666,9 @@ impl SiblingOrder {
                 return false;
             }
         };
-        let mut held_now = BTreeSet::new();
+        // Held for this tree: an object it only references may be held for
+        // another.
+        let held_now = self.holds.held_for(&root_uid);
         let mut in_use = BTreeSet::new();
         let mut by_ref: HashMap<ObjectRef, &Value> = HashMap::new();
         for v in &read.objects {
@@ -652,15 +676,6 @@ impl SiblingOrder {
                 continue;
             };
             let labels = v.pointer("/metadata/labels");
-            // Held for this tree: an object it only references may be held
-            // for another.
-            if labels
-                .and_then(|l| l.get(HOLD_LABEL))
-                .and_then(Value::as_str)
-                == Some(root_uid.as_str())
-            {
-                held_now.insert(r.clone());
-            }
             if labels
                 .and_then(|l| l.get(IN_USE_LABEL))
                 .and_then(Value::as_str)
@@ -671,8 +686,20 @@ impl SiblingOrder {
             by_ref.insert(r, v);
         }
         self.report(root, &graph, &read.unread).await;
+        // Held for this root, and not in its tree as read (gone, or held by
+        // an older release for a tree that changed): nothing explains the
+        // hold any more.
+        let unexplained: Vec<ObjectRef> = held_now
+            .iter()
+            .filter(|r| !by_ref.contains_key(*r))
+            .cloned()
+            .collect();
+        for object in &unexplained {
+            self.holds.release(object);
+        }
+        self.let_go_all(kinds, &unexplained).await;
         let todo = actions(&graph, &held_now, &in_use);
-        let holding = held_now.len()
+        let holding = (held_now.len() - unexplained.len())
             + todo
                 .iter()
                 .filter(|a| matches!(a, Action::Hold { .. }))
@@ -681,7 +708,7 @@ impl SiblingOrder {
                 .iter()
                 .filter(|a| matches!(a, Action::Release { .. }))
                 .count();
-        self.holds.insert(root_uid.clone(), holding);
+        self.held_counts.insert(root_uid.clone(), holding);
         // Why the tree is not ordered, if it is not: the gate refuses the
         // root's delete with it, and `plan` shows it.
         let mut unordered: Vec<String> = read
@@ -689,9 +716,17 @@ impl SiblingOrder {
             .iter()
             .map(|u| format!("not read: {u}"))
             .collect();
-        if self.hold_written.is_none() {
+        if !self.holds.in_place() {
             unordered.push("the hold policy is not in place".to_string());
         }
+        let root_kind = root
+            .types
+            .as_ref()
+            .map(|t| {
+                let group = t.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+                format!("{}.{group}", t.kind)
+            })
+            .unwrap_or_default();
         for action in &todo {
             let object = match action {
                 Action::Hold { object, .. }
@@ -701,7 +736,7 @@ impl SiblingOrder {
             let Some(value) = by_ref.get(object) else {
                 continue;
             };
-            if let Err(e) = self.act(kinds, &root_uid, action, value).await {
+            if let Err(e) = self.act(kinds, &root_uid, &root_kind, action, value).await {
                 let note = format!("cannot {}: {e}", describe(action));
                 if matches!(action, Action::Hold { .. }) {
                     unordered.push(note.clone());
@@ -763,53 +798,70 @@ impl SiblingOrder {
     }
 
     async fn act(
-        &self,
+        &mut self,
         kinds: &ServedKinds,
         root_uid: &str,
+        root_kind: &str,
         action: &Action,
         object: &Value,
-    ) -> Result<(), kube::Error> {
-        let text = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
-        let (api_version, kind, name) =
-            (text("/apiVersion"), text("/kind"), text("/metadata/name"));
-        let namespace = object
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str);
-        let uid = text("/metadata/uid").to_string();
-        let Some(served) = kinds.get(api_version, kind) else {
-            return Ok(());
-        };
-        let api = ServedKinds::api(&self.client, served, namespace);
-        // The uid in the patch makes it apply to this object only: a newer
-        // one of the same name has another, and the API server refuses to
-        // change it.
-        let patch = |labels: Value, annotations: Value| json!({"metadata": {"uid": uid, "labels": labels, "annotations": annotations}});
-        let params = PatchParams::apply(MANAGER);
-        let merge = PatchParams {
-            field_manager: params.field_manager,
-            ..PatchParams::default()
-        };
+    ) -> Result<(), String> {
         match action {
-            Action::Hold { held_for, .. } => {
-                let body = patch(
-                    json!({ HOLD_LABEL: root_uid }),
-                    json!({ HELD_FOR_ANNOTATION: held_for }),
-                );
-                api.patch(name, &merge, &Patch::Merge(body)).await?;
+            Action::Hold { object, held_for } => {
+                self.holds.hold(object, root_uid, root_kind, held_for)
             }
-            // The label off, and deleted at once if the garbage collector
-            // wants it gone (a standalone Usage whose user is gone: its
+            // Its entry gone, and deleted at once if its owner is leaving (a
+            // standalone Usage whose user is gone: the garbage collector's
             // retry after the refusals would come only after its back-off,
-            // and Crossplane replays what the Usage protected once it is gone).
-            Action::Release { .. } => {
-                let meta: PartialObjectMeta<DynamicObject> =
-                    serde_json::from_value(json!({ "metadata": object.get("metadata") }))
-                        .map_err(kube::Error::SerdeError)?;
-                unhold::let_go(&self.client, kinds, served, &meta).await?;
+            // and Crossplane replays what the Usage protected once it is
+            // gone).
+            Action::Release { object } => {
+                self.holds.release(object);
+                self.let_go_all(kinds, std::slice::from_ref(object)).await;
+                Ok(())
             }
-            Action::Delete { .. } => delete_this_one(&api, name, uid).await?,
+            // Deleted while still held, so that a delete refused by someone
+            // else (Crossplane's Usage webhook) is simply tried again; the
+            // entry goes once the delete went through. cascade-guard may not
+            // delete every kind it holds (a Secret): then the entry goes now,
+            // and the garbage collector's next try deletes it.
+            Action::Delete { object: r } => {
+                let text = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
+                let Some(served) = kinds.get(text("/apiVersion"), text("/kind")) else {
+                    return Ok(());
+                };
+                let api = ServedKinds::api(&self.client, served, r.namespace.as_deref());
+                let uid = text("/metadata/uid");
+                let uid = (!uid.starts_with("unread:")).then(|| uid.to_string());
+                match delete_this_one(&api, &r.name, uid).await {
+                    Ok(()) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 403 => {
+                        self.holds.release(r);
+                        Err(format!(
+                            "{}: let go instead, for the garbage collector's next try to delete it",
+                            s.message
+                        ))
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
         }
-        Ok(())
+    }
+
+    /// Lets go of objects no longer held (their entries are gone): each is
+    /// deleted if an owner of it is leaving.
+    async fn let_go_all(&mut self, kinds: &ServedKinds, objects: &[ObjectRef]) {
+        for object in objects {
+            match unhold::let_go(&self.client, kinds, object).await {
+                Ok(LetGo::Deleted) => {
+                    tracing::info!(%object, "sibling order: deleted what it held, as its owner is leaving");
+                }
+                Ok(LetGo::Left) => {}
+                Ok(LetGo::LeftToItsDeleter) => {
+                    tracing::info!(%object, "sibling order: let go; cascade-guard may not delete it, so its deleter's next try does");
+                }
+                Err(e) => tracing::warn!(%object, error = %e, "sibling order: cannot let go"),
+            }
+        }
     }
 
     /// Cycles, conflicts and what could not be read, as Warning Events on the
@@ -876,67 +928,43 @@ impl SiblingOrder {
             tracing::debug!(error = %e, "sibling order: cannot publish event");
         }
     }
-
-    /// Writes the hold policy and binding at start and every resync, and at
-    /// once when either is missing or differs from what it compiles to
-    /// (someone deleted or edited it).
-    async fn write_hold(&mut self) {
-        let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
-        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
-        let compiled = compile_hold(&self.settings);
-        let due = match self.hold_written {
-            None => true,
-            Some(at) if at.elapsed() > self.resync => true,
-            Some(_) => {
-                drifted(&policies, HOLD_OBJECT_NAME, &compiled.policy).await
-                    || drifted(&bindings, HOLD_OBJECT_NAME, &compiled.binding).await
-            }
-        };
-        if !due {
-            return;
-        }
-        let params = PatchParams::apply(MANAGER).force();
-        let written = policies
-            .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.policy))
-            .await
-            .and(
-                bindings
-                    .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.binding))
-                    .await,
-            );
-        match written {
-            Ok(_) => self.hold_written = Some(Instant::now()),
-            Err(e) => {
-                tracing::error!(error = %e, "sibling order: cannot write the hold policy; trees are not ordered")
-            }
-        }
-    }
 }
 
 /// `--sibling-order off`: the gate, the hold policy and every hold removed,
 /// and what an owner being deleted had been refused deleted, so that nothing
 /// a controller once held stays held by one that no longer orders.
 pub async fn let_go_of_everything(client: Client, namespace: String) {
-    gate::remove_all(&client, &namespace).await;
+    // The hold policy first: it refuses a change of the ConfigMaps by anyone
+    // but a running controller.
     gate::remove(&client, HOLD_OBJECT_NAME).await;
+    let held = crate::cluster::holds::read(&client, &namespace)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "sibling order is off, and what it held cannot be read");
+            Vec::new()
+        });
+    gate::remove_all(&client, &namespace).await;
     match ServedKinds::discover(&client).await {
         Ok(kinds) => {
-            let released = unhold::sweep(
-                &client,
-                &kinds,
-                |_| false,
-                |line| tracing::warn!("sibling order is off: {line}"),
-            )
+            for (object, _) in &held {
+                if let Err(e) = unhold::let_go(&client, &kinds, object).await {
+                    tracing::warn!(%object, error = %e, "sibling order is off, and cannot let go");
+                }
+            }
+            let stripped = unhold::strip_old_labels(&client, &kinds, |line| {
+                tracing::warn!("sibling order is off: {line}")
+            })
             .await;
-            if released > 0 {
+            if !held.is_empty() || stripped > 0 {
                 tracing::info!(
-                    released,
+                    released = held.len(),
+                    stripped,
                     "sibling order is off: let go of every object it held"
                 );
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, "sibling order is off, and what it held cannot be found: cannot discover the API")
+            tracing::warn!(error = %e, "sibling order is off, and what it held cannot be let go: cannot discover the API")
         }
     }
 }
@@ -947,11 +975,11 @@ pub async fn let_go_of_everything(client: Client, namespace: String) {
 async fn delete_this_one(
     api: &Api<DynamicObject>,
     name: &str,
-    uid: String,
+    uid: Option<String>,
 ) -> Result<(), kube::Error> {
     let params = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Foreground),
-        preconditions: Some(Preconditions {
+        preconditions: uid.map(|uid| Preconditions {
             uid: Some(uid),
             resource_version: None,
         }),

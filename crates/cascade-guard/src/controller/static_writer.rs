@@ -20,7 +20,6 @@ use super::Settings;
 use super::sync::sources::{Sources, watch_crds};
 use super::telemetry::Metrics;
 use crate::cluster::static_protection::{self, Record, StaticDirectory};
-use crate::policy::hold::compile_hold;
 use crate::policy::plan::plan;
 use crate::policy::static_manifest::manifest;
 
@@ -68,10 +67,9 @@ pub async fn run(client: Client, settings: Settings, target: Target, metrics: Ar
             continue;
         }
         let resolution = crate::policy::resolve(&gathered.inputs);
-        let mut objects = plan(&resolution, &settings.compile, BTreeSet::new()).objects;
-        if settings.sibling_order {
-            objects.push(compile_hold(&settings.compile));
-        }
+        // Not sibling order's hold or gate: they read a ConfigMap as their
+        // parameter, which a static manifest cannot have.
+        let objects = plan(&resolution, &settings.compile, BTreeSet::new()).objects;
         let text = match manifest(&objects) {
             Ok(text) => text,
             Err(e) => {

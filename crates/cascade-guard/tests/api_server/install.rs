@@ -373,6 +373,7 @@ async fn cascade_guard_runs_with_exactly_the_charts_rbac() {
     .unwrap_or_else(|e| panic!("{e}"));
     let _provider = Provider::start(admin.clone(), ns.clone(), Duration::from_secs(3));
     create_tree(admin, &refuse, &ns, "refused", 2).await;
+    wait_ordered(admin, chart::NAMESPACE, &refuse, Some(&ns), "refused").await;
     let got = delete(admin, &refuse, &ns, "refused", &background()).await;
     assert_eq!(got.code, 403, "{got:?}");
     assert!(got.message.contains("cascade-guard refused"), "{got:?}");
@@ -387,6 +388,7 @@ async fn cascade_guard_runs_with_exactly_the_charts_rbac() {
     let convert = CONVERT.resource();
     create_tree(admin, &convert, &ns, "converted", 2).await;
     wait_held(admin, &convert, &ns, "converted").await;
+    wait_ordered(admin, chart::NAMESPACE, &convert, Some(&ns), "converted").await;
     let got = delete(admin, &convert, &ns, "converted", &background()).await;
     assert!(got.allowed(), "{got:?}");
     // Mid-cascade, `cascade-guard status` shows it, held and in the foreground.
@@ -867,6 +869,7 @@ async fn upgrade_and_uninstall_leave_nothing_stuck() {
     .unwrap_or_else(|e| panic!("{e}"));
     create_tree(admin, &convert, &ns, "busy", 2).await;
     wait_held(admin, &convert, &ns, "busy").await;
+    wait_ordered(admin, chart::NAMESPACE, &convert, Some(&ns), "busy").await;
     assert!(
         delete(admin, &convert, &ns, "busy", &background())
             .await

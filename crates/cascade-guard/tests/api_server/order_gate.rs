@@ -25,7 +25,6 @@ use serde_json::json;
 use support::tree::{Provider, assert_needed_after, config_maps, create_tree, tree_timeline};
 use support::*;
 
-const HOLD_LABEL: &str = "cascade-guard.dev/hold";
 const ORDERED_TREES: &str = "cascade-guard-ordered-trees";
 /// Where a controller outside a pod, without --leader-election-namespace,
 /// keeps its Lease, and so its ConfigMap.
@@ -171,12 +170,16 @@ async fn a_delete_of_a_tree_the_controller_has_not_ordered_is_refused_with_the_r
     wait_ordered(client, &fresh).await;
     let maps: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &s.namespace, &config_maps());
-    let held = wait::until(Duration::from_secs(60), || async {
-        let cm = maps.get("fresh-1").await.ok()?;
-        cm.labels().contains_key(HOLD_LABEL).then_some(())
-    })
+    let held = wait_sibling_held(
+        client,
+        HOME,
+        &config_maps(),
+        Some(&s.namespace),
+        "fresh-1",
+        Duration::from_secs(60),
+    )
     .await;
-    assert!(held.is_some(), "fresh-1 was never held");
+    assert!(held, "fresh-1 was never held");
     let timeline = tree_timeline(client, &resource, &s.namespace).await;
     let deleted = wait::until(Duration::from_secs(30), || async {
         xrs.delete(
@@ -210,18 +213,24 @@ async fn a_delete_of_a_tree_the_controller_has_not_ordered_is_refused_with_the_r
     env.stop_controller(_second);
     let _off = env.start_controller(&["--sibling-order=off", "--no-leader-election"]);
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), HOME);
     let released = wait::until(Duration::from_secs(60), || async {
-        let cm = maps.get("tree-1").await.ok()?;
+        let holds = configmaps.get_opt("cascade-guard-holds").await.ok()?;
+        let trees = configmaps.get_opt(ORDERED_TREES).await.ok()?;
         let gate = policies
             .get_opt("cascade-guard-sibling-order-roots-composites")
             .await
             .ok()?;
         let hold = policies.get_opt("cascade-guard-sibling-order").await.ok()?;
-        (!cm.labels().contains_key(HOLD_LABEL) && gate.is_none() && hold.is_none()).then_some(())
+        (holds.is_none() && trees.is_none() && gate.is_none() && hold.is_none()).then_some(())
     })
     .await;
     assert!(
         released.is_some(),
         "with --sibling-order off, a hold, the hold policy or the gate stayed"
     );
+    // And nothing holds tree-1 back: its delete goes through.
+    maps.delete("tree-1", &DeleteParams::default())
+        .await
+        .expect("tree-1's delete, with sibling order off");
 }

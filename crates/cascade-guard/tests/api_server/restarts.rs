@@ -297,7 +297,6 @@ async fn uninstall_leaves_nothing_behind() {
 /// deleted it at once: found by the randomized real-Crossplane test).
 #[tokio::test]
 async fn a_restart_mid_teardown_keeps_what_sibling_order_holds() {
-    const HOLD_LABEL: &str = "cascade-guard.dev/hold";
     let _serial = SERIAL.lock().await;
     let env = bare_env().await;
     let _stop = env.controllers_stop_on_drop();
@@ -318,12 +317,16 @@ async fn a_restart_mid_teardown_keeps_what_sibling_order_holds() {
     .await
     .expect("annotate tree-0");
     wait_held(&s.client, &resource, &s.namespace, "tree").await;
-    let labelled = wait::until(Duration::from_secs(60), || async {
-        let cm = maps.get("tree-1").await.ok()?;
-        cm.labels().contains_key(HOLD_LABEL).then_some(())
-    })
+    let held = wait_sibling_held(
+        &s.client,
+        CONTROLLER_HOME,
+        &config_maps(),
+        Some(&s.namespace),
+        "tree-1",
+        Duration::from_secs(60),
+    )
     .await;
-    assert!(labelled.is_some(), "tree-1 was never held");
+    assert!(held, "tree-1 was never held");
     // In effect once the API server refuses a (dry-run) delete of it.
     let dry_run = kube::api::DeleteParams {
         dry_run: true,

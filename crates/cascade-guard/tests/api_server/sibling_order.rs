@@ -22,8 +22,6 @@ use support::tree::{
 };
 use support::*;
 
-const HOLD_LABEL: &str = "cascade-guard.dev/hold";
-
 /// The hold policy is one object for the whole control plane: the test that
 /// weakens it has it to itself (every other test here relies on it; seen in
 /// CI, where a foreground cascade met the weakened policy and deleted a held
@@ -46,14 +44,18 @@ async fn needy_tree(client: &Client, resource: &ApiResource, ns: &str) {
     .expect("annotate tree-0");
 }
 
-async fn wait_labelled(client: &Client, ns: &str, name: &str) {
+async fn wait_sibling_hold(client: &Client, ns: &str, name: &str) {
     let maps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &config_maps());
-    let labelled = wait::until(Duration::from_secs(60), || async {
-        let cm = maps.get(name).await.ok()?;
-        cm.metadata.labels.as_ref()?.get(HOLD_LABEL).map(|_| ())
-    })
+    let held = wait_sibling_held(
+        client,
+        CONTROLLER_HOME,
+        &config_maps(),
+        Some(ns),
+        name,
+        Duration::from_secs(60),
+    )
     .await;
-    assert!(labelled.is_some(), "cascade-guard never held {ns}/{name}");
+    assert!(held, "cascade-guard never held {ns}/{name}");
     // The hold policy is in effect once a dry-run delete is refused (the API
     // server loads a new policy a moment after it is written).
     let dry_run = DeleteParams {
@@ -142,7 +144,7 @@ async fn tear_down(test: &str, kind: &TestKind, held: bool, how: Teardown) -> Ti
         wait_held(&s.client, &resource, &s.namespace, "tree").await;
     }
     if held {
-        wait_labelled(&s.client, &s.namespace, "tree-1").await;
+        wait_sibling_hold(&s.client, &s.namespace, "tree-1").await;
     }
     match how {
         Teardown::Delete(policy) => delete_tree(&s.client, &resource, &s.namespace, policy).await,
@@ -229,7 +231,7 @@ async fn the_hold_is_guarded_and_break_glass_gets_past_it() {
         Duration::from_secs(1),
     );
     needy_tree(&s.client, &resource, &s.namespace).await;
-    wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    wait_sibling_hold(&s.client, &s.namespace, "tree-1").await;
     // status lists what is held and what it waits for.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
         .args(["status", "-o", "json", "--kubeconfig"])
@@ -254,15 +256,43 @@ async fn the_hold_is_guarded_and_break_glass_gets_past_it() {
     );
     let maps: Api<DynamicObject> =
         Api::namespaced_with(s.client.clone(), &s.namespace, &config_maps());
-    let unlabel = maps
+    // What is held is cascade-guard's to change: an admin's edit of its
+    // ConfigMap is refused.
+    let holds: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(s.client.clone(), CONTROLLER_HOME);
+    let edit = holds
         .patch(
-            "tree-1",
+            "cascade-guard-holds",
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {HOLD_LABEL: null}}})),
+            &Patch::Merge(json!({"data": {format!("ConfigMap__{}_tree-1", s.namespace): null}})),
         )
         .await;
-    let refused = unlabel.expect_err("an admin took the hold label away");
-    assert!(refused.to_string().contains(HOLD_LABEL), "{refused}");
+    let refused = edit.expect_err("an admin took an entry out of cascade-guard's holds");
+    assert!(
+        refused
+            .to_string()
+            .contains("only cascade-guard changes ConfigMap cascade-guard-holds"),
+        "{refused}"
+    );
+    // A label of the old kind, forged or restored from a backup, holds
+    // nothing.
+    let forged = maps
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "forged", "labels": {"cascade-guard.dev/hold": "any"}},
+            }))
+            .expect("a ConfigMap"),
+        )
+        .await
+        .expect("create a labelled ConfigMap");
+    maps.delete(
+        &forged.metadata.name.unwrap_or_default(),
+        &DeleteParams::default(),
+    )
+    .await
+    .expect("a forged hold label holds nothing");
     let delete = maps.delete("tree-1", &DeleteParams::default()).await;
     let refused = delete.expect_err("an admin deleted a held object");
     assert!(
@@ -293,7 +323,7 @@ async fn a_kind_that_stops_being_protected_lets_go_of_what_it_held() {
     let s = Scope::new(&env.cp, "sibling-toggle").await;
     let resource = TOGGLED.resource();
     needy_tree(&s.client, &resource, &s.namespace).await;
-    wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    wait_sibling_hold(&s.client, &s.namespace, "tree-1").await;
     xrd_api(&s.client)
         .patch(
             &TOGGLED.xrd_name(),
@@ -304,15 +334,15 @@ async fn a_kind_that_stops_being_protected_lets_go_of_what_it_held() {
         )
         .await
         .expect("make the kind Off");
-    let maps: Api<DynamicObject> =
-        Api::namespaced_with(s.client.clone(), &s.namespace, &config_maps());
     let released = wait::until(Duration::from_secs(60), || async {
-        let cm = maps.get("tree-1").await.ok()?;
-        let held = cm
-            .metadata
-            .labels
-            .as_ref()
-            .is_some_and(|l| l.contains_key(HOLD_LABEL));
+        let held = sibling_held(
+            &s.client,
+            CONTROLLER_HOME,
+            &config_maps(),
+            Some(&s.namespace),
+            "tree-1",
+        )
+        .await;
         (!held).then_some(())
     })
     .await;
@@ -337,7 +367,7 @@ async fn an_edited_hold_policy_is_put_back() {
         Duration::from_secs(1),
     );
     needy_tree(&s.client, &resource, &s.namespace).await;
-    wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    wait_sibling_hold(&s.client, &s.namespace, "tree-1").await;
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(s.client.clone());
     policies
         .patch(
@@ -360,5 +390,5 @@ async fn an_edited_hold_policy_is_put_back() {
         "the edited hold policy was not put back"
     );
     // And in effect again: a dry-run delete of the held object is refused.
-    wait_labelled(&s.client, &s.namespace, "tree-1").await;
+    wait_sibling_hold(&s.client, &s.namespace, "tree-1").await;
 }

@@ -793,3 +793,86 @@ pub async fn events_about(client: &Client, name: &str) -> Vec<(String, String)> 
         .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect()
 }
+
+/// Where a controller these tests start (outside a pod, without
+/// `--leader-election-namespace`) keeps its Lease and sibling order's
+/// ConfigMaps.
+pub const CONTROLLER_HOME: &str = "default";
+
+/// Whether sibling order holds the object of `resource` named `name` (in
+/// `ns`) now: an entry in its ConfigMap in `home`.
+pub async fn sibling_held(
+    client: &Client,
+    home: &str,
+    resource: &ApiResource,
+    ns: Option<&str>,
+    name: &str,
+) -> bool {
+    use cascade_guard::policy::hold::{HOLDS, hold_key};
+    use cascade_guard::policy::order::ObjectRef;
+    let Some(key) = hold_key(&ObjectRef::new(&resource.group, &resource.kind, ns, name)) else {
+        return false;
+    };
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), home)
+        .get_opt(HOLDS)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|c| c.data)
+        .is_some_and(|d| d.contains_key(&key))
+}
+
+/// Waits (up to `within`) until sibling order holds the object; false if it
+/// never does.
+pub async fn wait_sibling_held(
+    client: &Client,
+    home: &str,
+    resource: &ApiResource,
+    ns: Option<&str>,
+    name: &str,
+    within: Duration,
+) -> bool {
+    wait::until(within, || async {
+        sibling_held(client, home, resource, ns, name)
+            .await
+            .then_some(())
+    })
+    .await
+    .is_some()
+}
+
+/// Waits (up to a minute) until the controller whose ConfigMaps are in
+/// `home` has ordered the tree of the root `name`: its delete is then not
+/// refused by the gate on unordered deletes (the product's default), which
+/// refuses a tree the controller has not read yet.
+pub async fn wait_ordered(
+    client: &Client,
+    home: &str,
+    resource: &ApiResource,
+    ns: Option<&str>,
+    name: &str,
+) {
+    use cascade_guard::policy::order_gate::{GateState, ORDERED_TREES};
+    let roots: Api<DynamicObject> = match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+        None => Api::all_with(client.clone(), resource),
+    };
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), home);
+    let ordered = wait::until(Duration::from_secs(60), || async {
+        let root = roots.get(name).await.ok()?;
+        let uid = root.metadata.uid?;
+        let data = configmaps.get_opt(ORDERED_TREES).await.ok()??.data?;
+        let state = GateState::of(
+            data.get(&uid).map(String::as_str),
+            root.metadata.generation.unwrap_or(0),
+        );
+        (state == GateState::Ordered).then_some(())
+    })
+    .await;
+    assert!(
+        ordered.is_some(),
+        "the controller never ordered the tree of {} {name}",
+        resource.kind
+    );
+}

@@ -28,7 +28,7 @@ use cascade_guard::cli::plan::{self as plan_cli, Options as PlanOptions};
 use cascade_guard::cluster::kinds::ServedKinds;
 use cascade_guard::cluster::tree::{Usages, read_tree};
 use cascade_guard::policy::Mode;
-use cascade_guard::policy::hold::{self, HOLD_LABEL};
+use cascade_guard::policy::hold;
 use cascade_guard::policy::order::{self, COMPOSITION_RESOURCE_NAME_ANNOTATION, NEEDS_ANNOTATION};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -301,18 +301,17 @@ fn plan_tree() -> Obj {
         .compose(layers)
 }
 
-/// Objects of `kinds` in `ns` carrying the hold label.
+/// Objects of `kinds` in `ns` that sibling order holds (its ConfigMap, in
+/// `default`: the controller runs outside a pod).
 async fn labelled(client: &Client, ns: &str, kinds: &[ApiResource]) -> Result<usize> {
-    let mut n = 0;
-    for r in kinds {
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, r);
-        n += api
-            .list_metadata(&ListParams::default().labels(HOLD_LABEL))
-            .await?
-            .items
-            .len();
-    }
-    Ok(n)
+    let held = cascade_guard::cluster::holds::read(client, "default").await?;
+    Ok(held
+        .iter()
+        .filter(|(o, _)| {
+            o.namespace.as_deref() == Some(ns)
+                && kinds.iter().any(|k| k.kind == o.kind && k.group == o.group)
+        })
+        .count())
 }
 
 /// Polls `count` until it reaches `want`, or fails after `within`.
@@ -405,7 +404,7 @@ async fn plan_part() -> Result<()> {
         .await?;
     let root_uid = root.uid().context("the root has no uid")?;
     let usages = Usages::list(&admin, &served).await;
-    let read = read_tree(&admin, &served, &root, &usages).await;
+    let read = read_tree(&admin, &served, &root, &usages, &Default::default()).await;
     if !read.unread.is_empty() {
         bail!("the tree was not read whole: {:?}", read.unread);
     }
@@ -477,7 +476,7 @@ async fn plan_part() -> Result<()> {
         in_process.push(started.elapsed().as_secs_f64() * 1000.0);
         let started = Instant::now();
         let usages = Usages::list(&admin, &served).await;
-        read_tree(&admin, &served, &root, &usages).await;
+        read_tree(&admin, &served, &root, &usages, &Default::default()).await;
         reads.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     in_process.sort_by(f64::total_cmp);

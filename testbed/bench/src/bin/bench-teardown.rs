@@ -30,7 +30,6 @@ use local_cluster::{ControlPlane, Options};
 use serde_json::{Value, json};
 
 const POLICY_ANNOTATION: &str = "cascade-guard.dev/deletion-policy";
-const HOLD_LABEL: &str = "cascade-guard.dev/hold";
 const HOLD_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
 const POLL: Duration = Duration::from_millis(250);
 const BUILD_TIMEOUT: Duration = Duration::from_secs(600);
@@ -174,25 +173,30 @@ async fn build(
         },
     )
     .await?;
-    let eks = api(
-        client,
-        &platform.eks_clusters(),
-        Some(modelplane::SYSTEM_NAMESPACE),
-    );
-    let label = if with_usage {
-        "crossplane.io/in-use"
-    } else {
-        HOLD_LABEL
-    };
+    let resource = platform.eks_clusters();
+    let eks = api(client, &resource, Some(modelplane::SYSTEM_NAMESPACE));
+    // With its Usage, Crossplane marks it in use; without, sibling order
+    // holds it (its ConfigMap, in `default`: the controller runs outside a
+    // pod).
+    let what = if with_usage { "in use" } else { "held" };
     until(
         Duration::from_secs(120),
-        &format!("EKSCluster {name} labelled {label}"),
+        &format!("EKSCluster {name} {what}"),
         || async {
-            let o = eks.get_opt(name).await.ok().flatten()?;
-            o.metadata
-                .labels
-                .as_ref()?
-                .contains_key(label)
+            if with_usage {
+                let o = eks.get_opt(name).await.ok().flatten()?;
+                return o
+                    .metadata
+                    .labels
+                    .as_ref()?
+                    .contains_key("crossplane.io/in-use")
+                    .then_some(());
+            }
+            let held = cascade_guard::cluster::holds::read(client, "default")
+                .await
+                .ok()?;
+            held.iter()
+                .any(|(o, _)| o.kind == resource.kind && o.name == name)
                 .then_some(())
         },
     )

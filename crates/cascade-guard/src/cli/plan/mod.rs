@@ -200,7 +200,7 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
     };
 
     let usages = Usages::list(client, &kinds).await;
-    let read = read_tree(client, &kinds, &root, &usages).await;
+    let read = read_tree(client, &kinds, &root, &usages, &Default::default()).await;
     let graph = order::graph(&read.objects, &root_uid).map_err(|_| PlanError::NoUid)?;
     let not_ordered = match mode {
         Mode::Refuse | Mode::Convert => {

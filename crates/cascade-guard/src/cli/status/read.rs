@@ -12,7 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, ListParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -21,9 +21,7 @@ use super::report::{
 };
 use crate::Error;
 use crate::cluster::inputs::read_once;
-use crate::cluster::kinds::ServedKinds;
 use crate::cluster::{held, holds, running, served_resource, static_protection, type_check};
-use crate::policy::hold::HELD_FOR_ANNOTATION;
 use crate::policy::last_good::LastGood;
 use crate::policy::names::MANAGED_BY_SELECTOR;
 use crate::policy::plan::{Known, Live};
@@ -193,36 +191,32 @@ pub async fn status(
             None
         }
     };
-    let sibling_holds = match ServedKinds::discover(client).await {
-        Ok(kinds) => {
-            let found = holds::list(client, &kinds).await;
-            problems.extend(
-                found
-                    .unreadable
-                    .iter()
-                    .map(|k| format!("cannot tell whether sibling order holds objects of {k}")),
-            );
-            found
-                .held
+    // What sibling order holds: its ConfigMap, in the controller's namespace.
+    let sibling_holds = match controller.as_ref() {
+        None => Vec::new(),
+        Some(c) => match holds::read(client, &c.namespace).await {
+            Ok(held) => held
                 .into_iter()
-                .map(|(served, object)| SiblingHold {
-                    kind: served.0.kind.clone(),
-                    namespace: object.metadata.namespace.clone(),
-                    name: object.metadata.name.clone().unwrap_or_default(),
-                    waits_for: object
-                        .annotations()
-                        .get(HELD_FOR_ANNOTATION)
-                        .map(|w| Shown(w).to_string())
-                        .unwrap_or_else(|| "(not said)".to_string()),
+                .map(|(object, entry)| SiblingHold {
+                    kind: object.kind,
+                    namespace: object.namespace,
+                    name: object.name,
+                    waits_for: if entry.held_for.is_empty() {
+                        "(not said)".to_string()
+                    } else {
+                        Shown(&entry.held_for).to_string()
+                    },
                 })
-                .collect()
-        }
-        Err(e) => {
-            problems.push(format!(
-                "cannot discover the served kinds, so what sibling order holds is not shown: {e}"
-            ));
-            Vec::new()
-        }
+                .collect(),
+            Err(e) => {
+                problems.push(format!(
+                    "cannot read what sibling order holds (ConfigMap {}/{}): {e}",
+                    c.namespace,
+                    crate::policy::hold::HOLDS
+                ));
+                Vec::new()
+            }
+        },
     };
     Ok(Report {
         xrd_default_mode: settings.xrd_default_mode,

@@ -4,47 +4,39 @@
 //! not ordered is refused. The ConfigMap is written before the policies,
 //! which refuse every delete of a gated kind while it is missing.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
-use serde_json::json;
 
 use super::MANAGER;
+use super::record::{MAX_BYTES, Record};
 use crate::policy::CompileSettings;
-use crate::policy::hold::SIBLING_ORDER_LABEL;
-use crate::policy::order_gate::{
-    GatedKind, ORDERED_TREES, ORDERED_TREES_MAX_BYTES, compile_gate, gate_names,
-};
+use crate::policy::hold::HOLDS;
+use crate::policy::order_gate::{GatedKind, ORDERED_TREES, compile_gate, gate_names};
 
 /// How often the gate's policies are read back, to put back an edit.
 const CHECK_EVERY: Duration = Duration::from_secs(10);
 
 pub(super) struct Gate {
     client: Client,
-    namespace: String,
     /// Write the policies (`--unordered-deletes=refuse`); else only the
     /// ConfigMap, which `plan` reads, and no policy.
     enforce: bool,
     settings: CompileSettings,
-    /// What the ConfigMap holds, as last read or written; `None` until it
-    /// was read once.
-    written: Option<BTreeMap<String, String>>,
-    /// What it should hold: a root's uid to its `TreeOrder` value.
-    marks: BTreeMap<String, String>,
+    /// A root's uid to its `TreeOrder` value.
+    marks: Record,
     /// Roots read alone (nothing composed or referenced): left out first
     /// when the ConfigMap would grow past its size.
     alone: HashSet<String>,
     /// The kinds the policies were last written for, and when.
     policies: Option<(Vec<GatedKind>, Instant)>,
     checked: Option<Instant>,
-    /// Said once: the ConfigMap cannot be written.
-    warned: bool,
 }
 
 impl Gate {
@@ -55,16 +47,18 @@ impl Gate {
         settings: CompileSettings,
     ) -> Self {
         Self {
+            marks: Record::new(
+                client.clone(),
+                namespace,
+                ORDERED_TREES,
+                "how cascade-guard last read each tree it orders: a root's uid to the generation it was ordered at, or why it is not; the admission policies cascade-guard-sibling-order-roots-* read it",
+            ),
             client,
-            namespace,
             enforce,
             settings,
-            written: None,
-            marks: BTreeMap::new(),
             alone: HashSet::new(),
             policies: None,
             checked: None,
-            warned: false,
         }
     }
 
@@ -75,171 +69,54 @@ impl Gate {
         } else {
             self.alone.remove(root);
         }
-        self.marks.insert(root.to_string(), value);
+        self.marks.wanted.insert(root.to_string(), value);
     }
 
     /// Forgets the roots `keep` does not name (gone, or no longer ordered).
     /// Called only once every tree was read since the start: until then the
     /// marks a restart found stay in force.
     pub fn forget_others(&mut self, keep: impl Fn(&str) -> bool) {
-        self.marks.retain(|uid, _| keep(uid));
+        self.marks.wanted.retain(|uid, _| keep(uid));
         self.alone.retain(|uid| keep(uid));
     }
 
     /// Brings the ConfigMap, then the policies, to what they should be.
     pub async fn write(&mut self, kinds: &[GatedKind], resync: Duration) {
-        if !self.write_marks().await {
+        self.fit();
+        if !self.marks.write().await {
             return;
         }
         self.write_policies(kinds, resync).await;
-    }
-
-    fn configmaps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.client.clone(), &self.namespace)
-    }
-
-    /// True once the ConfigMap exists with what it should hold.
-    async fn write_marks(&mut self) -> bool {
-        let api = self.configmaps();
-        if self.written.is_none() {
-            match api.get_opt(ORDERED_TREES).await {
-                Ok(live) => {
-                    let existed = live.is_some();
-                    let live = live.and_then(|c| c.data).unwrap_or_default();
-                    // What a controller before this one wrote stays until
-                    // this one has read every tree.
-                    for (uid, value) in &live {
-                        self.marks
-                            .entry(uid.clone())
-                            .or_insert_with(|| value.clone());
-                    }
-                    if !existed && !self.create(&api).await {
-                        return false;
-                    }
-                    self.written = Some(if existed { live } else { self.marks.clone() });
-                }
-                Err(e) => {
-                    self.warn(&e);
-                    return false;
-                }
-            }
-        }
-        self.fit();
-        let Some(written) = self.written.as_ref() else {
-            return false;
-        };
-        let mut diff = serde_json::Map::new();
-        for (uid, value) in &self.marks {
-            if written.get(uid) != Some(value) {
-                diff.insert(uid.clone(), json!(value));
-            }
-        }
-        for uid in written.keys().filter(|uid| !self.marks.contains_key(*uid)) {
-            diff.insert(uid.clone(), serde_json::Value::Null);
-        }
-        if diff.is_empty() {
-            return true;
-        }
-        let params = PatchParams {
-            field_manager: Some(MANAGER.to_string()),
-            ..PatchParams::default()
-        };
-        match api
-            .patch(
-                ORDERED_TREES,
-                &params,
-                &Patch::Merge(json!({ "data": diff })),
-            )
-            .await
-        {
-            Ok(_) => {
-                self.written = Some(self.marks.clone());
-                true
-            }
-            // Deleted under it: made again, whole.
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                let created = self.create(&api).await;
-                if created {
-                    self.written = Some(self.marks.clone());
-                }
-                created
-            }
-            Err(e) => {
-                self.warn(&e);
-                // Read again next time: what is there is not known.
-                self.written = None;
-                false
-            }
-        }
-    }
-
-    async fn create(&mut self, api: &Api<ConfigMap>) -> bool {
-        let object: ConfigMap = match serde_json::from_value(json!({
-            "metadata": {
-                "name": ORDERED_TREES,
-                "labels": { SIBLING_ORDER_LABEL: "true", "app.kubernetes.io/managed-by": "cascade-guard" },
-                "annotations": { "cascade-guard.dev/what": "how cascade-guard last read each tree it orders: a root's uid to the generation it was ordered at, or why it is not; the admission policies cascade-guard-sibling-order-roots-* read it" },
-            },
-            "data": self.marks,
-        })) {
-            Ok(object) => object,
-            Err(e) => {
-                tracing::error!(error = %e, "sibling order: cannot build the ordered-trees ConfigMap");
-                return false;
-            }
-        };
-        match api.create(&PostParams::default(), &object).await {
-            Ok(_) => true,
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                // Made meanwhile (another controller): read it next time.
-                self.written = None;
-                false
-            }
-            Err(e) => {
-                self.warn(&e);
-                false
-            }
-        }
     }
 
     /// Keeps the marks within what a ConfigMap may hold: roots read alone go
     /// first (a composite with nothing composed is never gated), then any.
     /// A root left out is refused until there is room: never let through.
     fn fit(&mut self) {
-        let size = |marks: &BTreeMap<String, String>| -> usize {
-            marks.iter().map(|(k, v)| k.len() + v.len() + 8).sum()
-        };
-        let mut total = size(&self.marks);
-        if total <= ORDERED_TREES_MAX_BYTES {
+        let mut total = self.marks.size();
+        if total <= MAX_BYTES {
             return;
         }
-        let before = self.marks.len();
+        let before = self.marks.wanted.len();
         let alone: Vec<String> = self.alone.iter().cloned().collect();
         for uid in alone {
-            if total <= ORDERED_TREES_MAX_BYTES {
+            if total <= MAX_BYTES {
                 break;
             }
-            if let Some(v) = self.marks.remove(&uid) {
+            if let Some(v) = self.marks.wanted.remove(&uid) {
                 total -= uid.len() + v.len() + 8;
             }
         }
-        while total > ORDERED_TREES_MAX_BYTES {
-            let Some((uid, v)) = self.marks.pop_last() else {
+        while total > MAX_BYTES {
+            let Some((uid, v)) = self.marks.wanted.pop_last() else {
                 break;
             };
             total -= uid.len() + v.len() + 8;
         }
         tracing::warn!(
-            left_out = before - self.marks.len(),
+            left_out = before - self.marks.wanted.len(),
             "sibling order: more ordered trees than the ConfigMap {ORDERED_TREES} can hold; the deletes of those left out are refused as not ordered"
         );
-    }
-
-    fn warn(&mut self, e: &kube::Error) {
-        if !self.warned {
-            self.warned = true;
-            tracing::error!(error = %e, namespace = %self.namespace, "sibling order: cannot read or write the ConfigMap {ORDERED_TREES}; deletes of trees it does not name as ordered are refused (cascade-guard needs get, create and patch on it: the chart's Role)");
-        }
     }
 
     async fn write_policies(&mut self, kinds: &[GatedKind], resync: Duration) {
@@ -260,7 +137,7 @@ impl Gate {
             return;
         }
         self.checked = Some(Instant::now());
-        let compiled = compile_gate(&kinds, &self.settings, &self.namespace);
+        let compiled = compile_gate(&kinds, &self.settings, self.marks.namespace());
         let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
         let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
         let apply = PatchParams::apply(MANAGER).force();
@@ -327,22 +204,22 @@ pub(super) async fn remove(client: &Client, name: &str) {
     }
 }
 
-/// Everything sibling order put in the cluster's admission and its
-/// ConfigMap, removed (`--sibling-order off`): the gate's policies first,
-/// which would refuse every delete of their kinds without the ConfigMap.
+/// The gate's policies and both ConfigMaps, removed (`--sibling-order
+/// off`): the policies first, which would refuse every delete of their
+/// kinds without the ConfigMap. The hold policy must be gone before (it
+/// refuses a change of the ConfigMaps by anyone but a running controller).
 pub(super) async fn remove_all(client: &Client, namespace: &str) {
     for name in gate_names() {
         remove(client, &name).await;
     }
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    match configmaps
-        .delete(ORDERED_TREES, &DeleteParams::default())
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => {
-            tracing::warn!(error = %e, "sibling order: cannot remove the ConfigMap {ORDERED_TREES}")
+    for name in [ORDERED_TREES, HOLDS] {
+        match configmaps.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                tracing::warn!(error = %e, %name, "sibling order: cannot remove its ConfigMap")
+            }
         }
     }
 }

@@ -125,6 +125,27 @@ impl Scene {
         );
     }
 
+    /// Waits until sibling order holds the object (an entry in its
+    /// ConfigMap), within the bound of [`Scene::wait_labelled`].
+    pub(crate) async fn wait_held(&self, resource: &ApiResource, ns: Option<&str>, name: &str) {
+        let held = support::wait_sibling_held(
+            &self.client,
+            support::CONTROLLER_HOME,
+            resource,
+            ns,
+            name,
+            Duration::from_secs(240),
+        )
+        .await;
+        assert!(
+            held,
+            "{}: {} {name} was never held\n{}",
+            self.what,
+            resource.kind,
+            self.states().await
+        );
+    }
+
     pub(crate) async fn states(&self) -> String {
         states_of(&self.client, &self.objects).await
     }

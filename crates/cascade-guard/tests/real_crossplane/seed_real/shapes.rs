@@ -332,7 +332,21 @@ async fn wait_ready(client: &Client, target: &Target, what: &str) -> DynamicObje
 /// under Off it holds nothing (the kind is not protected), so no wait.
 async fn wait_sibling_hold(client: &Client, target: &Target, mode: Mode, what: &str) {
     if mode != Mode::Off {
-        wait_label(client, target, SIBLING_HOLD_LABEL, None, what).await;
+        // The bound of a hold that never comes, as the scene's (240 s).
+        let held = crate::support::wait_sibling_held(
+            client,
+            crate::support::CONTROLLER_HOME,
+            &target.resource,
+            target.ns.as_deref(),
+            &target.name,
+            Duration::from_secs(240),
+        )
+        .await;
+        assert!(
+            held,
+            "{what}: {} {} was never held",
+            target.resource.kind, target.name
+        );
     }
 }
 

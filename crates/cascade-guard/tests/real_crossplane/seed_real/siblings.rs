@@ -84,12 +84,10 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace
         .await;
     if mode != Mode::Off {
         scene
-            .wait_labelled(
+            .wait_held(
                 &modelplane::kubernetes_provider_configs(),
                 Some(&ns),
                 &config,
-                SIBLING_HOLD_LABEL,
-                None,
             )
             .await;
     }
@@ -428,15 +426,7 @@ async fn usage_between_two_xrs(stack: &Stack, mode: Mode, between: Between) {
         .await;
     if mode != Mode::Off {
         // Held for the user's tree: its value is the user's uid.
-        scene
-            .wait_labelled(
-                &usage_kind,
-                xr_ns.as_deref(),
-                &usage,
-                SIBLING_HOLD_LABEL,
-                None,
-            )
-            .await;
+        scene.wait_held(&usage_kind, xr_ns.as_deref(), &usage).await;
     }
 
     let started = Instant::now();
@@ -650,13 +640,7 @@ async fn nested_need(stack: &Stack, mode: Mode) {
     stack.wait_in_effect(&fleets, None, &name, mode).await;
     if mode != Mode::Off {
         scene
-            .wait_labelled(
-                &platform.inference_clusters(),
-                None,
-                &name,
-                SIBLING_HOLD_LABEL,
-                None,
-            )
+            .wait_held(&platform.inference_clusters(), None, &name)
             .await;
     }
     let (code, said) = plan_of(stack, &fleets, &name);

@@ -1,0 +1,224 @@
+//! What sibling order holds, kept in its ConfigMap
+//! ([`HOLDS`](crate::policy::hold::HOLDS)), and the hold policy that reads it
+//! ([`compile_hold`]). The loop changes the entries as it reads trees and
+//! writes them once a look; the ConfigMap is made, and entries an older
+//! release kept as labels are taken in, before the policy is written, so that
+//! nothing held loses its hold across a start or an upgrade.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+
+use super::MANAGER;
+use super::record::{MAX_BYTES, Record};
+use crate::cluster::kinds::ServedKinds;
+use crate::cluster::{holds, unhold};
+use crate::policy::CompileSettings;
+use crate::policy::hold::{
+    HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, HOLDS, HoldEntry, compile_hold, hold_key,
+    parse_hold_key,
+};
+use crate::policy::order::ObjectRef;
+
+pub(super) struct Holds {
+    client: Client,
+    settings: CompileSettings,
+    record: Record,
+    /// When the policy was last written whole.
+    policy_written: Option<Instant>,
+    /// The old labels were taken in (once, at the start).
+    migrated: bool,
+    /// And are to be taken off, once the new policy holds what they held.
+    strip_old: bool,
+}
+
+impl Holds {
+    pub fn new(client: Client, namespace: String, settings: CompileSettings) -> Self {
+        Self {
+            record: Record::new(
+                client.clone(),
+                namespace,
+                HOLDS,
+                "what cascade-guard holds for sibling order: an object's Kind_group_namespace_name to the uid of the root that holds it and what it waits for; the admission policy cascade-guard-sibling-order reads it",
+            ),
+            client,
+            settings,
+            policy_written: None,
+            migrated: false,
+            strip_old: false,
+        }
+    }
+
+    /// The ConfigMap and the policy in place (made, written): holds can be
+    /// made and kept.
+    pub fn in_place(&self) -> bool {
+        self.policy_written.is_some()
+    }
+
+    /// What is held for `root` now.
+    pub fn held_for(&self, root: &str) -> BTreeSet<ObjectRef> {
+        self.record
+            .wanted
+            .iter()
+            .filter(|(_, v)| HoldEntry::parse(v).root == root)
+            .filter_map(|(k, _)| parse_hold_key(k))
+            .collect()
+    }
+
+    /// Holds `object` for `root` (of `root_kind`, `Kind.group`); why not,
+    /// when it cannot be.
+    pub fn hold(
+        &mut self,
+        object: &ObjectRef,
+        root: &str,
+        root_kind: &str,
+        held_for: &str,
+    ) -> Result<(), String> {
+        let key = hold_key(object).ok_or_else(|| {
+            "its name is too long to be held (a ConfigMap key has at most 253 characters: Kind_group_namespace_name)".to_string()
+        })?;
+        let value = HoldEntry {
+            root: root.to_string(),
+            root_kind: root_kind.to_string(),
+            held_for: held_for.to_string(),
+        }
+        .value();
+        if !self.record.wanted.contains_key(&key)
+            && self.record.size() + key.len() + value.len() + 8 > MAX_BYTES
+        {
+            return Err(format!(
+                "the ConfigMap {HOLDS} is full ({} objects held)",
+                self.record.wanted.len()
+            ));
+        }
+        self.record.wanted.insert(key, value);
+        Ok(())
+    }
+
+    pub fn release(&mut self, object: &ObjectRef) {
+        if let Some(key) = hold_key(object) {
+            self.record.wanted.remove(&key);
+        }
+    }
+
+    /// Lets go of everything held for a root `keep` does not name (it left:
+    /// gone, relabelled out of its policy, its kind no longer ordered);
+    /// what was held.
+    pub fn release_roots_but(&mut self, keep: impl Fn(&str, &str) -> bool) -> Vec<ObjectRef> {
+        let mut out = Vec::new();
+        self.record.wanted.retain(|key, value| {
+            let entry = HoldEntry::parse(value);
+            let kept = keep(&entry.root, &entry.root_kind);
+            if !kept && let Some(object) = parse_hold_key(key) {
+                out.push(object);
+            }
+            kept
+        });
+        out
+    }
+
+    /// At a start: reads the ConfigMap (makes it when missing), takes in the
+    /// objects an older release held with its label, writes the ConfigMap,
+    /// then the policy; later, puts the policy back when it was edited or
+    /// deleted, and writes it again every resync.
+    pub async fn prepare(&mut self, kinds: &ServedKinds, resync: Duration) {
+        if !self.record.load().await {
+            return;
+        }
+        if !self.migrated {
+            self.take_in_old_labels(kinds).await;
+        }
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
+        let compiled = compile_hold(&self.settings, self.record.namespace());
+        let due = match self.policy_written {
+            None => true,
+            Some(at) if at.elapsed() > resync => true,
+            Some(_) => {
+                super::drifted(&policies, HOLD_OBJECT_NAME, &compiled.policy).await
+                    || super::drifted(&bindings, HOLD_OBJECT_NAME, &compiled.binding).await
+            }
+        };
+        if !due {
+            return;
+        }
+        let params = PatchParams::apply(MANAGER).force();
+        let written = policies
+            .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.policy))
+            .await
+            .and(
+                bindings
+                    .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.binding))
+                    .await,
+            );
+        match written {
+            Ok(_) => {
+                self.policy_written = Some(Instant::now());
+                if std::mem::take(&mut self.strip_old) {
+                    let stripped = unhold::strip_old_labels(&self.client, kinds, |line| {
+                        tracing::debug!("sibling order: {line}")
+                    })
+                    .await;
+                    if stripped > 0 {
+                        tracing::info!(stripped, "sibling order: took the old hold label off");
+                    }
+                }
+            }
+            Err(e) => {
+                self.policy_written = None;
+                tracing::error!(error = %e, "sibling order: cannot write the hold policy; trees are not ordered");
+            }
+        }
+    }
+
+    /// Writes what changed in the entries; true when the ConfigMap says what
+    /// is held.
+    pub async fn write(&mut self) -> bool {
+        self.record.write().await
+    }
+
+    /// Objects an older release held with its label: held here for the same
+    /// root (until their tree is read again) and written; the label is taken
+    /// off (where cascade-guard may) once the policy that reads the entries
+    /// is written.
+    async fn take_in_old_labels(&mut self, kinds: &ServedKinds) {
+        let found = holds::labelled(&self.client, kinds).await;
+        let mut taken = 0;
+        for (served, object) in &found.objects {
+            let r = ObjectRef::new(
+                &served.0.group,
+                &served.0.kind,
+                object.namespace().as_deref(),
+                &object.name_any(),
+            );
+            let root = object.labels().get(HOLD_LABEL).cloned().unwrap_or_default();
+            let held_for = object
+                .annotations()
+                .get(HELD_FOR_ANNOTATION)
+                .cloned()
+                .unwrap_or_default();
+            if object.metadata.deletion_timestamp.is_none()
+                && !root.is_empty()
+                && self.hold(&r, &root, "", &held_for).is_ok()
+            {
+                taken += 1;
+            }
+        }
+        if !self.record.write().await {
+            return;
+        }
+        self.migrated = true;
+        self.strip_old = !found.objects.is_empty();
+        if taken > 0 {
+            tracing::info!(
+                taken,
+                "sibling order: objects held with the old label are held in the ConfigMap {HOLDS} now"
+            );
+        }
+    }
+}

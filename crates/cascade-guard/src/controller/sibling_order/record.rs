@@ -1,0 +1,171 @@
+//! One ConfigMap of sibling order's, in the controller's namespace, kept as
+//! a map the loop changes as it reads trees and writes once a look: what it
+//! holds ([`HOLDS`](crate::policy::hold::HOLDS)) and which trees it ordered
+//! ([`ORDERED_TREES`](crate::policy::order_gate::ORDERED_TREES)). Admission
+//! policies read both as their parameter, so what is written is what is in
+//! force; only the changed keys are sent.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use super::MANAGER;
+use crate::policy::hold::SIBLING_ORDER_LABEL;
+
+/// What a ConfigMap may hold (1 MiB), less room for its metadata.
+pub(super) const MAX_BYTES: usize = 900 * 1024;
+
+pub(super) struct Record {
+    client: Client,
+    namespace: String,
+    name: &'static str,
+    /// What it is for, in words, on the ConfigMap.
+    what: &'static str,
+    /// What the ConfigMap holds, as last read or written; `None` until read.
+    written: Option<BTreeMap<String, String>>,
+    /// What it should hold.
+    pub wanted: BTreeMap<String, String>,
+    /// Said once: it cannot be read or written.
+    warned: bool,
+}
+
+impl Record {
+    pub fn new(client: Client, namespace: String, name: &'static str, what: &'static str) -> Self {
+        Self {
+            client,
+            namespace,
+            name,
+            what,
+            written: None,
+            wanted: BTreeMap::new(),
+            warned: false,
+        }
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Reads the ConfigMap once (again after a failed write): what a
+    /// controller before this one wrote stays wanted unless the loop changed
+    /// it since; it is made when missing. True when it is there.
+    pub async fn load(&mut self) -> bool {
+        if self.written.is_some() {
+            return true;
+        }
+        let api = self.api();
+        match api.get_opt(self.name).await {
+            Ok(Some(live)) => {
+                let live = live.data.unwrap_or_default();
+                for (key, value) in &live {
+                    self.wanted
+                        .entry(key.clone())
+                        .or_insert_with(|| value.clone());
+                }
+                self.written = Some(live);
+                true
+            }
+            Ok(None) => self.create().await,
+            Err(e) => {
+                self.warn(&e);
+                false
+            }
+        }
+    }
+
+    /// Sends what changed since the last write; true when the ConfigMap now
+    /// holds what is wanted.
+    pub async fn write(&mut self) -> bool {
+        if !self.load().await {
+            return false;
+        }
+        let Some(written) = self.written.as_ref() else {
+            return false;
+        };
+        let mut diff = serde_json::Map::new();
+        for (key, value) in &self.wanted {
+            if written.get(key) != Some(value) {
+                diff.insert(key.clone(), json!(value));
+            }
+        }
+        for key in written.keys().filter(|k| !self.wanted.contains_key(*k)) {
+            diff.insert(key.clone(), serde_json::Value::Null);
+        }
+        if diff.is_empty() {
+            return true;
+        }
+        let params = PatchParams {
+            field_manager: Some(MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        match self
+            .api()
+            .patch(self.name, &params, &Patch::Merge(json!({ "data": diff })))
+            .await
+        {
+            Ok(_) => {
+                self.written = Some(self.wanted.clone());
+                true
+            }
+            // Deleted under it: made again, whole.
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                self.written = None;
+                self.create().await
+            }
+            Err(e) => {
+                self.warn(&e);
+                // Read again next time: what is there is not known.
+                self.written = None;
+                false
+            }
+        }
+    }
+
+    /// The bytes its data takes.
+    pub fn size(&self) -> usize {
+        self.wanted.iter().map(|(k, v)| k.len() + v.len() + 8).sum()
+    }
+
+    fn api(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn create(&mut self) -> bool {
+        let object: ConfigMap = match serde_json::from_value(json!({
+            "metadata": {
+                "name": self.name,
+                "labels": { SIBLING_ORDER_LABEL: "true", "app.kubernetes.io/managed-by": "cascade-guard" },
+                "annotations": { "cascade-guard.dev/what": self.what },
+            },
+            "data": self.wanted,
+        })) {
+            Ok(object) => object,
+            Err(e) => {
+                tracing::error!(error = %e, name = self.name, "sibling order: cannot build its ConfigMap");
+                return false;
+            }
+        };
+        match self.api().create(&PostParams::default(), &object).await {
+            Ok(_) => {
+                self.written = Some(self.wanted.clone());
+                true
+            }
+            // Made meanwhile (another controller): read it next time.
+            Err(kube::Error::Api(s)) if s.code == 409 => false,
+            Err(e) => {
+                self.warn(&e);
+                false
+            }
+        }
+    }
+
+    fn warn(&mut self, e: &kube::Error) {
+        if !self.warned {
+            self.warned = true;
+            tracing::error!(error = %e, namespace = %self.namespace, name = self.name, "sibling order: cannot read or write its ConfigMap (cascade-guard needs create, and get and patch on it: the chart's Role <release>-sibling-order); until it can, the trees it orders are not ordered");
+        }
+    }
+}
