@@ -144,14 +144,18 @@ pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
     let variables = vec![
         // A DeleteCollection's items come with no request.name: only they
         // read the stored object, whose conversion is what a policy's
-        // evaluation costs most.
+        // evaluation costs most. A cluster-scoped object's request has no
+        // namespace at all: every field read is optional, since an error
+        // here would refuse every delete in the cluster (and `namespace` is
+        // a word CEL reserves).
         variable(
             "name",
-            "request.name != '' ? request.name : oldObject.metadata.name",
+            "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name",
         ),
+        variable("objectNamespace", "request.?namespace.orValue('')"),
         variable(
             "key",
-            "request.kind.kind + '_' + request.kind.group + '_' + request.namespace + '_' + variables.name",
+            "request.kind.kind + '_' + request.kind.group + '_' + variables.objectNamespace + '_' + variables.name",
         ),
         variable(
             "held",
@@ -165,7 +169,7 @@ pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
         variable(
             "record",
             &format!(
-                "request.kind.group == '' && request.kind.kind == 'ConfigMap' && request.namespace == {ns} && (variables.name == {holds} || variables.name == {ordered})"
+                "request.kind.group == '' && request.kind.kind == 'ConfigMap' && variables.objectNamespace == {ns} && (variables.name == {holds} || variables.name == {ordered})"
             ),
         ),
     ];
@@ -713,11 +717,32 @@ mod tests {
             .iter()
             .filter_map(|v| v["name"].as_str())
             .collect();
-        assert_eq!(names, ["name", "key", "held", "heldFor", "record"]);
+        assert_eq!(
+            names,
+            [
+                "name",
+                "objectNamespace",
+                "key",
+                "held",
+                "heldFor",
+                "record"
+            ]
+        );
         assert!(
-            spec["variables"][4]["expression"]
+            spec["variables"][5]["expression"]
                 .as_str()
-                .is_some_and(|e| e.contains("request.namespace == \"cg\""))
+                .is_some_and(|e| e.contains("variables.objectNamespace == \"cg\""))
+        );
+        // Every request field read is optional but the kind (always there):
+        // an error would refuse every delete in the cluster, and a
+        // cluster-scoped object's request has no namespace.
+        for v in spec["variables"].as_array().expect("variables") {
+            let e = v["expression"].as_str().unwrap_or_default();
+            assert!(!e.contains("request.namespace"), "{e}");
+        }
+        assert_eq!(
+            spec["variables"][0]["expression"],
+            "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name"
         );
         let validations = spec["validations"].as_array().expect("validations");
         assert_eq!(validations.len(), 2);

@@ -736,23 +736,34 @@ impl SiblingOrder {
             let Some(value) = by_ref.get(object) else {
                 continue;
             };
-            if let Err(e) = self.act(kinds, &root_uid, &root_kind, action, value).await {
-                let note = format!("cannot {}: {e}", describe(action));
-                if matches!(action, Action::Hold { .. }) {
-                    unordered.push(note.clone());
+            match self.act(kinds, &root_uid, &root_kind, action, value).await {
+                Err(e) => {
+                    let note = format!("cannot {}: {e}", describe(action));
+                    if matches!(action, Action::Hold { .. }) {
+                        unordered.push(note.clone());
+                    }
+                    tracing::warn!(root = %root.name_any(), %note, "sibling order");
+                    self.event(root, EventType::Warning, "SiblingOrderFailed", &note)
+                        .await;
                 }
-                tracing::warn!(root = %root.name_any(), %note, "sibling order");
-                self.event(root, EventType::Warning, "SiblingOrderFailed", &note)
-                    .await;
-            } else {
-                tracing::info!(root = %root.name_any(), action = %describe(action), "sibling order");
-                let reason = match action {
-                    Action::Hold { .. } => "HeldForOrder",
-                    Action::Release { .. } => "ReleasedForOrder",
-                    Action::Delete { .. } => "DeletedInOrder",
-                };
-                self.event(root, EventType::Normal, reason, &describe(action))
-                    .await;
+                Ok(Done::LeftToItsDeleter(object)) => {
+                    let note = format!(
+                        "let go of {object}: nothing needs it any more, and as cascade-guard may not delete it, its deleter's next try does (the garbage collector's comes after its back-off)"
+                    );
+                    tracing::info!(root = %root.name_any(), %note, "sibling order");
+                    self.event(root, EventType::Normal, "ReleasedForOrder", &note)
+                        .await;
+                }
+                Ok(Done::AsSaid) => {
+                    tracing::info!(root = %root.name_any(), action = %describe(action), "sibling order");
+                    let reason = match action {
+                        Action::Hold { .. } => "HeldForOrder",
+                        Action::Release { .. } => "ReleasedForOrder",
+                        Action::Delete { .. } => "DeletedInOrder",
+                    };
+                    self.event(root, EventType::Normal, reason, &describe(action))
+                        .await;
+                }
             }
         }
         let deleting = graph.nodes.iter().any(|n| n.in_tree && n.deleting);
@@ -804,11 +815,12 @@ impl SiblingOrder {
         root_kind: &str,
         action: &Action,
         object: &Value,
-    ) -> Result<(), String> {
+    ) -> Result<Done, String> {
         match action {
-            Action::Hold { object, held_for } => {
-                self.holds.hold(object, root_uid, root_kind, held_for)
-            }
+            Action::Hold { object, held_for } => self
+                .holds
+                .hold(object, root_uid, root_kind, held_for)
+                .map(|()| Done::AsSaid),
             // Its entry gone, and deleted at once if its owner is leaving (a
             // standalone Usage whose user is gone: the garbage collector's
             // retry after the refusals would come only after its back-off,
@@ -817,7 +829,7 @@ impl SiblingOrder {
             Action::Release { object } => {
                 self.holds.release(object);
                 self.let_go_all(kinds, std::slice::from_ref(object)).await;
-                Ok(())
+                Ok(Done::AsSaid)
             }
             // Deleted while still held, so that a delete refused by someone
             // else (Crossplane's Usage webhook) is simply tried again; the
@@ -827,19 +839,21 @@ impl SiblingOrder {
             Action::Delete { object: r } => {
                 let text = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
                 let Some(served) = kinds.get(text("/apiVersion"), text("/kind")) else {
-                    return Ok(());
+                    return Ok(Done::AsSaid);
                 };
+                // Known by its name alone: cascade-guard may not read it, so
+                // it may not delete it either.
+                if text("/metadata/uid").starts_with("unread:") {
+                    self.holds.release(r);
+                    return Ok(Done::LeftToItsDeleter(r.clone()));
+                }
                 let api = ServedKinds::api(&self.client, served, r.namespace.as_deref());
-                let uid = text("/metadata/uid");
-                let uid = (!uid.starts_with("unread:")).then(|| uid.to_string());
+                let uid = Some(text("/metadata/uid").to_string());
                 match delete_this_one(&api, &r.name, uid).await {
-                    Ok(()) => Ok(()),
+                    Ok(()) => Ok(Done::AsSaid),
                     Err(kube::Error::Api(s)) if s.code == 403 => {
                         self.holds.release(r);
-                        Err(format!(
-                            "{}: let go instead, for the garbage collector's next try to delete it",
-                            s.message
-                        ))
+                        Ok(Done::LeftToItsDeleter(r.clone()))
                     }
                     Err(e) => Err(e.to_string()),
                 }
@@ -928,6 +942,14 @@ impl SiblingOrder {
             tracing::debug!(error = %e, "sibling order: cannot publish event");
         }
     }
+}
+
+/// What an action came to, when it did not fail.
+enum Done {
+    AsSaid,
+    /// Its entry gone; cascade-guard may not delete it, so its deleter's
+    /// retry does.
+    LeftToItsDeleter(ObjectRef),
 }
 
 /// `--sibling-order off`: the gate, the hold policy and every hold removed,

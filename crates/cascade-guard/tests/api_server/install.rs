@@ -734,6 +734,141 @@ async fn cascade_guard_runs_with_exactly_the_charts_rbac() {
     }
 }
 
+/// Under the chart's RBAC, which grants nothing on Secrets, sibling order
+/// holds a composed Secret that a sibling needs (by its name: it may not even
+/// read it), and a plain delete under Convert takes the tree down in order,
+/// by etcd revision: the Secret goes only once what needs it is gone, deleted
+/// by the garbage collector's next try (cascade-guard may not delete it).
+/// The shape of Modelplane #212, where the composed kubeconfig Secret went
+/// first and the releases that needed it wedged.
+#[tokio::test]
+async fn under_the_charts_rbac_a_needed_secret_is_held_with_no_grant_on_secrets() {
+    let _one_at_a_time = CLUSTER.lock().await;
+    let env = bare_env().await;
+    let s = Scope::new(&env.cp, "chart-secret").await;
+    let ns = s.namespace.clone();
+    let (docs, mut replicas) = install(env, VALUES, 1, "chart-secret").await;
+    let admin = &s.client;
+    let sa = service_account_client(env, &docs).await;
+    assert_forbidden(
+        "read a Secret in the tree's namespace",
+        Api::<Secret>::namespaced(sa.clone(), &ns)
+            .get("vault-kubeconfig")
+            .await,
+    );
+    let convert = CONVERT.resource();
+    let secrets = ApiResource::erase::<Secret>(&());
+    let timeline = Timeline::start(
+        admin,
+        &[
+            (convert.clone(), Some(ns.clone())),
+            (config_maps(), Some(ns.clone())),
+            (secrets.clone(), Some(ns.clone())),
+        ],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let _provider = Provider::start(admin.clone(), ns.clone(), Duration::from_secs(3));
+    // XR vault composes ConfigMap vault-0, which needs (the annotation) the
+    // Secret vault-kubeconfig it also composes.
+    let xrs: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &ns, &convert);
+    let mut xr = composite(&convert, "vault", false);
+    xr.data["spec"] = json!({"crossplane": {"resourceRefs": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "vault-0"},
+        {"apiVersion": "v1", "kind": "Secret", "name": "vault-kubeconfig"},
+    ]}});
+    let xr = xrs
+        .create(&Default::default(), &xr)
+        .await
+        .expect("create the XR");
+    let owner = json!([{"apiVersion": convert.api_version, "kind": convert.kind, "name": "vault",
+        "uid": xr.metadata.uid, "controller": true, "blockOwnerDeletion": true}]);
+    Api::<ConfigMap>::namespaced(admin.clone(), &ns)
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({"metadata": {
+                "name": "vault-0", "finalizers": [HOLD], "ownerReferences": owner,
+                "annotations": {"cascade-guard.dev/needs": "Secret/vault-kubeconfig"}}}))
+            .expect("a ConfigMap"),
+        )
+        .await
+        .expect("create the needer");
+    Api::<Secret>::namespaced(admin.clone(), &ns)
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({"metadata": {
+                "name": "vault-kubeconfig", "ownerReferences": owner},
+                "stringData": {"kubeconfig": "not a real one"}}))
+            .expect("a Secret"),
+        )
+        .await
+        .expect("create the Secret");
+    wait_held(admin, &convert, &ns, "vault").await;
+    let held = wait_sibling_held(
+        admin,
+        chart::NAMESPACE,
+        &secrets,
+        Some(&ns),
+        "vault-kubeconfig",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(held, "the Secret was never held:\n{}", logs(&replicas));
+    wait_ordered(admin, chart::NAMESPACE, &convert, Some(&ns), "vault").await;
+    // Held: its delete is refused, the admin's too.
+    let refused = Api::<Secret>::namespaced(admin.clone(), &ns)
+        .delete(
+            "vault-kubeconfig",
+            &DeleteParams {
+                dry_run: true,
+                ..DeleteParams::default()
+            },
+        )
+        .await
+        .expect_err("a held Secret's delete");
+    assert!(
+        refused
+            .to_string()
+            .contains("cascade-guard holds Secret vault-kubeconfig until ConfigMap"),
+        "{refused}"
+    );
+    let got = delete(admin, &convert, &ns, "vault", &background()).await;
+    assert!(got.allowed(), "{got:?}");
+    let gone = timeline
+        .wait_gone(&convert.kind, "vault", Duration::from_secs(180))
+        .await;
+    assert!(
+        gone.is_some(),
+        "the tree never left:\n{}\n{}",
+        timeline.describe(),
+        logs(&replicas)
+    );
+    let needer = timeline.gone("ConfigMap", "vault-0").expect("vault-0 gone");
+    let secret = timeline
+        .gone("Secret", "vault-kubeconfig")
+        .expect("the Secret gone");
+    let (Some(needer_at), Some(secret_at)) = (needer.revision, secret.revision) else {
+        panic!("no etcd revision:\n{}", timeline.describe());
+    };
+    assert!(
+        secret_at > needer_at,
+        "the Secret went (revision {secret_at}) before what needed it (revision {needer_at})\n{}",
+        timeline.describe()
+    );
+    eprintln!(
+        "the Secret went {:.1} s after what needed it, deleted by the garbage collector's next try",
+        secret.at.duration_since(needer.at).as_secs_f64()
+    );
+    let log = logs(&replicas);
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "a replica was refused something the chart should grant:\n{log}"
+    );
+    for r in &mut replicas {
+        r.stop();
+    }
+}
+
 /// An upgrade changes what it should and leaves the held objects held; an
 /// uninstall as documented (stop, `cascade-guard uninstall`, delete the
 /// chart's objects) leaves no admission policy, no finalizer, nothing stuck.

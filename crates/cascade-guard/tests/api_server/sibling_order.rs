@@ -392,3 +392,66 @@ async fn an_edited_hold_policy_is_put_back() {
     // And in effect again: a dry-run delete of the held object is refused.
     wait_sibling_hold(&s.client, &s.namespace, "tree-1").await;
 }
+
+/// The hold policy sees every DELETE in the cluster: one it does not hold
+/// goes through, whatever its scope and however it is sent (a cluster-scoped
+/// object's request has no namespace at all; a DeleteCollection's items no
+/// name). An error in its expressions would refuse them all.
+#[tokio::test]
+async fn what_the_hold_policy_does_not_hold_deletes_whatever_its_scope() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let _policy = HOLD_POLICY.read().await;
+    let env = env().await;
+    let s = Scope::new(&env.cp, "sibling-scopes").await;
+    let resource = CONVERT.resource();
+    needy_tree(&s.client, &resource, &s.namespace).await;
+    wait_sibling_hold(&s.client, &s.namespace, "tree-1").await;
+    let roles: Api<ClusterRole> = Api::all(s.client.clone());
+    let role: ClusterRole =
+        serde_json::from_value(json!({"metadata": {"name": "sibling-scopes-unheld"}}))
+            .expect("a ClusterRole");
+    roles
+        .create(&Default::default(), &role)
+        .await
+        .expect("create a ClusterRole");
+    roles
+        .delete("sibling-scopes-unheld", &DeleteParams::default())
+        .await
+        .expect("a cluster-scoped object the hold policy does not hold deletes");
+    let namespaces: Api<Namespace> = Api::all(s.client.clone());
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "sibling-scopes-unheld"}}))
+            .expect("a Namespace");
+    namespaces
+        .create(&Default::default(), &ns)
+        .await
+        .expect("create a Namespace");
+    namespaces
+        .delete("sibling-scopes-unheld", &DeleteParams::default())
+        .await
+        .expect("a namespace deletes");
+    let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.namespace);
+    for name in ["loose-0", "loose-1"] {
+        let cm: ConfigMap = serde_json::from_value(
+            json!({"metadata": {"name": name, "labels": {"sibling-scopes": "loose"}}}),
+        )
+        .expect("a ConfigMap");
+        maps.create(&Default::default(), &cm).await.expect("create");
+    }
+    maps.delete_collection(
+        &DeleteParams::default(),
+        &kube::api::ListParams::default().labels("sibling-scopes=loose"),
+    )
+    .await
+    .expect("a DeleteCollection of objects not held goes through");
+    // And what it holds stays held: a DeleteCollection that takes it in is
+    // refused.
+    let refused = maps
+        .delete_collection(&DeleteParams::default(), &kube::api::ListParams::default())
+        .await;
+    assert!(
+        refused.is_err(),
+        "a DeleteCollection deleted a held object: {refused:?}"
+    );
+}

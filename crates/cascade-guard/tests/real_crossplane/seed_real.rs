@@ -82,6 +82,9 @@
 //! wedge, and the randomized test keeps them; the Refuse and Convert copies
 //! have shorter ones ([`SHORT_LOAD_BALANCER_SECONDS`]).
 
+#[path = "../support/install.rs"]
+#[allow(dead_code)]
+mod chart;
 #[path = "seed_real/fault_window.rs"]
 mod fault_window;
 #[path = "seed_real/guard.rs"]
@@ -350,12 +353,7 @@ async fn start() -> Stack {
         }
     });
     futures::future::join_all(installs).await;
-    cp.write_kubeconfig_as(
-        &cp.dir().join("cascade-guard.kubeconfig"),
-        support::CONTROLLER_USER,
-        &["system:masters"],
-    )
-    .expect("controller kubeconfig");
+    as_installed(&cp, &client).await;
     let slots = (0..REPLICAS)
         .map(|n| Slot {
             process: Some(spawn_controller(&cp, n)),
@@ -376,9 +374,56 @@ async fn start() -> Stack {
     }
 }
 
-/// The Lease cascade-guard's replicas contend for (its defaults: the
-/// `default` namespace outside a pod, `--leader-election-id` cascade-guard).
-const LEASE_NAMESPACE: &str = "default";
+/// The values a platform team sets, as the README and values.yaml say:
+/// `protectedGroups` the XR groups (here every copy's, and the test kinds'),
+/// `composedResources` the providers' groups, read-only.
+fn chart_values() -> String {
+    let mut groups = Vec::new();
+    for variant in ["off", "refuse", "convert", "random"] {
+        groups.push(format!("{variant}.modelplane.ai"));
+        groups.push(format!("infrastructure.{variant}.modelplane.ai"));
+    }
+    for mode in ["off", "warn", "refuse", "convert"] {
+        groups.push(format!("{mode}.fleet.local-cluster.dev"));
+    }
+    groups.push(CLAIM_GROUP.to_string());
+    groups.push(DROP_GROUP.to_string());
+    format!(
+        "xrdDefaultMode: Off\nprotectedGroups: [{}]\ncomposedResources:\n  - apiGroups: [helm.m.crossplane.io, kubernetes.m.crossplane.io, cloud.local-cluster.dev, helm.crossplane.io, kubernetes.crossplane.io]\n    resources: [\"*\"]\n",
+        groups.join(", ")
+    )
+}
+
+/// cascade-guard as a platform team installs it: the chart's RBAC, rendered
+/// by the pinned Helm with [`chart_values`], applied, and a kubeconfig that
+/// acts as its ServiceAccount (with the groups a token gives it; never
+/// `system:masters`), which the replicas run with.
+async fn as_installed(cp: &ControlPlane, client: &Client) {
+    const RBAC: [&str; 5] = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let docs = chart::render(&chart_values());
+    let rbac: Vec<Value> = docs
+        .iter()
+        .filter(|d| RBAC.iter().any(|k| d["kind"] == *k))
+        .cloned()
+        .collect();
+    chart::apply(client, &rbac, &[]).await;
+    let (user, groups) = chart::service_account_identity(&docs);
+    assert_eq!(user, support::CONTROLLER_USER, "the chart's ServiceAccount");
+    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+    cp.write_kubeconfig_as(&cp.dir().join("cascade-guard.kubeconfig"), &user, &groups)
+        .expect("controller kubeconfig");
+}
+
+/// The Lease cascade-guard's replicas contend for: the chart's release
+/// namespace, where its Role lets it keep the Lease and sibling order's
+/// ConfigMaps.
+const LEASE_NAMESPACE: &str = chart::NAMESPACE;
 const LEASE_NAME: &str = "cascade-guard";
 
 /// Starts `cascade-guard run` number `n`, a replica with leader election
@@ -578,7 +623,7 @@ impl Tree {
     async fn wait_sibling_hold(&self) {
         let held = support::wait_sibling_held(
             &self.client,
-            support::CONTROLLER_HOME,
+            LEASE_NAMESPACE,
             &self.platform.eks_clusters(),
             Some(SYSTEM_NAMESPACE),
             &self.name,

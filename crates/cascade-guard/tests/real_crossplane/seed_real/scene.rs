@@ -130,7 +130,7 @@ impl Scene {
     pub(crate) async fn wait_held(&self, resource: &ApiResource, ns: Option<&str>, name: &str) {
         let held = support::wait_sibling_held(
             &self.client,
-            support::CONTROLLER_HOME,
+            LEASE_NAMESPACE,
             resource,
             ns,
             name,

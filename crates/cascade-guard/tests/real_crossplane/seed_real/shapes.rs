@@ -335,7 +335,7 @@ async fn wait_sibling_hold(client: &Client, target: &Target, mode: Mode, what: &
         // The bound of a hold that never comes, as the scene's (240 s).
         let held = crate::support::wait_sibling_held(
             client,
-            crate::support::CONTROLLER_HOME,
+            crate::LEASE_NAMESPACE,
             &target.resource,
             target.ns.as_deref(),
             &target.name,
