@@ -869,6 +869,80 @@ async fn under_the_charts_rbac_a_needed_secret_is_held_with_no_grant_on_secrets(
     }
 }
 
+/// A tree that composes what the chart's RBAC does not let the controller
+/// read (a Service: neither in `protectedGroups` nor in `composedResources`)
+/// is read only in part, so it is not ordered: its root's delete is refused
+/// with that reason, `plan` names it and exits 3, and granting nothing more
+/// leaves it so (break-glass deletes it, in no order). The degraded state
+/// "the controller may not hold what the order needs" under a least-privilege
+/// install.
+#[tokio::test]
+async fn a_tree_the_charts_rbac_lets_the_controller_read_only_in_part_is_refused_with_why() {
+    use k8s_openapi::api::core::v1::Service;
+    let _one_at_a_time = CLUSTER.lock().await;
+    let env = bare_env().await;
+    let s = Scope::new(&env.cp, "chart-partial").await;
+    let ns = s.namespace.clone();
+    let (_docs, mut replicas) = install(env, VALUES, 1, "chart-partial").await;
+    let admin = &s.client;
+    let refuse = REFUSE.resource();
+    let xrs: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &ns, &refuse);
+    let mut xr = composite(&refuse, "partial", false);
+    xr.data["spec"] = json!({"crossplane": {"resourceRefs": [
+        {"apiVersion": "v1", "kind": "Service", "name": "partial-svc"},
+    ]}});
+    let xr = xrs
+        .create(&Default::default(), &xr)
+        .await
+        .expect("create the XR");
+    let service: Service = serde_json::from_value(json!({"metadata": {
+        "name": "partial-svc",
+        "ownerReferences": [{"apiVersion": refuse.api_version, "kind": refuse.kind,
+            "name": "partial", "uid": xr.metadata.uid, "controller": true,
+            "blockOwnerDeletion": true}]},
+        "spec": {"ports": [{"port": 80}]}}))
+    .expect("a Service");
+    Api::<Service>::namespaced(admin.clone(), &ns)
+        .create(&Default::default(), &service)
+        .await
+        .expect("create the Service");
+    // The controller reads the tree and says why it is not ordered.
+    let refusal = wait::until(Duration::from_secs(60), || async {
+        let got = delete(
+            admin,
+            &refuse,
+            &ns,
+            "partial",
+            &DeleteSpec {
+                dry_run: true,
+                ..DeleteSpec::propagation("Foreground")
+            },
+        )
+        .await;
+        (got.code == 403 && got.message.contains("cannot order its tree")).then_some(got.message)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the gate never named why:\n{}", logs(&replicas)));
+    assert!(
+        refusal.contains("not read: Service partial-svc") && refusal.contains("forbidden"),
+        "{refusal}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+        .args(["plan", &refuse.plural, "partial", "-n", &ns, "--kubeconfig"])
+        .arg(env.cp.kubeconfig_path())
+        .output()
+        .expect("plan");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("the controller cannot order this tree: not read: Service partial-svc"),
+        "{text}"
+    );
+    for r in &mut replicas {
+        r.stop();
+    }
+}
+
 /// An upgrade changes what it should and leaves the held objects held; an
 /// uninstall as documented (stop, `cascade-guard uninstall`, delete the
 /// chart's objects) leaves no admission policy, no finalizer, nothing stuck.
