@@ -389,7 +389,7 @@ fn chart_values() -> String {
     groups.push(CLAIM_GROUP.to_string());
     groups.push(DROP_GROUP.to_string());
     format!(
-        "xrdDefaultMode: Off\nprotectedGroups: [{}]\ncomposedResources:\n  - apiGroups: [helm.m.crossplane.io, kubernetes.m.crossplane.io, cloud.local-cluster.dev, helm.crossplane.io, kubernetes.crossplane.io]\n    resources: [\"*\"]\n",
+        "protectedGroups: [{}]\ncomposedResources:\n  - apiGroups: [helm.m.crossplane.io, kubernetes.m.crossplane.io, cloud.local-cluster.dev, helm.crossplane.io, kubernetes.crossplane.io]\n    resources: [\"*\"]\n",
         groups.join(", ")
     )
 }
