@@ -859,7 +859,18 @@ mod scale {
         "protected (a person's)",
         "protected, last in the rule (GC)",
     ];
-    const VARIANTS: [&str; 3] = ["no policy", "the seed's policy", "cascade-guard"];
+    const VARIANTS: [&str; 4] = [
+        "no policy",
+        "the seed's policy",
+        "cascade-guard",
+        "the hold policy",
+    ];
+    /// Entries in the holds ConfigMap while the hold policy is measured: a
+    /// platform with 1,000 trees holding a few objects each.
+    const HOLD_ENTRIES: usize = 3000;
+    /// The label on sibling order's admission objects (the hold policy and
+    /// the gate), which the controller leaves when it stops.
+    const SIBLING_ORDER: &str = "cascade-guard.dev/sibling-order=true";
     /// One cycle's samples: [variant][series] = (plugin µs, request p50 ms).
     type Cycle = Vec<[(f64, f64); SERIES.len()]>;
 
@@ -903,6 +914,40 @@ mod scale {
         }
         let mut controller = controller;
         controller.stop(Duration::from_secs(10));
+        // Sibling order's hold policy and gate, which the controller wrote:
+        // out of the other variants, the hold policy measured as one of its
+        // own (it sees every DELETE in the cluster).
+        let sibling = kube::api::ListParams::default().labels(SIBLING_ORDER);
+        bindings
+            .delete_collection(&Default::default(), &sibling)
+            .await?;
+        vaps.delete_collection(&Default::default(), &sibling)
+            .await?;
+        let hold = cascade_guard::policy::hold::compile_hold(
+            &cascade_guard::policy::CompileSettings::default(),
+            "default",
+        );
+        let holds: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(admin.clone(), "default");
+        let entries: serde_json::Map<String, Value> = (0..HOLD_ENTRIES)
+            .map(|i| {
+                (
+                    format!("ConfigMap__bench-{}_held-{i}", i % 100),
+                    json!(format!(
+                        "00000000-0000-4000-8000-{i:012} Root.bench.dev ConfigMap bench/needer-{i}"
+                    )),
+                )
+            })
+            .collect();
+        holds
+            .patch(
+                cascade_guard::policy::hold::HOLDS,
+                &PatchParams::apply("bench").force(),
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": cascade_guard::policy::hold::HOLDS},
+                    "data": entries})),
+            )
+            .await?;
         let bare = |v: Value| -> Value {
             json!({"metadata": {"name": v["metadata"]["name"], "labels": v["metadata"]["labels"],
                 "annotations": v["metadata"]["annotations"]}, "spec": v["spec"]})
@@ -978,6 +1023,13 @@ mod scale {
                         }
                         wait_refused(&admin, ns, &protected, true, "cascade-guard's").await?;
                     }
+                    3 => {
+                        vaps.create(&PostParams::default(), &hold.policy).await?;
+                        bindings
+                            .create(&PostParams::default(), &hold.binding)
+                            .await?;
+                        wait_holding(&admin).await?;
+                    }
                     _ => {}
                 }
                 for (sample, (client, r, (name, uid))) in per_series.iter_mut().zip(&targets) {
@@ -998,6 +1050,14 @@ mod scale {
                         wait_refused(&admin, ns, &protected, false, "the seed's removed").await?;
                     }
                     2 => remove_ours(&admin, ns, &protected).await?,
+                    3 => {
+                        bindings
+                            .delete_collection(&Default::default(), &sibling)
+                            .await?;
+                        vaps.delete_collection(&Default::default(), &sibling)
+                            .await?;
+                        wait_holding_gone(&admin).await?;
+                    }
                     _ => {}
                 }
             }
@@ -1025,6 +1085,45 @@ mod scale {
         println!(
             "   (medians over the cycles; the added columns are the median of each cycle's own difference)"
         );
+        Ok(())
+    }
+
+    /// A ConfigMap the holds name (`bench-0/held-0`), made once: the hold
+    /// policy is in effect when its dry-run delete is refused.
+    async fn wait_holding(admin: &Client) -> Result<()> {
+        held_probe(admin, true).await
+    }
+
+    async fn wait_holding_gone(admin: &Client) -> Result<()> {
+        held_probe(admin, false).await
+    }
+
+    async fn held_probe(admin: &Client, refused: bool) -> Result<()> {
+        use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+        let _ = Api::<Namespace>::all(admin.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "bench-0"}}))?,
+            )
+            .await;
+        let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), "bench-0");
+        let _ = maps
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "held-0"}}))?,
+            )
+            .await;
+        let dry_run = kube::api::DeleteParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while maps.delete("held-0", &dry_run).await.is_ok() == refused {
+            if Instant::now() > deadline {
+                bail!("the hold policy's refusal never became {refused}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         Ok(())
     }
 

@@ -173,7 +173,7 @@ pub fn render_text(report: &Report) -> String {
     if !report.sibling_holds.is_empty() {
         let _ = writeln!(
             out,
-            "\nSIBLING ORDER ({} held until what needs them is gone; cascade-guard deletes them then)",
+            "\nSIBLING ORDER ({} held until what needs them is gone; then let go, and deleted if their owner is being deleted)",
             report.sibling_holds.len()
         );
         let mut rows = vec![vec![
