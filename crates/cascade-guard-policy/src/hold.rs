@@ -203,10 +203,7 @@ pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
         metadata: metadata.clone(),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".to_string()),
-            param_kind: Some(ParamKind {
-                api_version: Some("v1".to_string()),
-                kind: Some("ConfigMap".to_string()),
-            }),
+            param_kind: Some(configmap_param()),
             match_constraints: Some(MatchResources {
                 // Any kind can be needed: every DELETE, and a change of the
                 // two ConfigMaps.
@@ -241,24 +238,44 @@ pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
         }),
         status: None,
     };
-    let binding = ValidatingAdmissionPolicyBinding {
+    // Deny would refuse every delete in the cluster while the ConfigMap is
+    // missing; without it nothing is held, and the controller writes it
+    // again at its next look.
+    let binding = reading_configmap(metadata, HOLD_OBJECT_NAME, HOLDS, namespace, "Allow");
+    Compiled { policy, binding }
+}
+
+/// The parameter of sibling order's policies: a ConfigMap.
+pub(crate) fn configmap_param() -> ParamKind {
+    ParamKind {
+        api_version: Some("v1".to_string()),
+        kind: Some("ConfigMap".to_string()),
+    }
+}
+
+/// A binding of `policy` that refuses (Deny) with the ConfigMap `configmap`
+/// of `namespace` as its parameter, `not_found` when it is missing.
+pub(crate) fn reading_configmap(
+    metadata: ObjectMeta,
+    policy: &str,
+    configmap: &str,
+    namespace: &str,
+    not_found: &str,
+) -> ValidatingAdmissionPolicyBinding {
+    ValidatingAdmissionPolicyBinding {
         metadata,
         spec: ValidatingAdmissionPolicyBindingSpec {
-            policy_name: HOLD_OBJECT_NAME.to_string(),
+            policy_name: policy.to_string(),
             validation_actions: vec!["Deny".to_string()],
             match_resources: None,
-            // Deny would refuse every delete in the cluster while the
-            // ConfigMap is missing; without it nothing is held, and the
-            // controller writes it again at its next look.
             param_ref: Some(ParamRef {
-                name: Some(HOLDS.to_string()),
+                name: Some(configmap.to_string()),
                 namespace: Some(namespace.to_string()),
-                parameter_not_found_action: Some("Allow".to_string()),
+                parameter_not_found_action: Some(not_found.to_string()),
                 selector: None,
             }),
         },
-    };
-    Compiled { policy, binding }
+    }
 }
 
 fn variable(name: &str, expression: &str) -> Variable {

@@ -25,14 +25,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
+    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicySpec, Validation, Variable,
 };
 
 use crate::admission::Compiled;
 use crate::cel::{break_glass_for, cel_string_literal};
-use crate::hold::{HOLD_OBJECT_NAME, sibling_order_metadata};
+use crate::hold::{HOLD_OBJECT_NAME, configmap_param, reading_configmap, sibling_order_metadata};
 use crate::kind::Shape;
 use crate::names::BREAK_GLASS_ANNOTATION;
 use crate::settings::CompileSettings;
@@ -250,10 +249,7 @@ fn compile_one(
         metadata: metadata.clone(),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".to_string()),
-            param_kind: Some(ParamKind {
-                api_version: Some("v1".to_string()),
-                kind: Some("ConfigMap".to_string()),
-            }),
+            param_kind: Some(configmap_param()),
             match_constraints: Some(MatchResources {
                 resource_rules: Some(rules),
                 match_policy: Some("Equivalent".to_string()),
@@ -266,20 +262,7 @@ fn compile_one(
         }),
         status: None,
     };
-    let binding = ValidatingAdmissionPolicyBinding {
-        metadata,
-        spec: ValidatingAdmissionPolicyBindingSpec {
-            policy_name: name,
-            validation_actions: vec!["Deny".to_string()],
-            match_resources: None,
-            param_ref: Some(ParamRef {
-                name: Some(ORDERED_TREES.to_string()),
-                namespace: Some(namespace.to_string()),
-                parameter_not_found_action: Some("Deny".to_string()),
-                selector: None,
-            }),
-        },
-    };
+    let binding = reading_configmap(metadata, &name, ORDERED_TREES, namespace, "Deny");
     Compiled { policy, binding }
 }
 
