@@ -865,9 +865,15 @@ mod scale {
         "cascade-guard",
         "the hold policy",
     ];
-    /// Entries in the holds ConfigMap while the hold policy is measured: a
-    /// platform with 1,000 trees holding a few objects each.
-    const HOLD_ENTRIES: usize = 3000;
+    /// Entries in the holds ConfigMap while the hold policy is measured
+    /// (BENCH_HOLD_ENTRIES): by default a platform with 1,000 trees holding
+    /// a few objects each.
+    fn hold_entries() -> usize {
+        std::env::var("BENCH_HOLD_ENTRIES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3000)
+    }
     /// The label on sibling order's admission objects (the hold policy and
     /// the gate), which the controller leaves when it stops.
     const SIBLING_ORDER: &str = "cascade-guard.dev/sibling-order=true";
@@ -929,7 +935,7 @@ mod scale {
         );
         let holds: Api<k8s_openapi::api::core::v1::ConfigMap> =
             Api::namespaced(admin.clone(), "default");
-        let entries: serde_json::Map<String, Value> = (0..HOLD_ENTRIES)
+        let entries: serde_json::Map<String, Value> = (0..hold_entries().max(1))
             .map(|i| {
                 (
                     format!("ConfigMap__bench-{}_held-{i}", i % 100),
