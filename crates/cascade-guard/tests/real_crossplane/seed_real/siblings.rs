@@ -34,6 +34,21 @@ fn foreground(mode: Mode) -> bool {
     mode != Mode::Convert
 }
 
+/// Waits until the scene's objects are gone, and asserts that the
+/// ProviderConfig `config` started deleting only after its user, the Object
+/// `engine`, had left.
+async fn wait_gone_user_first(scene: &Scene, engine: &str, config: &str) {
+    scene.wait_all_gone(TEARDOWN_TIMEOUT).await;
+    let user_left = scene.gone("Object", engine);
+    let pc_deleted = scene.terminating("ProviderConfig", config);
+    assert!(
+        user_left < pc_deleted,
+        "{}: the ProviderConfig was deleted (#{pc_deleted}) before its user left (#{user_left})\n{}",
+        scene.what,
+        scene.timeline.describe()
+    );
+}
+
 /// A ModelReplica composed without the Usage of its ProviderConfig by its
 /// engine's Object, on an InferenceCluster of its own, deleted under `mode`;
 /// with `by_namespace`, by deleting its namespace instead.
@@ -135,15 +150,7 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace
         None
     };
     if by_namespace && outcome == Some(None) {
-        scene.wait_all_gone(TEARDOWN_TIMEOUT).await;
-        let user_left = scene.gone("Object", &engine);
-        let pc_deleted = scene.terminating("ProviderConfig", &config);
-        assert!(
-            user_left < pc_deleted,
-            "{}: the ProviderConfig was deleted (#{pc_deleted}) before its user left (#{user_left})\n{}",
-            scene.what,
-            scene.timeline.describe()
-        );
+        wait_gone_user_first(&scene, &engine, &config).await;
         eprintln!(
             "{}: crossplane-runtime#1150 not met this time; in order, nothing wedged, in {:?}",
             scene.what,
@@ -244,15 +251,7 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace
         wedged = outcome;
         scene.clean_up().await;
     } else {
-        scene.wait_all_gone(TEARDOWN_TIMEOUT).await;
-        let user_left = scene.gone("Object", &engine);
-        let pc_deleted = scene.terminating("ProviderConfig", &config);
-        assert!(
-            user_left < pc_deleted,
-            "{}: the ProviderConfig was deleted (#{pc_deleted}) before its user left (#{user_left})\n{}",
-            scene.what,
-            scene.timeline.describe()
-        );
+        wait_gone_user_first(&scene, &engine, &config).await;
         scene.assert_before(
             ("ProviderConfig", &config),
             ("ModelReplica", &replica),
