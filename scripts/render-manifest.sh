@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates what is derived from the code and the chart, both committed:
-#   deploy/helm/cascade-guard/files/cascadepolicy-crd.yaml   from `cascade-guard crd`
+#   deploy/helm/cascade-guard/files/crds.yaml   from `cascade-guard crd`
 #   deploy/cascade-guard.yaml                                from `helm template` of the chart
 # with the pinned Helm (testbed/tools/helm.sh). The install tests fail when either is stale.
 #
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 chart=deploy/helm/cascade-guard
-crd=$chart/files/cascadepolicy-crd.yaml
+crd=$chart/files/crds.yaml
 manifest=deploy/cascade-guard.yaml
 # The manifest installs into this namespace with the release name cascade-guard;
 # for anything else, use the chart.
@@ -24,7 +24,7 @@ cargo run --quiet --locked -p cascade-guard -- crd > "$tmp/crd.yaml"
 if [ "${1:-}" = --check ]; then
   # Render the chart as it would be with a fresh CRD file.
   cp -r "$chart" "$tmp/chart"
-  cp "$tmp/crd.yaml" "$tmp/chart/files/cascadepolicy-crd.yaml"
+  cp "$tmp/crd.yaml" "$tmp/chart/files/crds.yaml"
   render_chart=$tmp/chart
 else
   cp "$tmp/crd.yaml" "$crd"

@@ -4,19 +4,21 @@
 //! A foreground cascade deletes all children of a parent at once, so the
 //! [`order`](crate::order) graph's sibling edges ("ServingStack must be gone
 //! before EKSCluster goes") are not kept by the API. cascade-guard keeps them
-//! with one ConfigMap and one admission policy, and writes nothing to the
+//! with one record and one admission policy, and writes nothing to the
 //! objects it holds:
 //!
 //! - every object that must wait for a sibling (the `after` of a sibling
-//!   edge) has an entry in the ConfigMap [`HOLDS`] of the controller's
-//!   namespace: its [`hold_key`] (kind, group, namespace and name), and a
+//!   edge) has an entry in the [`SiblingOrderRecord`](SIBLING_ORDER_RECORD_KIND)
+//!   [`HOLDS`] of the controller's namespace: its [`hold_key`] (kind, group, namespace and name), and a
 //!   [`HoldEntry`] (the root's uid, what it waits for in words);
-//! - the ValidatingAdmissionPolicy of [`compile_hold`] reads that ConfigMap
+//! - the ValidatingAdmissionPolicy of [`compile_hold`] reads that record
 //!   as its parameter and refuses every DELETE of an object it names, the
 //!   garbage collector's and the namespace controller's included, except
 //!   cascade-guard's own, Crossplane's (which cascade-guard never refuses) and
-//!   break-glass; and every change of the ConfigMap (or of the one of
-//!   [`crate::order_gate`]) by anyone but cascade-guard. The object stays
+//!   break-glass; and every change or delete of the record (or of the one
+//!   of [`crate::order_gate`]) by anyone but cascade-guard, and the delete
+//!   of their CustomResourceDefinition (without it the API server could not
+//!   evaluate the policy, and refuses every DELETE it sees). The object stays
 //!   live: no deletionTimestamp, so no provider starts deleting what it
 //!   manages. A finalizer could not do that;
 //! - when everything it waits for is gone, its entry goes, and cascade-guard
@@ -28,7 +30,7 @@
 //! Holding so needs no permission on the held objects, which may be Secrets
 //! and ProviderConfigs of any provider; a label or an entry forged, restored
 //! from a backup or left by an older install holds nothing, since only the
-//! controller writes the ConfigMap.
+//! controller writes the record.
 //!
 //! Objects in a cycle of sibling edges are not held: the cycle is reported
 //! and the tree falls back to the plain foreground cascade.
@@ -44,7 +46,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::admission::Compiled;
 use crate::cel::{break_glass_for, cel_string_literal};
-use crate::names::BREAK_GLASS_ANNOTATION;
+use crate::names::{
+    BREAK_GLASS_ANNOTATION, GROUP, SIBLING_ORDER_RECORD_KIND, SIBLING_ORDER_RECORD_PLURAL,
+    SIBLING_ORDER_RECORD_VERSION,
+};
 use crate::order::{Graph, ObjectRef};
 use crate::order_gate::ORDERED_TREES;
 use crate::settings::CompileSettings;
@@ -54,7 +59,7 @@ use crate::settings::CompileSettings;
 pub const HOLD_LABEL: &str = "cascade-guard.dev/hold";
 /// What a held object waited for, beside [`HOLD_LABEL`]; taken off with it.
 pub const HELD_FOR_ANNOTATION: &str = "cascade-guard.dev/held-for";
-/// The ConfigMap, in the controller's namespace, naming every object held.
+/// The record, in the controller's namespace, naming every object held.
 pub const HOLDS: &str = "cascade-guard-holds";
 /// The name of the hold policy and its binding.
 pub const HOLD_OBJECT_NAME: &str = "cascade-guard-sibling-order";
@@ -63,14 +68,15 @@ pub const HOLD_OBJECT_NAME: &str = "cascade-guard-sibling-order";
 /// managed-by label, so the sync pass leaves them alone).
 pub const SIBLING_ORDER_LABEL: &str = "cascade-guard.dev/sibling-order";
 
-/// The longest key a ConfigMap takes.
+/// The longest key a hold takes (the length of a ConfigMap key, where holds
+/// were kept first).
 const MAX_KEY: usize = 253;
 
 /// An object's key in [`HOLDS`]: `Kind_group_namespace_name`, which the hold
 /// policy builds again from a DELETE request alone. None of the four can
 /// contain `_` (kinds are alphanumeric, the rest DNS names), so no two
-/// objects share a key; `None` when it would be longer than a ConfigMap key
-/// may be (such an object cannot be held).
+/// objects share a key; `None` when it would be longer than 253 characters
+/// (such an object cannot be held).
 pub fn hold_key(object: &ObjectRef) -> Option<String> {
     let key = format!(
         "{}_{}_{}_{}",
@@ -141,6 +147,7 @@ pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
     let ns = cel_string_literal(namespace);
     let holds = cel_string_literal(HOLDS);
     let ordered = cel_string_literal(ORDERED_TREES);
+    let crd = cel_string_literal(&record_crd_name());
     let variables = vec![
         // A DeleteCollection's items come with no request.name: only they
         // read the stored object, whose conversion is what a policy's
@@ -169,7 +176,7 @@ pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
         variable(
             "record",
             &format!(
-                "request.kind.group == '' && request.kind.kind == 'ConfigMap' && variables.objectNamespace == {ns} && (variables.name == {holds} || variables.name == {ordered})"
+                "(request.kind.group == '{GROUP}' && request.kind.kind == '{SIBLING_ORDER_RECORD_KIND}' && variables.objectNamespace == {ns} && (variables.name == {holds} || variables.name == {ordered})) || (request.kind.group == 'apiextensions.k8s.io' && request.kind.kind == 'CustomResourceDefinition' && variables.name == {crd})"
             ),
         ),
     ];
@@ -190,10 +197,10 @@ pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
         Validation {
             expression: "!variables.record".to_string(),
             message_expression: Some(
-                "'only cascade-guard changes ConfigMap ' + variables.name + ': it says what cascade-guard holds and which trees it ordered. To let go of everything: cascade-guard uninstall, or run the controller with --sibling-order off'".to_string(),
+                "'only cascade-guard changes or deletes ' + request.kind.kind + ' ' + variables.name + ': it says what cascade-guard holds and which trees it ordered, and its policies read it. To let go of everything: cascade-guard uninstall, or run the controller with --sibling-order off'".to_string(),
             ),
             message: Some(
-                "only cascade-guard changes this ConfigMap: it says what sibling order holds".to_string(),
+                "only cascade-guard changes or deletes sibling order's records and their definition: they say what sibling order holds".to_string(),
             ),
             reason: Some("Forbidden".to_string()),
         },
@@ -203,10 +210,10 @@ pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
         metadata: metadata.clone(),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".to_string()),
-            param_kind: Some(configmap_param()),
+            param_kind: Some(record_param()),
             match_constraints: Some(MatchResources {
                 // Any kind can be needed: every DELETE, and a change of the
-                // two ConfigMaps.
+                // two records.
                 resource_rules: Some(vec![
                     NamedRuleWithOperations {
                         api_groups: Some(vec!["*".to_string()]),
@@ -217,9 +224,9 @@ pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
                         resource_names: None,
                     },
                     NamedRuleWithOperations {
-                        api_groups: Some(vec![String::new()]),
-                        api_versions: Some(vec!["v1".to_string()]),
-                        resources: Some(vec!["configmaps".to_string()]),
+                        api_groups: Some(vec![GROUP.to_string()]),
+                        api_versions: Some(vec!["*".to_string()]),
+                        resources: Some(vec![SIBLING_ORDER_RECORD_PLURAL.to_string()]),
                         operations: Some(vec!["UPDATE".to_string()]),
                         scope: Some("Namespaced".to_string()),
                         resource_names: Some(vec![HOLDS.to_string(), ORDERED_TREES.to_string()]),
@@ -238,27 +245,32 @@ pub fn compile_hold(settings: &CompileSettings, namespace: &str) -> Compiled {
         }),
         status: None,
     };
-    // Deny would refuse every delete in the cluster while the ConfigMap is
+    // Deny would refuse every delete in the cluster while the record is
     // missing; without it nothing is held, and the controller writes it
     // again at its next look.
-    let binding = reading_configmap(metadata, HOLD_OBJECT_NAME, HOLDS, namespace, "Allow");
+    let binding = reading_record(metadata, HOLD_OBJECT_NAME, HOLDS, namespace, "Allow");
     Compiled { policy, binding }
 }
 
-/// The parameter of sibling order's policies: a ConfigMap.
-pub(crate) fn configmap_param() -> ParamKind {
+/// The name of the CustomResourceDefinition of sibling order's records.
+pub fn record_crd_name() -> String {
+    format!("{SIBLING_ORDER_RECORD_PLURAL}.{GROUP}")
+}
+
+/// The parameter of sibling order's policies: a record of its own kind.
+pub(crate) fn record_param() -> ParamKind {
     ParamKind {
-        api_version: Some("v1".to_string()),
-        kind: Some("ConfigMap".to_string()),
+        api_version: Some(format!("{GROUP}/{SIBLING_ORDER_RECORD_VERSION}")),
+        kind: Some(SIBLING_ORDER_RECORD_KIND.to_string()),
     }
 }
 
-/// A binding of `policy` that refuses (Deny) with the ConfigMap `configmap`
-/// of `namespace` as its parameter, `not_found` when it is missing.
-pub(crate) fn reading_configmap(
+/// A binding of `policy` that refuses (Deny) with the record `record` of
+/// `namespace` as its parameter, `not_found` when it is missing.
+pub(crate) fn reading_record(
     metadata: ObjectMeta,
     policy: &str,
-    configmap: &str,
+    record: &str,
     namespace: &str,
     not_found: &str,
 ) -> ValidatingAdmissionPolicyBinding {
@@ -269,7 +281,7 @@ pub(crate) fn reading_configmap(
             validation_actions: vec!["Deny".to_string()],
             match_resources: None,
             param_ref: Some(ParamRef {
-                name: Some(configmap.to_string()),
+                name: Some(record.to_string()),
                 namespace: Some(namespace.to_string()),
                 parameter_not_found_action: Some(not_found.to_string()),
                 selector: None,
@@ -711,14 +723,14 @@ mod tests {
         assert_eq!(spec["failurePolicy"], "Fail");
         assert_eq!(
             spec["paramKind"],
-            json!({"apiVersion": "v1", "kind": "ConfigMap"})
+            json!({"apiVersion": "cascade-guard.dev/v1alpha1", "kind": "SiblingOrderRecord"})
         );
         assert_eq!(
             spec["matchConstraints"],
             json!({"matchPolicy": "Equivalent", "resourceRules": [
                 {"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"],
                  "operations": ["DELETE"], "scope": "*"},
-                {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+                {"apiGroups": ["cascade-guard.dev"], "apiVersions": ["*"], "resources": ["siblingorderrecords"],
                  "operations": ["UPDATE"], "scope": "Namespaced",
                  "resourceNames": ["cascade-guard-holds", "cascade-guard-ordered-trees"]},
             ]})
@@ -748,7 +760,9 @@ mod tests {
         assert!(
             spec["variables"][5]["expression"]
                 .as_str()
-                .is_some_and(|e| e.contains("variables.objectNamespace == \"cg\""))
+                .is_some_and(|e| e.contains("variables.objectNamespace == \"cg\"")
+                    && e.contains("request.kind.kind == 'SiblingOrderRecord'")
+                    && e.contains("variables.name == \"siblingorderrecords.cascade-guard.dev\""))
         );
         // Every request field read is optional but the kind (always there):
         // an error would refuse every delete in the cluster, and a

@@ -6,10 +6,10 @@
 //! whose holds the controller may not make (RBAC) would be torn down in no
 //! order by a delete that Refuse lets through (`--cascade=foreground`) or that
 //! Convert converts: the seed's failure. So the controller writes, for every
-//! root it reads, how its tree stands ([`TreeOrder`]) into one ConfigMap of
+//! root it reads, how its tree stands ([`TreeOrder`]) into one record of
 //! its own namespace ([`ORDERED_TREES`]), and the ValidatingAdmissionPolicies
 //! of [`compile_gate`] read it as their parameter: a delete of a root with
-//! something to cascade is refused, with the reason, unless the ConfigMap
+//! something to cascade is refused, with the reason, unless the record
 //! says its tree was ordered at the root's present generation.
 //!
 //! What is never refused by the gate: a delete of an object with a
@@ -18,7 +18,7 @@
 //! nothing to cascade, cascade-guard's own (the Convert re-issue), and
 //! break-glass.
 //!
-//! The ConfigMap is the gate's parameter with `parameterNotFoundAction:
+//! The record is the gate's parameter with `parameterNotFoundAction:
 //! Deny`: without it nothing says which trees are ordered, and every delete
 //! of a gated kind is refused (the controller writes it before the policy).
 
@@ -31,15 +31,15 @@ use k8s_openapi::api::admissionregistration::v1::{
 
 use crate::admission::Compiled;
 use crate::cel::{break_glass_for, cel_string_literal};
-use crate::hold::{HOLD_OBJECT_NAME, configmap_param, reading_configmap, sibling_order_metadata};
+use crate::hold::{HOLD_OBJECT_NAME, reading_record, record_param, sibling_order_metadata};
 use crate::kind::Shape;
 use crate::names::BREAK_GLASS_ANNOTATION;
 use crate::settings::CompileSettings;
 
-/// The ConfigMap, in the controller's namespace, that says how each root's
+/// The record ([`SiblingOrderRecord`](crate::names::SIBLING_ORDER_RECORD_KIND)), in the controller's namespace, that says how each root's
 /// tree stands: its uid to a [`TreeOrder`] value.
 pub const ORDERED_TREES: &str = "cascade-guard-ordered-trees";
-/// What a ConfigMap may hold (1 MiB), less room for its metadata: past it,
+/// What an object may hold in etcd (1.5 MiB by default; kept under 1 MiB), less room for its metadata: past it,
 /// roots are left out of it, and their deletes refused.
 pub const ORDERED_TREES_MAX_BYTES: usize = 900 * 1024;
 
@@ -54,7 +54,7 @@ pub enum TreeOrder {
 }
 
 impl TreeOrder {
-    /// The ConfigMap value: the generation's digits, or the reason (which
+    /// The record's value: the generation's digits, or the reason (which
     /// never reads as digits alone).
     pub fn value(&self) -> String {
         match self {
@@ -78,7 +78,7 @@ impl TreeOrder {
     }
 }
 
-/// Whether a delete of a root now would be ordered, from the ConfigMap's
+/// Whether a delete of a root now would be ordered, from the record's
 /// value for it (`None`: absent) and the root's generation: what the gate
 /// decides, in words, for `plan` and `status`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -249,7 +249,7 @@ fn compile_one(
         metadata: metadata.clone(),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".to_string()),
-            param_kind: Some(configmap_param()),
+            param_kind: Some(record_param()),
             match_constraints: Some(MatchResources {
                 resource_rules: Some(rules),
                 match_policy: Some("Equivalent".to_string()),
@@ -262,7 +262,7 @@ fn compile_one(
         }),
         status: None,
     };
-    let binding = reading_configmap(metadata, &name, ORDERED_TREES, namespace, "Deny");
+    let binding = reading_record(metadata, &name, ORDERED_TREES, namespace, "Deny");
     Compiled { policy, binding }
 }
 
@@ -314,7 +314,7 @@ mod tests {
 
     #[test]
     fn the_gate_state_of_a_root() {
-        // (the ConfigMap's value, the root's generation) -> state
+        // (the record's value, the root's generation) -> state
         let cases = [
             (None, 3, GateState::NotRead),
             (Some("3"), 3, GateState::Ordered),
@@ -372,7 +372,7 @@ mod tests {
         assert_eq!(spec["failurePolicy"], "Fail");
         assert_eq!(
             spec["paramKind"],
-            json!({"apiVersion": "v1", "kind": "ConfigMap"})
+            json!({"apiVersion": "cascade-guard.dev/v1alpha1", "kind": "SiblingOrderRecord"})
         );
         assert_eq!(
             spec["matchConstraints"],

@@ -20,12 +20,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use cascade_guard::api::CascadePolicy;
 use cascade_guard::policy::names::PROTECTED_KINDS_ANNOTATION;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config, CustomResourceExt, ResourceExt};
+use kube::{Api, Client, Config, ResourceExt};
 use local_cluster::real_crossplane::modelplane::{self, SYSTEM_NAMESPACE};
 use local_cluster::{Binaries, wait};
 use serde_json::{Value, json};
@@ -73,13 +72,10 @@ async fn main() -> Result<()> {
             "the seed's platform is not installed: run `cargo run -p local-cluster -- down`, then scripts/demo.sh again"
         );
     }
-    if crds
-        .get_opt(&CascadePolicy::crd().name_any())
-        .await?
-        .is_none()
-    {
-        crds.create(&PostParams::default(), &CascadePolicy::crd())
-            .await?;
+    for crd in cascade_guard::api::crds() {
+        if crds.get_opt(&crd.name_any()).await?.is_none() {
+            crds.create(&PostParams::default(), &crd).await?;
+        }
     }
     say(&format!(
         "annotating Modelplane's XRDs: cascade-guard.dev/deletion-policy: {mode}"

@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use std::sync::Arc;
 
-use cascade_guard::api::CascadePolicy;
 use cascade_guard::cli;
 use cascade_guard::cluster::running::ControllerSettings;
 use cascade_guard::controller::leader::{self, LeaseSettings};
@@ -19,7 +18,6 @@ use cascade_guard::policy::names::{
 };
 use cascade_guard::policy::{CompileSettings, Mode, Severity};
 use clap::{Args, Parser, Subcommand};
-use kube::CustomResourceExt;
 
 #[derive(Parser)]
 #[command(
@@ -49,7 +47,8 @@ enum Command {
     /// Print the admission objects for XRD, CascadePolicy and CRD files (or
     /// directories of them, such as a Crossplane package's apis/), without a cluster.
     Render(RenderArgs),
-    /// Print the CascadePolicy CustomResourceDefinition.
+    /// Print cascade-guard's CustomResourceDefinitions: CascadePolicy and
+    /// SiblingOrderRecord (sibling order's state, written by the controller).
     Crd,
     /// Remove everything cascade-guard put into the cluster: its admission
     /// policies, then its finalizer from every object that carries it (a
@@ -396,8 +395,11 @@ async fn main() -> Result<()> {
         Command::Run(args) => run(args.cluster.kubeconfig.clone(), args).await,
         Command::Render(args) => render(args.kubeconfig.clone(), args).await,
         Command::Crd => {
-            let crd = serde_json::to_value(CascadePolicy::crd())?;
-            out(&cascade_guard::policy::render::to_yaml_stream(&[crd]))
+            let crds = cascade_guard::api::crds()
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<Result<Vec<_>, _>>()?;
+            out(&cascade_guard::policy::render::to_yaml_stream(&crds))
         }
         Command::Version { client, cluster } => version(cluster.kubeconfig, client).await,
         Command::Completion { shell } => {

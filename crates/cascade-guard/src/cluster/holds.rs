@@ -1,23 +1,23 @@
-//! What sibling order holds: the entries of its ConfigMap
+//! What sibling order holds: the entries of its record
 //! ([`HOLDS`](crate::policy::hold::HOLDS)) in the controller's namespace,
 //! and, from before it kept them there, objects that still carry the old
 //! hold label (they hold nothing now; the controller takes it off).
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DynamicObject, ListParams, PartialObjectMeta};
 use kube::{Api, Client};
 
+use crate::api::SiblingOrderRecord;
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::policy::hold::{HOLD_LABEL, HOLDS, HoldEntry, parse_hold_key};
 use crate::policy::order::ObjectRef;
 
-/// Every object held, with its entry, as the ConfigMap in `namespace` says;
-/// none when there is no ConfigMap.
+/// Every object held, with its entry, as the record in `namespace` says;
+/// none when there is no record.
 pub async fn read(
     client: &Client,
     namespace: &str,
 ) -> Result<Vec<(ObjectRef, HoldEntry)>, kube::Error> {
-    let found = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+    let found = Api::<SiblingOrderRecord>::namespaced(client.clone(), namespace)
         .get_opt(HOLDS)
         .await?;
     Ok(found

@@ -581,7 +581,7 @@ impl SiblingOrder {
             self.reported.retain(|uid, _| seen.contains(uid));
             self.held_counts.retain(|uid, _| seen.contains(uid));
         }
-        // What is held first: the gate's ConfigMap says a tree is ordered
+        // What is held first: the gate's record says a tree is ordered
         // only once its holds are written (the API server reads both through
         // one informer, in order).
         if self.holds.write().await {
@@ -956,7 +956,7 @@ enum Done {
 /// and what an owner being deleted had been refused deleted, so that nothing
 /// a controller once held stays held by one that no longer orders.
 pub async fn let_go_of_everything(client: Client, namespace: String) {
-    // The hold policy first: it refuses a change of the ConfigMaps by anyone
+    // The hold policy first: it refuses a change of the records by anyone
     // but a running controller.
     gate::remove(&client, HOLD_OBJECT_NAME).await;
     let held = crate::cluster::holds::read(&client, &namespace)

@@ -65,7 +65,7 @@ fn the_chart_renders_the_committed_manifest_and_is_locked_down() {
         .arg("crd")
         .output()
         .expect("cascade-guard crd");
-    let file = std::fs::read_to_string(chart::chart_dir().join("files/cascadepolicy-crd.yaml"))
+    let file = std::fs::read_to_string(chart::chart_dir().join("files/crds.yaml"))
         .expect("the chart's CRD file");
     assert_eq!(
         String::from_utf8_lossy(&crd.stdout),

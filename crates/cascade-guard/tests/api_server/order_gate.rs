@@ -15,8 +15,8 @@ mod support;
 use std::process::Output;
 use std::time::Duration;
 
+use cascade_guard::api::SiblingOrderRecord;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
 use kube::{Api, Client, ResourceExt};
 use local_cluster::testing::Scope;
@@ -27,7 +27,7 @@ use support::*;
 
 const ORDERED_TREES: &str = "cascade-guard-ordered-trees";
 /// Where a controller outside a pod, without --leader-election-namespace,
-/// keeps its Lease, and so its ConfigMap.
+/// keeps its Lease, and so its record.
 const HOME: &str = "default";
 
 /// XR `name` composing ConfigMaps `name-0` (which needs `name-1`) and
@@ -46,12 +46,12 @@ async fn needy_tree(client: &Client, resource: &ApiResource, ns: &str, name: &st
     xr.uid().expect("uid")
 }
 
-/// Waits until the controller's ConfigMap says the tree of `uid` is ordered
+/// Waits until the controller's record says the tree of `uid` is ordered
 /// (any generation: the root's is 1 here).
 async fn wait_ordered(client: &Client, uid: &str) {
-    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), HOME);
+    let records: Api<SiblingOrderRecord> = Api::namespaced(client.clone(), HOME);
     let ordered = wait::until(Duration::from_secs(90), || async {
-        let cm = configmaps.get_opt(ORDERED_TREES).await.ok()??;
+        let cm = records.get_opt(ORDERED_TREES).await.ok()??;
         let value = cm.data?.get(uid)?.clone();
         value.chars().all(|c| c.is_ascii_digit()).then_some(())
     })
@@ -213,10 +213,10 @@ async fn a_delete_of_a_tree_the_controller_has_not_ordered_is_refused_with_the_r
     env.stop_controller(_second);
     let _off = env.start_controller(&["--sibling-order=off", "--no-leader-election"]);
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), HOME);
+    let records: Api<SiblingOrderRecord> = Api::namespaced(client.clone(), HOME);
     let released = wait::until(Duration::from_secs(60), || async {
-        let holds = configmaps.get_opt("cascade-guard-holds").await.ok()?;
-        let trees = configmaps.get_opt(ORDERED_TREES).await.ok()?;
+        let holds = records.get_opt("cascade-guard-holds").await.ok()?;
+        let trees = records.get_opt(ORDERED_TREES).await.ok()?;
         let gate = policies
             .get_opt("cascade-guard-sibling-order-roots-composites")
             .await

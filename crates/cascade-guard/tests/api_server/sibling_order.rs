@@ -257,8 +257,10 @@ async fn the_hold_is_guarded_and_break_glass_gets_past_it() {
     let maps: Api<DynamicObject> =
         Api::namespaced_with(s.client.clone(), &s.namespace, &config_maps());
     // What is held is cascade-guard's to change: an admin's edit of its
-    // ConfigMap is refused.
-    let holds: Api<k8s_openapi::api::core::v1::ConfigMap> =
+    // record is refused, and so are the record's delete and its
+    // definition's (without which the API server could not evaluate the
+    // hold policy, and would refuse every DELETE).
+    let holds: Api<cascade_guard::api::SiblingOrderRecord> =
         Api::namespaced(s.client.clone(), CONTROLLER_HOME);
     let edit = holds
         .patch(
@@ -269,9 +271,35 @@ async fn the_hold_is_guarded_and_break_glass_gets_past_it() {
         .await;
     let refused = edit.expect_err("an admin took an entry out of cascade-guard's holds");
     assert!(
+        refused.to_string().contains(
+            "only cascade-guard changes or deletes SiblingOrderRecord cascade-guard-holds"
+        ),
+        "{refused}"
+    );
+    let refused = holds
+        .delete("cascade-guard-holds", &DeleteParams::default())
+        .await
+        .expect_err("an admin deleted cascade-guard's holds");
+    assert!(
         refused
             .to_string()
-            .contains("only cascade-guard changes ConfigMap cascade-guard-holds"),
+            .contains("only cascade-guard changes or deletes"),
+        "{refused}"
+    );
+    let definitions: Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = Api::all(s.client.clone());
+    let refused = definitions
+        .delete(
+            "siblingorderrecords.cascade-guard.dev",
+            &DeleteParams::default(),
+        )
+        .await
+        .expect_err("an admin deleted the records' definition under the hold policy");
+    assert!(
+        refused
+            .to_string()
+            .contains("only cascade-guard changes or deletes CustomResourceDefinition siblingorderrecords.cascade-guard.dev"),
         "{refused}"
     );
     // A label of the old kind, forged or restored from a backup, holds

@@ -19,9 +19,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use cascade_guard::api::CascadePolicy;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams, PropagationPolicy};
-use kube::{Api, Client, CustomResourceExt};
+use kube::{Api, Client};
 use local_cluster::process::{self, Lifetime, Process};
 use local_cluster::real_crossplane::modelplane::{self, SYSTEM_NAMESPACE};
 use local_cluster::real_crossplane::package::{self, ConfigurationPackage, PackageTools, Registry};
@@ -54,7 +53,7 @@ struct Stack {
 async fn start() -> Stack {
     local_cluster::testing::init_tracing();
     let cp = ControlPlane::start(Options {
-        crds: vec![CascadePolicy::crd()],
+        crds: cascade_guard::api::crds(),
         ..Options::default()
     })
     .await

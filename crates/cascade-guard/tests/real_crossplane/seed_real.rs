@@ -103,10 +103,9 @@ use std::path::PathBuf;
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
-use cascade_guard::api::CascadePolicy;
 use fault_window::FaultWindow;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
-use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use local_cluster::process::{self, Lifetime, Process};
 use local_cluster::real_crossplane::modelplane::{self, SYSTEM_NAMESPACE};
 use local_cluster::real_crossplane::{Crossplane, CrossplaneOptions};
@@ -327,7 +326,7 @@ impl Drop for TestClock {
 async fn start() -> Stack {
     local_cluster::testing::init_tracing();
     let cp = ControlPlane::start(Options {
-        crds: vec![CascadePolicy::crd()],
+        crds: cascade_guard::api::crds(),
         ..Options::default()
     })
     .await

@@ -221,9 +221,9 @@ pub const NO_VERSIONS_XRD: &str = "emptycomposites.table.cascade-guard.dev";
 pub fn options() -> Options {
     let mut crds = vec![
         crossplane::crossplane_crd(crossplane::XRD_CRD).expect("Crossplane XRD CRD fixture"),
-        CascadePolicy::crd(),
         leaf_crd(),
     ];
+    crds.extend(cascade_guard::api::crds());
     for k in XR_KINDS {
         crds.push(crossplane::xrd_to_crd(&k.xrd()).expect("XRD to CRD"));
     }
@@ -800,7 +800,7 @@ pub async fn events_about(client: &Client, name: &str) -> Vec<(String, String)> 
 pub const CONTROLLER_HOME: &str = "default";
 
 /// Whether sibling order holds the object of `resource` named `name` (in
-/// `ns`) now: an entry in its ConfigMap in `home`.
+/// `ns`) now: an entry in its record in `home`.
 pub async fn sibling_held(
     client: &Client,
     home: &str,
@@ -813,7 +813,7 @@ pub async fn sibling_held(
     let Some(key) = hold_key(&ObjectRef::new(&resource.group, &resource.kind, ns, name)) else {
         return false;
     };
-    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), home)
+    Api::<cascade_guard::api::SiblingOrderRecord>::namespaced(client.clone(), home)
         .get_opt(HOLDS)
         .await
         .ok()
@@ -841,7 +841,7 @@ pub async fn wait_sibling_held(
     .is_some()
 }
 
-/// Waits (up to a minute) until the controller whose ConfigMaps are in
+/// Waits (up to a minute) until the controller whose records are in
 /// `home` has ordered the tree of the root `name`: its delete is then not
 /// refused by the gate on unordered deletes (the product's default), which
 /// refuses a tree the controller has not read yet.
@@ -857,12 +857,12 @@ pub async fn wait_ordered(
         Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
         None => Api::all_with(client.clone(), resource),
     };
-    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+    let records: Api<cascade_guard::api::SiblingOrderRecord> =
         Api::namespaced(client.clone(), home);
     let ordered = wait::until(Duration::from_secs(60), || async {
         let root = roots.get(name).await.ok()?;
         let uid = root.metadata.uid?;
-        let data = configmaps.get_opt(ORDERED_TREES).await.ok()??.data?;
+        let data = records.get_opt(ORDERED_TREES).await.ok()??.data?;
         let state = GateState::of(
             data.get(&uid).map(String::as_str),
             root.metadata.generation.unwrap_or(0),

@@ -12,10 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
-use cascade_guard::api::CascadePolicy;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use local_cluster::model::composite::Node;
 use local_cluster::model::modelplane::{self, SYSTEM_NAMESPACE};
 use local_cluster::model::provider::ProviderKind;
@@ -71,7 +70,7 @@ pub async fn platform() -> &'static Platform {
 async fn start() -> Platform {
     local_cluster::testing::init_tracing();
     let mut crds = modelplane::crds().expect("Modelplane and Crossplane CRDs from the fixtures");
-    crds.push(CascadePolicy::crd());
+    crds.extend(cascade_guard::api::crds());
     let cp = ControlPlane::start(Options {
         crds,
         ..Options::default()

@@ -933,7 +933,7 @@ mod scale {
             &cascade_guard::policy::CompileSettings::default(),
             "default",
         );
-        let holds: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        let holds: Api<cascade_guard::api::SiblingOrderRecord> =
             Api::namespaced(admin.clone(), "default");
         let entries: serde_json::Map<String, Value> = (0..hold_entries().max(1))
             .map(|i| {
@@ -949,9 +949,11 @@ mod scale {
             .patch(
                 cascade_guard::policy::hold::HOLDS,
                 &PatchParams::apply("bench").force(),
-                &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                &Patch::Apply(
+                    json!({"apiVersion": "cascade-guard.dev/v1alpha1", "kind": "SiblingOrderRecord",
                     "metadata": {"name": cascade_guard::policy::hold::HOLDS},
-                    "data": entries})),
+                    "data": entries}),
+                ),
             )
             .await?;
         let bare = |v: Value| -> Value {

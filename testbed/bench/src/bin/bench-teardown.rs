@@ -20,10 +20,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use cascade_guard::api::CascadePolicy;
 use cascade_guard_bench::{percentile, start_controller};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
-use kube::{Api, Client, CustomResourceExt};
+use kube::{Api, Client};
 use local_cluster::real_crossplane::modelplane::{self, Platform};
 use local_cluster::real_crossplane::{Crossplane, CrossplaneOptions};
 use local_cluster::{ControlPlane, Options};
@@ -42,7 +41,7 @@ async fn main() -> Result<()> {
         .and_then(|n| n.parse().ok())
         .unwrap_or(3);
     let cp = ControlPlane::start(Options {
-        crds: vec![CascadePolicy::crd()],
+        crds: cascade_guard::api::crds(),
         ..Options::default()
     })
     .await?;

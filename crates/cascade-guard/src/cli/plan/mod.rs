@@ -102,11 +102,10 @@ pub fn teardown_of(mode: Mode, sibling_order: bool) -> Teardown {
 /// Why sibling order does not keep this root's tree in order now; empty
 /// when it does. Each is checked, none assumed: a controller runs (its Lease
 /// is live) with sibling order on, its hold policy is in the cluster, and its
-/// ConfigMap says the tree was ordered at the root's present generation.
+/// record says the tree was ordered at the root's present generation.
 async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> Vec<String> {
     use crate::policy::order_gate::{GateState, ORDERED_TREES};
     use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
-    use k8s_openapi::api::core::v1::ConfigMap;
 
     let mut why = Vec::new();
     let leases = match crate::cluster::running::find(client, lease_id).await {
@@ -153,7 +152,7 @@ async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> V
     };
     let uid = root.uid().unwrap_or_default();
     let generation = root.metadata.generation.unwrap_or(0);
-    match kube::Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+    match kube::Api::<crate::api::SiblingOrderRecord>::namespaced(client.clone(), &namespace)
         .get_opt(ORDERED_TREES)
         .await
     {
@@ -165,7 +164,7 @@ async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> V
             }
         }
         Err(e) => why.push(format!(
-            "cannot tell whether the controller read this tree: cannot read the ConfigMap {namespace}/{ORDERED_TREES}: {e}"
+            "cannot tell whether the controller read this tree: cannot read the SiblingOrderRecord {namespace}/{ORDERED_TREES}: {e}"
         )),
     }
     why

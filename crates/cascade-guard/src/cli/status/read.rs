@@ -210,7 +210,7 @@ pub async fn status(
                 .collect(),
             Err(e) => {
                 problems.push(format!(
-                    "cannot read what sibling order holds (ConfigMap {}/{}): {e}",
+                    "cannot read what sibling order holds (SiblingOrderRecord {}/{}): {e}",
                     c.namespace,
                     crate::policy::hold::HOLDS
                 ));

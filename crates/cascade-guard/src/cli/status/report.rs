@@ -43,7 +43,7 @@ pub struct Report {
     pub controller: Option<Running>,
     /// Whose settings the comparison compiled with.
     pub settings_from: SettingsFrom,
-    /// What sibling order holds now (its ConfigMap `cascade-guard-holds`).
+    /// What sibling order holds now (its record `cascade-guard-holds`).
     pub sibling_holds: Vec<SiblingHold>,
 }
 

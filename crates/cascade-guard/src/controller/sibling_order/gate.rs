@@ -1,7 +1,7 @@
-//! The gate's writes: how each root's tree stands, in the ConfigMap
+//! The gate's writes: how each root's tree stands, in the record
 //! [`ORDERED_TREES`] of the controller's namespace, and the admission
 //! policies that read it ([`compile_gate`]): a delete of a root whose tree is
-//! not ordered is refused. The ConfigMap is written before the policies,
+//! not ordered is refused. The record is written before the policies,
 //! which refuse every delete of a gated kind while it is missing.
 
 use std::collections::HashSet;
@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 
 use super::MANAGER;
 use super::record::{MAX_BYTES, Record};
+use crate::api::SiblingOrderRecord;
 use crate::policy::CompileSettings;
 use crate::policy::hold::HOLDS;
 use crate::policy::order_gate::{GatedKind, ORDERED_TREES, compile_gate, gate_names};
@@ -26,13 +26,13 @@ const CHECK_EVERY: Duration = Duration::from_secs(10);
 pub(super) struct Gate {
     client: Client,
     /// Write the policies (`--unordered-deletes=refuse`); else only the
-    /// ConfigMap, which `plan` reads, and no policy.
+    /// record, which `plan` reads, and no policy.
     enforce: bool,
     settings: CompileSettings,
     /// A root's uid to its `TreeOrder` value.
     marks: Record,
     /// Roots read alone (nothing composed or referenced): left out first
-    /// when the ConfigMap would grow past its size.
+    /// when the record would grow past its size.
     alone: HashSet<String>,
     /// The kinds the policies were last written for, and when.
     policies: Option<(Vec<GatedKind>, Instant)>,
@@ -80,7 +80,7 @@ impl Gate {
         self.alone.retain(|uid| keep(uid));
     }
 
-    /// Brings the ConfigMap, then the policies, to what they should be.
+    /// Brings the record, then the policies, to what they should be.
     pub async fn write(&mut self, kinds: &[GatedKind], resync: Duration) {
         self.fit();
         if !self.marks.write().await {
@@ -89,7 +89,7 @@ impl Gate {
         self.write_policies(kinds, resync).await;
     }
 
-    /// Keeps the marks within what a ConfigMap may hold: roots read alone go
+    /// Keeps the marks within what a record may hold: roots read alone go
     /// first (a composite with nothing composed is never gated), then any.
     /// A root left out is refused until there is room: never let through.
     fn fit(&mut self) {
@@ -115,7 +115,7 @@ impl Gate {
         }
         tracing::warn!(
             left_out = before - self.marks.wanted.len(),
-            "sibling order: more ordered trees than the ConfigMap {ORDERED_TREES} can hold; the deletes of those left out are refused as not ordered"
+            "sibling order: more ordered trees than the record {ORDERED_TREES} can hold; the deletes of those left out are refused as not ordered"
         );
     }
 
@@ -204,21 +204,21 @@ pub(super) async fn remove(client: &Client, name: &str) {
     }
 }
 
-/// The gate's policies and both ConfigMaps, removed (`--sibling-order
+/// The gate's policies and both records, removed (`--sibling-order
 /// off`): the policies first, which would refuse every delete of their
-/// kinds without the ConfigMap. The hold policy must be gone before (it
-/// refuses a change of the ConfigMaps by anyone but a running controller).
+/// kinds without the record. The hold policy must be gone before (it
+/// refuses a change of the records by anyone but a running controller).
 pub(super) async fn remove_all(client: &Client, namespace: &str) {
     for name in gate_names() {
         remove(client, &name).await;
     }
-    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let records: Api<SiblingOrderRecord> = Api::namespaced(client.clone(), namespace);
     for name in [ORDERED_TREES, HOLDS] {
-        match configmaps.delete(name, &DeleteParams::default()).await {
+        match records.delete(name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => {
-                tracing::warn!(error = %e, %name, "sibling order: cannot remove its ConfigMap")
+                tracing::warn!(error = %e, %name, "sibling order: cannot remove its record")
             }
         }
     }

@@ -1,7 +1,7 @@
-//! What sibling order holds, kept in its ConfigMap
+//! What sibling order holds, kept in its record
 //! ([`HOLDS`](crate::policy::hold::HOLDS)), and the hold policy that reads it
 //! ([`compile_hold`]). The loop changes the entries as it reads trees and
-//! writes them once a look; the ConfigMap is made, and entries an older
+//! writes them once a look; the record is made, and entries an older
 //! release kept as labels are taken in, before the policy is written, so that
 //! nothing held loses its hold across a start or an upgrade.
 
@@ -54,7 +54,7 @@ impl Holds {
         }
     }
 
-    /// The ConfigMap and the policy in place (made, written): holds can be
+    /// The record and the policy in place (made, written): holds can be
     /// made and kept.
     pub fn in_place(&self) -> bool {
         self.policy_written.is_some()
@@ -80,7 +80,7 @@ impl Holds {
         held_for: &str,
     ) -> Result<(), String> {
         let key = hold_key(object).ok_or_else(|| {
-            "its name is too long to be held (a ConfigMap key has at most 253 characters: Kind_group_namespace_name)".to_string()
+            "its name is too long to be held (a hold key has at most 253 characters: Kind_group_namespace_name)".to_string()
         })?;
         let value = HoldEntry {
             root: root.to_string(),
@@ -92,7 +92,7 @@ impl Holds {
             && self.record.size() + key.len() + value.len() + 8 > MAX_BYTES
         {
             return Err(format!(
-                "the ConfigMap {HOLDS} is full ({} objects held)",
+                "the record {HOLDS} is full ({} objects held)",
                 self.record.wanted.len()
             ));
         }
@@ -122,8 +122,8 @@ impl Holds {
         out
     }
 
-    /// At a start: reads the ConfigMap (makes it when missing), takes in the
-    /// objects an older release held with its label, writes the ConfigMap,
+    /// At a start: reads the record (makes it when missing), takes in the
+    /// objects an older release held with its label, writes the record,
     /// then the policy; later, puts the policy back when it was edited or
     /// deleted, and writes it again every resync.
     pub async fn prepare(&mut self, kinds: &ServedKinds, resync: Duration) {
@@ -176,7 +176,7 @@ impl Holds {
         }
     }
 
-    /// Writes what changed in the entries; true when the ConfigMap says what
+    /// Writes what changed in the entries; true when the record says what
     /// is held.
     pub async fn write(&mut self) -> bool {
         self.record.write().await
@@ -217,7 +217,7 @@ impl Holds {
         if taken > 0 {
             tracing::info!(
                 taken,
-                "sibling order: objects held with the old label are held in the ConfigMap {HOLDS} now"
+                "sibling order: objects held with the old label are held in the record {HOLDS} now"
             );
         }
     }

@@ -1,4 +1,4 @@
-//! One ConfigMap of sibling order's, in the controller's namespace, kept as
+//! One [`SiblingOrderRecord`] of sibling order's, in the controller's namespace, kept as
 //! a map the loop changes as it reads trees and writes once a look: what it
 //! holds ([`HOLDS`](crate::policy::hold::HOLDS)) and which trees it ordered
 //! ([`ORDERED_TREES`](crate::policy::order_gate::ORDERED_TREES)). Admission
@@ -7,24 +7,24 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
 use super::MANAGER;
-use crate::policy::hold::SIBLING_ORDER_LABEL;
+use crate::api::SiblingOrderRecord;
 
-/// What a ConfigMap may hold (1 MiB), less room for its metadata.
+/// What a record may hold: under the 1 MiB a ConfigMap may (etcd takes 1.5
+/// by default), less room for its metadata.
 pub(super) const MAX_BYTES: usize = 900 * 1024;
 
 pub(super) struct Record {
     client: Client,
     namespace: String,
     name: &'static str,
-    /// What it is for, in words, on the ConfigMap.
+    /// What it is for, in words, on the record.
     what: &'static str,
-    /// What the ConfigMap holds, as last read or written; `None` until read.
+    /// What the record holds, as last read or written; `None` until read.
     written: Option<BTreeMap<String, String>>,
     /// What it should hold.
     pub wanted: BTreeMap<String, String>,
@@ -49,7 +49,7 @@ impl Record {
         &self.namespace
     }
 
-    /// Reads the ConfigMap once (again after a failed write): what a
+    /// Reads the record once (again after a failed write): what a
     /// controller before this one wrote stays wanted unless the loop changed
     /// it since; it is made when missing. True when it is there.
     pub async fn load(&mut self) -> bool {
@@ -76,7 +76,7 @@ impl Record {
         }
     }
 
-    /// Sends what changed since the last write; true when the ConfigMap now
+    /// Sends what changed since the last write; true when the record now
     /// holds what is wanted.
     pub async fn write(&mut self) -> bool {
         if !self.load().await {
@@ -129,25 +129,12 @@ impl Record {
         self.wanted.iter().map(|(k, v)| k.len() + v.len() + 8).sum()
     }
 
-    fn api(&self) -> Api<ConfigMap> {
+    fn api(&self) -> Api<SiblingOrderRecord> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
     async fn create(&mut self) -> bool {
-        let object: ConfigMap = match serde_json::from_value(json!({
-            "metadata": {
-                "name": self.name,
-                "labels": { SIBLING_ORDER_LABEL: "true", "app.kubernetes.io/managed-by": "cascade-guard" },
-                "annotations": { "cascade-guard.dev/what": self.what },
-            },
-            "data": self.wanted,
-        })) {
-            Ok(object) => object,
-            Err(e) => {
-                tracing::error!(error = %e, name = self.name, "sibling order: cannot build its ConfigMap");
-                return false;
-            }
-        };
+        let object = SiblingOrderRecord::new(self.name, self.what, &self.wanted);
         match self.api().create(&PostParams::default(), &object).await {
             Ok(_) => {
                 self.written = Some(self.wanted.clone());
@@ -165,7 +152,7 @@ impl Record {
     fn warn(&mut self, e: &kube::Error) {
         if !self.warned {
             self.warned = true;
-            tracing::error!(error = %e, namespace = %self.namespace, name = self.name, "sibling order: cannot read or write its ConfigMap (cascade-guard needs create, and get and patch on it: the chart's Role <release>-sibling-order); until it can, the trees it orders are not ordered");
+            tracing::error!(error = %e, namespace = %self.namespace, name = self.name, "sibling order: cannot read or write its SiblingOrderRecord (the CustomResourceDefinition siblingorderrecords.cascade-guard.dev must be installed: cascade-guard crd; cascade-guard needs create, and get and patch on it: the chart's Role <release>-sibling-order); until it can, the trees it orders are not ordered and nothing is held");
         }
     }
 }
