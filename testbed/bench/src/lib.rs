@@ -152,6 +152,7 @@ pub async fn start_plane(xrds: &[Value], namespaces: &[&str]) -> Result<(Control
     for x in xrds {
         crds.push(crossplane::xrd_to_crd(x).map_err(anyhow::Error::msg)?);
     }
+    crds.extend(cascade_guard::api::crds());
     let cp = ControlPlane::start(Options {
         crds,
         ..Options::default()

@@ -558,6 +558,7 @@ mod scale {
             other["spec"]["group"] = json!(OTHER_GROUP);
             other["spec"]["names"] = json!({"kind": "Other", "plural": "others"});
             crds.push(crossplane::xrd_to_crd(&other).map_err(anyhow::Error::msg)?);
+            crds.extend(cascade_guard::api::crds());
 
             let started = Instant::now();
             let cp = ControlPlane::start(Options {

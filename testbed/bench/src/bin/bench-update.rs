@@ -38,12 +38,13 @@ fn xrd(kind: &str, plural: &str) -> Value {
 #[tokio::main]
 async fn main() -> Result<()> {
     let protected_xrd = xrd("Bench0", "bench0s");
-    let crds = vec![
+    let mut crds = vec![
         crossplane::crossplane_crd(crossplane::XRD_CRD).map_err(anyhow::Error::msg)?,
         crossplane::xrd_to_crd(&protected_xrd).map_err(anyhow::Error::msg)?,
         // The unprotected kind: an XR kind with no XRD, so no policy matches it.
         crossplane::xrd_to_crd(&xrd("Plain", "plains")).map_err(anyhow::Error::msg)?,
     ];
+    crds.extend(cascade_guard::api::crds());
     let cp = ControlPlane::start(Options {
         crds,
         ..Options::default()
