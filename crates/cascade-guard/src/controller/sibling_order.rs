@@ -405,7 +405,7 @@ impl SiblingOrder {
             && !self.backlog
             && !self.roots.values().any(|(_, _, active)| *active)
         {
-            if self.holds.write().await {
+            if self.holds.write(&kinds).await {
                 self.gate.write(&gated, self.resync).await;
             }
             self.kinds = Some((kinds, discovered));
@@ -584,7 +584,7 @@ impl SiblingOrder {
         // What is held first: the gate's record says a tree is ordered
         // only once its holds are written (the API server reads both through
         // one informer, in order).
-        if self.holds.write().await {
+        if self.holds.write(&kinds).await {
             self.gate.write(&gated, self.resync).await;
         }
         self.metrics.set_sibling_order(
@@ -766,6 +766,35 @@ impl SiblingOrder {
                 }
             }
         }
+        // A hold is in force once the hold policy names its kind and the API
+        // server has had the time to load it: until then the tree is not
+        // ordered, and read again every tick.
+        let mut holding_now: BTreeSet<ObjectRef> = held_now
+            .iter()
+            .filter(|r| !unexplained.contains(r))
+            .cloned()
+            .collect();
+        for action in &todo {
+            match action {
+                Action::Hold { object, .. } => {
+                    holding_now.insert(object.clone());
+                }
+                Action::Release { object } => {
+                    holding_now.remove(object);
+                }
+                Action::Delete { .. } => {}
+            }
+        }
+        let waiting = holding_now
+            .iter()
+            .find_map(|object| {
+                self.holds
+                    .in_force(object, kinds)
+                    .err()
+                    .map(|why| format!("cannot hold {object} yet: {why}"))
+            })
+            .inspect(|why| unordered.push(why.clone()))
+            .is_some();
         let deleting = graph.nodes.iter().any(|n| n.in_tree && n.deleting);
         self.tearing_down |= deleting && holding > 0;
         // A young tree is still being composed (its Usages taking hold, its
@@ -805,7 +834,7 @@ impl SiblingOrder {
                     .as_secs()
                     < SETTLING_SECS
             });
-        deleting || settling || !todo.is_empty()
+        deleting || settling || waiting || !todo.is_empty()
     }
 
     async fn act(

@@ -114,6 +114,45 @@ async fn a_delete_of_a_tree_the_controller_has_not_ordered_is_refused_with_the_r
     // Read and held: ordered, and plan says so.
     let tree = needy_tree(client, &resource, &s.namespace, "tree").await;
     wait_ordered(client, &tree).await;
+    // The hold policy sees the DELETEs of the kind it holds (ConfigMaps),
+    // its records and CRDs, and of no other kind: it reads its record at
+    // every evaluation, which must not be every DELETE in the cluster.
+    let live = Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .get("cascade-guard-sibling-order")
+        .await
+        .expect("the hold policy");
+    let rules = serde_json::to_value(
+        live.spec
+            .and_then(|s| s.match_constraints)
+            .and_then(|m| m.resource_rules),
+    )
+    .expect("rules");
+    let deletes: Vec<(String, String)> = rules
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| r["operations"] == json!(["DELETE"]))
+        .flat_map(|r| {
+            let group = r["apiGroups"][0].as_str().unwrap_or("?").to_string();
+            r["resources"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |p| (group.clone(), p.as_str().unwrap_or("?").to_string()))
+        })
+        .collect();
+    assert_eq!(
+        deletes,
+        [
+            (String::new(), "configmaps".to_string()),
+            (
+                "apiextensions.k8s.io".to_string(),
+                "customresourcedefinitions".to_string()
+            )
+        ],
+        "{rules}"
+    );
     let out = plan(env, &resource, &s.namespace, "tree");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(

@@ -930,9 +930,16 @@ mod scale {
             .await?;
         vaps.delete_collection(&Default::default(), &sibling)
             .await?;
+        // The kinds it names: the held ConfigMaps', and the first series'
+        // (an unheld object of a held kind, which pays for reading the
+        // record); the DELETEs of the other series' kinds do not reach it.
         let hold = cascade_guard::policy::hold::compile_hold(
             &cascade_guard::policy::CompileSettings::default(),
             "default",
+            &std::collections::BTreeSet::from([
+                (String::new(), "configmaps".to_string()),
+                (plain.group.clone(), plain.plural.clone()),
+            ]),
         );
         let holds: Api<cascade_guard::api::SiblingOrderRecord> =
             Api::namespaced(admin.clone(), "default");

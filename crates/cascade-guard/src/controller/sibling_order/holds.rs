@@ -5,7 +5,7 @@
 //! release kept as labels are taken in, before the policy is written, so that
 //! nothing held loses its hold across a start or an upgrade.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -20,10 +20,16 @@ use crate::cluster::kinds::ServedKinds;
 use crate::cluster::{holds, unhold};
 use crate::policy::CompileSettings;
 use crate::policy::hold::{
-    HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, HOLDS, HoldEntry, compile_hold, hold_key,
-    parse_hold_key,
+    HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, HOLDS, HeldKind, HoldEntry, compile_hold,
+    hold_key, parse_hold_key,
 };
 use crate::policy::order::ObjectRef;
+
+/// How long after the hold policy first names a kind its holds count as
+/// made: the API server rebuilds its admission policies at most once a
+/// second after its informer sees a change (k8s.io/apiserver's generic
+/// policy source), and nothing in the API tells when it has.
+const LOADED_AFTER: Duration = Duration::from_secs(3);
 
 pub(super) struct Holds {
     client: Client,
@@ -31,6 +37,9 @@ pub(super) struct Holds {
     record: Record,
     /// When the policy was last written whole.
     policy_written: Option<Instant>,
+    /// The kinds the policy in the cluster names, each with when it first
+    /// named it; only DELETEs of these kinds reach the policy.
+    named: BTreeMap<HeldKind, Instant>,
     /// The old labels were taken in (once, at the start).
     migrated: bool,
     /// And are to be taken off, once the new policy holds what they held.
@@ -49,6 +58,7 @@ impl Holds {
             client,
             settings,
             policy_written: None,
+            named: BTreeMap::new(),
             migrated: false,
             strip_old: false,
         }
@@ -58,6 +68,29 @@ impl Holds {
     /// made and kept.
     pub fn in_place(&self) -> bool {
         self.policy_written.is_some()
+    }
+
+    /// Whether a hold on `object` is in force: its kind named by the hold
+    /// policy long enough for the API server to have loaded it; why not.
+    pub fn in_force(&self, object: &ObjectRef, kinds: &ServedKinds) -> Result<(), String> {
+        let what = format!("{}.{}", object.kind, object.group);
+        let kind = held_kind(object, kinds).ok_or_else(|| format!("{what} is not served"))?;
+        match self.named.get(&kind) {
+            Some(at) if at.elapsed() >= LOADED_AFTER => Ok(()),
+            Some(_) => Err(format!(
+                "the hold policy names {what} only since a moment: the API server loads it within seconds"
+            )),
+            None => Err(format!("the hold policy does not name {what} yet")),
+        }
+    }
+
+    /// The kinds of what is held.
+    fn held_kinds(&self, kinds: &ServedKinds) -> BTreeSet<HeldKind> {
+        self.record
+            .wanted
+            .keys()
+            .filter_map(|key| held_kind(&parse_hold_key(key)?, kinds))
+            .collect()
     }
 
     /// What is held for `root` now.
@@ -135,7 +168,11 @@ impl Holds {
         }
         let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
         let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
-        let compiled = compile_hold(&self.settings, self.record.namespace());
+        if self.policy_written.is_none() {
+            self.named_before(&policies, kinds).await;
+        }
+        let named: BTreeSet<HeldKind> = self.named.keys().cloned().collect();
+        let compiled = compile_hold(&self.settings, self.record.namespace(), &named);
         let due = match self.policy_written {
             None => true,
             Some(at) if at.elapsed() > resync => true,
@@ -144,9 +181,54 @@ impl Holds {
                     || super::drifted(&bindings, HOLD_OBJECT_NAME, &compiled.binding).await
             }
         };
-        if !due {
-            return;
+        if due || named != self.held_kinds(kinds) {
+            self.write_policy(kinds).await;
         }
+    }
+
+    /// At a start: the kinds the policy already in the cluster names count
+    /// as loaded (it was written before this controller began), so that a
+    /// restart does not refuse, for a moment, the deletes of trees ordered
+    /// before it.
+    async fn named_before(
+        &mut self,
+        policies: &Api<ValidatingAdmissionPolicy>,
+        kinds: &ServedKinds,
+    ) {
+        let Ok(Some(live)) = policies.get_opt(HOLD_OBJECT_NAME).await else {
+            return;
+        };
+        let loaded = Instant::now()
+            .checked_sub(LOADED_AFTER)
+            .unwrap_or_else(Instant::now);
+        let rules = live
+            .spec
+            .and_then(|s| s.match_constraints)
+            .and_then(|m| m.resource_rules)
+            .unwrap_or_default();
+        let held = self.held_kinds(kinds);
+        for rule in rules {
+            if rule.operations.as_deref() != Some(&["DELETE".to_string()][..]) {
+                continue;
+            }
+            for group in rule.api_groups.unwrap_or_default() {
+                for plural in rule.resources.clone().unwrap_or_default() {
+                    let kind = (group.clone(), plural);
+                    if held.contains(&kind) {
+                        self.named.insert(kind, loaded);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the policy naming the kinds held now; a kind it did not name
+    /// before counts from now ([`LOADED_AFTER`]).
+    async fn write_policy(&mut self, kinds: &ServedKinds) {
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
+        let wanted = self.held_kinds(kinds);
+        let compiled = compile_hold(&self.settings, self.record.namespace(), &wanted);
         let params = PatchParams::apply(MANAGER).force();
         let written = policies
             .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.policy))
@@ -159,6 +241,11 @@ impl Holds {
         match written {
             Ok(_) => {
                 self.policy_written = Some(Instant::now());
+                let now = Instant::now();
+                self.named.retain(|k, _| wanted.contains(k));
+                for kind in wanted {
+                    self.named.entry(kind).or_insert(now);
+                }
                 if std::mem::take(&mut self.strip_old) {
                     let stripped = unhold::strip_old_labels(&self.client, kinds, |line| {
                         tracing::debug!("sibling order: {line}")
@@ -176,10 +263,18 @@ impl Holds {
         }
     }
 
-    /// Writes what changed in the entries; true when the record says what
-    /// is held.
-    pub async fn write(&mut self) -> bool {
-        self.record.write().await
+    /// Writes what changed in the entries, then the policy if the kinds
+    /// held changed; true when the record says what is held (whether each
+    /// hold is in force yet is [`Self::in_force`]'s).
+    pub async fn write(&mut self, kinds: &ServedKinds) -> bool {
+        let written = self.record.write().await;
+        if written && self.policy_written.is_some() {
+            let named: BTreeSet<HeldKind> = self.named.keys().cloned().collect();
+            if named != self.held_kinds(kinds) {
+                self.write_policy(kinds).await;
+            }
+        }
+        written
     }
 
     /// Objects an older release held with its label: held here for the same
@@ -221,4 +316,10 @@ impl Holds {
             );
         }
     }
+}
+
+/// The kind of `object`, as the policy's rules name it.
+fn held_kind(object: &ObjectRef, kinds: &ServedKinds) -> Option<HeldKind> {
+    let served = kinds.of_kind(Some(&object.group), &object.kind).next()?;
+    Some((served.0.group.clone(), served.0.plural.clone()))
 }
