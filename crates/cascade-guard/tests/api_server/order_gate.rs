@@ -51,8 +51,9 @@ async fn needy_tree(client: &Client, resource: &ApiResource, ns: &str, name: &st
 async fn wait_ordered(client: &Client, uid: &str) {
     let records: Api<SiblingOrderRecord> = Api::namespaced(client.clone(), HOME);
     let ordered = wait::until(Duration::from_secs(90), || async {
-        let cm = records.get_opt(ORDERED_TREES).await.ok()??;
-        let value = cm.data?.get(uid)?.clone();
+        let record = records.get_opt(ORDERED_TREES).await.ok()??;
+        let marks = cascade_guard::policy::order_gate::decode_marks(&record.data?);
+        let value = marks.get(uid)?.clone();
         value.chars().all(|c| c.is_ascii_digit()).then_some(())
     })
     .await;

@@ -852,7 +852,7 @@ pub async fn wait_ordered(
     ns: Option<&str>,
     name: &str,
 ) {
-    use cascade_guard::policy::order_gate::{GateState, ORDERED_TREES};
+    use cascade_guard::policy::order_gate::{GateState, ORDERED_TREES, decode_marks};
     let roots: Api<DynamicObject> = match ns {
         Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
         None => Api::all_with(client.clone(), resource),
@@ -862,7 +862,7 @@ pub async fn wait_ordered(
     let ordered = wait::until(Duration::from_secs(60), || async {
         let root = roots.get(name).await.ok()?;
         let uid = root.metadata.uid?;
-        let data = records.get_opt(ORDERED_TREES).await.ok()??.data?;
+        let data = decode_marks(&records.get_opt(ORDERED_TREES).await.ok()??.data?);
         let state = GateState::of(
             data.get(&uid).map(String::as_str),
             root.metadata.generation.unwrap_or(0),

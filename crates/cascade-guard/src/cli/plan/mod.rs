@@ -104,7 +104,7 @@ pub fn teardown_of(mode: Mode, sibling_order: bool) -> Teardown {
 /// is live) with sibling order on, its hold policy is in the cluster, and its
 /// record says the tree was ordered at the root's present generation.
 async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> Vec<String> {
-    use crate::policy::order_gate::{GateState, ORDERED_TREES};
+    use crate::policy::order_gate::{GateState, ORDERED_TREES, decode_marks};
     use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 
     let mut why = Vec::new();
@@ -157,8 +157,8 @@ async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> V
         .await
     {
         Ok(found) => {
-            let data = found.and_then(|c| c.data).unwrap_or_default();
-            let state = GateState::of(data.get(&uid).map(String::as_str), generation);
+            let marks = decode_marks(&found.and_then(|c| c.data).unwrap_or_default());
+            let state = GateState::of(marks.get(&uid).map(String::as_str), generation);
             if state != GateState::Ordered {
                 why.push(state.to_string());
             }

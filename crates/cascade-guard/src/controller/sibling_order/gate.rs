@@ -4,7 +4,7 @@
 //! not ordered is refused. The record is written before the policies,
 //! which refuse every delete of a gated kind while it is missing.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -18,7 +18,9 @@ use super::record::{MAX_BYTES, Record};
 use crate::api::SiblingOrderRecord;
 use crate::policy::CompileSettings;
 use crate::policy::hold::HOLDS;
-use crate::policy::order_gate::{GatedKind, ORDERED_TREES, compile_gate, gate_names};
+use crate::policy::order_gate::{
+    GatedKind, ORDERED_TREES, compile_gate, decode_marks, encode_marks, gate_names,
+};
 
 /// How often the gate's policies are read back, to put back an edit.
 const CHECK_EVERY: Duration = Duration::from_secs(10);
@@ -30,7 +32,11 @@ pub(super) struct Gate {
     enforce: bool,
     settings: CompileSettings,
     /// A root's uid to its `TreeOrder` value.
-    marks: Record,
+    marks: BTreeMap<String, String>,
+    /// The record they are written to, encoded ([`encode_marks`]).
+    record: Record,
+    /// What the record held at the start was taken into `marks`.
+    taken_in: bool,
     /// Roots read alone (nothing composed or referenced): left out first
     /// when the record would grow past its size.
     alone: HashSet<String>,
@@ -47,7 +53,9 @@ impl Gate {
         settings: CompileSettings,
     ) -> Self {
         Self {
-            marks: Record::new(
+            marks: BTreeMap::new(),
+            taken_in: false,
+            record: Record::new(
                 client.clone(),
                 namespace,
                 ORDERED_TREES,
@@ -69,21 +77,32 @@ impl Gate {
         } else {
             self.alone.remove(root);
         }
-        self.marks.wanted.insert(root.to_string(), value);
+        self.marks.insert(root.to_string(), value);
     }
 
     /// Forgets the roots `keep` does not name (gone, or no longer ordered).
     /// Called only once every tree was read since the start: until then the
     /// marks a restart found stay in force.
     pub fn forget_others(&mut self, keep: impl Fn(&str) -> bool) {
-        self.marks.wanted.retain(|uid, _| keep(uid));
+        self.marks.retain(|uid, _| keep(uid));
         self.alone.retain(|uid| keep(uid));
     }
 
     /// Brings the record, then the policies, to what they should be.
     pub async fn write(&mut self, kinds: &[GatedKind], resync: Duration) {
+        if !self.record.load().await {
+            return;
+        }
+        // What a controller before this one wrote stays until this one reads
+        // those trees again, or has read every tree.
+        if !std::mem::replace(&mut self.taken_in, true) {
+            for (uid, value) in decode_marks(&self.record.wanted) {
+                self.marks.entry(uid).or_insert(value);
+            }
+        }
         self.fit();
-        if !self.marks.write().await {
+        self.record.wanted = encode_marks(&self.marks);
+        if !self.record.write().await {
             return;
         }
         self.write_policies(kinds, resync).await;
@@ -93,28 +112,29 @@ impl Gate {
     /// first (a composite with nothing composed is never gated), then any.
     /// A root left out is refused until there is room: never let through.
     fn fit(&mut self) {
-        let mut total = self.marks.size();
+        let size = |uid: &str, v: &str| uid.len() + v.len() + 8;
+        let mut total: usize = self.marks.iter().map(|(u, v)| size(u, v)).sum();
         if total <= MAX_BYTES {
             return;
         }
-        let before = self.marks.wanted.len();
+        let before = self.marks.len();
         let alone: Vec<String> = self.alone.iter().cloned().collect();
         for uid in alone {
             if total <= MAX_BYTES {
                 break;
             }
-            if let Some(v) = self.marks.wanted.remove(&uid) {
-                total -= uid.len() + v.len() + 8;
+            if let Some(v) = self.marks.remove(&uid) {
+                total -= size(&uid, &v);
             }
         }
         while total > MAX_BYTES {
-            let Some((uid, v)) = self.marks.wanted.pop_last() else {
+            let Some((uid, v)) = self.marks.pop_last() else {
                 break;
             };
-            total -= uid.len() + v.len() + 8;
+            total -= size(&uid, &v);
         }
         tracing::warn!(
-            left_out = before - self.marks.wanted.len(),
+            left_out = before - self.marks.len(),
             "sibling order: more ordered trees than the record {ORDERED_TREES} can hold; the deletes of those left out are refused as not ordered"
         );
     }
@@ -137,7 +157,7 @@ impl Gate {
             return;
         }
         self.checked = Some(Instant::now());
-        let compiled = compile_gate(&kinds, &self.settings, self.marks.namespace());
+        let compiled = compile_gate(&kinds, &self.settings, self.record.namespace());
         let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
         let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
         let apply = PatchParams::apply(MANAGER).force();
