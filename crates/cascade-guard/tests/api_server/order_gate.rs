@@ -186,6 +186,21 @@ async fn a_delete_of_a_tree_the_controller_has_not_ordered_is_refused_with_the_r
         "{}",
         text(&out)
     );
+    // status says the same, per tree: the fresh one is not ordered.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+        .args(["status", "--kubeconfig"])
+        .arg(env.cp.kubeconfig_path())
+        .output()
+        .expect("run status");
+    let said = text(&out);
+    assert!(
+        said.contains("SIBLING ORDER TREES: ")
+            && said
+                .lines()
+                .any(|l| l.contains(&format!("{}/fresh", s.namespace))
+                    && l.contains("the controller has not read this tree")),
+        "{said}"
+    );
 
     // A tree read before, changed since (its generation moved): refused as
     // changed.

@@ -17,7 +17,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::report::{
-    self, Report, SettingsFrom, SiblingHold, admission_sync, cascading_objects, protected,
+    self, Report, SettingsFrom, SiblingHold, SiblingTrees, admission_sync, cascading_objects,
+    protected,
 };
 use crate::Error;
 use crate::cluster::inputs::read_once;
@@ -124,9 +125,17 @@ pub async fn status(
     let now = Timestamp::now();
     let mut cascading = Vec::new();
     let kinds = distinct_kinds(&resolution.policies);
+    let marks = ordered_trees(client, controller.as_ref(), &mut problems).await;
+    let mut sibling_trees = marks.as_ref().map(|_| SiblingTrees::default());
     for kind in &kinds {
         match deleting(client, kind).await {
-            Ok(objects) => cascading.extend(cascading_objects(&kind.to_string(), &objects, now)),
+            Ok(objects) => {
+                cascading.extend(cascading_objects(&kind.to_string(), &objects, now));
+                if let (Some(trees), Some(marks)) = (sibling_trees.as_mut(), marks.as_ref()) {
+                    let roots = ordered_roots(&resolution.policies, kind, &objects);
+                    trees.add(&kind.kind, &roots, marks);
+                }
+            }
             Err(e) => problems.push(format!("cannot list objects of {kind}: {e}")),
         }
     }
@@ -228,7 +237,67 @@ pub async fn status(
         controller,
         settings_from,
         sibling_holds,
+        sibling_trees,
     })
+}
+
+/// How sibling order last read each tree (its record, decoded), when a
+/// controller ran or runs with sibling order on; what it ordered stays in
+/// force while it is down.
+async fn ordered_trees(
+    client: &Client,
+    controller: Option<&running::Running>,
+    problems: &mut Vec<String>,
+) -> Option<BTreeMap<String, String>> {
+    use crate::api::SiblingOrderRecord;
+    use crate::policy::order_gate::{ORDERED_TREES, decode_marks};
+    let c = controller.filter(|c| c.settings.as_ref().is_none_or(|s| s.sibling_order))?;
+    match Api::<SiblingOrderRecord>::namespaced(client.clone(), &c.namespace)
+        .get_opt(ORDERED_TREES)
+        .await
+    {
+        Ok(found) => Some(decode_marks(
+            &found.and_then(|r| r.data).unwrap_or_default(),
+        )),
+        Err(e) => {
+            problems.push(format!(
+                "cannot read which trees sibling order ordered (SiblingOrderRecord {}/{ORDERED_TREES}): {e}",
+                c.namespace
+            ));
+            None
+        }
+    }
+}
+
+/// The objects of `kind` that a Refuse or Convert policy selects: the roots
+/// among them are what sibling order orders.
+fn ordered_roots(
+    policies: &[Policy],
+    kind: &ProtectedKind,
+    objects: &[ObjectMeta],
+) -> Vec<ObjectMeta> {
+    use kube::core::{Selector, SelectorExt};
+    let selectors: Vec<Selector> = policies
+        .iter()
+        .filter(|p| p.kind.same_kind(&kind.group, &kind.kind))
+        .filter(|p| matches!(p.mode, Mode::Refuse | Mode::Convert))
+        .map(|p| {
+            p.selector
+                .clone()
+                .and_then(|s| Selector::try_from(s).ok())
+                .unwrap_or_default()
+        })
+        .collect();
+    objects
+        .iter()
+        .filter(|m| {
+            let labels = m.labels.clone().unwrap_or_default();
+            selectors
+                .iter()
+                .any(|s| s.selects_all() || s.matches(&labels))
+        })
+        .cloned()
+        .collect()
 }
 
 fn list(what: &'static str) -> impl Fn(kube::Error) -> Error {

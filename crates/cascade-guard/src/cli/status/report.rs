@@ -45,6 +45,64 @@ pub struct Report {
     pub settings_from: SettingsFrom,
     /// What sibling order holds now (its record `cascade-guard-holds`).
     pub sibling_holds: Vec<SiblingHold>,
+    /// How the trees of Refuse and Convert kinds stand for sibling order
+    /// (its record `cascade-guard-ordered-trees`); None without a controller
+    /// running sibling order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sibling_trees: Option<SiblingTrees>,
+}
+
+/// The roots of Refuse and Convert kinds, and whether each tree is ordered:
+/// the gate refuses the delete of one that is not.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SiblingTrees {
+    pub ordered: usize,
+    /// Those not ordered, with why.
+    pub not_ordered: Vec<UnorderedTree>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnorderedTree {
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    pub why: String,
+}
+
+impl SiblingTrees {
+    /// Adds the roots among `objects` (of `kind`): no controller owner, not
+    /// being deleted (the gate lets those go), each as its record's mark
+    /// (`marks`: a root's uid to its value) says.
+    pub fn add(&mut self, kind: &str, objects: &[ObjectMeta], marks: &BTreeMap<String, String>) {
+        use crate::policy::order_gate::GateState;
+        for m in objects {
+            let controlled = m
+                .owner_references
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|r| r.controller == Some(true));
+            if controlled || m.deletion_timestamp.is_some() {
+                continue;
+            }
+            let uid = m.uid.as_deref().unwrap_or_default();
+            match GateState::of(
+                marks.get(uid).map(String::as_str),
+                m.generation.unwrap_or(0),
+            ) {
+                GateState::Ordered => self.ordered += 1,
+                state => self.not_ordered.push(UnorderedTree {
+                    kind: kind.to_string(),
+                    namespace: m.namespace.clone(),
+                    name: m.name.clone().unwrap_or_default(),
+                    why: state.to_string(),
+                }),
+            }
+        }
+    }
 }
 
 /// One object sibling order holds until what needs it is gone.
@@ -584,6 +642,70 @@ mod tests {
     use crate::policy::plan::plan;
 
     #[test]
+    fn each_root_of_an_ordered_kind_is_ordered_or_says_why() {
+        let object = |name: &str, generation: i64, controlled: bool, deleting: bool| {
+            let mut m = json!({"name": name, "namespace": "team", "uid": format!("{name}-uid"),
+                               "generation": generation});
+            if controlled {
+                m["ownerReferences"] = json!([{"apiVersion": "x/v1", "kind": "X", "name": "p",
+                                               "uid": "p", "controller": true}]);
+            }
+            if deleting {
+                m["deletionTimestamp"] = json!("2026-12-05T00:00:00Z");
+            }
+            serde_json::from_value::<ObjectMeta>(m).expect("metadata")
+        };
+        let objects = [
+            object("ordered", 2, false, false),
+            object("changed", 3, false, false),
+            object("unread", 1, false, false),
+            object("cannot", 1, false, false),
+            object("composed", 1, true, false),
+            object("going", 1, false, true),
+        ];
+        let marks = BTreeMap::from([
+            ("ordered-uid".to_string(), "2".to_string()),
+            ("changed-uid".to_string(), "2".to_string()),
+            (
+                "cannot-uid".to_string(),
+                "not read: Secret team/kubeconfig".to_string(),
+            ),
+            ("composed-uid".to_string(), "7".to_string()),
+        ]);
+        let mut trees = SiblingTrees::default();
+        trees.add("Stack", &objects, &marks);
+        assert_eq!(trees.ordered, 1);
+        let why: Vec<(&str, &str)> = trees
+            .not_ordered
+            .iter()
+            .map(|t| (t.name.as_str(), t.why.as_str()))
+            .collect();
+        assert_eq!(
+            why,
+            [
+                (
+                    "changed",
+                    "the tree changed since the controller last read it"
+                ),
+                (
+                    "unread",
+                    "the controller has not read this tree (it is down, new, or still reading)"
+                ),
+                (
+                    "cannot",
+                    "the controller cannot order this tree: not read: Secret team/kubeconfig"
+                ),
+            ]
+        );
+        assert!(
+            trees
+                .not_ordered
+                .iter()
+                .all(|t| t.kind == "Stack" && t.namespace.as_deref() == Some("team"))
+        );
+    }
+
+    #[test]
     fn protected_says_where_each_policy_comes_from() {
         let rows = protected(&plan(
             &resolution(Mode::Refuse),
@@ -987,6 +1109,7 @@ mod tests {
             controller,
             settings_from: SettingsFrom::Flags,
             sibling_holds: Vec::new(),
+            sibling_trees: None,
         };
         assert_eq!(report(true, Some(running(true))).exit_code(), 0);
         assert_eq!(

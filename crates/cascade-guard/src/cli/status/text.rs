@@ -191,6 +191,36 @@ pub fn render_text(report: &Report) -> String {
         table(&mut out, &rows);
     }
 
+    if let Some(trees) = &report.sibling_trees {
+        if trees.not_ordered.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nSIBLING ORDER TREES: {} ordered, none waiting",
+                trees.ordered
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "\nSIBLING ORDER TREES: {} ordered; {} not (their roots' deletes are refused until they are, or go in no order with --unordered-deletes allow)",
+                trees.ordered,
+                trees.not_ordered.len()
+            );
+            let mut rows = vec![vec![
+                "KIND".to_string(),
+                "ROOT".to_string(),
+                "WHY".to_string(),
+            ]];
+            for t in &trees.not_ordered {
+                let object = match &t.namespace {
+                    Some(ns) => format!("{ns}/{}", t.name),
+                    None => t.name.clone(),
+                };
+                rows.push(vec![t.kind.clone(), object, t.why.clone()]);
+            }
+            table(&mut out, &rows);
+        }
+    }
+
     if report.cascading.is_empty() {
         let _ = writeln!(out, "\nCASCADING: no protected object is being deleted");
     } else {
@@ -309,6 +339,7 @@ mod tests {
             controller: None,
             settings_from: SettingsFrom::Flags,
             sibling_holds: Vec::new(),
+            sibling_trees: None,
         };
         let text = render_text(&report);
         let expected = "\
