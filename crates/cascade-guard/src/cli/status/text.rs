@@ -176,18 +176,13 @@ pub fn render_text(report: &Report) -> String {
             "\nSIBLING ORDER ({} held until what needs them is gone; then let go, and deleted if their owner is being deleted)",
             report.sibling_holds.len()
         );
-        let mut rows = vec![vec![
-            "KIND".to_string(),
-            "OBJECT".to_string(),
-            "WAITS FOR".to_string(),
-        ]];
-        for h in &report.sibling_holds {
-            let object = match &h.namespace {
-                Some(ns) => format!("{ns}/{}", h.name),
-                None => h.name.clone(),
-            };
-            rows.push(vec![h.kind.clone(), object, h.waits_for.clone()]);
-        }
+        let rows = kind_object_rows(
+            ["KIND", "OBJECT", "WAITS FOR"],
+            report
+                .sibling_holds
+                .iter()
+                .map(|h| (&h.kind, &h.namespace, &h.name, &h.waits_for)),
+        );
         table(&mut out, &rows);
     }
 
@@ -205,18 +200,13 @@ pub fn render_text(report: &Report) -> String {
                 trees.ordered,
                 trees.not_ordered.len()
             );
-            let mut rows = vec![vec![
-                "KIND".to_string(),
-                "ROOT".to_string(),
-                "WHY".to_string(),
-            ]];
-            for t in &trees.not_ordered {
-                let object = match &t.namespace {
-                    Some(ns) => format!("{ns}/{}", t.name),
-                    None => t.name.clone(),
-                };
-                rows.push(vec![t.kind.clone(), object, t.why.clone()]);
-            }
+            let rows = kind_object_rows(
+                ["KIND", "ROOT", "WHY"],
+                trees
+                    .not_ordered
+                    .iter()
+                    .map(|t| (&t.kind, &t.namespace, &t.name, &t.why)),
+            );
             table(&mut out, &rows);
         }
     }
@@ -287,6 +277,23 @@ fn table(out: &mut String, rows: &[Vec<String>]) {
         }
         let _ = writeln!(out, "{}", line.trim_end());
     }
+}
+
+/// A table's rows: the header, then a row per (kind, namespace, name, what)
+/// with the object as `namespace/name`.
+fn kind_object_rows<'a>(
+    header: [&str; 3],
+    items: impl Iterator<Item = (&'a String, &'a Option<String>, &'a String, &'a String)>,
+) -> Vec<Vec<String>> {
+    let mut rows = vec![header.iter().map(|h| h.to_string()).collect()];
+    for (kind, namespace, name, what) in items {
+        let object = match namespace {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name.clone(),
+        };
+        rows.push(vec![kind.clone(), object, what.clone()]);
+    }
+    rows
 }
 
 #[cfg(test)]
