@@ -8,7 +8,7 @@ use kube::{Api, Client};
 
 use crate::api::SiblingOrderRecord;
 use crate::cluster::kinds::{Served, ServedKinds};
-use crate::policy::hold::{HOLD_LABEL, HOLDS, HoldEntry, parse_hold_key};
+use crate::policy::hold::{HOLD_LABEL, HOLDS, HoldEntry, decode_holds, parse_hold_key};
 use crate::policy::order::ObjectRef;
 
 /// Every object held, with its entry, as the record in `namespace` says;
@@ -20,12 +20,12 @@ pub async fn read(
     let found = Api::<SiblingOrderRecord>::namespaced(client.clone(), namespace)
         .get_opt(HOLDS)
         .await?;
-    Ok(found
-        .and_then(|c| c.data)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|(key, value)| Some((parse_hold_key(key)?, HoldEntry::parse(value))))
-        .collect())
+    Ok(
+        decode_holds(&found.and_then(|c| c.data).unwrap_or_default())
+            .iter()
+            .filter_map(|(key, value)| Some((parse_hold_key(key)?, HoldEntry::parse(value))))
+            .collect(),
+    )
 }
 
 /// Objects with the old hold label, with the kind they are of, and the kinds

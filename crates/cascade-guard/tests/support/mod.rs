@@ -808,7 +808,7 @@ pub async fn sibling_held(
     ns: Option<&str>,
     name: &str,
 ) -> bool {
-    use cascade_guard::policy::hold::{HOLDS, hold_key};
+    use cascade_guard::policy::hold::{HOLDS, decode_holds, hold_key};
     use cascade_guard::policy::order::ObjectRef;
     let Some(key) = hold_key(&ObjectRef::new(&resource.group, &resource.kind, ns, name)) else {
         return false;
@@ -819,7 +819,7 @@ pub async fn sibling_held(
         .ok()
         .flatten()
         .and_then(|c| c.data)
-        .is_some_and(|d| d.contains_key(&key))
+        .is_some_and(|d| decode_holds(&d).contains_key(&key))
 }
 
 /// Waits (up to `within`) until sibling order holds the object; false if it

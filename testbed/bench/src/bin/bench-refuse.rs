@@ -943,16 +943,18 @@ mod scale {
         );
         let holds: Api<cascade_guard::api::SiblingOrderRecord> =
             Api::namespaced(admin.clone(), "default");
-        let entries: serde_json::Map<String, Value> = (0..hold_entries().max(1))
-            .map(|i| {
-                (
-                    format!("ConfigMap__bench-{}_held-{i}", i % 100),
-                    json!(format!(
-                        "00000000-0000-4000-8000-{i:012} Root.bench.dev ConfigMap bench/needer-{i}"
-                    )),
-                )
-            })
-            .collect();
+        let entries = cascade_guard::policy::hold::encode_holds(
+            &(0..hold_entries().max(1))
+                .map(|i| {
+                    (
+                        format!("ConfigMap__bench-{}_held-{i}", i % 100),
+                        format!(
+                            "00000000-0000-4000-8000-{i:012} Root.bench.dev ConfigMap bench/needer-{i}"
+                        ),
+                    )
+                })
+                .collect(),
+        );
         holds
             .patch(
                 cascade_guard::policy::hold::HOLDS,

@@ -21,7 +21,7 @@ use crate::cluster::{holds, unhold};
 use crate::policy::CompileSettings;
 use crate::policy::hold::{
     HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, HOLDS, HeldKind, HoldEntry, compile_hold,
-    hold_key, parse_hold_key,
+    decode_holds, encode_holds, hold_key, parse_hold_key,
 };
 use crate::policy::order::ObjectRef;
 
@@ -34,7 +34,12 @@ const LOADED_AFTER: Duration = Duration::from_secs(3);
 pub(super) struct Holds {
     client: Client,
     settings: CompileSettings,
+    /// A [`hold_key`] to its [`HoldEntry`] value: what is held.
+    entries: BTreeMap<String, String>,
+    /// The record they are written to, encoded ([`encode_holds`]).
     record: Record,
+    /// What the record held at the start was taken into `entries`.
+    taken_in: bool,
     /// When the policy was last written whole.
     policy_written: Option<Instant>,
     /// The kinds the policy in the cluster names, each with when it first
@@ -49,6 +54,8 @@ pub(super) struct Holds {
 impl Holds {
     pub fn new(client: Client, namespace: String, settings: CompileSettings) -> Self {
         Self {
+            entries: BTreeMap::new(),
+            taken_in: false,
             record: Record::new(
                 client.clone(),
                 namespace,
@@ -86,8 +93,7 @@ impl Holds {
 
     /// The kinds of what is held.
     fn held_kinds(&self, kinds: &ServedKinds) -> BTreeSet<HeldKind> {
-        self.record
-            .wanted
+        self.entries
             .keys()
             .filter_map(|key| held_kind(&parse_hold_key(key)?, kinds))
             .collect()
@@ -95,8 +101,7 @@ impl Holds {
 
     /// What is held for `root` now.
     pub fn held_for(&self, root: &str) -> BTreeSet<ObjectRef> {
-        self.record
-            .wanted
+        self.entries
             .iter()
             .filter(|(_, v)| HoldEntry::parse(v).root == root)
             .filter_map(|(k, _)| parse_hold_key(k))
@@ -121,21 +126,24 @@ impl Holds {
             held_for: held_for.to_string(),
         }
         .value();
-        if !self.record.wanted.contains_key(&key)
-            && self.record.size() + key.len() + value.len() + 8 > MAX_BYTES
-        {
+        let size: usize = self
+            .entries
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 2)
+            .sum();
+        if !self.entries.contains_key(&key) && size + key.len() + value.len() + 2 > MAX_BYTES {
             return Err(format!(
                 "the record {HOLDS} is full ({} objects held)",
-                self.record.wanted.len()
+                self.entries.len()
             ));
         }
-        self.record.wanted.insert(key, value);
+        self.entries.insert(key, value);
         Ok(())
     }
 
     pub fn release(&mut self, object: &ObjectRef) {
         if let Some(key) = hold_key(object) {
-            self.record.wanted.remove(&key);
+            self.entries.remove(&key);
         }
     }
 
@@ -144,7 +152,7 @@ impl Holds {
     /// what was held.
     pub fn release_roots_but(&mut self, keep: impl Fn(&str, &str) -> bool) -> Vec<ObjectRef> {
         let mut out = Vec::new();
-        self.record.wanted.retain(|key, value| {
+        self.entries.retain(|key, value| {
             let entry = HoldEntry::parse(value);
             let kept = keep(&entry.root, &entry.root_kind);
             if !kept && let Some(object) = parse_hold_key(key) {
@@ -160,7 +168,7 @@ impl Holds {
     /// then the policy; later, puts the policy back when it was edited or
     /// deleted, and writes it again every resync.
     pub async fn prepare(&mut self, kinds: &ServedKinds, resync: Duration) {
-        if !self.record.load().await {
+        if !self.load().await {
             return;
         }
         if !self.migrated {
@@ -267,7 +275,7 @@ impl Holds {
     /// held changed; true when the record says what is held (whether each
     /// hold is in force yet is [`Self::in_force`]'s).
     pub async fn write(&mut self, kinds: &ServedKinds) -> bool {
-        let written = self.record.write().await;
+        let written = self.write_record().await;
         if written && self.policy_written.is_some() {
             let named: BTreeSet<HeldKind> = self.named.keys().cloned().collect();
             if named != self.held_kinds(kinds) {
@@ -275,6 +283,28 @@ impl Holds {
             }
         }
         written
+    }
+
+    /// Reads the record once (again after a failed write): what a
+    /// controller before this one held stays held until its tree is read.
+    async fn load(&mut self) -> bool {
+        if !self.record.load().await {
+            return false;
+        }
+        if !std::mem::replace(&mut self.taken_in, true) {
+            for (key, value) in decode_holds(&self.record.wanted) {
+                self.entries.entry(key).or_insert(value);
+            }
+        }
+        true
+    }
+
+    async fn write_record(&mut self) -> bool {
+        if !self.load().await {
+            return false;
+        }
+        self.record.wanted = encode_holds(&self.entries);
+        self.record.write().await
     }
 
     /// Objects an older release held with its label: held here for the same
@@ -304,7 +334,7 @@ impl Holds {
                 taken += 1;
             }
         }
-        if !self.record.write().await {
+        if !self.write_record().await {
             return;
         }
         self.migrated = true;

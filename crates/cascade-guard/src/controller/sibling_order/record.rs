@@ -124,11 +124,6 @@ impl Record {
         }
     }
 
-    /// The bytes its data takes.
-    pub fn size(&self) -> usize {
-        self.wanted.iter().map(|(k, v)| k.len() + v.len() + 8).sum()
-    }
-
     fn api(&self) -> Api<SiblingOrderRecord> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
