@@ -66,19 +66,6 @@ logs=target/compat
 mkdir -p "$logs"
 
 checks=(deletion-semantics decision-table convert-cascade type-check static-protection)
-if [ -n "$only" ] && [ "$crossplane" = 0 ]; then
-  wanted=()
-  for check in "${checks[@]}"; do
-    [[ ,$only, == *,$check,* ]] && wanted+=("$check")
-  done
-  for check in ${only//,/ }; do
-    [[ " ${checks[*]} " == *" $check "* ]] || {
-      echo "compat.sh: no check $check (checks: ${checks[*]})" >&2
-      exit 2
-    }
-  done
-  checks=("${wanted[@]}")
-fi
 # The cargo test arguments of each check: test targets and exact test names.
 check_args() {
   case $1 in
@@ -205,6 +192,35 @@ declare -A xp_test=(
   [dropped-xr]=crossplane_deleting_a_dropped_composite_is_never_refused
 )
 xp_wanted() { [ -z "$only" ] || [[ ,$only, == *,$1,* ]]; }
+
+# Each name given to --only must be one of the mode's checks (its
+# arguments): a misspelt one would match nothing, run nothing and pass.
+check_only() {
+  local name mode=Kubernetes
+  [ "$crossplane" = 0 ] || mode=Crossplane
+  if [ -z "${only//,/}" ]; then
+    echo "compat.sh: --only names no check (the $mode checks: $*)" >&2
+    exit 2
+  fi
+  for name in ${only//,/ }; do
+    if [[ " $* " != *" $name "* ]]; then
+      echo "compat.sh: no $mode check $name (the $mode checks: $*)" >&2
+      exit 2
+    fi
+  done
+}
+if [ -n "$only" ]; then
+  if [ "$crossplane" = 1 ]; then
+    check_only "${xp_checks[@]}"
+  else
+    check_only "${checks[@]}"
+    wanted=()
+    for check in "${checks[@]}"; do
+      [[ ,$only, == *,$check,* ]] && wanted+=("$check")
+    done
+    checks=("${wanted[@]}")
+  fi
+fi
 
 # Every check on one Crossplane release (its bin directory), into `result`.
 crossplane_release() {

@@ -43,7 +43,9 @@
 # (64) loaded two cores so that cascade-guard's replicas kept losing their
 # Leases and nearly every test failed (CI at af19925).
 #
-# Exits non-zero when any binary fails (after all have run), naming them.
+# Exits non-zero when any binary fails (after all have run), naming them, and
+# when any binary of the list (or the command beside) has no result: never
+# started, or its lane ended before it did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -101,8 +103,10 @@ if [ ! -s "$list" ]; then
   exit 1
 fi
 
-failed=()
 declare -A pids=()
+# One line per binary (or beside) that ended: its name and passed or failed.
+results=$logs/results.tsv
+: >"$results"
 
 # Like cargo test: each binary runs in its package's directory. Binary
 # <name>'s own arguments (TEST_ARGS_<name>) come last.
@@ -154,10 +158,8 @@ fi
 # and prints it whole when the binary ends.
 queue=$logs/queue.tsv
 next=$logs/queue.next
-failed_file=$logs/failed
 : >"$queue"
 echo 0 >"$next"
-: >"$failed_file"
 # The entries of the list named $1, in that order, to the queue.
 enqueue_named() {
   local n name dir exe
@@ -211,8 +213,8 @@ lane() {
     began=$SECONDS
     if run "$name" "$dir" "$exe" "$@" </dev/null >"$logs/$name.log" 2>&1; then status=passed; else
       status=failed
-      echo "$name" >>"$failed_file"
     fi
+    printf '%s\t%s\n' "$name" "$status" >>"$results"
     { echo "==> $name ($status in $((SECONDS - began))s, ${SECONDS}s after this script's start)"; cat "$logs/$name.log"; } | say
   done
 }
@@ -279,7 +281,7 @@ while :; do
     if wait "$pid"; then status=passed; else status=failed; fi
     name=${name_of[$pid]}
     unset "name_of[$pid]"
-    if [ "$status" = failed ]; then failed+=("$name"); fi
+    printf '%s\t%s\n' "$name" "$status" >>"$results"
     background_ended "$name" "$status"
     if can_open; then open_lane "$name having ended"; fi
   done
@@ -292,9 +294,22 @@ while :; do
   sleep 5
 done
 wait "${lanes[@]}" || true
-mapfile -t -O "${#failed[@]}" failed <"$failed_file"
+mapfile -t failed < <(awk -F'\t' '$2 == "failed" { print $1 }' "$results")
+# Every binary of the list, and the command beside, ended with a result.
+mapfile -t expected < <(cut -f1 "$list")
+[ -z "$beside" ] || expected+=(beside)
+missing=()
+for name in "${expected[@]}"; do
+  cut -f1 "$results" | grep -qxF -- "$name" || missing+=("$name")
+done
 
+status=0
 if [ ${#failed[@]} -gt 0 ]; then
   echo "run-test-binaries.sh: failed: ${failed[*]}" >&2
-  exit 1
+  status=1
 fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "run-test-binaries.sh: no result from: ${missing[*]} (never started, or its lane ended before it did)" >&2
+  status=1
+fi
+exit "$status"

@@ -218,8 +218,9 @@ cold_cache=0
 build_budget=${CASCADE_GUARD_BUILD_AT_MOST:-2}
 [ "$cold_cache" = 0 ] || build_budget=0
 [ "${CASCADE_GUARD_ALL_RELEASES:-0}" != 1 ] || build_budget=1000
-# Whether to build a missing release, or leave it out (and `why`). Called
-# directly, not in a subshell: it counts down the budget.
+# Whether to build a missing release, or leave it out (and `why`, the true
+# reason: the cold machine, or the build budget). Called directly, not in a
+# subshell: it counts down the budget.
 why=
 may_build() {
   if [ "$build_budget" -gt 0 ]; then
@@ -227,9 +228,9 @@ may_build() {
     return 0
   fi
   if [ "$cold_cache" = 1 ]; then
-    why="this machine's cache was empty"
+    why="not cached on a cold machine: the builds above took over 300 s; CASCADE_GUARD_ALL_RELEASES=1 builds it"
   else
-    why="this run built ${CASCADE_GUARD_BUILD_AT_MOST:-2} missing releases already; the next run builds more"
+    why="not cached, over the build budget: this run builds at most CASCADE_GUARD_BUILD_AT_MOST=${CASCADE_GUARD_BUILD_AT_MOST:-2} missing releases"
   fi
   return 1
 }
@@ -245,8 +246,8 @@ for release in "${pinned[@]:0:${#pinned[@]}-1}"; do
     else
       check="scripts/compat.sh --only decision-table $release checks it"
     fi
-    echo "LEFT OUT: Kubernetes $release (not cached, and $why): not checked in this run; $check"
-    left_out+=("Kubernetes $release")
+    echo "LEFT OUT: Kubernetes $release ($why): not checked in this run; $check"
+    left_out+=("Kubernetes $release ($why; $check)")
   fi
 done
 # The oldest supported Crossplane v2 release likewise: only its core is built
@@ -258,8 +259,9 @@ if testbed/crossplane/build.sh --cached "$oldest_crossplane" >/dev/null 2>&1 || 
   testbed/crossplane/build.sh "$oldest_crossplane" | tail -n1
   oldest_crossplane_built=$oldest_crossplane
 else
-  echo "LEFT OUT: Crossplane $oldest_crossplane (not cached, and $why): not checked in this run; scripts/compat.sh --crossplane --only characterization,seed-convert $oldest_crossplane checks it"
-  left_out+=("Crossplane $oldest_crossplane")
+  check="scripts/compat.sh --crossplane --only characterization,seed-convert $oldest_crossplane checks it"
+  echo "LEFT OUT: Crossplane $oldest_crossplane ($why): not checked in this run; $check"
+  left_out+=("Crossplane $oldest_crossplane ($why; $check)")
 fi
 
 step "the Rust builds started above, waited for"
@@ -331,6 +333,9 @@ fi
 beside+="
 exit \$status"
 tests=0
+# The logs newer than this are this run's (skipped tests are counted from them).
+tests_began=target/tests-began
+touch "$tests_began"
 # The two real-Crossplane binaries beside seed_real, the longest of the others
 # (80 to 100 s, mostly waiting on Crossplane), run first: last, one of them
 # ran alone for the run's final 80 s with half of the two cores idle (CI at
@@ -349,7 +354,18 @@ tail -n1 "$tools_log"
 
 end_step
 current=""
-printf '\n==> all tests passed in %ss\n' "$((SECONDS - start))"
-if [ ${#left_out[@]} -gt 0 ]; then
-  printf '==> left out (not cached on a cold machine): %s\n' "$(IFS=,; echo "${left_out[*]}" | sed 's/,/, /g')"
+# What passed without being checked, said with the pass: each test that
+# reported itself skipped (tests/support/skip.rs's line, in this run's logs of
+# the tests and of the compatibility checks), and each release left out,
+# with its reason.
+mapfile -t skipped < <(find target/test-logs target/compat -name '*.log' -newer "$tests_began" \
+  -exec grep -Ho 'cascade-guard-test: SKIPPED .*' {} + 2>/dev/null |
+  sed 's/^\([^:]*\):cascade-guard-test: SKIPPED \(.*\)$/\2 (log: \1)/' | sort)
+if [ ${#skipped[@]} -eq 0 ] && [ ${#left_out[@]} -eq 0 ]; then
+  printf '\n==> all tests passed in %ss\n' "$((SECONDS - start))"
+else
+  printf '\n==> all tests that ran passed in %ss; tests skipped: %d, releases left out: %d\n' \
+    "$((SECONDS - start))" "${#skipped[@]}" "${#left_out[@]}"
+  for s in "${skipped[@]}"; do printf '==>   skipped: %s\n' "$s"; done
+  for l in "${left_out[@]}"; do printf '==>   left out: %s\n' "$l"; done
 fi

@@ -2,6 +2,8 @@
 //! from any client, runs as a foreground cascade. Order is asserted from watch
 //! events: the XR leaves the API only after every blocking dependent.
 
+#[path = "../support/audit_log.rs"]
+mod audit_log;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -274,7 +276,7 @@ async fn it_never_starts_a_deletion_and_never_touches_a_recreated_object() {
     }
     // From the audit log: every DELETE cascade-guard sent carried a UID
     // precondition, and none named the new object.
-    let events = audit::read(&env.cp.audit_log_path());
+    let events = audit::read(&audit_log::audit_log(&env.cp));
     let ours: Vec<_> = events
         .iter()
         .filter(|e| e.verb == "delete" && e.effective_username() == CONTROLLER_USER)
@@ -716,7 +718,7 @@ async fn a_foreground_delete_is_let_go_without_a_conversion() {
         "fg never left: {:?}",
         xrs.get_opt("fg").await
     );
-    let conversions = audit::read(&env.cp.audit_log_path())
+    let conversions = audit::read(&audit_log::audit_log(&env.cp))
         .into_iter()
         .filter(|e| {
             e.verb == "delete"

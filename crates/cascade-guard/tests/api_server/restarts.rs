@@ -3,6 +3,8 @@
 //! is down, and uninstall. Nothing is lost, nothing is orphaned, every cascade
 //! runs in the foreground. Set CASCADE_GUARD_SEED to replay a run.
 
+#[path = "../support/audit_log.rs"]
+mod audit_log;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -476,7 +478,7 @@ async fn marked_then_restarted(
         "the XR was never let go:\n{}",
         timeline.describe()
     );
-    let conversions: Vec<_> = local_cluster::audit::read(&env.cp.audit_log_path())
+    let conversions: Vec<_> = local_cluster::audit::read(&audit_log::audit_log(&env.cp))
         .into_iter()
         .filter(|e| {
             e.verb == "delete"

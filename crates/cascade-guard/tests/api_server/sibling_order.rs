@@ -18,7 +18,8 @@ use local_cluster::timeline::Timeline;
 use local_cluster::wait;
 use serde_json::{Value, json};
 use support::tree::{
-    Provider, assert_needed_after, config_maps, create_tree, tree_timeline, wait_held,
+    Provider, assert_needed_after, config_maps, create_tree, gone_revision, terminating_revision,
+    tree_timeline, wait_held,
 };
 use support::*;
 
@@ -204,15 +205,12 @@ async fn a_tree_whose_controller_is_gone_keeps_its_order() {
 async fn without_holding_a_foreground_cascade_deletes_both_siblings_at_once() {
     let foreground = Some(PropagationPolicy::Foreground);
     let timeline = tear_down("sibling-off", &OFF, false, Teardown::Delete(foreground)).await;
-    let needer_gone = timeline
-        .gone("ConfigMap", "tree-0")
-        .and_then(|e| e.revision);
-    let needed_deleting = timeline
-        .terminating("ConfigMap", "tree-1")
-        .and_then(|e| e.revision);
+    let what = "Off, --cascade=foreground";
+    let needer_gone = gone_revision(&timeline, "tree-0", what);
+    let needed_deleting = terminating_revision(&timeline, "tree-1", what);
     assert!(
         needed_deleting < needer_gone,
-        "tree-1 was held although its kind is Off\n{}",
+        "{what}: tree-1 was held although its kind is Off: deleted at revision {needed_deleting}, tree-0 gone at {needer_gone}\n{}",
         timeline.describe()
     );
 }

@@ -82,6 +82,8 @@
 //! wedge, and the randomized test keeps them; the Refuse and Convert copies
 //! have shorter ones ([`SHORT_LOAD_BALANCER_SECONDS`]).
 
+#[path = "../support/audit_log.rs"]
+mod audit_log;
 #[path = "../support/install.rs"]
 #[allow(dead_code)]
 mod chart;
@@ -565,8 +567,9 @@ fn fate_with_missed(
 
 /// When `kind/name` left the API: etcd's revision of its delete (ordered
 /// across kinds; arrival order across separate watches is not, for deletes
-/// milliseconds apart), else the order the test saw it; for a removal the
-/// watch missed, the revisions it lies within; `None` if never seen leaving.
+/// milliseconds apart; a removal without a revision fails); for a removal
+/// the watch missed (the timeline's re-list, or [`sweep_missed`]), the
+/// revisions it lies within; `None` if never seen leaving.
 fn gone_within(
     timeline: &Timeline,
     missed: &MissedRemovals,
@@ -574,8 +577,8 @@ fn gone_within(
     name: &str,
 ) -> Option<(u64, u64)> {
     if let Some(e) = timeline.gone(kind, name) {
-        let at = e.revision.unwrap_or(e.seq);
-        return Some((at, at));
+        let by = scene::revision(&e, &format!("{kind}/{name} leaving"));
+        return Some((e.missed_after.map_or(by, |after| after + 1), by));
     }
     let missed = missed.lock().expect("missed");
     missed
@@ -844,7 +847,8 @@ impl Tree {
     /// revisions; returns how many of each verdict.
     async fn assert_every_edge(&self, snapshot: &[Value], what: &str) -> String {
         let uids = invariant::uids(snapshot);
-        let kept = edges_kept(&self.timeline, snapshot, |entries, r| {
+        let edges = invariant::edges(snapshot);
+        let kept = edges_kept(&self.timeline, snapshot, &edges, |entries, r| {
             self.fate_of(entries, &uids, r)
         })
         .await;
@@ -931,8 +935,7 @@ impl Tree {
 
     /// What the local cloud logged as leaked for this tree's cluster.
     fn leaked(&self, stack: &Stack) -> Vec<String> {
-        let log = std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default();
-        modelplane::leaked(&log, &self.name)
+        modelplane::leaked(&scene::cloud_log(stack), &self.name)
     }
 
     /// Removes the providers' finalizer from whatever is left, as an operator
@@ -1236,7 +1239,7 @@ impl Stack {
 /// ServingStack lived, went through as Foreground afterwards (Crossplane
 /// replays the refused attempt's policy, the garbage collector's Foreground).
 fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: &str) {
-    let events = local_cluster::audit::read(&stack.cp.audit_log_path());
+    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp));
     let refused = crossplane_refusals(&events, &tree.objects());
     assert!(
         refused.is_empty(),
@@ -1245,7 +1248,7 @@ fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: &str) {
     // Writes too: no update or patch by Crossplane, a provider or the
     // garbage collector (anyone but the test's own admin) was ever refused
     // by cascade-guard, on any object of the stack.
-    let writes = local_cluster::audit::read_writes(&stack.cp.audit_log_path());
+    let writes = local_cluster::audit::read_writes(&audit_log::audit_log(&stack.cp));
     let refused_writes: Vec<String> = writes
         .iter()
         .filter(|e| e.refused_by_cascade_guard() && e.effective_username() != "admin")
@@ -2527,19 +2530,27 @@ async fn off_outcome(stack: &Stack, tree: &Tree, snapshot: &[Value], what: &str)
     broken.len()
 }
 
-/// Every edge of `snapshot` kept, as `timeline` saw its teardown through
-/// `fate_in` (each object followed by the UID the snapshot read), after a
-/// minute at most for every needer to be seen leaving (watch events trail the
-/// API a little): the tally, or the report of every broken and unjudged edge.
+/// Every one of `edges` (of `snapshot`) kept, as `timeline` saw its teardown
+/// through `fate_in` (each object followed by the UID the snapshot read),
+/// after a minute at most for every needer to be seen leaving (watch events
+/// trail the API a little): the tally, or the report of every broken and
+/// unjudged edge. No edge at all is a failure too: every tree here has some,
+/// and "every edge kept" of none would check nothing.
 async fn edges_kept(
     timeline: &Timeline,
     snapshot: &[Value],
+    edges: &[invariant::Edge],
     fate_in: impl Fn(
         &[local_cluster::timeline::Entry],
         &invariant::ObjectRef,
     ) -> Option<invariant::Fate>,
 ) -> Result<String, String> {
-    let edges = &invariant::edges(snapshot);
+    if edges.is_empty() {
+        return Err(format!(
+            "no edge to check among the snapshot's {} objects",
+            snapshot.len()
+        ));
+    }
     let _ = wait::until(Duration::from_secs(60), || async {
         let entries = timeline.entries();
         edges
@@ -2879,7 +2890,7 @@ async fn dropped_outcome(stack: &Stack, mode: Mode) {
         "{mode:?}: the dropped {inner} did not go after its ConfigMap\n{}",
         timeline.describe()
     );
-    let events = local_cluster::audit::read(&stack.cp.audit_log_path());
+    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp));
     let by_crossplane: Vec<Option<i64>> = events
         .iter()
         .filter(|e| {
@@ -3052,7 +3063,7 @@ impl Consumers {
             .gone(kind, name)
             .or_else(|| tree.timeline.gone(kind, name));
         match entry {
-            Some(e) => e.revision.unwrap_or(e.seq),
+            Some(e) => scene::revision(&e, &tree.name),
             None => panic!(
                 "{kind}/{name} never seen leaving the API\n{}",
                 self.timeline.describe()
@@ -3319,7 +3330,7 @@ async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: bool) {
     );
     tree.assert_order(&what);
     consumers.assert_order(&tree, &what);
-    let events = local_cluster::audit::read(&stack.cp.audit_log_path());
+    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp));
     let refused = crossplane_refusals(&events, &consumers.objects());
     assert!(
         refused.is_empty(),
@@ -3551,7 +3562,7 @@ async fn a_replayed_background_delete_under_refuse_leaves_nothing_stuck_and_says
         .await
         .unwrap_or_else(|e| panic!("delete the Usage: {e}"));
     let replayed = wait::until(Duration::from_secs(90), || async {
-        local_cluster::audit::read(&stack.cp.audit_log_path())
+        local_cluster::audit::read(&audit_log::audit_log(&stack.cp))
             .into_iter()
             .find(|e| {
                 e.verb == "delete"
@@ -3639,12 +3650,11 @@ async fn a_replayed_background_delete_under_refuse_leaves_nothing_stuck_and_says
     assert!(ok, "kubectl delete --cascade=foreground: {said}");
     let gone = timeline.wait_gone(kind, "app", TEARDOWN_TIMEOUT).await;
     let map_gone = timeline.gone("ConfigMap", &composed);
+    let what = "the replay";
     assert!(
         gone.as_ref()
             .zip(map_gone.as_ref())
-            .is_some_and(
-                |(xr, map)| map.revision.unwrap_or(map.seq) < xr.revision.unwrap_or(xr.seq)
-            ),
+            .is_some_and(|(xr, map)| scene::revision(map, what) < scene::revision(xr, what)),
         "the XR did not go after its ConfigMap\n{}",
         timeline.describe()
     );

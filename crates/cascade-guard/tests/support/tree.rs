@@ -148,17 +148,40 @@ pub fn assert_foreground(timeline: &Timeline, kind: &str, name: &str, dependents
     );
 }
 
+/// etcd's revision of ConfigMap `name`'s removal. Fails when the timeline
+/// never saw it leave, or saw it without a revision: an order between
+/// revisions that are not there (`None < Some(_)`) would pass unchecked.
+pub fn gone_revision(timeline: &Timeline, name: &str, what: &str) -> u64 {
+    timeline
+        .gone("ConfigMap", name)
+        .and_then(|e| e.revision)
+        .unwrap_or_else(|| {
+            panic!(
+                "{what}: {name} never seen leaving (with a revision)\n{}",
+                timeline.describe()
+            )
+        })
+}
+
+/// etcd's revision of the first sight of ConfigMap `name` terminating;
+/// fails as [`gone_revision`] does.
+pub fn terminating_revision(timeline: &Timeline, name: &str, what: &str) -> u64 {
+    timeline
+        .terminating("ConfigMap", name)
+        .and_then(|e| e.revision)
+        .unwrap_or_else(|| {
+            panic!(
+                "{what}: {name} never seen terminating (with a revision)\n{}",
+                timeline.describe()
+            )
+        })
+}
+
 /// ConfigMap `needed` started deleting only after ConfigMap `needer` was
 /// gone, by etcd revision (sibling order's promise).
 pub fn assert_needed_after(timeline: &Timeline, needer: &str, needed: &str, what: &str) {
-    let needer_gone = timeline
-        .gone("ConfigMap", needer)
-        .and_then(|e| e.revision)
-        .unwrap_or_else(|| panic!("{what}: {needer} never left\n{}", timeline.describe()));
-    let needed_deleting = timeline
-        .terminating("ConfigMap", needed)
-        .and_then(|e| e.revision)
-        .unwrap_or_else(|| panic!("{what}: {needed} never deleted\n{}", timeline.describe()));
+    let needer_gone = gone_revision(timeline, needer, what);
+    let needed_deleting = terminating_revision(timeline, needed, what);
     assert!(
         needed_deleting > needer_gone,
         "{what}: {needed} was deleted (revision {needed_deleting}) before {needer} was gone (revision {needer_gone})\n{}",

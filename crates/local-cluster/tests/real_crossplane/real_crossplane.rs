@@ -39,6 +39,10 @@
 //!   a fresh tree takes that long to tear down on real providers, where the
 //!   model's providers let go at once.
 
+// The skip line's one form, shared with cascade-guard's tests.
+#[path = "../../../cascade-guard/tests/support/skip.rs"]
+mod skip;
+
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -122,13 +126,13 @@ async fn stack() -> &'static Stack {
 }
 
 /// v2 (namespaced) XRDs are new in Crossplane v2: on v1 a test of them has
-/// nothing to run, and says so (the legacy claim's test has v1's
-/// cluster-scoped XRs).
+/// nothing to run, and reports itself skipped (the legacy claim's test has
+/// v1's cluster-scoped XRs).
 fn not_on_v1(stack: &Stack, what: &str) -> bool {
     let version = stack.crossplane.version();
     let v1 = version.major < 2;
     if v1 {
-        eprintln!("not run on Crossplane {version}: it has no {what}");
+        skip::skipped(&format!("Crossplane {version} has no {what}"));
     }
     v1
 }

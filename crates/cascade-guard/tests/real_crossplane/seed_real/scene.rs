@@ -3,6 +3,7 @@
 //! the sibling-order shapes and the InferenceCluster's guards.
 
 use super::*;
+use local_cluster::timeline::Entry;
 
 /// The ClusterUsage kind (cluster-scoped).
 pub(crate) fn cluster_usages() -> ApiResource {
@@ -40,6 +41,28 @@ pub(crate) fn open_cluster_xrd(group: &str, kind: &str, plural: &str, mode: Mode
 }
 
 pub(crate) type Objects = Vec<(ApiResource, Option<String>, String)>;
+
+/// etcd's revision of a timeline entry, which the order of changes is read
+/// from. Every watch event has one (its resourceVersion); only a removal the
+/// watch missed, whose list then failed, has none. Its arrival order (`seq`)
+/// is no stand-in: across separate watches it is not the API server's order.
+pub(crate) fn revision(e: &Entry, what: &str) -> u64 {
+    e.revision.unwrap_or_else(|| {
+        panic!(
+            "{what}: {}/{} (seen #{}) has no etcd revision: its order is not known",
+            e.kind, e.name, e.seq
+        )
+    })
+}
+
+/// The local cloud's log, where it notes each cluster's load balancers
+/// leaked. Fails naming it when it cannot be read: read as empty it would
+/// say that nothing leaked. It is there once a cloud cluster has come up.
+pub(crate) fn cloud_log(stack: &Stack) -> String {
+    let path = stack.cp.log_path("local-cloud");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read the local cloud's log {}: {e}", path.display()))
+}
 
 /// The objects of one scenario, watched from before they exist.
 pub(crate) struct Scene {
@@ -172,7 +195,7 @@ impl Scene {
     /// etcd's revision of `name`'s removal.
     pub(crate) fn gone(&self, kind: &str, name: &str) -> u64 {
         match self.timeline.gone(kind, name) {
-            Some(e) => e.revision.unwrap_or(e.seq),
+            Some(e) => revision(&e, &self.what),
             None => panic!(
                 "{}: {kind}/{name} never seen leaving\n{}",
                 self.what,
@@ -184,7 +207,7 @@ impl Scene {
     /// etcd's revision of the first sight of `name` being deleted.
     pub(crate) fn terminating(&self, kind: &str, name: &str) -> u64 {
         match self.timeline.terminating(kind, name) {
-            Some(e) => e.revision.unwrap_or(e.seq),
+            Some(e) => revision(&e, &self.what),
             None => panic!(
                 "{}: {kind}/{name} never seen deleting\n{}",
                 self.what,
@@ -211,7 +234,7 @@ impl Scene {
 
     /// No delete of the scene's objects by Crossplane was refused.
     pub(crate) fn assert_crossplane_never_refused(&self, stack: &Stack) {
-        let events = local_cluster::audit::read(&stack.cp.audit_log_path());
+        let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp));
         let refused = crossplane_refusals(&events, &self.objects);
         assert!(
             refused.is_empty(),
@@ -224,10 +247,7 @@ impl Scene {
     /// Crossplane was never refused.
     pub(crate) fn assert_nothing_leaked(&self, stack: &Stack, cluster: &str) {
         self.assert_crossplane_never_refused(stack);
-        let leaked = modelplane::leaked(
-            &std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default(),
-            cluster,
-        );
+        let leaked = modelplane::leaked(&cloud_log(stack), cluster);
         assert!(leaked.is_empty(), "{}: leaked {leaked:?}", self.what);
     }
 

@@ -32,10 +32,11 @@
 //! now and then Off), a client and a delay. Under Refuse a refused client
 //! follows the refusal's command; `--cascade=orphan` is refused in both
 //! modes and then followed the same way; with break-glass (the admin may use
-//! it) an orphaning delete is allowed, the tree's edges are not checked, and
-//! the rest is deleted in the order its edges ask. Every tree must be gone
-//! within a bound, every edge of its snapshot (read just before its delete)
-//! kept, Crossplane never refused, and no load balancer leaked. Under Off
+//! it) an orphaning delete is allowed, which breaks the edges to the root on
+//! purpose, and the rest is deleted in the order its edges ask. Every tree
+//! must be gone within a bound, every edge of its snapshot (read just before
+//! its delete) kept but those, Crossplane never refused, and no load
+//! balancer leaked. Under Off
 //! nothing is asserted but Crossplane never refused: the broken edges, what
 //! wedged and what leaked are printed (the seed's failure, measured), and the
 //! tree is cleaned up. The first line printed names the seed and every
@@ -48,7 +49,7 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use scene::{Objects, cluster_usages, open_cluster_xrd};
+use scene::{Objects, cloud_log, cluster_usages, open_cluster_xrd, revision};
 use siblings::install_fleet;
 
 /// Labels every tree's top object, for a DeleteCollection by label.
@@ -238,6 +239,16 @@ impl Target {
 
     fn api(&self, client: &Client) -> Api<DynamicObject> {
         api(client, &self.resource, self.ns.as_deref())
+    }
+
+    /// The object, as the invariant's edges name it.
+    fn object_ref(&self) -> invariant::ObjectRef {
+        invariant::ObjectRef::new(
+            &self.resource.group,
+            &self.resource.kind,
+            self.ns.as_deref(),
+            &self.name,
+        )
     }
 
     /// `<plural>.<group> <name> [-n <ns>]`, as kubectl takes it.
@@ -922,13 +933,13 @@ impl Built {
         .is_some()
     }
 
-    /// Every edge of `snapshot` kept by the teardown (as
+    /// Every one of `edges` (of `snapshot`) kept by the teardown (as
     /// `Tree::assert_every_edge`, with the removals the watch missed across
     /// an API server restart): fails listing every broken and every unjudged
-    /// edge; returns the tally.
-    async fn assert_every_edge(&self, snapshot: &[Value]) -> String {
+    /// edge, or when there is none; returns the tally.
+    async fn assert_every_edge(&self, snapshot: &[Value], edges: &[invariant::Edge]) -> String {
         let uids = invariant::uids(snapshot);
-        let kept = edges_kept(&self.timeline, snapshot, |entries, r| {
+        let kept = edges_kept(&self.timeline, snapshot, edges, |entries, r| {
             fate_with_missed(entries, &uids, &self.missed, r)
         })
         .await;
@@ -957,9 +968,13 @@ impl Built {
         (edges.len(), broken, tally)
     }
 
-    /// What the local cloud logged as leaked for the tree's clusters.
+    /// What the local cloud logged as leaked for the tree's clusters (a
+    /// tree without one has nothing to leak, and the log may not be there).
     fn leaked(&self, stack: &Stack) -> Vec<String> {
-        let log = std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default();
+        if self.clusters.is_empty() {
+            return Vec::new();
+        }
+        let log = cloud_log(stack);
         self.clusters
             .iter()
             .flat_map(|c| modelplane::leaked(&log, c))
@@ -971,7 +986,7 @@ impl Built {
     fn deleted_at(&self, kind: &str, name: &str) -> Option<(u64, u64)> {
         match self.timeline.terminating(kind, name) {
             Some(e) => {
-                let at = e.revision.unwrap_or(e.seq);
+                let at = revision(&e, &self.what());
                 Some((at, at))
             }
             None => gone_within(&self.timeline, &self.missed, kind, name),
@@ -1517,7 +1532,20 @@ async fn tear_down(stack: &Stack, built: &Built, snapshot: &[Value]) -> String {
             built.states().await
         );
         built.clean_up_in_order(snapshot).await;
-        "orphaned with break-glass: edges not checked, cleaned up in order".to_string()
+        // The orphaning delete breaks the edges to the root on purpose (its
+        // children stay); every other edge is the clean-up's order within
+        // and between the orphaned subtrees, and cascade-guard's within
+        // each: kept.
+        let root = built.root.object_ref();
+        let (to_root, rest): (Vec<_>, Vec<_>) = invariant::edges(snapshot)
+            .into_iter()
+            .partition(|e| e.needed == root);
+        let tally = built.assert_every_edge(snapshot, &rest).await;
+        format!(
+            "orphaned with break-glass: {} edges to the root broken on purpose; every other edge kept ({} edges: {tally}) by the clean-up in order",
+            to_root.len(),
+            rest.len()
+        )
     } else {
         assert!(
             built.wait_all_gone(SHAPE_TEARDOWN_TIMEOUT).await,
@@ -1526,11 +1554,9 @@ async fn tear_down(stack: &Stack, built: &Built, snapshot: &[Value]) -> String {
             built.states().await,
             built.timeline.describe()
         );
-        let tally = built.assert_every_edge(snapshot).await;
-        format!(
-            "every edge kept ({} edges: {tally})",
-            invariant::edges(snapshot).len()
-        )
+        let edges = invariant::edges(snapshot);
+        let tally = built.assert_every_edge(snapshot, &edges).await;
+        format!("every edge kept ({} edges: {tally})", edges.len())
     };
     match plan.shape {
         // Crossplane's replay came only after the last guard was deleted.
@@ -1640,7 +1666,7 @@ async fn off_outcome(stack: &Stack, built: &Built, snapshot: &[Value], started: 
 
 /// Crossplane (core, a provider) was never refused a write to the tree.
 fn assert_crossplane_never_refused(stack: &Stack, built: &Built) {
-    let events = local_cluster::audit::read(&stack.cp.audit_log_path());
+    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp));
     let refused = crossplane_refusals(&events, &built.objects);
     assert!(
         refused.is_empty(),
@@ -1749,7 +1775,7 @@ async fn random_shapes_keep_every_edge() {
     }
     // No write by Crossplane, a provider or the garbage collector (anyone
     // but the test's admin) was ever refused by cascade-guard.
-    let writes = local_cluster::audit::read_writes(&stack.cp.audit_log_path());
+    let writes = local_cluster::audit::read_writes(&audit_log::audit_log(&stack.cp));
     let refused_writes: Vec<String> = writes
         .iter()
         .filter(|e| e.refused_by_cascade_guard() && e.effective_username() != "admin")

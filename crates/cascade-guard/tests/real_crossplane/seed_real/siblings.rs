@@ -25,7 +25,7 @@
 //!   InferenceCluster's EKSCluster. `plan` names the order beforehand.
 
 use super::*;
-use scene::{Objects, Scene, cluster_usages, open_cluster_xrd};
+use scene::{Objects, Scene, cloud_log, cluster_usages, open_cluster_xrd, revision};
 
 /// The client each mode's deletes come from: Convert a plain `kubectl
 /// delete`, Refuse the `--cascade=foreground` its refusal names, Off a
@@ -231,7 +231,7 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace
         let user_left = scene
             .timeline
             .gone("Object", &engine)
-            .map(|e| e.revision.unwrap_or(e.seq));
+            .map(|e| revision(&e, &scene.what));
         assert!(
             user_left.is_none_or(|u| pc_deleted < u),
             "{}: the ProviderConfig was deleted (#{pc_deleted}) only after its user left ({user_left:?})\n{}",
@@ -490,7 +490,7 @@ async fn usage_between_two_xrs(stack: &Stack, mode: Mode, between: Between) {
         let user_gone = scene
             .timeline
             .gone(&wheel_kind.kind, &wheel)
-            .map(|e| e.revision.unwrap_or(e.seq));
+            .map(|e| revision(&e, &scene.what));
         assert!(
             user_gone.is_none_or(|g| replay < g),
             "{}: the replay (#{replay}) did not come before the user left ({user_gone:?})\n{}",
@@ -502,10 +502,7 @@ async fn usage_between_two_xrs(stack: &Stack, mode: Mode, between: Between) {
             scene.what,
             hub_kind.kind,
             wheel_kind.kind,
-            modelplane::leaked(
-                &std::fs::read_to_string(stack.cp.log_path("local-cloud")).unwrap_or_default(),
-                &hub
-            )
+            modelplane::leaked(&cloud_log(stack), &hub)
         );
         // Wait for the cloud cluster to go, then free whatever wedged.
         let _ = scene
