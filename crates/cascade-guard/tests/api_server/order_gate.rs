@@ -201,6 +201,13 @@ async fn a_delete_of_a_tree_the_controller_has_not_ordered_is_refused_with_the_r
                     && l.contains("the controller has not read this tree")),
         "{said}"
     );
+    // Sibling order's own policies type-check cleanly (status reads them).
+    assert!(
+        !said
+            .lines()
+            .any(|l| l.contains("cascade-guard-sibling-order") && l.contains("type")),
+        "{said}"
+    );
 
     // A tree read before, changed since (its generation moved): refused as
     // changed.

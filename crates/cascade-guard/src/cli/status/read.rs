@@ -118,8 +118,24 @@ pub async fn status(
     );
     let resolution = &pass.resolution;
     problems.extend(resolution.problems.iter().map(ToString::to_string));
-    // What the API server's type check found wrong with the live policies.
+    // What the API server's type check found wrong with the live policies,
+    // sibling order's hold policy and gate included (labelled apart): one
+    // that does not type-check holds nothing, or refuses every delete it
+    // sees.
     problems.extend(type_check::problems(&typed_policies));
+    let sibling_order = ListParams::default().labels(&format!(
+        "{}=true",
+        crate::policy::hold::SIBLING_ORDER_LABEL
+    ));
+    match Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .list(&sibling_order)
+        .await
+    {
+        Ok(found) => problems.extend(type_check::problems(&found.items)),
+        Err(e) => problems.push(format!(
+            "cannot read sibling order's admission policies: {e}"
+        )),
+    }
     let admission = admission_sync(&pass, &live);
 
     let now = Timestamp::now();
