@@ -222,12 +222,17 @@ pub fn compile_hold(
                 "request.operation == 'DELETE' && has(params.data) && '{HELD_KEY}' in params.data ? params.data['{HELD_KEY}'] : ''"
             ),
         ),
-        // Where the object's line starts, -1 when it is not held.
+        // contains, not indexOf, to tell: indexOf turns the whole string
+        // into code points at each call (cel-go), and this is every DELETE
+        // of a held kind; where the line starts is read only to refuse.
+        variable(
+            "held",
+            "variables.holds.contains('\\n' + variables.key + '\\t')",
+        ),
         variable(
             "at",
-            "variables.holds.indexOf('\\n' + variables.key + '\\t')",
+            "variables.held ? variables.holds.indexOf('\\n' + variables.key + '\\t') : -1",
         ),
-        variable("held", "variables.at >= 0"),
         // The line's value: `<root uid> <Kind.group> <held for>`.
         variable(
             "entry",
@@ -880,8 +885,8 @@ mod tests {
                 "objectNamespace",
                 "key",
                 "holds",
-                "at",
                 "held",
+                "at",
                 "entry",
                 "heldFor",
                 "record"
