@@ -8,17 +8,16 @@
 //! objects it holds:
 //!
 //! - every object that must wait for a sibling (the `after` of a sibling
-//!   edge) has an entry in the [`SiblingOrderRecord`](SIBLING_ORDER_RECORD_KIND)
-//!   [`HOLDS`] of the controller's namespace: its [`hold_key`] (kind, group, namespace and name), and a
+//!   edge) has an entry in the ConfigMap [`HOLDS`] of the controller's
+//!   namespace: its [`hold_key`] (kind, group, namespace and name), and a
 //!   [`HoldEntry`] (the root's uid, what it waits for in words);
 //! - the ValidatingAdmissionPolicy of [`compile_hold`] reads that record
 //!   as its parameter and refuses every DELETE of an object it names, the
 //!   garbage collector's and the namespace controller's included, except
 //!   cascade-guard's own, Crossplane's (which cascade-guard never refuses) and
-//!   break-glass; and every change or delete of the record (or of the one
-//!   of [`crate::order_gate`]) by anyone but cascade-guard, and the delete
-//!   of their CustomResourceDefinition (without it the API server could not
-//!   evaluate the policy, and refuses every DELETE it sees). The object stays
+//!   break-glass. A second policy, of [`compile_record_guard`], refuses every
+//!   change or delete of the record (or of the one of [`crate::order_gate`])
+//!   by anyone but cascade-guard. The object stays
 //!   live: no deletionTimestamp, so no provider starts deleting what it
 //!   manages. A finalizer could not do that;
 //! - when everything it waits for is gone, its entry goes, and cascade-guard
@@ -42,14 +41,11 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use crate::admission::Compiled;
 use crate::cel::{break_glass_for, cel_string_literal};
-use crate::names::{
-    BREAK_GLASS_ANNOTATION, GROUP, SIBLING_ORDER_RECORD_KIND, SIBLING_ORDER_RECORD_PLURAL,
-    SIBLING_ORDER_RECORD_VERSION,
-};
+use crate::names::{BREAK_GLASS_ANNOTATION, GROUP};
 use crate::order::{Graph, ObjectRef};
 use crate::order_gate::ORDERED_TREES;
 use crate::settings::CompileSettings;
@@ -59,10 +55,13 @@ use crate::settings::CompileSettings;
 pub const HOLD_LABEL: &str = "cascade-guard.dev/hold";
 /// What a held object waited for, beside [`HOLD_LABEL`]; taken off with it.
 pub const HELD_FOR_ANNOTATION: &str = "cascade-guard.dev/held-for";
-/// The record, in the controller's namespace, naming every object held.
+/// The ConfigMap, in the controller's namespace, naming every object held.
 pub const HOLDS: &str = "cascade-guard-holds";
 /// The name of the hold policy and its binding.
 pub const HOLD_OBJECT_NAME: &str = "cascade-guard-sibling-order";
+/// The name of the policy and binding that keep sibling order's two
+/// ConfigMaps cascade-guard's alone.
+pub const RECORD_GUARD_NAME: &str = "cascade-guard-sibling-order-records";
 /// The label on the hold policy and binding, by which cascade-guard finds
 /// them (they are not part of the policies' plan, whose objects carry the
 /// managed-by label, so the sync pass leaves them alone).
@@ -109,10 +108,10 @@ pub fn parse_hold_key(key: &str) -> Option<ObjectRef> {
 
 /// The record's key under which every hold is kept, all in one string: a
 /// line `<hold key>\t<entry value>` each, every line ending in `\n` and the
-/// whole starting with one. The API server turns the whole record into a
-/// CEL value at every evaluation of the hold policy (a JSON round trip on
-/// Kubernetes 1.37), for every DELETE of a kind held: one string costs a
-/// fraction of what a map entry per hold costs.
+/// whole starting with one. The API server turns the whole ConfigMap into a
+/// CEL value at every evaluation of the hold policy, for every DELETE of a
+/// kind held, at a cost per map entry (about 0.9 µs on Kubernetes 1.37):
+/// one string costs as little as one entry.
 pub const HELD_KEY: &str = "held";
 
 /// The record's data for these holds ([`hold_key`] to [`HoldEntry::value`]).
@@ -180,12 +179,11 @@ pub type HeldKind = (String, String);
 /// `namespace`, names, for objects of `held_kinds`.
 ///
 /// Its rules name the kinds held, not every kind: the API server makes the
-/// record a CEL value at every evaluation of the policy, whether or not the
-/// request is for a held object (a JSON round trip of the whole record for a
-/// custom resource on Kubernetes 1.37: 20 ms a DELETE at 3,000 entries), so
-/// the DELETEs of every other kind must not reach it. Names cannot narrow
-/// the rules further: a DeleteCollection's items (the namespace
-/// controller's way) come with no name, and would not match.
+/// record a CEL value at every evaluation of the policy, before any match
+/// condition, whether or not the request is for a held object (about 0.2 ms
+/// on Kubernetes 1.37), so the DELETEs of every other kind must not reach
+/// it. Names cannot narrow the rules further: a DeleteCollection's items
+/// (the namespace controller's way) come with no name, and would not match.
 pub fn compile_hold(
     settings: &CompileSettings,
     namespace: &str,
@@ -196,10 +194,6 @@ pub fn compile_hold(
     // resource, and a Usage's replay, which comes only once the Usage's user
     // is gone. cascade-guard never refuses Crossplane.
     let crossplane = cel_string_literal(&settings.crossplane_user);
-    let ns = cel_string_literal(namespace);
-    let holds = cel_string_literal(HOLDS);
-    let ordered = cel_string_literal(ORDERED_TREES);
-    let crd = cel_string_literal(&record_crd_name());
     let variables = vec![
         // A DeleteCollection's items come with no request.name: only they
         // read the stored object, whose conversion is what a policy's
@@ -243,38 +237,20 @@ pub fn compile_hold(
             "heldFor",
             "variables.held ? variables.entry.substring(variables.entry.indexOf(' ', variables.entry.indexOf(' ') + 1) + 1) : ''",
         ),
-        variable(
-            "record",
-            &format!(
-                "(request.kind.group == '{GROUP}' && request.kind.kind == '{SIBLING_ORDER_RECORD_KIND}' && variables.objectNamespace == {ns} && (variables.name == {holds} || variables.name == {ordered})) || (request.kind.group == 'apiextensions.k8s.io' && request.kind.kind == 'CustomResourceDefinition' && variables.name == {crd})"
-            ),
+    ];
+    let validations = vec![Validation {
+        expression: format!(
+            "!variables.held || request.userInfo.username == {crossplane} || ({})",
+            break_glass_for(settings, "oldObject")
         ),
-    ];
-    let validations = vec![
-        Validation {
-            expression: format!(
-                "!variables.held || request.userInfo.username == {crossplane} || ({})",
-                break_glass_for(settings, "oldObject")
-            ),
-            message_expression: Some(format!(
-                "'cascade-guard holds ' + request.kind.kind + ' ' + variables.name + ' until ' + variables.heldFor + ' is gone (sibling order); it lets it go then. To delete it now: annotate it {BREAK_GLASS_ANNOTATION}=<reason>.'"
-            )),
-            message: Some(format!(
-                "cascade-guard holds this object until what needs it is gone (sibling order); to delete it now, annotate it {BREAK_GLASS_ANNOTATION}=<reason>"
-            )),
-            reason: Some("Forbidden".to_string()),
-        },
-        Validation {
-            expression: "!variables.record".to_string(),
-            message_expression: Some(
-                "'only cascade-guard changes or deletes ' + request.kind.kind + ' ' + variables.name + ': it says what cascade-guard holds and which trees it ordered, and its policies read it. To let go of everything: cascade-guard uninstall, or run the controller with --sibling-order off'".to_string(),
-            ),
-            message: Some(
-                "only cascade-guard changes or deletes sibling order's records and their definition: they say what sibling order holds".to_string(),
-            ),
-            reason: Some("Forbidden".to_string()),
-        },
-    ];
+        message_expression: Some(format!(
+            "'cascade-guard holds ' + request.kind.kind + ' ' + variables.name + ' until ' + variables.heldFor + ' is gone (sibling order); it lets it go then. To delete it now: annotate it {BREAK_GLASS_ANNOTATION}=<reason>.'"
+        )),
+        message: Some(format!(
+            "cascade-guard holds this object until what needs it is gone (sibling order); to delete it now, annotate it {BREAK_GLASS_ANNOTATION}=<reason>"
+        )),
+        reason: Some("Forbidden".to_string()),
+    }];
     let metadata = sibling_order_metadata(HOLD_OBJECT_NAME);
     let policy = ValidatingAdmissionPolicy {
         metadata: metadata.clone(),
@@ -303,53 +279,109 @@ pub fn compile_hold(
     Compiled { policy, binding }
 }
 
-/// The DELETEs of the kinds held; a change or delete of a record (any
-/// name: a DeleteCollection's items have none, `variables.record` tells
-/// them); the delete of a CustomResourceDefinition (which one, likewise).
-fn hold_rules(held_kinds: &BTreeSet<HeldKind>) -> Vec<NamedRuleWithOperations> {
-    let rule = |group: &str, resources: Vec<String>, operations: &[&str], scope: &str| {
-        NamedRuleWithOperations {
-            api_groups: Some(vec![group.to_string()]),
-            api_versions: Some(vec!["*".to_string()]),
-            resources: Some(resources),
-            operations: Some(operations.iter().map(|o| o.to_string()).collect()),
-            scope: Some(scope.to_string()),
-            resource_names: None,
-        }
+/// The policy and binding that refuse a change or delete of sibling order's
+/// two ConfigMaps in `namespace` by anyone but cascade-guard: a forged entry
+/// would hold or order what cascade-guard did not. It reads no parameter
+/// and sees only the ConfigMap requests of that namespace (its binding's
+/// namespace selector), so it costs the rest of the cluster nothing.
+pub fn compile_record_guard(settings: &CompileSettings, namespace: &str) -> Compiled {
+    let controller = cel_string_literal(&settings.controller_user);
+    let holds = cel_string_literal(HOLDS);
+    let ordered = cel_string_literal(ORDERED_TREES);
+    let metadata = sibling_order_metadata(RECORD_GUARD_NAME);
+    let policy = ValidatingAdmissionPolicy {
+        metadata: metadata.clone(),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".to_string()),
+            param_kind: None,
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec![String::new()]),
+                    api_versions: Some(vec!["v1".to_string()]),
+                    resources: Some(vec!["configmaps".to_string()]),
+                    // Any name: a DeleteCollection's items have none.
+                    operations: Some(vec!["UPDATE".to_string(), "DELETE".to_string()]),
+                    scope: Some("Namespaced".to_string()),
+                    resource_names: None,
+                }]),
+                match_policy: Some("Equivalent".to_string()),
+                ..MatchResources::default()
+            }),
+            match_conditions: Some(vec![MatchCondition {
+                name: "not-cascade-guard".to_string(),
+                expression: format!("request.userInfo.?username.orValue('') != {controller}"),
+            }]),
+            variables: Some(vec![variable(
+                "name",
+                "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name",
+            )]),
+            validations: Some(vec![Validation {
+                expression: format!("!(variables.name in [{holds}, {ordered}])"),
+                message_expression: Some(
+                    "'only cascade-guard changes or deletes ConfigMap ' + variables.name + ': it says what cascade-guard holds and which trees it ordered, and its policies read it. To let go of everything: cascade-guard uninstall, or run the controller with --sibling-order off'".to_string(),
+                ),
+                message: Some(
+                    "only cascade-guard changes or deletes sibling order's ConfigMaps: they say what sibling order holds".to_string(),
+                ),
+                reason: Some("Forbidden".to_string()),
+            }]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
     };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata,
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            policy_name: RECORD_GUARD_NAME.to_string(),
+            validation_actions: vec!["Deny".to_string()],
+            match_resources: Some(MatchResources {
+                namespace_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        "kubernetes.io/metadata.name".to_string(),
+                        namespace.to_string(),
+                    )])),
+                    ..LabelSelector::default()
+                }),
+                ..MatchResources::default()
+            }),
+            param_ref: None,
+        },
+    };
+    Compiled { policy, binding }
+}
+
+/// The DELETEs of the kinds held, by group; with none held, one rule that
+/// matches nothing (a policy must have one).
+fn hold_rules(held_kinds: &BTreeSet<HeldKind>) -> Vec<NamedRuleWithOperations> {
     let mut by_group: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (group, plural) in held_kinds {
         by_group.entry(group).or_default().push(plural.clone());
     }
-    let mut rules: Vec<NamedRuleWithOperations> = by_group
+    if by_group.is_empty() {
+        by_group.insert(GROUP, vec!["nothing-held".to_string()]);
+    }
+    by_group
         .into_iter()
-        .map(|(group, plurals)| rule(group, plurals, &["DELETE"], "*"))
-        .collect();
-    rules.push(rule(
-        GROUP,
-        vec![SIBLING_ORDER_RECORD_PLURAL.to_string()],
-        &["UPDATE", "DELETE"],
-        "Namespaced",
-    ));
-    rules.push(rule(
-        "apiextensions.k8s.io",
-        vec!["customresourcedefinitions".to_string()],
-        &["DELETE"],
-        "Cluster",
-    ));
-    rules
+        .map(|(group, resources)| NamedRuleWithOperations {
+            api_groups: Some(vec![group.to_string()]),
+            api_versions: Some(vec!["*".to_string()]),
+            resources: Some(resources),
+            operations: Some(vec!["DELETE".to_string()]),
+            scope: Some("*".to_string()),
+            resource_names: None,
+        })
+        .collect()
 }
 
-/// The name of the CustomResourceDefinition of sibling order's records.
-pub fn record_crd_name() -> String {
-    format!("{SIBLING_ORDER_RECORD_PLURAL}.{GROUP}")
-}
-
-/// The parameter of sibling order's policies: a record of its own kind.
+/// The parameter of sibling order's policies: a ConfigMap. Not a custom
+/// resource: the API server hands a custom resource to CEL by a JSON round
+/// trip of the whole object, and a ConfigMap by a conversion whose cost
+/// follows the number of its entries, not their size (measured on 1.37:
+/// BENCHMARKS.md).
 pub(crate) fn record_param() -> ParamKind {
     ParamKind {
-        api_version: Some(format!("{GROUP}/{SIBLING_ORDER_RECORD_VERSION}")),
-        kind: Some(SIBLING_ORDER_RECORD_KIND.to_string()),
+        api_version: Some("v1".to_string()),
+        kind: Some("ConfigMap".to_string()),
     }
 }
 
@@ -850,7 +882,7 @@ mod tests {
         assert_eq!(spec["failurePolicy"], "Fail");
         assert_eq!(
             spec["paramKind"],
-            json!({"apiVersion": "cascade-guard.dev/v1alpha1", "kind": "SiblingOrderRecord"})
+            json!({"apiVersion": "v1", "kind": "ConfigMap"})
         );
         assert_eq!(
             spec["matchConstraints"],
@@ -860,11 +892,6 @@ mod tests {
                 {"apiGroups": ["helm.m.crossplane.io"], "apiVersions": ["*"],
                  "resources": ["providerconfigs", "releases"],
                  "operations": ["DELETE"], "scope": "*"},
-                {"apiGroups": ["cascade-guard.dev"], "apiVersions": ["*"], "resources": ["siblingorderrecords"],
-                 "operations": ["UPDATE", "DELETE"], "scope": "Namespaced"},
-                {"apiGroups": ["apiextensions.k8s.io"], "apiVersions": ["*"],
-                 "resources": ["customresourcedefinitions"],
-                 "operations": ["DELETE"], "scope": "Cluster"},
             ]})
         );
         assert_eq!(
@@ -888,17 +915,10 @@ mod tests {
                 "held",
                 "at",
                 "entry",
-                "heldFor",
-                "record"
+                "heldFor"
             ]
         );
-        assert!(
-            spec["variables"][8]["expression"]
-                .as_str()
-                .is_some_and(|e| e.contains("variables.objectNamespace == \"cg\"")
-                    && e.contains("request.kind.kind == 'SiblingOrderRecord'")
-                    && e.contains("variables.name == \"siblingorderrecords.cascade-guard.dev\""))
-        );
+
         // Every request field read is optional but the kind (always there):
         // an error would refuse every delete in the cluster, and a
         // cluster-scoped object's request has no namespace.
@@ -911,14 +931,13 @@ mod tests {
             "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name"
         );
         let validations = spec["validations"].as_array().expect("validations");
-        assert_eq!(validations.len(), 2);
+        assert_eq!(validations.len(), 1);
         let delete = validations[0]["expression"].as_str().unwrap_or_default();
         assert!(
             delete.starts_with("!variables.held || request.userInfo.username == \"system:serviceaccount:crossplane-system:crossplane\" || (")
                 && delete.contains("authorizer.group('cascade-guard.dev')"),
             "{delete}"
         );
-        assert_eq!(validations[1]["expression"], "!variables.record");
         for v in validations {
             assert_eq!(v["reason"], "Forbidden");
         }
@@ -928,6 +947,52 @@ mod tests {
             json!({"policyName": HOLD_OBJECT_NAME, "validationActions": ["Deny"],
                    "paramRef": {"name": "cascade-guard-holds", "namespace": "cg",
                                 "parameterNotFoundAction": "Allow"}})
+        );
+        // Nothing held: a rule that matches nothing, never every DELETE.
+        let none = serde_json::to_value(&compile_hold(&settings, "cg", &BTreeSet::new()).policy)
+            .expect("serializes");
+        assert_eq!(
+            none["spec"]["matchConstraints"]["resourceRules"],
+            json!([{"apiGroups": ["cascade-guard.dev"], "apiVersions": ["*"],
+                    "resources": ["nothing-held"], "operations": ["DELETE"], "scope": "*"}])
+        );
+    }
+
+    #[test]
+    fn the_record_guard_is_pinned_whole() {
+        let settings = CompileSettings {
+            controller_user: "system:serviceaccount:cg:cascade-guard".to_string(),
+            ..CompileSettings::default()
+        };
+        let compiled = compile_record_guard(&settings, "cg");
+        assert_eq!(
+            serde_json::to_value(&compiled.policy).expect("serializes"),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": RECORD_GUARD_NAME, "labels": {SIBLING_ORDER_LABEL: "true"}},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"matchPolicy": "Equivalent", "resourceRules": [
+                        {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+                         "operations": ["UPDATE", "DELETE"], "scope": "Namespaced"}]},
+                    "matchConditions": [{"name": "not-cascade-guard",
+                        "expression": "request.userInfo.?username.orValue('') != \"system:serviceaccount:cg:cascade-guard\""}],
+                    "variables": [{"name": "name",
+                        "expression": "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name"}],
+                    "validations": [{
+                        "expression": "!(variables.name in [\"cascade-guard-holds\", \"cascade-guard-ordered-trees\"])",
+                        "messageExpression": "'only cascade-guard changes or deletes ConfigMap ' + variables.name + ': it says what cascade-guard holds and which trees it ordered, and its policies read it. To let go of everything: cascade-guard uninstall, or run the controller with --sibling-order off'",
+                        "message": "only cascade-guard changes or deletes sibling order's ConfigMaps: they say what sibling order holds",
+                        "reason": "Forbidden"}]
+                }
+            })
+        );
+        assert_eq!(
+            serde_json::to_value(&compiled.binding).expect("serializes")["spec"],
+            json!({"policyName": RECORD_GUARD_NAME, "validationActions": ["Deny"],
+                   "matchResources": {"namespaceSelector": {"matchLabels": {
+                       "kubernetes.io/metadata.name": "cg"}}}})
         );
     }
 }

@@ -97,15 +97,6 @@ pub const XRD_KIND: &str = "CompositeResourceDefinition";
 /// Kind of cascade-guard's own policy resource.
 pub const CASCADE_POLICY_KIND: &str = "CascadePolicy";
 
-/// The kind, in [`GROUP`], of sibling order's records: what it holds and
-/// which trees it ordered, read by its admission policies as their
-/// parameter. A kind of cascade-guard's own rather than a ConfigMap: the API
-/// server keeps a custom resource unstructured and reads it field by field
-/// in CEL, where it converts a ConfigMap whole at every evaluation.
-pub const SIBLING_ORDER_RECORD_KIND: &str = "SiblingOrderRecord";
-pub const SIBLING_ORDER_RECORD_PLURAL: &str = "siblingorderrecords";
-pub const SIBLING_ORDER_RECORD_VERSION: &str = "v1alpha1";
-
 /// Prefixes of the objects every XRD of one mode and shape shares, for
 /// DELETEs and for UPDATEs (`cascade-guard-xrds-refuse-composite`).
 pub const XRDS_OBJECT_PREFIX: &str = "cascade-guard-xrds-";

@@ -36,20 +36,19 @@ use crate::kind::Shape;
 use crate::names::BREAK_GLASS_ANNOTATION;
 use crate::settings::CompileSettings;
 
-/// The record ([`SiblingOrderRecord`](crate::names::SIBLING_ORDER_RECORD_KIND)), in the controller's namespace, that says how each root's
+/// The ConfigMap, in the controller's namespace, that says how each root's
 /// tree stands: its uid to a [`TreeOrder`] value.
 pub const ORDERED_TREES: &str = "cascade-guard-ordered-trees";
-/// What an object may hold in etcd (1.5 MiB by default; kept under 1 MiB), less room for its metadata: past it,
+/// What a ConfigMap may hold (1 MiB), less room for its metadata: past it,
 /// roots are left out of it, and their deletes refused.
 pub const ORDERED_TREES_MAX_BYTES: usize = 900 * 1024;
 
 /// The record's key under which every ordered tree is kept, all in one
 /// string: ` uid=generation uid=generation ... ` (a space on each side of
-/// each). The API server turns the whole record into a CEL value at every
-/// evaluation of the gate (a JSON round trip, on Kubernetes 1.37), before
-/// any match condition, for every DELETE of a gated kind, the garbage
-/// collector's included; one string costs a fraction of what a map entry
-/// per tree costs. Trees that are not ordered keep an entry of their own,
+/// each). The API server turns the whole ConfigMap into a CEL value at
+/// every evaluation of the gate, before any match condition, for every
+/// DELETE of a gated kind, the garbage collector's included, at a cost per
+/// map entry: one string costs as little as one entry. Trees that are not ordered keep an entry of their own,
 /// their uid to the reason.
 pub const ORDERED_KEY: &str = "ordered";
 
@@ -459,7 +458,7 @@ mod tests {
         assert_eq!(spec["failurePolicy"], "Fail");
         assert_eq!(
             spec["paramKind"],
-            json!({"apiVersion": "cascade-guard.dev/v1alpha1", "kind": "SiblingOrderRecord"})
+            json!({"apiVersion": "v1", "kind": "ConfigMap"})
         );
         assert_eq!(
             spec["matchConstraints"],

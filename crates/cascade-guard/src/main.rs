@@ -47,8 +47,7 @@ enum Command {
     /// Print the admission objects for XRD, CascadePolicy and CRD files (or
     /// directories of them, such as a Crossplane package's apis/), without a cluster.
     Render(RenderArgs),
-    /// Print cascade-guard's CustomResourceDefinitions: CascadePolicy and
-    /// SiblingOrderRecord (sibling order's state, written by the controller).
+    /// Print the CascadePolicy CustomResourceDefinition.
     Crd,
     /// Remove everything cascade-guard put into the cluster: its admission
     /// policies, then its finalizer from every object that carries it (a

@@ -20,7 +20,6 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
 
 use crate::Error;
-use crate::api::SiblingOrderRecord;
 use crate::cluster::held;
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::{holds, unhold};
@@ -29,6 +28,7 @@ use crate::controller::convert::Converter;
 use crate::controller::telemetry::Metrics;
 use crate::policy::hold::{HOLD_OBJECT_NAME, HOLDS, SIBLING_ORDER_LABEL};
 use crate::policy::names::MANAGED_BY_SELECTOR;
+use k8s_openapi::api::core::v1::ConfigMap;
 
 #[derive(Clone, Debug)]
 pub struct UninstallOptions {
@@ -86,18 +86,17 @@ pub async fn uninstall(
     ] {
         summary.admission_objects += delete_admission_objects(client, &selector).await?;
     }
-    // Sibling order's records (what it held, how each tree stood), wherever
-    // the controller ran: nothing reads them once its policies are gone.
-    // What they held is let go: deleted where an owner is leaving (its
-    // deleter was refused while it was held). Their definition stays, as
-    // CascadePolicy's does (`kubectl delete crd` removes it).
-    let records: Api<SiblingOrderRecord> = Api::all(client.clone());
-    let found = match records.list_metadata(&ListParams::default()).await {
-        Ok(found) => found.items,
-        // No such kind: installed before it, or its definition removed.
-        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
-        Err(e) => return Err(list("SiblingOrderRecords")(e)),
-    };
+    // Sibling order's ConfigMaps (what it held, how each tree stood),
+    // wherever the controller ran: nothing reads them once its policies are
+    // gone. What they held is let go: deleted where an owner is leaving (its
+    // deleter was refused while it was held).
+    let records: Api<ConfigMap> = Api::all(client.clone());
+    let labelled = ListParams::default().labels(&format!("{SIBLING_ORDER_LABEL}=true"));
+    let found = records
+        .list_metadata(&labelled)
+        .await
+        .map_err(list("ConfigMaps"))?
+        .items;
     let mut held = Vec::new();
     for c in found {
         let namespace = c.namespace().unwrap_or_default();
@@ -110,7 +109,7 @@ pub async fn uninstall(
                     .map(|(object, _)| object),
             );
         }
-        let api: Api<SiblingOrderRecord> = Api::namespaced(client.clone(), &namespace);
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
         delete_once_unguarded(&api, &c.name_any()).await?;
     }
     let kinds = ServedKinds::discover(client)
@@ -235,10 +234,10 @@ where
     }
 }
 
-/// Deletes one of sibling order's records, which its hold policy guards:
+/// Deletes one of sibling order's ConfigMaps, which its record guard guards:
 /// the API server still checks a deleted policy for a second or so, so a
 /// refusal by it is waited out (up to half a minute).
-async fn delete_once_unguarded(api: &Api<SiblingOrderRecord>, name: &str) -> Result<(), Error> {
+async fn delete_once_unguarded(api: &Api<ConfigMap>, name: &str) -> Result<(), Error> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match api.delete(name, &DeleteParams::default()).await {
@@ -253,7 +252,7 @@ async fn delete_once_unguarded(api: &Api<SiblingOrderRecord>, name: &str) -> Res
             }
             Err(source) => {
                 return Err(Error::Delete {
-                    kind: "SiblingOrderRecord",
+                    kind: "ConfigMap",
                     name: name.to_string(),
                     source,
                 });

@@ -6,10 +6,10 @@
 use kube::api::{DynamicObject, ListParams, PartialObjectMeta};
 use kube::{Api, Client};
 
-use crate::api::SiblingOrderRecord;
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::policy::hold::{HOLD_LABEL, HOLDS, HoldEntry, decode_holds, parse_hold_key};
 use crate::policy::order::ObjectRef;
+use k8s_openapi::api::core::v1::ConfigMap;
 
 /// Every object held, with its entry, as the record in `namespace` says;
 /// none when there is no record.
@@ -17,7 +17,7 @@ pub async fn read(
     client: &Client,
     namespace: &str,
 ) -> Result<Vec<(ObjectRef, HoldEntry)>, kube::Error> {
-    let found = Api::<SiblingOrderRecord>::namespaced(client.clone(), namespace)
+    let found = Api::<ConfigMap>::namespaced(client.clone(), namespace)
         .get_opt(HOLDS)
         .await?;
     Ok(

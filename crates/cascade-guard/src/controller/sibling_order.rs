@@ -30,7 +30,7 @@ use crate::cluster::tree::{TreeRead, Usages, read_tree};
 use crate::cluster::unhold;
 use crate::cluster::unhold::LetGo;
 use crate::policy::drift::first_difference;
-use crate::policy::hold::{Action, HOLD_OBJECT_NAME, actions};
+use crate::policy::hold::{Action, HOLD_OBJECT_NAME, RECORD_GUARD_NAME, actions};
 use crate::policy::holders::IN_USE_LABEL;
 use crate::policy::order::{self, ObjectRef};
 use crate::policy::order_gate::{GatedKind, TreeOrder};
@@ -985,9 +985,10 @@ enum Done {
 /// and what an owner being deleted had been refused deleted, so that nothing
 /// a controller once held stays held by one that no longer orders.
 pub async fn let_go_of_everything(client: Client, namespace: String) {
-    // The hold policy first: it refuses a change of the records by anyone
-    // but a running controller.
+    // The hold policy and the records' guard first: the guard refuses a
+    // change of the records by anyone but a running controller.
     gate::remove(&client, HOLD_OBJECT_NAME).await;
+    gate::remove(&client, RECORD_GUARD_NAME).await;
     let held = crate::cluster::holds::read(&client, &namespace)
         .await
         .unwrap_or_else(|e| {

@@ -813,7 +813,7 @@ pub async fn sibling_held(
     let Some(key) = hold_key(&ObjectRef::new(&resource.group, &resource.kind, ns, name)) else {
         return false;
     };
-    Api::<cascade_guard::api::SiblingOrderRecord>::namespaced(client.clone(), home)
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), home)
         .get_opt(HOLDS)
         .await
         .ok()
@@ -857,8 +857,7 @@ pub async fn wait_ordered(
         Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
         None => Api::all_with(client.clone(), resource),
     };
-    let records: Api<cascade_guard::api::SiblingOrderRecord> =
-        Api::namespaced(client.clone(), home);
+    let records: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), home);
     let ordered = wait::until(Duration::from_secs(60), || async {
         let root = roots.get(name).await.ok()?;
         let uid = root.metadata.uid?;

@@ -941,7 +941,7 @@ mod scale {
                 (plain.group.clone(), plain.plural.clone()),
             ]),
         );
-        let holds: Api<cascade_guard::api::SiblingOrderRecord> =
+        let holds: Api<k8s_openapi::api::core::v1::ConfigMap> =
             Api::namespaced(admin.clone(), "default");
         let entries = cascade_guard::policy::hold::encode_holds(
             &(0..hold_entries().max(1))
@@ -959,11 +959,9 @@ mod scale {
             .patch(
                 cascade_guard::policy::hold::HOLDS,
                 &PatchParams::apply("bench").force(),
-                &Patch::Apply(
-                    json!({"apiVersion": "cascade-guard.dev/v1alpha1", "kind": "SiblingOrderRecord",
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": cascade_guard::policy::hold::HOLDS},
-                    "data": entries}),
-                ),
+                    "data": entries})),
             )
             .await?;
         let bare = |v: Value| -> Value {

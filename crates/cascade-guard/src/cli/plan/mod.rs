@@ -152,7 +152,7 @@ async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> V
     };
     let uid = root.uid().unwrap_or_default();
     let generation = root.metadata.generation.unwrap_or(0);
-    match kube::Api::<crate::api::SiblingOrderRecord>::namespaced(client.clone(), &namespace)
+    match kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &namespace)
         .get_opt(ORDERED_TREES)
         .await
     {
@@ -164,7 +164,7 @@ async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> V
             }
         }
         Err(e) => why.push(format!(
-            "cannot tell whether the controller read this tree: cannot read the SiblingOrderRecord {namespace}/{ORDERED_TREES}: {e}"
+            "cannot tell whether the controller read this tree: cannot read the ConfigMap {namespace}/{ORDERED_TREES}: {e}"
         )),
     }
     why

@@ -235,7 +235,7 @@ pub async fn status(
                 .collect(),
             Err(e) => {
                 problems.push(format!(
-                    "cannot read what sibling order holds (SiblingOrderRecord {}/{}): {e}",
+                    "cannot read what sibling order holds (ConfigMap {}/{}): {e}",
                     c.namespace,
                     crate::policy::hold::HOLDS
                 ));
@@ -265,10 +265,9 @@ async fn ordered_trees(
     controller: Option<&running::Running>,
     problems: &mut Vec<String>,
 ) -> Option<BTreeMap<String, String>> {
-    use crate::api::SiblingOrderRecord;
     use crate::policy::order_gate::{ORDERED_TREES, decode_marks};
     let c = controller.filter(|c| c.settings.as_ref().is_none_or(|s| s.sibling_order))?;
-    match Api::<SiblingOrderRecord>::namespaced(client.clone(), &c.namespace)
+    match Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &c.namespace)
         .get_opt(ORDERED_TREES)
         .await
     {
@@ -277,7 +276,7 @@ async fn ordered_trees(
         )),
         Err(e) => {
             problems.push(format!(
-                "cannot read which trees sibling order ordered (SiblingOrderRecord {}/{ORDERED_TREES}): {e}",
+                "cannot read which trees sibling order ordered (ConfigMap {}/{ORDERED_TREES}): {e}",
                 c.namespace
             ));
             None

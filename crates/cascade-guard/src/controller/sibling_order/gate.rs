@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 
 use super::MANAGER;
 use super::record::{MAX_BYTES, Record};
-use crate::api::SiblingOrderRecord;
 use crate::policy::CompileSettings;
 use crate::policy::hold::HOLDS;
 use crate::policy::order_gate::{
@@ -232,7 +232,7 @@ pub(super) async fn remove_all(client: &Client, namespace: &str) {
     for name in gate_names() {
         remove(client, &name).await;
     }
-    let records: Api<SiblingOrderRecord> = Api::namespaced(client.clone(), namespace);
+    let records: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     for name in [ORDERED_TREES, HOLDS] {
         match records.delete(name, &DeleteParams::default()).await {
             Ok(_) => {}

@@ -20,8 +20,9 @@ use crate::cluster::kinds::ServedKinds;
 use crate::cluster::{holds, unhold};
 use crate::policy::CompileSettings;
 use crate::policy::hold::{
-    HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, HOLDS, HeldKind, HoldEntry, compile_hold,
-    decode_holds, encode_holds, hold_key, parse_hold_key,
+    HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, HOLDS, HeldKind, HoldEntry,
+    RECORD_GUARD_NAME, compile_hold, compile_record_guard, decode_holds, encode_holds, hold_key,
+    parse_hold_key,
 };
 use crate::policy::order::ObjectRef;
 
@@ -185,8 +186,11 @@ impl Holds {
             None => true,
             Some(at) if at.elapsed() > resync => true,
             Some(_) => {
+                let guard = compile_record_guard(&self.settings, self.record.namespace());
                 super::drifted(&policies, HOLD_OBJECT_NAME, &compiled.policy).await
                     || super::drifted(&bindings, HOLD_OBJECT_NAME, &compiled.binding).await
+                    || super::drifted(&policies, RECORD_GUARD_NAME, &guard.policy).await
+                    || super::drifted(&bindings, RECORD_GUARD_NAME, &guard.binding).await
             }
         };
         if due || named != self.held_kinds(kinds) {
@@ -237,6 +241,7 @@ impl Holds {
         let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
         let wanted = self.held_kinds(kinds);
         let compiled = compile_hold(&self.settings, self.record.namespace(), &wanted);
+        let guard = compile_record_guard(&self.settings, self.record.namespace());
         let params = PatchParams::apply(MANAGER).force();
         let written = policies
             .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.policy))
@@ -244,6 +249,16 @@ impl Holds {
             .and(
                 bindings
                     .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.binding))
+                    .await,
+            )
+            .and(
+                policies
+                    .patch(RECORD_GUARD_NAME, &params, &Patch::Apply(&guard.policy))
+                    .await,
+            )
+            .and(
+                bindings
+                    .patch(RECORD_GUARD_NAME, &params, &Patch::Apply(&guard.binding))
                     .await,
             );
         match written {

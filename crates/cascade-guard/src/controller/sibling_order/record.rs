@@ -1,4 +1,4 @@
-//! One [`SiblingOrderRecord`] of sibling order's, in the controller's namespace, kept as
+//! One ConfigMap of sibling order's, in the controller's namespace, kept as
 //! a map the loop changes as it reads trees and writes once a look: what it
 //! holds ([`HOLDS`](crate::policy::hold::HOLDS)) and which trees it ordered
 //! ([`ORDERED_TREES`](crate::policy::order_gate::ORDERED_TREES)). Admission
@@ -7,15 +7,17 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
 use super::MANAGER;
-use crate::api::SiblingOrderRecord;
+use crate::policy::hold::SIBLING_ORDER_LABEL;
+use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 
-/// What a record may hold: under the 1 MiB a ConfigMap may (etcd takes 1.5
-/// by default), less room for its metadata.
+/// What a ConfigMap may hold (1 MiB), less room for its metadata.
 pub(super) const MAX_BYTES: usize = 900 * 1024;
 
 pub(super) struct Record {
@@ -124,12 +126,25 @@ impl Record {
         }
     }
 
-    fn api(&self) -> Api<SiblingOrderRecord> {
+    fn api(&self) -> Api<ConfigMap> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
     async fn create(&mut self) -> bool {
-        let object = SiblingOrderRecord::new(self.name, self.what, &self.wanted);
+        let label = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let object = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(self.name.to_string()),
+                labels: Some(BTreeMap::from([
+                    label(SIBLING_ORDER_LABEL, "true"),
+                    label(MANAGED_BY_LABEL, MANAGED_BY_VALUE),
+                ])),
+                annotations: Some(BTreeMap::from([label("cascade-guard.dev/what", self.what)])),
+                ..ObjectMeta::default()
+            },
+            data: Some(self.wanted.clone()),
+            ..ConfigMap::default()
+        };
         match self.api().create(&PostParams::default(), &object).await {
             Ok(_) => {
                 self.written = Some(self.wanted.clone());
@@ -147,7 +162,7 @@ impl Record {
     fn warn(&mut self, e: &kube::Error) {
         if !self.warned {
             self.warned = true;
-            tracing::error!(error = %e, namespace = %self.namespace, name = self.name, "sibling order: cannot read or write its SiblingOrderRecord (the CustomResourceDefinition siblingorderrecords.cascade-guard.dev must be installed: cascade-guard crd; cascade-guard needs create, and get and patch on it: the chart's Role <release>-sibling-order); until it can, the trees it orders are not ordered and nothing is held");
+            tracing::error!(error = %e, namespace = %self.namespace, name = self.name, "sibling order: cannot read or write its ConfigMap (cascade-guard needs create, and get and patch on it: the chart's Role <release>-sibling-order); until it can, the trees it orders are not ordered and nothing is held");
         }
     }
 }
