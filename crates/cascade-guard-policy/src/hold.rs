@@ -362,15 +362,21 @@ fn hold_rules(held_kinds: &BTreeSet<HeldKind>) -> Vec<NamedRuleWithOperations> {
     }
     by_group
         .into_iter()
-        .map(|(group, resources)| NamedRuleWithOperations {
-            api_groups: Some(vec![group.to_string()]),
-            api_versions: Some(vec!["*".to_string()]),
-            resources: Some(resources),
-            operations: Some(vec!["DELETE".to_string()]),
-            scope: Some("*".to_string()),
-            resource_names: None,
-        })
+        .map(|(group, resources)| delete_rule(group, resources))
         .collect()
+}
+
+/// A rule matching the DELETEs of `resources` of `group`, any version and
+/// scope.
+pub(crate) fn delete_rule(group: &str, resources: Vec<String>) -> NamedRuleWithOperations {
+    NamedRuleWithOperations {
+        api_groups: Some(vec![group.to_string()]),
+        api_versions: Some(vec!["*".to_string()]),
+        resources: Some(resources),
+        operations: Some(vec!["DELETE".to_string()]),
+        scope: Some("*".to_string()),
+        resource_names: None,
+    }
 }
 
 /// The parameter of sibling order's policies: a ConfigMap. Not a custom

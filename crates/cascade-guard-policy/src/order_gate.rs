@@ -25,13 +25,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicySpec, Validation, Variable,
+    MatchCondition, MatchResources, ValidatingAdmissionPolicy, ValidatingAdmissionPolicySpec,
+    Validation, Variable,
 };
 
 use crate::admission::Compiled;
 use crate::cel::{break_glass_for, cel_string_literal};
-use crate::hold::{HOLD_OBJECT_NAME, reading_record, record_param, sibling_order_metadata};
+use crate::hold::{
+    HOLD_OBJECT_NAME, delete_rule, reading_record, record_param, sibling_order_metadata,
+};
 use crate::kind::Shape;
 use crate::names::BREAK_GLASS_ANNOTATION;
 use crate::settings::CompileSettings;
@@ -226,14 +228,7 @@ fn compile_one(
             let mut resources: Vec<String> = plurals.iter().map(|p| p.to_string()).collect();
             resources.sort();
             resources.dedup();
-            NamedRuleWithOperations {
-                api_groups: Some(vec![group.to_string()]),
-                api_versions: Some(vec!["*".to_string()]),
-                resources: Some(resources),
-                operations: Some(vec!["DELETE".to_string()]),
-                scope: Some("*".to_string()),
-                resource_names: None,
-            }
+            delete_rule(group, resources)
         })
         .collect();
     let mut conditions = vec![
