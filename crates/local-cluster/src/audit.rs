@@ -77,28 +77,31 @@ impl Event {
 
 /// Every complete (`ResponseComplete`) delete and deletecollection in the
 /// log, with the DeleteOptions sent; lines that are not events (a partly
-/// written last line) are skipped.
-pub fn read(path: &Path) -> Vec<Event> {
-    complete(path)
+/// written last line) are skipped. A log that cannot be read is an error,
+/// never a log without events: "nothing was refused" must not pass on it.
+pub fn read(path: &Path) -> std::io::Result<Vec<Event>> {
+    Ok(complete(path)?
         .filter(|e| e.verb == "delete" || e.verb == "deletecollection")
-        .collect()
+        .collect())
 }
 
 /// Every complete update and patch in the log (metadata only: who, what,
 /// the response's status), Leases and Events left out.
-pub fn read_writes(path: &Path) -> Vec<Event> {
-    complete(path)
+pub fn read_writes(path: &Path) -> std::io::Result<Vec<Event>> {
+    Ok(complete(path)?
         .filter(|e| e.verb == "update" || e.verb == "patch")
-        .collect()
+        .collect())
 }
 
-fn complete(path: &Path) -> impl Iterator<Item = Event> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
+fn complete(path: &Path) -> std::io::Result<impl Iterator<Item = Event>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("audit log {}: {e}", path.display())))?;
+    Ok(text
+        .lines()
         .filter_map(|line| serde_json::from_str::<Event>(line).ok())
         .filter(|e| e.stage == "ResponseComplete")
         .collect::<Vec<_>>()
-        .into_iter()
+        .into_iter())
 }
 
 impl Event {

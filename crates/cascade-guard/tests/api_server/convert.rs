@@ -276,7 +276,7 @@ async fn it_never_starts_a_deletion_and_never_touches_a_recreated_object() {
     }
     // From the audit log: every DELETE cascade-guard sent carried a UID
     // precondition, and none named the new object.
-    let events = audit::read(&audit_log::audit_log(&env.cp));
+    let events = audit::read(&audit_log::audit_log(&env.cp)).expect("the API server's audit log");
     let ours: Vec<_> = events
         .iter()
         .filter(|e| e.verb == "delete" && e.effective_username() == CONTROLLER_USER)
@@ -719,6 +719,7 @@ async fn a_foreground_delete_is_let_go_without_a_conversion() {
         xrs.get_opt("fg").await
     );
     let conversions = audit::read(&audit_log::audit_log(&env.cp))
+        .expect("the API server's audit log")
         .into_iter()
         .filter(|e| {
             e.verb == "delete"

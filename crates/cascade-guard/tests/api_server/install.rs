@@ -423,6 +423,7 @@ async fn cascade_guard_runs_with_exactly_the_charts_rbac() {
     // only its service-account groups.
     let (user, _) = chart::service_account_identity(&docs);
     let reissued = audit::read(&env.cp.audit_log_path())
+        .expect("the API server's audit log")
         .into_iter()
         .find(|e| {
             e.verb == "delete"

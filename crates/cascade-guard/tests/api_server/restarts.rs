@@ -479,6 +479,7 @@ async fn marked_then_restarted(
         timeline.describe()
     );
     let conversions: Vec<_> = local_cluster::audit::read(&audit_log::audit_log(&env.cp))
+        .expect("the API server's audit log")
         .into_iter()
         .filter(|e| {
             e.verb == "delete"

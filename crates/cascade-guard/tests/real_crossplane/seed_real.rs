@@ -1239,7 +1239,8 @@ impl Stack {
 /// ServingStack lived, went through as Foreground afterwards (Crossplane
 /// replays the refused attempt's policy, the garbage collector's Foreground).
 fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: &str) {
-    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp));
+    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp))
+        .expect("the API server's audit log");
     let refused = crossplane_refusals(&events, &tree.objects());
     assert!(
         refused.is_empty(),
@@ -1248,7 +1249,8 @@ fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: &str) {
     // Writes too: no update or patch by Crossplane, a provider or the
     // garbage collector (anyone but the test's own admin) was ever refused
     // by cascade-guard, on any object of the stack.
-    let writes = local_cluster::audit::read_writes(&audit_log::audit_log(&stack.cp));
+    let writes = local_cluster::audit::read_writes(&audit_log::audit_log(&stack.cp))
+        .expect("the API server's audit log");
     let refused_writes: Vec<String> = writes
         .iter()
         .filter(|e| e.refused_by_cascade_guard() && e.effective_username() != "admin")
@@ -2890,7 +2892,8 @@ async fn dropped_outcome(stack: &Stack, mode: Mode) {
         "{mode:?}: the dropped {inner} did not go after its ConfigMap\n{}",
         timeline.describe()
     );
-    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp));
+    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp))
+        .expect("the API server's audit log");
     let by_crossplane: Vec<Option<i64>> = events
         .iter()
         .filter(|e| {
@@ -3330,7 +3333,8 @@ async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: bool) {
     );
     tree.assert_order(&what);
     consumers.assert_order(&tree, &what);
-    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp));
+    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp))
+        .expect("the API server's audit log");
     let refused = crossplane_refusals(&events, &consumers.objects());
     assert!(
         refused.is_empty(),
@@ -3563,6 +3567,7 @@ async fn a_replayed_background_delete_under_refuse_leaves_nothing_stuck_and_says
         .unwrap_or_else(|e| panic!("delete the Usage: {e}"));
     let replayed = wait::until(Duration::from_secs(90), || async {
         local_cluster::audit::read(&audit_log::audit_log(&stack.cp))
+            .expect("the API server's audit log")
             .into_iter()
             .find(|e| {
                 e.verb == "delete"

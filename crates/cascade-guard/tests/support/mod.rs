@@ -458,6 +458,7 @@ pub fn foreground_deletes(
     user: &str,
 ) -> usize {
     local_cluster::audit::read(&cp.audit_log_path())
+        .expect("the API server's audit log")
         .iter()
         .filter(|e| {
             e.verb == "delete"

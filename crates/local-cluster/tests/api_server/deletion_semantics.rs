@@ -664,6 +664,7 @@ async fn a_hold_policy_keeps_a_labelled_child_live_in_a_foreground_cascade_until
     );
     let count = || {
         audit::read(&cp.audit_log_path())
+            .expect("the API server's audit log")
             .iter()
             .filter(|e| garbage_collector_delete(e, cp, &s.namespace, "held"))
             .count()
@@ -733,6 +734,7 @@ async fn a_hold_policy_keeps_a_labelled_child_of_a_background_deleted_owner_live
         );
     };
     let deleted_by = audit::read(&cp.audit_log_path())
+        .expect("the API server's audit log")
         .into_iter()
         .rfind(|e| e.is_about("dependents", &s.namespace, "held") && e.response_code() == Some(200))
         .map(|e| e.effective_username().to_string());
@@ -804,7 +806,7 @@ async fn a_hold_policy_keeps_a_labelled_object_live_in_a_terminating_namespace_u
         "no content failure names the hold: {conditions:?}"
     );
     let mut attempts = std::collections::BTreeMap::<String, usize>::new();
-    for e in audit::read(&cp.audit_log_path()) {
+    for e in audit::read(&cp.audit_log_path()).expect("the API server's audit log") {
         let Some(r) = e.object_ref.as_ref() else {
             continue;
         };
@@ -1039,7 +1041,10 @@ async fn wait_for_audit(
 ) -> audit::Event {
     let path = cp.audit_log_path();
     let found = wait::until(Duration::from_secs(30), || async {
-        audit::read(&path).into_iter().find(|e| matches(e))
+        audit::read(&path)
+            .expect("the API server's audit log")
+            .into_iter()
+            .find(|e| matches(e))
     })
     .await;
     found.unwrap_or_else(|| panic!("no such event in the audit log {}", path.display()))

@@ -366,12 +366,14 @@ async fn audited_delete(
     let path = cp.audit_log_path();
     let found = wait::until(TIMEOUT, || async {
         audit::read(&path)
+            .expect("the API server's audit log")
             .into_iter()
             .find(|e| e.verb == "delete" && e.is_about(resource, namespace, name) && matches(e))
     })
     .await;
     found.unwrap_or_else(|| {
         let seen: Vec<String> = audit::read(&path)
+            .expect("the API server's audit log")
             .into_iter()
             .filter(|e| e.is_about(resource, namespace, name))
             .map(|e| {

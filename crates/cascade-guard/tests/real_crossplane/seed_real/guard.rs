@@ -37,6 +37,7 @@ struct Attempt {
 
 fn attempts(stack: &Stack, resource: &ApiResource, name: &str) -> Vec<Attempt> {
     local_cluster::audit::read(&audit_log::audit_log(&stack.cp))
+        .expect("the API server's audit log")
         .into_iter()
         .filter(|e| e.verb == "delete" && e.is_about(&resource.plural, "", name))
         // Not the dry runs that wait for the mode to be in effect.

@@ -234,7 +234,8 @@ impl Scene {
 
     /// No delete of the scene's objects by Crossplane was refused.
     pub(crate) fn assert_crossplane_never_refused(&self, stack: &Stack) {
-        let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp));
+        let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp))
+            .expect("the API server's audit log");
         let refused = crossplane_refusals(&events, &self.objects);
         assert!(
             refused.is_empty(),

@@ -1666,7 +1666,8 @@ async fn off_outcome(stack: &Stack, built: &Built, snapshot: &[Value], started: 
 
 /// Crossplane (core, a provider) was never refused a write to the tree.
 fn assert_crossplane_never_refused(stack: &Stack, built: &Built) {
-    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp));
+    let events = local_cluster::audit::read(&audit_log::audit_log(&stack.cp))
+        .expect("the API server's audit log");
     let refused = crossplane_refusals(&events, &built.objects);
     assert!(
         refused.is_empty(),
@@ -1775,7 +1776,8 @@ async fn random_shapes_keep_every_edge() {
     }
     // No write by Crossplane, a provider or the garbage collector (anyone
     // but the test's admin) was ever refused by cascade-guard.
-    let writes = local_cluster::audit::read_writes(&audit_log::audit_log(&stack.cp));
+    let writes = local_cluster::audit::read_writes(&audit_log::audit_log(&stack.cp))
+        .expect("the API server's audit log");
     let refused_writes: Vec<String> = writes
         .iter()
         .filter(|e| e.refused_by_cascade_guard() && e.effective_username() != "admin")
