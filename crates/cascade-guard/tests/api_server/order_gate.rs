@@ -265,6 +265,57 @@ async fn a_delete_of_a_tree_the_controller_has_not_ordered_is_refused_with_the_r
         "Refuse, ordered by the gate",
     );
 
+    // A hold that cannot be made (the needed object's name makes its key
+    // longer than 253 characters): the tree is not ordered, plan says why
+    // and exits 3, and the delete is refused with the reason.
+    let long = format!("long-{}", "n".repeat(240));
+    let xr = create_tree(client, &resource, &s.namespace, "longtree", 1).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &s.namespace);
+    cms.create(
+        &Default::default(),
+        &serde_json::from_value(json!({"metadata": {"name": long,
+            "ownerReferences": [{"apiVersion": resource.api_version, "kind": resource.kind,
+                "name": "longtree", "uid": xr.uid().expect("uid"), "controller": true,
+                "blockOwnerDeletion": true}]}}))
+        .expect("config map"),
+    )
+    .await
+    .expect("create the long-named dependent");
+    xrs.patch(
+        "longtree",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"crossplane": {"resourceRefs": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "longtree-0"},
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": long},
+        ]}}})),
+    )
+    .await
+    .expect("compose it");
+    maps.patch(
+        "longtree-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {
+            "cascade-guard.dev/needs": format!("ConfigMap/{long}")}}})),
+    )
+    .await
+    .expect("annotate the needer");
+    // Refused at first as not read yet, then, once read, with the reason.
+    let mut refusal = String::new();
+    for _ in 0..60 {
+        refusal = wait_refused(client, &resource, &s.namespace, "longtree").await;
+        if refusal.contains("too long") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        refusal.contains("cannot order its tree") && refusal.contains("too long to be held"),
+        "{refusal}"
+    );
+    let out = plan(env, &resource, &s.namespace, "longtree");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("too long to be held"), "{}", text(&out));
+
     // Off: the gate, the hold policy and every hold go.
     env.stop_controller(_second);
     let _off = env.start_controller(&["--sibling-order=off", "--no-leader-election"]);
