@@ -37,6 +37,7 @@ use crate::policy::order_gate::{GatedKind, TreeOrder};
 use crate::policy::roots::Listed;
 use crate::policy::{CompileSettings, Mode, Policy, Shape};
 
+mod entries;
 mod gate;
 mod holds;
 mod mirror;

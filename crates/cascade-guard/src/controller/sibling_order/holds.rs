@@ -15,6 +15,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 
 use super::MANAGER;
+use super::entries::Entries;
 use super::record::{MAX_BYTES, Record};
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::{holds, unhold};
@@ -35,8 +36,8 @@ const LOADED_AFTER: Duration = Duration::from_secs(3);
 pub(super) struct Holds {
     client: Client,
     settings: CompileSettings,
-    /// A [`hold_key`] to its [`HoldEntry`] value: what is held.
-    entries: BTreeMap<String, String>,
+    /// What is held.
+    entries: Entries,
     /// The record they are written to, encoded ([`encode_holds`]).
     record: Record,
     /// What the record held at the start was taken into `entries`.
@@ -55,7 +56,7 @@ pub(super) struct Holds {
 impl Holds {
     pub fn new(client: Client, namespace: String, settings: CompileSettings) -> Self {
         Self {
-            entries: BTreeMap::new(),
+            entries: Entries::default(),
             taken_in: false,
             record: Record::new(
                 client.clone(),
@@ -95,6 +96,7 @@ impl Holds {
     /// The kinds of what is held.
     fn held_kinds(&self, kinds: &ServedKinds) -> BTreeSet<HeldKind> {
         self.entries
+            .map()
             .keys()
             .filter_map(|key| held_kind(&parse_hold_key(key)?, kinds))
             .collect()
@@ -103,9 +105,8 @@ impl Holds {
     /// What is held for `root` now.
     pub fn held_for(&self, root: &str) -> BTreeSet<ObjectRef> {
         self.entries
-            .iter()
-            .filter(|(_, v)| HoldEntry::parse(v).root == root)
-            .filter_map(|(k, _)| parse_hold_key(k))
+            .of_root(root)
+            .filter_map(|k| parse_hold_key(k))
             .collect()
     }
 
@@ -127,12 +128,9 @@ impl Holds {
             held_for: held_for.to_string(),
         }
         .value();
-        let size: usize = self
-            .entries
-            .iter()
-            .map(|(k, v)| k.len() + v.len() + 2)
-            .sum();
-        if !self.entries.contains_key(&key) && size + key.len() + value.len() + 2 > MAX_BYTES {
+        if !self.entries.contains_key(&key)
+            && self.entries.bytes() + key.len() + value.len() + 2 > MAX_BYTES
+        {
             return Err(format!(
                 "the record {HOLDS} is full ({} objects held)",
                 self.entries.len()
@@ -152,16 +150,11 @@ impl Holds {
     /// gone, relabelled out of its policy, its kind no longer ordered);
     /// what was held.
     pub fn release_roots_but(&mut self, keep: impl Fn(&str, &str) -> bool) -> Vec<ObjectRef> {
-        let mut out = Vec::new();
-        self.entries.retain(|key, value| {
-            let entry = HoldEntry::parse(value);
-            let kept = keep(&entry.root, &entry.root_kind);
-            if !kept && let Some(object) = parse_hold_key(key) {
-                out.push(object);
-            }
-            kept
-        });
-        out
+        self.entries
+            .remove_unless(|_, entry| keep(&entry.root, &entry.root_kind))
+            .into_iter()
+            .filter_map(|(key, _)| parse_hold_key(&key))
+            .collect()
     }
 
     /// At a start: reads the record (makes it when missing), takes in the
@@ -308,7 +301,7 @@ impl Holds {
         }
         if !std::mem::replace(&mut self.taken_in, true) {
             for (key, value) in decode_holds(&self.record.wanted) {
-                self.entries.entry(key).or_insert(value);
+                self.entries.insert_if_absent(key, value);
             }
         }
         true
@@ -318,7 +311,7 @@ impl Holds {
         if !self.load().await {
             return false;
         }
-        self.record.wanted = encode_holds(&self.entries);
+        self.record.wanted = encode_holds(self.entries.map());
         self.record.write().await
     }
 
