@@ -860,11 +860,12 @@ mod scale {
         "protected (a person's)",
         "protected, last in the rule (GC)",
     ];
-    const VARIANTS: [&str; 4] = [
+    const VARIANTS: [&str; 5] = [
         "no policy",
         "the seed's policy",
         "cascade-guard",
         "the hold policy",
+        "the gate",
     ];
     /// Entries in the holds ConfigMap while the hold policy is measured
     /// (BENCH_HOLD_ENTRIES): by default a platform with 1,000 trees holding
@@ -1011,6 +1012,36 @@ mod scale {
                 create_xr(&admin, ns, &last, "alt-last", true).await?,
             ),
         ];
+        // The gate on the protected kinds, reading BENCH_HOLD_ENTRIES trees
+        // marked ordered, the targets among them (so their deletes are let
+        // through and measured whole); a probe XR it has not ordered tells
+        // when it is in effect.
+        let gate = cascade_guard::policy::order_gate::compile_gate(
+            &[&protected, &last].map(|r| cascade_guard::policy::order_gate::GatedKind {
+                group: r.group.clone(),
+                plural: r.plural.clone(),
+                shape: cascade_guard::policy::Shape::CompositeResource,
+            }),
+            &cascade_guard::policy::CompileSettings::default(),
+            "default",
+        );
+        let gate_probe = create_xr(&admin, ns, &protected, "gate-probe", true).await?;
+        let mut marks: std::collections::BTreeMap<String, String> = (0..hold_entries().max(1))
+            .map(|i| (format!("00000000-0000-4000-9000-{i:012}"), "1".to_string()))
+            .collect();
+        for (_, _, (_, uid)) in &targets[2..] {
+            marks.insert(uid.clone(), "1".to_string());
+        }
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(admin.clone(), "default")
+            .patch(
+                cascade_guard::policy::order_gate::ORDERED_TREES,
+                &PatchParams::apply("bench").force(),
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": cascade_guard::policy::order_gate::ORDERED_TREES},
+                    "data": cascade_guard::policy::order_gate::encode_marks(&marks)})),
+            )
+            .await?;
+
         println!(
             "\n5. Admission cost alternated: {} policies' variants, {cycles} cycles, {PLUGIN_DELETES} dry-run Foreground DELETEs (UID precondition) per series",
             VARIANTS.len()
@@ -1046,6 +1077,13 @@ mod scale {
                             .await?;
                         wait_holding(&admin).await?;
                     }
+                    4 => {
+                        for c in &gate {
+                            vaps.create(&PostParams::default(), &c.policy).await?;
+                            bindings.create(&PostParams::default(), &c.binding).await?;
+                        }
+                        gate_refuses(&admin, ns, &protected, &gate_probe.0, true).await?;
+                    }
                     _ => {}
                 }
                 for (sample, (client, r, (name, uid))) in per_series.iter_mut().zip(&targets) {
@@ -1073,6 +1111,14 @@ mod scale {
                         vaps.delete_collection(&Default::default(), &sibling)
                             .await?;
                         wait_holding_gone(&admin).await?;
+                    }
+                    4 => {
+                        bindings
+                            .delete_collection(&Default::default(), &sibling)
+                            .await?;
+                        vaps.delete_collection(&Default::default(), &sibling)
+                            .await?;
+                        gate_refuses(&admin, ns, &protected, &gate_probe.0, false).await?;
                     }
                     _ => {}
                 }
@@ -1108,6 +1154,30 @@ mod scale {
     /// policy is in effect when its dry-run delete is refused.
     async fn wait_holding(admin: &Client) -> Result<()> {
         held_probe(admin, true).await
+    }
+
+    /// Waits until a dry-run delete of the probe XR, which the gate has not
+    /// ordered, is refused (`refused`) or let through.
+    async fn gate_refuses(
+        admin: &Client,
+        ns: &str,
+        r: &ApiResource,
+        probe: &str,
+        refused: bool,
+    ) -> Result<()> {
+        let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, r);
+        let dry_run = kube::api::DeleteParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while api.delete(probe, &dry_run).await.is_ok() == refused {
+            if Instant::now() > deadline {
+                bail!("the gate's refusal never became {refused}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
     }
 
     async fn wait_holding_gone(admin: &Client) -> Result<()> {
