@@ -30,8 +30,11 @@
 #            report's own policy and the largest scale compiled a pair per kind
 #            (the earlier design, by hand), in one run
 #   BENCH_ONLY=alternated refuse   an allowed DELETE's admission cost with no
-#            policy, the seed's and cascade-guard's (max(BENCH_KINDS) kinds)
-#            alternated BENCH_CYCLES times (default 5), as dry runs
+#            policy, the seed's and cascade-guard's (max(BENCH_KINDS) kinds),
+#            sibling order's hold policy and its gate, alternated
+#            BENCH_CYCLES times (default 5), as dry runs; the hold policy's
+#            record holds BENCH_HOLD_ENTRIES holds, the gate's as many
+#            ordered trees (default 3000)
 #   BENCH_ONLY=scale-100k convert   Convert at 100,000 objects across 50 kinds
 #            (BENCH_SCALE_KINDS, BENCH_SCALE_PER_KIND), each figure beside the
 #            API server's own floor for the same work, in one run
