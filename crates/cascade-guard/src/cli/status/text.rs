@@ -1,5 +1,6 @@
 //! `cascade-guard status` for people: the report as tables.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::report::{Mismatch, Report, SettingsFrom, SourceKind, StaticProtection};
@@ -61,6 +62,9 @@ fn static_section(out: &mut String, st: &StaticProtection) {
 }
 
 /// The report for people.
+/// How many trees that are not ordered the text lists one by one.
+const TREES_SHOWN: usize = 20;
+
 pub fn render_text(report: &Report) -> String {
     let mut out = String::new();
     let compiled_with = match report.settings_from {
@@ -205,9 +209,23 @@ pub fn render_text(report: &Report) -> String {
                 trees
                     .not_ordered
                     .iter()
+                    .take(TREES_SHOWN)
                     .map(|t| (&t.kind, &t.namespace, &t.name, &t.why)),
             );
             table(&mut out, &rows);
+            // A controller down with 100,000 roots would list them all:
+            // the first few, then how many more, by reason (-o json has all).
+            let more = trees.not_ordered.len().saturating_sub(TREES_SHOWN);
+            if more > 0 {
+                let mut by_why: BTreeMap<&str, usize> = BTreeMap::new();
+                for t in &trees.not_ordered[TREES_SHOWN..] {
+                    *by_why.entry(t.why.as_str()).or_default() += 1;
+                }
+                let _ = writeln!(out, "  and {more} more (-o json lists them all):");
+                for (why, n) in by_why {
+                    let _ = writeln!(out, "    {n}: {why}");
+                }
+            }
         }
     }
 
@@ -308,6 +326,51 @@ mod tests {
     use crate::policy::names::{FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER};
     use crate::policy::plan::plan;
     use crate::policy::{CompileSettings, Mode};
+
+    #[test]
+    fn trees_not_ordered_are_listed_up_to_a_bound_then_counted_by_reason() {
+        use super::super::report::{SiblingTrees, UnorderedTree};
+        let tree = |i: usize, why: &str| UnorderedTree {
+            kind: "Stack".into(),
+            namespace: Some("team".into()),
+            name: format!("s{i:02}"),
+            why: why.into(),
+        };
+        let mut trees = SiblingTrees {
+            ordered: 3,
+            not_ordered: (0..TREES_SHOWN).map(|i| tree(i, "not read")).collect(),
+        };
+        trees
+            .not_ordered
+            .extend((0..3).map(|i| tree(100 + i, "not read")));
+        trees.not_ordered.push(tree(200, "changed"));
+        let r = resolution(Mode::Refuse);
+        let (policies, bindings) = live(&r);
+        let report = Report {
+            xrd_default_mode: Mode::Refuse,
+            protected: Vec::new(),
+            admission: sync(&r, &policies, &bindings),
+            cascading: Vec::new(),
+            problems: Vec::new(),
+            static_protection: None,
+            controller: None,
+            settings_from: SettingsFrom::Flags,
+            sibling_holds: Vec::new(),
+            sibling_trees: Some(trees),
+        };
+        let text = render_text(&report);
+        assert!(
+            text.contains("SIBLING ORDER TREES: 3 ordered; 24 not"),
+            "{text}"
+        );
+        assert_eq!(text.matches("  Stack  ").count(), TREES_SHOWN, "{text}");
+        assert!(
+            text.contains(
+                "  and 4 more (-o json lists them all):\n    1: changed\n    3: not read\n"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn ages_read_like_kubectl() {
