@@ -823,8 +823,11 @@ pub async fn sibling_held(
         .is_some_and(|d| decode_holds(&d).contains_key(&key))
 }
 
-/// Waits (up to `within`) until sibling order holds the object; false if it
-/// never does.
+/// Waits (up to `within`) until sibling order holds the object and the
+/// hold is in force: its entry written, and a dry-run delete of it refused
+/// by the hold policy (whose rules name a kind only once it is held, and
+/// which the API server loads a moment after it is written); false if it
+/// never is.
 pub async fn wait_sibling_held(
     client: &Client,
     home: &str,
@@ -833,10 +836,22 @@ pub async fn wait_sibling_held(
     name: &str,
     within: Duration,
 ) -> bool {
+    let objects: Api<DynamicObject> = match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+        None => Api::all_with(client.clone(), resource),
+    };
+    let dry_run = kube::api::DeleteParams {
+        dry_run: true,
+        ..kube::api::DeleteParams::default()
+    };
     wait::until(within, || async {
-        sibling_held(client, home, resource, ns, name)
-            .await
-            .then_some(())
+        if !sibling_held(client, home, resource, ns, name).await {
+            return None;
+        }
+        match objects.delete(name, &dry_run).await {
+            Err(e) if e.to_string().contains("cascade-guard holds") => Some(()),
+            _ => None,
+        }
     })
     .await
     .is_some()
