@@ -1104,21 +1104,17 @@ mod scale {
                         wait_refused(&admin, ns, &protected, false, "the seed's removed").await?;
                     }
                     2 => remove_ours(&admin, ns, &protected).await?,
-                    3 => {
+                    3 | 4 => {
                         bindings
                             .delete_collection(&Default::default(), &sibling)
                             .await?;
                         vaps.delete_collection(&Default::default(), &sibling)
                             .await?;
-                        wait_holding_gone(&admin).await?;
-                    }
-                    4 => {
-                        bindings
-                            .delete_collection(&Default::default(), &sibling)
-                            .await?;
-                        vaps.delete_collection(&Default::default(), &sibling)
-                            .await?;
-                        gate_refuses(&admin, ns, &protected, &gate_probe.0, false).await?;
+                        if v == 3 {
+                            wait_holding_gone(&admin).await?;
+                        } else {
+                            gate_refuses(&admin, ns, &protected, &gate_probe.0, false).await?;
+                        }
                     }
                     _ => {}
                 }

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::policy::hold::HoldEntry;
+use crate::policy::hold::{HoldEntry, parse_hold_key};
 
 #[derive(Debug, Default)]
 pub(super) struct Entries {
@@ -16,6 +16,13 @@ pub(super) struct Entries {
     by_root: HashMap<String, BTreeSet<String>>,
     /// What `map` takes in the record: a line each (key, tab, value, line break).
     bytes: usize,
+    /// How many holds of each (group, kind): the hold policy names these.
+    kinds: BTreeMap<(String, String), usize>,
+}
+
+/// The (group, kind) of a hold key.
+fn kind_of(key: &str) -> Option<(String, String)> {
+    parse_hold_key(key).map(|o| (o.group, o.kind))
 }
 
 fn line_bytes(key: &str, value: &str) -> usize {
@@ -35,6 +42,11 @@ impl Entries {
         self.bytes
     }
 
+    /// The (group, kind) of every object held.
+    pub fn kinds(&self) -> impl Iterator<Item = &(String, String)> {
+        self.kinds.keys()
+    }
+
     pub fn contains_key(&self, key: &str) -> bool {
         self.map.contains_key(key)
     }
@@ -49,6 +61,9 @@ impl Entries {
         let root = HoldEntry::parse(&value).root;
         self.bytes += line_bytes(&key, &value);
         self.by_root.entry(root).or_default().insert(key.clone());
+        if let Some(kind) = kind_of(&key) {
+            *self.kinds.entry(kind).or_default() += 1;
+        }
         self.map.insert(key, value);
     }
 
@@ -62,6 +77,14 @@ impl Entries {
     pub fn remove(&mut self, key: &str) -> Option<String> {
         let value = self.map.remove(key)?;
         self.bytes -= line_bytes(key, &value);
+        if let Some(kind) = kind_of(key)
+            && let Some(n) = self.kinds.get_mut(&kind)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.kinds.remove(&kind);
+            }
+        }
         let root = HoldEntry::parse(&value).root;
         if let Some(keys) = self.by_root.get_mut(&root) {
             keys.remove(key);
@@ -109,6 +132,14 @@ mod tests {
         e.insert("a".into(), value("r1"));
         e.insert("b".into(), value("r1"));
         e.insert("c".into(), value("r2"));
+        e.insert("Secret__ns_s".into(), value("r2"));
+        e.insert("Secret__ns_t".into(), value("r2"));
+        let secrets = || (String::new(), "Secret".to_string());
+        assert_eq!(e.kinds().collect::<Vec<_>>(), [&secrets()]);
+        e.remove("Secret__ns_s");
+        assert_eq!(e.kinds().collect::<Vec<_>>(), [&secrets()]);
+        e.remove("Secret__ns_t");
+        assert_eq!(e.kinds().count(), 0);
         assert_eq!(e.of_root("r1").collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(e.of_root("r2").collect::<Vec<_>>(), ["c"]);
         let bytes = |e: &Entries| -> usize { e.map().iter().map(|(k, v)| line_bytes(k, v)).sum() };

@@ -96,9 +96,11 @@ impl Holds {
     /// The kinds of what is held.
     fn held_kinds(&self, kinds: &ServedKinds) -> BTreeSet<HeldKind> {
         self.entries
-            .map()
-            .keys()
-            .filter_map(|key| held_kind(&parse_hold_key(key)?, kinds))
+            .kinds()
+            .filter_map(|(group, kind)| {
+                let served = kinds.of_kind(Some(group), kind).next()?;
+                Some((served.0.group.clone(), served.0.plural.clone()))
+            })
             .collect()
     }
 
