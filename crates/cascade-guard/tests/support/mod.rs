@@ -840,8 +840,11 @@ pub async fn wait_sibling_held(
         Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
         None => Api::all_with(client.clone(), resource),
     };
+    // Foreground, so that a Refuse kind's own policy, which refuses a
+    // plain delete and speaks first, lets it reach the hold policy.
     let dry_run = kube::api::DeleteParams {
         dry_run: true,
+        propagation_policy: Some(kube::api::PropagationPolicy::Foreground),
         ..kube::api::DeleteParams::default()
     };
     wait::until(within, || async {
