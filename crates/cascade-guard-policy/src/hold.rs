@@ -33,6 +33,11 @@
 //!
 //! Objects in a cycle of sibling edges are not held: the cycle is reported
 //! and the tree falls back to the plain foreground cascade.
+//!
+//! The same record holds each namespaced managed resource's
+//! ProviderConfigUsage until its provider is done with it, so that a
+//! namespace deletion cannot wedge the managed resource
+//! ([`crate::provider_config_usage`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -48,6 +53,7 @@ use crate::cel::{break_glass_for, cel_string_literal};
 use crate::names::{BREAK_GLASS_ANNOTATION, GROUP};
 use crate::order::{Graph, ObjectRef};
 use crate::order_gate::ORDERED_TREES;
+use crate::provider_config_usage::tracked_usages;
 use crate::settings::CompileSettings;
 
 /// The label by which cascade-guard held objects before it kept its holds in
@@ -439,18 +445,40 @@ pub(crate) fn sibling_order_metadata(name: &str) -> ObjectMeta {
 /// What cascade-guard does to one object of a tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Label it: a sibling still needs it.
+    /// Hold it (its entry in [`HOLDS`]): a sibling, or its managed
+    /// resource's provider, still needs it.
     Hold { object: ObjectRef, held_for: String },
-    /// Take the label away: nothing needs it any more.
+    /// Its entry goes: nothing needs it any more.
     Release { object: ObjectRef },
     /// Delete it (Foreground): its parent is being deleted, so the garbage
     /// collector tried and was refused while it was held.
     Delete { object: ObjectRef },
+    /// Make its owner reference to `owner_uid` stop blocking that owner's
+    /// deletion: a held ProviderConfigUsage whose managed resource waits in
+    /// a foreground cascade ([`crate::provider_config_usage`]).
+    Unblock {
+        object: ObjectRef,
+        owner_uid: String,
+    },
 }
 
-/// What to do to the tree of `graph`, given which of the objects read carry
-/// the hold label of this tree's root now (`held_now`) and which a
-/// Crossplane Usage marks in use (`crossplane.io/in-use`). Objects outside
+impl Action {
+    /// The object it is done to.
+    pub fn object(&self) -> &ObjectRef {
+        match self {
+            Action::Hold { object, .. }
+            | Action::Release { object }
+            | Action::Delete { object }
+            | Action::Unblock { object, .. } => object,
+        }
+    }
+}
+
+/// What to do to the tree of `graph`, given what is held for this tree's
+/// root now (`held_now`) and which objects a Crossplane Usage marks in use
+/// (`crossplane.io/in-use`). Besides the sibling edges' `after` objects, the
+/// ProviderConfigUsage of each namespaced managed resource is held while its
+/// provider needs it ([`crate::provider_config_usage`]). Objects outside
 /// the tree are never held; one held before and now outside (a standalone
 /// Usage whose user is gone) is let go. Neither is one already being deleted
 /// (its delete went through: holding it now would hold nothing back), nor
@@ -484,7 +512,34 @@ pub fn actions(
         }
     }
     let mut out = Vec::new();
+    // Each namespaced managed resource's ProviderConfigUsage, held while its
+    // provider needs it (crossplane-runtime#1150, see
+    // [`provider_config_usage`]), whether or not it was read: a hold by key
+    // is in force before the provider first writes it. Let go once the
+    // provider is done; the controller then deletes it as its owner leaves.
+    let tracked = tracked_usages(graph);
+    for t in &tracked {
+        match (t.needed, held_now.contains(&t.usage)) {
+            (true, false) => out.push(Action::Hold {
+                object: t.usage.clone(),
+                held_for: t.managed.to_string(),
+            }),
+            (false, true) => out.push(Action::Release {
+                object: t.usage.clone(),
+            }),
+            _ => {}
+        }
+        if t.unblock {
+            out.push(Action::Unblock {
+                object: t.usage.clone(),
+                owner_uid: t.managed_uid.clone(),
+            });
+        }
+    }
     for node in &graph.nodes {
+        if tracked.iter().any(|t| t.usage == node.object) {
+            continue;
+        }
         let held = held_now.contains(&node.object);
         if !node.in_tree {
             if held {
@@ -748,6 +803,89 @@ mod tests {
         deleting[2]["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
         let g = graph(&deleting, "stack").expect("root");
         assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
+    }
+
+    /// root composes ProviderConfig `pc` and a Release using it, whose
+    /// finalizers are `finalizers`.
+    fn managed_tree(finalizers: &[&str], deleting: bool) -> Vec<Value> {
+        let mut pc = obj("ProviderConfig", "pc", Some("root"), false);
+        pc["apiVersion"] = json!("helm.m.crossplane.io/v1beta1");
+        let mut release = obj("Release", "app", Some("root"), deleting);
+        release["apiVersion"] = json!("helm.m.crossplane.io/v1beta1");
+        release["metadata"]["finalizers"] = json!(finalizers);
+        release["spec"] = json!({"providerConfigRef": {"name": "pc", "kind": "ProviderConfig"}});
+        vec![obj("XR", "root", None, deleting), pc, release]
+    }
+
+    #[test]
+    fn a_managed_resources_provider_config_usage_is_held_until_its_provider_is_done() {
+        // Named by the Release's uid ("app" here), in its namespace and the
+        // ProviderConfig's group.
+        let usage = || {
+            ObjectRef::new(
+                "helm.m.crossplane.io",
+                crate::provider_config_usage::KIND,
+                Some("ns"),
+                "app",
+            )
+        };
+        let provider = "finalizer.managedresource.crossplane.io";
+        type Case = (&'static str, Vec<Value>, BTreeSet<ObjectRef>, Vec<Action>);
+        let cases: Vec<Case> = vec![
+            (
+                "live, not held: hold it, though it was never read",
+                managed_tree(&[provider], false),
+                BTreeSet::new(),
+                vec![Action::Hold {
+                    object: usage(),
+                    held_for: "Release ns/app".to_string(),
+                }],
+            ),
+            (
+                "live, held: nothing",
+                managed_tree(&[provider], false),
+                BTreeSet::from([usage()]),
+                vec![],
+            ),
+            (
+                "deleting, its provider still at work: keep holding",
+                managed_tree(&[provider], true),
+                BTreeSet::from([usage()]),
+                vec![],
+            ),
+            (
+                "in a foreground cascade, its provider waiting for it: keep holding, unblock",
+                managed_tree(&["foregroundDeletion", provider], true),
+                BTreeSet::from([usage()]),
+                vec![Action::Unblock {
+                    object: usage(),
+                    owner_uid: "app".to_string(),
+                }],
+            ),
+            (
+                "deleting, its provider done: let go (the controller deletes it)",
+                managed_tree(&["foregroundDeletion"], true),
+                BTreeSet::from([usage()]),
+                vec![Action::Release { object: usage() }],
+            ),
+            (
+                "deleting, its provider done, never held: nothing",
+                managed_tree(&["foregroundDeletion"], true),
+                BTreeSet::new(),
+                vec![],
+            ),
+        ];
+        // The ProviderConfig beside the Release is held by its sibling edge
+        // (the tests above); here only what concerns the usage.
+        let of_usage = |a: &Action| a.object().kind == crate::provider_config_usage::KIND;
+        for (what, objects, held_now, want) in cases {
+            let g = graph(&objects, "root").expect("root");
+            let got: Vec<Action> = actions(&g, &held_now, &BTreeSet::new())
+                .into_iter()
+                .filter(of_usage)
+                .collect();
+            assert_eq!(got, want, "{what}");
+        }
     }
 
     #[test]

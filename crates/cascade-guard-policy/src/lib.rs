@@ -14,8 +14,10 @@
 //! stalled cascade from a slow one, [`holders`] says what holds an object,
 //! and [`composed`] reads what an XR composes. [`order`] reads which objects
 //! of a live tree need which, the order its siblings must go in, and what a
-//! Background or Foreground delete of it would break, and [`roots`] which
-//! objects begin such a tree. [`static_manifest`]
+//! Background or Foreground delete of it would break, [`roots`] which
+//! objects begin such a tree, [`hold`] what sibling order holds and lets
+//! go, and [`provider_config_usage`] the usages a provider must keep until
+//! it is done. [`static_manifest`]
 //! writes the compiled objects as files the API server serves on its own.
 
 pub mod admission;
@@ -35,6 +37,7 @@ pub mod naming;
 pub mod order;
 pub mod order_gate;
 pub mod plan;
+pub mod provider_config_usage;
 pub mod render;
 pub mod replay;
 pub mod resolve;

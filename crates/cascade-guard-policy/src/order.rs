@@ -170,6 +170,12 @@ impl fmt::Display for ObjectRef {
     }
 }
 
+/// The garbage collector's own finalizers, which say nothing of what an
+/// object's controller still has to do.
+const GC_FINALIZERS: [&str; 2] = [FOREGROUND_FINALIZER, "orphan"];
+/// The finalizer of a foreground cascade.
+const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+
 /// Kinds that every Crossplane provider defines in its own group.
 const PROVIDER_KINDS: [&str; 3] = [
     "ProviderConfig",
@@ -326,6 +332,13 @@ pub struct Node {
     pub cycle: Option<usize>,
     /// It has a deletionTimestamp.
     pub deleting: bool,
+    /// It carries a finalizer other than the garbage collector's
+    /// (`foregroundDeletion`, `orphan`): its controller (a provider, for a
+    /// managed resource) still has work to do before it can go.
+    pub finalizing: bool,
+    /// It carries `foregroundDeletion`: the garbage collector removes it
+    /// only once no dependent blocks it.
+    pub waiting_for_dependents: bool,
 }
 
 /// How a tree is deleted.
@@ -1562,6 +1575,18 @@ impl<'a> Builder<'a> {
                 deleting: self.values[i]
                     .pointer("/metadata/deletionTimestamp")
                     .is_some_and(|t| !t.is_null()),
+                finalizing: self.values[i]
+                    .pointer("/metadata/finalizers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|f| {
+                        f.iter()
+                            .filter_map(Value::as_str)
+                            .any(|f| !GC_FINALIZERS.contains(&f))
+                    }),
+                waiting_for_dependents: self.values[i]
+                    .pointer("/metadata/finalizers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|f| f.iter().any(|f| f == FOREGROUND_FINALIZER)),
             })
             .collect();
         let public_needs = needs.iter().map(public_need).collect();

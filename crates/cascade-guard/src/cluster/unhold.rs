@@ -2,8 +2,11 @@
 //! whose owner is being deleted or gone is deleted (Foreground, only this
 //! object): the garbage collector was refused its delete while it was held
 //! and would otherwise try again only after its back-off, which grows to 17
-//! minutes. And taking the old hold label off where an older release left it.
+//! minutes. Making a held ProviderConfigUsage stop blocking its managed
+//! resource in a foreground cascade. And taking the old hold label off where
+//! an older release left it.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
     DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams, Preconditions,
     PropagationPolicy,
@@ -67,6 +70,59 @@ pub async fn let_go(
         Err(kube::Error::Api(s)) if s.code == 403 => Ok(LetGo::LeftToItsDeleter),
         Err(e) => Err(e),
     }
+}
+
+/// Makes `object`'s owner reference to `owner_uid` stop blocking that
+/// owner's deletion (a held ProviderConfigUsage whose managed resource waits
+/// in a foreground cascade: see `policy::provider_config_usage`). True when
+/// it changed something; missing, already not blocking, or changed meanwhile
+/// is no error (the next look sees it again).
+pub async fn unblock(
+    client: &Client,
+    kinds: &ServedKinds,
+    object: &ObjectRef,
+    owner_uid: &str,
+) -> Result<bool, kube::Error> {
+    let Some(served) = kinds
+        .of_kind(Some(object.group.as_str()), &object.kind)
+        .next()
+    else {
+        return Ok(false);
+    };
+    let api = ServedKinds::api(client, served, object.namespace.as_deref());
+    let Some(meta) = api.get_metadata_opt(&object.name).await? else {
+        return Ok(false);
+    };
+    let Some(patch) = unblock_patch(meta.owner_references(), owner_uid) else {
+        return Ok(false);
+    };
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch(&object.name, &params, &Patch::Json::<()>(patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        // Gone, or its owner references changed since read (the test op).
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The JSON patch that turns `blockOwnerDeletion` off on the owner reference
+/// to `owner_uid`, guarded by a test of that reference's uid at its index;
+/// None when no such reference blocks.
+fn unblock_patch(owners: &[OwnerReference], owner_uid: &str) -> Option<json_patch::Patch> {
+    let at = owners
+        .iter()
+        .position(|o| o.uid == owner_uid && o.block_owner_deletion == Some(true))?;
+    serde_json::from_value(json!([
+        {"op": "test", "path": format!("/metadata/ownerReferences/{at}/uid"), "value": owner_uid},
+        {"op": "replace", "path": format!("/metadata/ownerReferences/{at}/blockOwnerDeletion"), "value": false},
+    ]))
+    .ok()
 }
 
 /// Takes the old hold label (and its annotation) off every object that
@@ -133,4 +189,38 @@ pub async fn owner_leaving(
         gone += usize::from(absent);
     }
     !owners.is_empty() && gone == owners.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(uid: &str, block: Option<bool>) -> OwnerReference {
+        OwnerReference {
+            api_version: "helm.m.crossplane.io/v1beta1".to_string(),
+            kind: "Release".to_string(),
+            name: "app".to_string(),
+            uid: uid.to_string(),
+            controller: Some(true),
+            block_owner_deletion: block,
+        }
+    }
+
+    #[test]
+    fn only_a_blocking_reference_to_the_owner_is_unblocked_at_its_index() {
+        let patch = |owners: &[OwnerReference]| {
+            unblock_patch(owners, "mr").map(|p| serde_json::to_value(p).expect("patch"))
+        };
+        assert_eq!(
+            patch(&[owner("other", Some(true)), owner("mr", Some(true))]),
+            Some(json!([
+                {"op": "test", "path": "/metadata/ownerReferences/1/uid", "value": "mr"},
+                {"op": "replace", "path": "/metadata/ownerReferences/1/blockOwnerDeletion", "value": false},
+            ]))
+        );
+        assert_eq!(patch(&[owner("mr", Some(false))]), None);
+        assert_eq!(patch(&[owner("mr", None)]), None);
+        assert_eq!(patch(&[owner("other", Some(true))]), None);
+        assert_eq!(patch(&[]), None);
+    }
 }

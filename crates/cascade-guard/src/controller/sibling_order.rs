@@ -34,6 +34,7 @@ use crate::policy::hold::{Action, HOLD_OBJECT_NAME, RECORD_GUARD_NAME, actions};
 use crate::policy::holders::IN_USE_LABEL;
 use crate::policy::order::{self, ObjectRef};
 use crate::policy::order_gate::{GatedKind, TreeOrder};
+use crate::policy::provider_config_usage::{self as usage, tracked_usages};
 use crate::policy::roots::Listed;
 use crate::policy::{CompileSettings, Mode, Policy, Shape};
 
@@ -687,19 +688,35 @@ impl SiblingOrder {
             by_ref.insert(r, v);
         }
         self.report(root, &graph, &read.unread).await;
+        // The ProviderConfigUsages of the tree's managed resources: held by
+        // key, never read.
+        let tracked: BTreeSet<ObjectRef> = tracked_usages(&graph)
+            .into_iter()
+            .map(|t| t.usage)
+            .collect();
         // Held for this root, and not in its tree as read (gone, or held by
         // an older release for a tree that changed): nothing explains the
         // hold any more.
         let unexplained: Vec<ObjectRef> = held_now
             .iter()
-            .filter(|r| !by_ref.contains_key(*r))
+            .filter(|r| !by_ref.contains_key(*r) && !tracked.contains(*r))
             .cloned()
             .collect();
         for object in &unexplained {
             self.holds.release(object);
         }
         self.let_go_all(kinds, &unexplained).await;
-        let todo = actions(&graph, &held_now, &in_use);
+        let mut todo = actions(&graph, &held_now, &in_use);
+        // A provider whose ProviderConfigUsage kind is not served tracks no
+        // usage: nothing to hold, and a hold of an unserved kind would never
+        // be in force.
+        todo.retain(|a| match a {
+            Action::Hold { object, .. } if object.kind == usage::KIND => kinds
+                .of_kind(Some(object.group.as_str()), usage::KIND)
+                .next()
+                .is_some(),
+            _ => true,
+        });
         let holding = (held_now.len() - unexplained.len())
             + todo
                 .iter()
@@ -729,14 +746,13 @@ impl SiblingOrder {
             })
             .unwrap_or_default();
         for action in &todo {
-            let object = match action {
-                Action::Hold { object, .. }
-                | Action::Release { object }
-                | Action::Delete { object } => object,
-            };
-            let Some(value) = by_ref.get(object) else {
+            let object = action.object();
+            // A hold and a release need only the object's key; a delete
+            // needs what was read of it.
+            let value = by_ref.get(object).copied();
+            if value.is_none() && matches!(action, Action::Delete { .. }) {
                 continue;
-            };
+            }
             match self.act(kinds, &root_uid, &root_kind, action, value).await {
                 Err(e) => {
                     let note = format!("cannot {}: {e}", describe(action));
@@ -755,12 +771,14 @@ impl SiblingOrder {
                     self.event(root, EventType::Normal, "ReleasedForOrder", &note)
                         .await;
                 }
+                Ok(Done::Nothing) => {}
                 Ok(Done::AsSaid) => {
                     tracing::info!(root = %root.name_any(), action = %describe(action), "sibling order");
                     let reason = match action {
                         Action::Hold { .. } => "HeldForOrder",
                         Action::Release { .. } => "ReleasedForOrder",
                         Action::Delete { .. } => "DeletedInOrder",
+                        Action::Unblock { .. } => "UnblockedForProvider",
                     };
                     self.event(root, EventType::Normal, reason, &describe(action))
                         .await;
@@ -783,7 +801,7 @@ impl SiblingOrder {
                 Action::Release { object } => {
                     holding_now.remove(object);
                 }
-                Action::Delete { .. } => {}
+                Action::Delete { .. } | Action::Unblock { .. } => {}
             }
         }
         let waiting = holding_now
@@ -844,7 +862,7 @@ impl SiblingOrder {
         root_uid: &str,
         root_kind: &str,
         action: &Action,
-        object: &Value,
+        object: Option<&Value>,
     ) -> Result<Done, String> {
         match action {
             Action::Hold { object, held_for } => self
@@ -866,8 +884,20 @@ impl SiblingOrder {
             // entry goes once the delete went through. cascade-guard may not
             // delete every kind it holds (a Secret): then the entry goes now,
             // and the garbage collector's next try deletes it.
+            Action::Unblock { object, owner_uid } => {
+                match unhold::unblock(&self.client, kinds, object, owner_uid).await {
+                    Ok(true) => Ok(Done::AsSaid),
+                    Ok(false) => Ok(Done::Nothing),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
             Action::Delete { object: r } => {
-                let text = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
+                let text = |p: &str| {
+                    object
+                        .and_then(|o| o.pointer(p))
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                };
                 let Some(served) = kinds.get(text("/apiVersion"), text("/kind")) else {
                     return Ok(Done::AsSaid);
                 };
@@ -977,6 +1007,8 @@ impl SiblingOrder {
 /// What an action came to, when it did not fail.
 enum Done {
     AsSaid,
+    /// Nothing to change (an unblock already done).
+    Nothing,
     /// Its entry gone; cascade-guard may not delete it, so its deleter's
     /// retry does.
     LeftToItsDeleter(ObjectRef),
@@ -1066,6 +1098,9 @@ fn describe(action: &Action) -> String {
             format!("hold {object} until {held_for} is gone")
         }
         Action::Release { object } => format!("release {object}: nothing needs it any more"),
+        Action::Unblock { object, .. } => format!(
+            "let {object} stop blocking its managed resource's foreground cascade: its provider deletes only once the garbage collector's finalizer is gone, and keeps needing the usage until then"
+        ),
         Action::Delete { object } => {
             format!(
                 "delete {object} (Foreground): its parent is being deleted, and what needed it is gone"

@@ -51,8 +51,9 @@
 //! balancer leaked; Refuse: the plain deletes are refused with their message,
 //! foreground ones tear down in order; Convert: the plain deletes tear down
 //! in order. The deletion of a namespace holding a ModelDeployment, under
-//! Convert, is ignored by default: on the pinned providers its engine can
-//! wedge on crossplane-runtime#1150 (see the test).
+//! Convert, tears down in order too: on the pinned providers its engine
+//! would wedge on crossplane-runtime#1150, and sibling order holds the
+//! engine's ProviderConfigUsage until its provider is done (see the test).
 //!
 //! A Background delete that a Usage held, recorded under Warn and replayed by
 //! Crossplane under Refuse: refused, nothing stuck, the refusal with the
@@ -2927,11 +2928,11 @@ async fn crossplane_deleting_a_dropped_composite_is_never_refused() {
 // namespace) and an InferenceGateway running on an InferenceCluster, each with
 // a guard (a Usage of the cluster's EKSCluster by its ModelReplica or its
 // ServingStack, `testbed/crossplane/modelplane/compositions/`), and the
-// InferenceCluster deleted while they go away. One more Convert test, ignored
-// by default, deletes the ModelDeployment with its namespace (the namespace
-// controller deletes everything in it with Background, the ModelDeployment's
-// composed objects included; provider-kubernetes' ProviderConfigUsages in it
-// are kept under Refuse, see guard_provider_config_usages).
+// InferenceCluster deleted while they go away. One more Convert test deletes
+// the ModelDeployment with its namespace (the namespace controller deletes
+// everything in it, the ModelDeployment's composed objects and
+// provider-kubernetes' ProviderConfigUsages included; sibling order holds
+// each usage while its provider needs it).
 
 /// A teardown that waits for the consumers' load balancers (60 s for an
 /// engine's), their guards' 30-second re-checks, then the InferenceCluster's.
@@ -3157,53 +3158,6 @@ fn assert_refused(outcome: &(bool, String), kind: &str, name: &str) {
     );
 }
 
-/// provider-kubernetes' ProviderConfigUsages under Refuse (a CascadePolicy),
-/// once in effect in namespace `ns`. A managed resource's every reconcile,
-/// its delete included, first re-applies its ProviderConfigUsage
-/// (crossplane-runtime's Connect runs before its deletion check); in a
-/// terminating namespace the namespace controller has deleted it, creating it
-/// again is forbidden, and the managed resource wedges (crossplane-runtime
-/// #1150, with or without cascade-guard). Refusing the namespace controller's
-/// Background delete of a ProviderConfigUsage keeps it until its managed
-/// resource is gone and the garbage collector deletes it.
-async fn guard_provider_config_usages(client: &Client, ns: &str) {
-    let policies = modelplane::resource(
-        "cascade-guard.dev",
-        "v1alpha1",
-        "CascadePolicy",
-        "cascadepolicies",
-    );
-    apply_cluster_object(
-        client,
-        &policies,
-        json!({
-            "apiVersion": "cascade-guard.dev/v1alpha1", "kind": "CascadePolicy",
-            "metadata": {"name": "kubernetes-provider-config-usages"},
-            "spec": {"group": "kubernetes.m.crossplane.io", "kind": "ProviderConfigUsage", "mode": "Refuse"},
-        }),
-    )
-    .await;
-    let [_, kubernetes_usages] = provider_config_usages();
-    let usages = api(client, &kubernetes_usages, Some(ns));
-    let dry_run = DeleteParams {
-        dry_run: true,
-        propagation_policy: Some(PropagationPolicy::Background),
-        ..DeleteParams::default()
-    };
-    let refused = wait::until(Duration::from_secs(60), || async {
-        let list = usages.list(&Default::default()).await.ok()?;
-        let name = list.items.first()?.name_any();
-        matches!(usages.delete(&name, &dry_run).await,
-            Err(kube::Error::Api(ref s)) if s.code == 403)
-        .then_some(())
-    })
-    .await;
-    assert!(
-        refused.is_some(),
-        "the CascadePolicy for ProviderConfigUsages never took effect in {ns}"
-    );
-}
-
 /// Scenarios 2 and 3 under `mode` on InferenceCluster `use-<mode>`.
 /// With `by_namespace` (Convert only), the ModelDeployment goes with its
 /// namespace instead of by a plain delete.
@@ -3298,7 +3252,6 @@ async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: bool) {
         Mode::Warn => panic!("no consumers scenario under Warn"),
         Mode::Convert => {
             if by_namespace {
-                guard_provider_config_usages(client, &md_ns).await;
                 Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
                     .delete(&md_ns, &DeleteParams::default())
                     .await
@@ -3396,17 +3349,13 @@ async fn convert_tears_the_consumers_down_in_order() {
     consumers_outcome(stack, Mode::Convert, false).await;
 }
 
-/// Not run by default: with the pinned providers it passes only when the
-/// namespace controller deletes the engine's Object before the garbage
-/// collector does. The foreground cascade cascade-guard makes of the
-/// namespace controller's delete of the ModelReplica has the garbage collector
-/// delete the Object with Foreground (it has a dependent, its
-/// ProviderConfigUsage), which deletes that ProviderConfigUsage at once; in a
-/// terminating namespace provider-kubernetes cannot create it again, and the
-/// Object wedges (crossplane-runtime#1150; upstream's fix, a finalizer on
-/// ProviderConfigUsages, is in no release the project pins). Seen: 1 pass in 2.
+/// The ModelDeployment's namespace deleted (the namespace controller's
+/// Background delete, which Convert makes a foreground cascade). On the
+/// pinned providers a namespaced managed resource in a terminating namespace
+/// wedges once its ProviderConfigUsage is deleted (crossplane-runtime#1150):
+/// sibling order holds each one until its provider is done, so the engine's
+/// Object goes, and the namespace with it.
 #[tokio::test]
-#[ignore = "crossplane-runtime#1150: a managed resource in a terminating namespace can wedge on its ProviderConfigUsage"]
 async fn convert_tears_a_deleted_namespace_down_in_order() {
     let (stack, _shared) = shared_stack().await;
     consumers_outcome(stack, Mode::Convert, true).await;

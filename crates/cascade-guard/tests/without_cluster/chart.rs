@@ -178,6 +178,21 @@ const CASES: &[Case] = &[
             // The two asked for, and the chart's own get on ConfigMaps (the
             // API server's check on a policy with a ConfigMap parameter).
             assert_eq!(gets.len(), 3, "{rules:?}");
+            // Sibling order's hold of ProviderConfigUsages: get, patch and
+            // delete on those alone, in the providers' groups, not the core group.
+            let usages: Vec<&Value> = rules
+                .iter()
+                .filter(|r| r["resources"] == json!(["providerconfigusages"]))
+                .collect();
+            assert_eq!(
+                usages,
+                vec![&json!({
+                    "apiGroups": ["ec2.aws.upbound.io"],
+                    "resources": ["providerconfigusages"],
+                    "verbs": ["get", "patch", "delete"],
+                })],
+                "{rules:?}"
+            );
         }),
     ),
     // The mode in any case, as the binary and the XRD annotation read it;

@@ -29,10 +29,10 @@
 //! guarded by a ClusterUsage per ModelDeployment, its delete refused (409) and
 //! replayed (cascade-guard's `tests/real_crossplane/seed_real/guard.rs`, with the
 //! decision each attempt met); deleting the namespace of a namespaced v2 XR
-//! (`seed_real/siblings.rs`: kept in order by cascade-guard, then the pinned
-//! providers' crossplane-runtime#1150, asserted exactly so that the test fails
-//! when a pinned provider has the fix). The model's trees still delete
-//! namespaces, among their five clients.
+//! (`seed_real/siblings.rs`: kept in order by cascade-guard, its managed
+//! resources' ProviderConfigUsages held against the pinned providers'
+//! crossplane-runtime#1150). The model's trees still delete namespaces, among
+//! their five clients.
 //!
 //! `local-cluster`'s `tests/real_crossplane/real_crossplane.rs` does not use the model: it
 //! characterizes real Crossplane beside what the model claims (its header

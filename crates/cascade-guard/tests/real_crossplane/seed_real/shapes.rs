@@ -24,9 +24,10 @@
 //! - a legacy claim (namespaced claim, cluster-scoped XR, a ConfigMap);
 //! - a namespaced v2 XR composing two namespaced XRs with a ConfigMap each,
 //!   which under Convert may go by the deletion of its own namespace. No
-//!   provider-kubernetes Object lives in a namespace this test deletes:
-//!   crossplane-runtime#1150 wedges those (`siblings.rs` asserts that
-//!   failure exactly).
+//!   provider-kubernetes Object lives in a namespace this test deletes
+//!   (`siblings.rs` and the consumers' test delete such namespaces, where
+//!   sibling order keeps each Object's ProviderConfigUsage against
+//!   crossplane-runtime#1150).
 //!
 //! Each tree gets a mode (Refuse or Convert, each its own platform copy, or
 //! now and then Off), a client and a delay. Under Refuse a refused client

@@ -120,72 +120,38 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace
     }
     let mut wedged = None;
     // crossplane-runtime#1150, on the pinned provider-kubernetes v1.2.1: the
-    // Object's provider re-creates its ProviderConfigUsage on every
-    // reconcile, which a terminating namespace forbids, so the Object wedges
-    // with its ProviderConfig still there (sibling order kept its part). Not
-    // every time: the provider may delete the Object before it next tracks
-    // the usage (seen once in four runs at 72aba51 to dbf51a3: gone 33 s
-    // after the namespace's deletion began); then the order is asserted.
-    let outcome = if by_namespace {
+    // Object's provider writes its ProviderConfigUsage again at every
+    // reconcile, which a terminating namespace forbids once the usage is
+    // deleted; sibling order holds the usage until the provider is done, so
+    // the Object goes, then its ProviderConfig, then the namespace.
+    if by_namespace {
         let objects = api(&scene.client, &modelplane::objects(), Some(&ns));
-        let outcome = wait::until(TEARDOWN_TIMEOUT, || async {
-            match objects.get_opt(&engine).await.ok()? {
-                None => Some(None),
-                Some(o) => {
-                    o.metadata.deletion_timestamp.as_ref()?;
-                    let held = o.finalizers().iter().any(|f| f == MANAGED_FINALIZER);
-                    held.then(|| sync_failure(&o)).flatten().map(Some)
-                }
-            }
+        let gone = wait::until(TEARDOWN_TIMEOUT, || async {
+            objects.get_opt(&engine).await.ok()?.is_none().then_some(())
         })
         .await;
-        Some(outcome.unwrap_or_else(|| {
+        if gone.is_none() {
+            let failure = objects
+                .get_opt(&engine)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|o| sync_failure(&o));
             panic!(
-                "{}: Object/{engine} neither went nor wedged on crossplane-runtime#1150\n{}",
+                "{}: Object/{engine} never went (its last sync failure: {failure:?})\n{}",
                 scene.what,
                 scene.timeline.describe()
-            )
-        }))
-    } else {
-        None
-    };
-    if by_namespace && outcome == Some(None) {
+            );
+        }
         wait_gone_user_first(&scene, &engine, &config).await;
+        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(scene.client.clone());
+        if let Err(e) = namespace_finishes(&namespaces, &ns).await {
+            panic!("{}: {e}", scene.what);
+        }
         eprintln!(
-            "{}: crossplane-runtime#1150 not met this time; in order, nothing wedged, in {:?}",
+            "{}: in order, nothing wedged, the namespace gone, in {:?}",
             scene.what,
             started.elapsed()
-        );
-    } else if let Some(Some(failure)) = outcome {
-        assert!(
-            failure.contains("cannot track ProviderConfig usage")
-                && failure.contains("because it is being terminated"),
-            "{}: not crossplane-runtime#1150: {failure}",
-            scene.what
-        );
-        let configs = api(
-            &scene.client,
-            &modelplane::kubernetes_provider_configs(),
-            Some(&ns),
-        );
-        let config_now = configs.get_opt(&config).await.ok().flatten();
-        assert!(
-            config_now.is_some_and(|c| c.metadata.deletion_timestamp.is_none()),
-            "{}: ProviderConfig/{config} was not kept for its user\n{}",
-            scene.what,
-            scene.timeline.describe()
-        );
-        eprintln!(
-            "{}: crossplane-runtime#1150 as known: ProviderConfig/{config} kept, Object/{engine} wedged: {failure}",
-            scene.what
-        );
-        wedged = Some(failure);
-        // An operator's way out: the Object goes, then its ProviderConfig.
-        scene.clean_up().await;
-        scene.assert_before(
-            ("Object", &engine),
-            ("ProviderConfig", &config),
-            "the ProviderConfig must stay while its user is there",
         );
     } else if mode == Mode::Off {
         // The hazard, every time: the ProviderConfig is deleted beside the
@@ -264,14 +230,6 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace
             started.elapsed()
         );
     }
-    if by_namespace {
-        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(scene.client.clone());
-        let gone = wait::until(Duration::from_secs(120), || async {
-            namespaces.get_opt(&ns).await.ok()?.is_none().then_some(())
-        })
-        .await;
-        assert!(gone.is_some(), "{}: namespace {ns} never went", scene.what);
-    }
     let (ok, stderr) = stack.kubectl_delete(&cluster, foreground(mode)).await;
     assert!(ok, "kubectl delete {}: {stderr}", cluster.name);
     assert!(
@@ -309,10 +267,11 @@ async fn under_refuse_a_foreground_delete_keeps_a_provider_config_until_its_user
 
 /// The same, the ModelReplica's namespace deleted (the namespace
 /// controller deletes it with no propagation policy; Convert makes that a
-/// foreground cascade): the ProviderConfig is kept, and the Object wedges on
-/// crossplane-runtime#1150, asserted exactly.
+/// foreground cascade): the ProviderConfig and the Object's
+/// ProviderConfigUsage are kept until the Object is done, so it does not
+/// wedge on crossplane-runtime#1150, and the namespace goes.
 #[tokio::test]
-async fn under_convert_a_deleted_namespace_keeps_a_provider_config_and_meets_crossplane_runtime_1150()
+async fn under_convert_a_deleted_namespace_keeps_a_provider_config_and_its_usage_until_the_user_is_gone()
  {
     let (stack, _shared) = shared_stack().await;
     provider_config_beside_its_user(stack, Mode::Convert, true).await;
