@@ -230,7 +230,10 @@ pub struct Edge {
 }
 
 impl Edge {
-    fn reason(&self) -> String {
+    /// Where the edge was read, and from whom when another object said so
+    /// (the writer of a connection Secret, the Usage): `plan`'s text and
+    /// pictures label an edge with it.
+    pub fn reason(&self) -> String {
         match self.provenance {
             _ if self.declared_by == self.object => self.provenance.to_string(),
             Provenance::Usage => self.declared_by.to_string(),
@@ -1676,8 +1679,8 @@ fn reachable(after: &BTreeMap<usize, Vec<usize>>, from: usize) -> HashSet<usize>
 }
 
 /// Objects that do nothing of their own while deleted: they need what they
-/// need only for whoever reads them.
-fn is_go_between(r: &ObjectRef) -> bool {
+/// need only for whoever reads them (`plan`'s pictures dim them).
+pub fn is_go_between(r: &ObjectRef) -> bool {
     matches!(r.kind.as_str(), "ProviderConfig" | "ClusterProviderConfig")
         || (r.group.is_empty() && matches!(r.kind.as_str(), "Secret" | "ConfigMap"))
 }
