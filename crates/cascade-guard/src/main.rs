@@ -297,6 +297,8 @@ struct PlanArgs {
     /// The mode of XRDs without the annotation, as the controller runs with.
     #[arg(long, env = "CASCADE_GUARD_XRD_DEFAULT_MODE", default_value = "Refuse")]
     xrd_default_mode: Mode,
+    /// text for people, json or yaml for programs, dot (Graphviz) or mermaid
+    /// to draw the tree, its waves, edges, holds and hazards.
     #[arg(short, long, value_enum, default_value = "text")]
     output: PlanOutput,
     /// The name of the controller's Lease (its --leader-election-id), looked
@@ -310,6 +312,8 @@ enum PlanOutput {
     Text,
     Json,
     Yaml,
+    Dot,
+    Mermaid,
 }
 
 #[derive(Args)]
@@ -796,6 +800,8 @@ async fn plan(kubeconfig: Option<PathBuf>, args: PlanArgs) -> Result<()> {
         PlanOutput::Text => out(&cli::plan::text::render_text(&plan))?,
         PlanOutput::Json => out(&format!("{}\n", serde_json::to_string_pretty(&plan)?))?,
         PlanOutput::Yaml => out(&serde_yaml::to_string(&plan)?)?,
+        PlanOutput::Dot => out(&cli::plan::dot::render_dot(&plan))?,
+        PlanOutput::Mermaid => out(&cli::plan::mermaid::render_mermaid(&plan))?,
     }
     if plan.unsafe_now() {
         std::process::exit(PLAN_HAZARD_EXIT);

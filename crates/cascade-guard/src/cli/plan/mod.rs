@@ -6,8 +6,15 @@
 //! `cascade-guard.dev/needs` annotation) and the Usages that name them, and
 //! hands them to the pure [`order`](crate::policy::order) graph: the waves in
 //! which the objects can leave, the edges each wave waits on, and every
-//! hazard of the delete that today's mode makes. [`text`] prints it.
+//! hazard of the delete that today's mode makes. [`text`] prints it;
+//! [`dot`] and [`mermaid`] draw it (Graphviz, Mermaid) from the one
+//! language-free [`picture`] of it.
 
+pub mod dot;
+pub mod mermaid;
+pub mod picture;
+#[cfg(test)]
+mod test_tree;
 pub mod text;
 
 use kube::api::DynamicObject;
@@ -224,6 +231,16 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
 }
 
 impl Plan {
+    /// The mode the plan assumes and where it comes from, as the text and
+    /// the pictures head it: `Convert (XRD x)`, `Off (--mode)`.
+    pub fn mode_said(&self) -> String {
+        match &self.mode_source {
+            ModeSource::Flag => format!("{} (--mode)", self.mode),
+            ModeSource::Policy { source } => format!("{} ({source})", self.mode),
+            ModeSource::Unprotected => "not protected".to_string(),
+        }
+    }
+
     /// A delete now is not shown safe: a hazard, a tree read only in part
     /// (what was not read may need an order), or, in Refuse and Convert,
     /// sibling order not in force for this tree.

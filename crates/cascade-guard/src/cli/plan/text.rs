@@ -4,19 +4,14 @@
 
 use std::fmt::Write;
 
-use super::{ModeSource, Plan};
+use super::Plan;
 use crate::policy::Mode;
 use crate::policy::order::Teardown;
 
 pub fn render_text(plan: &Plan) -> String {
     let mut out = String::new();
     let graph = &plan.graph;
-    let mode = match &plan.mode_source {
-        ModeSource::Flag => format!("{} (--mode)", plan.mode),
-        ModeSource::Policy { source } => format!("{} ({source})", plan.mode),
-        ModeSource::Unprotected => "not protected".to_string(),
-    };
-    let _ = writeln!(out, "{}: {mode}", plan.root);
+    let _ = writeln!(out, "{}: {}", plan.root, plan.mode_said());
     let _ = writeln!(
         out,
         "a plain delete: {}",
@@ -179,73 +174,12 @@ fn describe(mode: Mode, teardown: Teardown) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::{Value, json};
+    use serde_json::json;
 
     use super::*;
-    use crate::cli::plan::teardown_of;
+    use crate::cli::plan::test_tree::{obj, ordered, plan_for, tree};
+    use crate::cli::plan::{ModeSource, teardown_of};
     use crate::policy::order;
-
-    fn obj(api_version: &str, kind: &str, name: &str, owner: Option<&str>, spec: Value) -> Value {
-        let mut metadata = json!({"name": name, "namespace": "ns", "uid": name});
-        if let Some(owner) = owner {
-            metadata["ownerReferences"] = json!([{
-                "apiVersion": "example.org/v1", "kind": "XR", "name": owner, "uid": owner,
-                "controller": true, "blockOwnerDeletion": true,
-            }]);
-        }
-        json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec})
-    }
-
-    /// A root composing a cluster side (a Cluster writing a Secret, a
-    /// ProviderConfig reading it) and a workload side (a Release using the
-    /// ProviderConfig), with no Usage between them.
-    fn tree() -> Vec<Value> {
-        vec![
-            obj("example.org/v1", "XR", "root", None, json!({})),
-            obj("example.org/v1", "XR", "cluster", Some("root"), json!({})),
-            obj("example.org/v1", "XR", "stack", Some("root"), json!({})),
-            obj(
-                "cloud.example.org/v1",
-                "Cluster",
-                "prod",
-                Some("cluster"),
-                json!({"writeConnectionSecretToRef": {"name": "conn"}}),
-            ),
-            obj("v1", "Secret", "conn", Some("prod"), json!(null)),
-            obj(
-                "helm.m.crossplane.io/v1beta1",
-                "ProviderConfig",
-                "helm",
-                Some("cluster"),
-                json!({"credentials": {"secretRef": {"name": "conn"}}}),
-            ),
-            obj(
-                "helm.m.crossplane.io/v1beta1",
-                "Release",
-                "web",
-                Some("stack"),
-                json!({"providerConfigRef": {"name": "helm"}}),
-            ),
-        ]
-    }
-
-    fn plan_for(mode: Mode) -> Plan {
-        let graph = order::graph(&tree(), "root").expect("the root is in the tree");
-        let teardown = teardown_of(mode, false);
-        Plan {
-            root: graph.root.clone(),
-            mode,
-            mode_source: ModeSource::Policy {
-                source: "XRD xrs.example.org".to_string(),
-            },
-            sibling_order: false,
-            not_ordered: vec!["no controller runs: no Lease named cascade-guard in any namespace (is cascade-guard installed? --leader-election-id)".to_string()],
-            teardown,
-            hazards: graph.hazards(teardown),
-            graph,
-            unread: vec!["Secret other: forbidden".to_string()],
-        }
-    }
 
     #[test]
     fn the_text_names_the_order_the_edges_and_each_hazard() {
@@ -309,12 +243,7 @@ mod tests {
 
     #[test]
     fn with_sibling_order_enforced_the_plan_has_no_hazard_and_says_why() {
-        let mut plan = plan_for(Mode::Convert);
-        plan.sibling_order = true;
-        plan.not_ordered.clear();
-        plan.unread.clear();
-        plan.teardown = teardown_of(Mode::Convert, true);
-        plan.hazards = plan.graph.hazards(plan.teardown);
+        let plan = ordered(plan_for(Mode::Convert));
         let text = render_text(&plan);
         assert!(
             text.contains("cascade-guard holds each object a sibling still needs"),
