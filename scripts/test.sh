@@ -171,6 +171,13 @@ export LOCAL_CLUSTER_CRANK_BIN CRANE_BIN
 echo "$LOCAL_CLUSTER_CRANK_BIN"
 echo "$CRANE_BIN"
 
+step "Graphviz's dot (testbed/tools/graphviz.sh), for tests/without_cluster/plan_picture.rs"
+# Debian's graphviz, installed when missing: the test has dot read every
+# picture of `plan -o dot`, and fails without it.
+GRAPHVIZ_DOT=$(testbed/tools/graphviz.sh | tail -n1)
+export GRAPHVIZ_DOT
+echo "$GRAPHVIZ_DOT"
+
 step "helm (testbed/tools/helm.sh) and promtool (testbed/tools/promtool.sh), for the chart tests: started in the background"
 # The pinned Helm (tests/api_server/install.rs and tests/without_cluster/chart.rs
 # render the chart with it) and promtool, with prometheus-operator's
