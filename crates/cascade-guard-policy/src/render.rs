@@ -40,6 +40,18 @@ pub struct Ignored {
     pub name: Option<String>,
 }
 
+/// One document to render and where it was read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Document {
+    /// The file it was read from, as the user named it; none when the
+    /// documents came from no file.
+    pub file: Option<String>,
+    /// Its index within that file, counting from 0 as [`YamlError`] does
+    /// (empty documents included), so that a problem points at the right one.
+    pub index: usize,
+    pub value: Value,
+}
+
 /// Reason for a CascadePolicy document that cannot be read at all.
 pub use crate::cascade_policy::INVALID_CASCADE_POLICY;
 /// Reason for a CRD document that cannot be read.
@@ -76,7 +88,7 @@ pub fn strict_problems(rendered: &Rendered, skip: &[String]) -> Vec<Problem> {
         .collect();
     if rendered.objects.is_empty() {
         problems.push(Problem {
-            subject: Subject::Document { index: 0 },
+            subject: Subject::Input,
             reason: NOTHING_PROTECTED,
             message: "nothing is protected: no XRD or CascadePolicy in the input compiles to an admission policy (every one is Off, or there are none)".to_string(),
             severity: Severity::Error,
@@ -87,18 +99,41 @@ pub fn strict_problems(rendered: &Rendered, skip: &[String]) -> Vec<Problem> {
 
 /// Documents may hold XRDs, CascadePolicies, CRDs (which make kinds known to
 /// CascadePolicies), `*List` objects of those, and anything else, which is
-/// ignored.
+/// ignored. Documents read from no file are numbered in order.
 pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettings) -> Rendered {
+    let docs = docs
+        .into_iter()
+        .enumerate()
+        .map(|(index, value)| Document {
+            file: None,
+            index,
+            value,
+        })
+        .collect();
+    render_documents(docs, xrd_default_mode, settings)
+}
+
+/// [`render`] of documents that know where they were read, so that every
+/// problem about a document names its file and its place in it.
+pub fn render_documents(
+    docs: Vec<Document>,
+    xrd_default_mode: Mode,
+    settings: &CompileSettings,
+) -> Rendered {
     let mut xrds = Vec::new();
     let mut cascade_policies = Vec::new();
     let mut crds = Vec::new();
     let mut problems = Vec::new();
     let mut ignored = Vec::new();
-    for (index, doc) in docs.iter().enumerate() {
-        for item in list_items(doc) {
+    for doc in &docs {
+        let at = || Subject::Document {
+            file: doc.file.clone(),
+            index: doc.index,
+        };
+        for item in list_items(&doc.value) {
             let input = classify(
                 item,
-                index,
+                &at,
                 &mut xrds,
                 &mut cascade_policies,
                 &mut crds,
@@ -106,7 +141,7 @@ pub fn render(docs: Vec<Value>, xrd_default_mode: Mode, settings: &CompileSettin
             );
             if !input {
                 ignored.push(Ignored {
-                    subject: Subject::Document { index },
+                    subject: at(),
                     kind: document_kind(item),
                     name: item
                         .pointer("/metadata/name")
@@ -211,7 +246,7 @@ fn list_items(doc: &Value) -> Vec<&Value> {
 
 fn classify(
     doc: &Value,
-    index: usize,
+    at: &dyn Fn() -> Subject,
     xrds: &mut Vec<XrdInput>,
     cascade_policies: &mut Vec<CascadePolicyInput>,
     crds: &mut Vec<CrdInfo>,
@@ -226,14 +261,14 @@ fn classify(
     if looks_like_xrd(doc) {
         xrds.push(XrdInput::from_value(doc));
     } else if group == GROUP && kind == "CascadePolicy" {
-        if let Some(cp) = read_cascade_policy(doc, index, problems) {
+        if let Some(cp) = read_cascade_policy(doc, at, problems) {
             cascade_policies.push(cp);
         }
     } else if group == "apiextensions.k8s.io" && kind == "CustomResourceDefinition" {
         match read_crd_info(doc) {
             Ok(info) => crds.push(info),
             Err(e) => problems.push(Problem {
-                subject: doc_subject(doc, index, |name| Subject::Crd { name }),
+                subject: doc_subject(doc, at, |name| Subject::Crd { name }),
                 reason: INVALID_CRD,
                 message: format!("{e}; CascadePolicies cannot use the kind it defines"),
                 severity: Severity::Warning,
@@ -245,20 +280,25 @@ fn classify(
     true
 }
 
-fn doc_subject(doc: &Value, index: usize, named: impl Fn(String) -> Subject) -> Subject {
+/// An object by its name; one without a name by where it was read.
+fn doc_subject(
+    doc: &Value,
+    at: &dyn Fn() -> Subject,
+    named: impl Fn(String) -> Subject,
+) -> Subject {
     match doc.pointer("/metadata/name").and_then(Value::as_str) {
         Some(n) if !n.is_empty() => named(n.to_string()),
-        _ => Subject::Document { index },
+        _ => at(),
     }
 }
 
 /// Reads a CascadePolicy from a file leniently ([`read_document`]).
 fn read_cascade_policy(
     doc: &Value,
-    index: usize,
+    at: &dyn Fn() -> Subject,
     problems: &mut Vec<Problem>,
 ) -> Option<CascadePolicyInput> {
-    let subject = doc_subject(doc, index, |name| Subject::CascadePolicy { name });
+    let subject = doc_subject(doc, at, |name| Subject::CascadePolicy { name });
     read_document(doc, subject, problems)
 }
 
@@ -280,6 +320,15 @@ pub enum YamlError {
 /// skipped; a document that is not a mapping is an error naming its index,
 /// since silently skipping it could skip a policy.
 pub fn split_yaml_documents(text: &str) -> Result<Vec<Value>, YamlError> {
+    Ok(split_yaml_stream(text)?
+        .into_iter()
+        .map(|(_, doc)| doc)
+        .collect())
+}
+
+/// [`split_yaml_documents`], each object with its index in the stream
+/// (counting from 0, empty documents included), as an editor finds it.
+pub fn split_yaml_stream(text: &str) -> Result<Vec<(usize, Value)>, YamlError> {
     let mut docs = Vec::new();
     for (index, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let value = serde_yaml::Value::deserialize(de)
@@ -300,7 +349,7 @@ pub fn split_yaml_documents(text: &str) -> Result<Vec<Value>, YamlError> {
             index,
             source: serde::de::Error::custom(e),
         })?;
-        docs.push(json);
+        docs.push((index, json));
     }
     Ok(docs)
 }
@@ -792,5 +841,62 @@ mod tests {
         assert_eq!(strict[0].reason, NOT_AN_INPUT);
         let all = strict_problems(&package, &["Composition".into(), "Deployment.apps".into()]);
         assert!(all.is_empty(), "{all:?}");
+    }
+
+    fn xrd(name: &str, kind: &str, mode: Option<&str>) -> Value {
+        let (plural, group) = name.split_once('.').unwrap();
+        let mut doc = json!({
+            "apiVersion": "apiextensions.crossplane.io/v2", "kind": "CompositeResourceDefinition",
+            "metadata": {"name": name},
+            "spec": {"group": group, "names": {"kind": kind, "plural": plural}, "scope": "Namespaced",
+                     "versions": [{"name": "v1", "served": true, "referenceable": true}]}
+        });
+        if let Some(mode) = mode {
+            annotate(&mut doc, mode);
+        }
+        doc
+    }
+
+    fn object(api_version: &str, kind: &str, name: &str) -> Value {
+        json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name}})
+    }
+
+    #[test]
+    fn problems_name_the_file_and_the_document_in_it() {
+        let unnamed_cp = json!({"apiVersion": "cascade-guard.dev/v1alpha1", "kind": "CascadePolicy", "spec": {}});
+        let docs = vec![
+            Document {
+                file: Some("platform/apis/a.yaml".into()),
+                index: 0,
+                value: xrd("xs.example.org", "X", Some("Refuse")),
+            },
+            Document {
+                file: Some("platform/apis/b.yaml".into()),
+                index: 2,
+                value: unnamed_cp,
+            },
+            Document {
+                file: Some("platform/apis/b.yaml".into()),
+                index: 3,
+                value: object("apps/v1", "Deployment", "web"),
+            },
+        ];
+        let r = render_documents(docs, Mode::Off, &CompileSettings::default());
+        let subjects: Vec<String> = r.problems.iter().map(|p| p.subject.to_string()).collect();
+        assert_eq!(subjects, ["platform/apis/b.yaml, document 2"]);
+        let strict = strict_problems(&r, &[]);
+        assert_eq!(strict.len(), 1);
+        assert!(
+            strict[0]
+                .to_string()
+                .starts_with("error: platform/apis/b.yaml, document 3: Deployment.apps web"),
+            "{}",
+            strict[0]
+        );
+        // The index is the document's place in the stream, empty ones
+        // included, as a YAML parse error counts.
+        let stream = split_yaml_stream("---\n---\nkind: A\n---\n# c\n---\nkind: B\n").unwrap();
+        let indexes: Vec<usize> = stream.iter().map(|(i, _)| *i).collect();
+        assert_eq!(indexes, [1, 3]);
     }
 }

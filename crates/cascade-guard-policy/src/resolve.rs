@@ -196,11 +196,15 @@ pub enum Subject {
     Crd {
         name: String,
     },
-    /// A document of a rendered file set that is none of the above, by its
-    /// 0-based index.
+    /// A document of a rendered file set that is none of the above: its file
+    /// (none when the documents came from no file) and its 0-based index
+    /// within that file, so that a reader can find it.
     Document {
+        file: Option<String>,
         index: usize,
     },
+    /// The rendered input as a whole (it protects nothing, say).
+    Input,
 }
 
 impl fmt::Display for Subject {
@@ -210,7 +214,12 @@ impl fmt::Display for Subject {
             Subject::Xrd { name } => write!(f, "{XRD_KIND}/{name}"),
             Subject::CascadePolicy { name } => write!(f, "{CASCADE_POLICY_KIND}/{name}"),
             Subject::Crd { name } => write!(f, "CustomResourceDefinition/{name}"),
-            Subject::Document { index } => write!(f, "document {index}"),
+            Subject::Document {
+                file: Some(file),
+                index,
+            } => write!(f, "{file}, document {index}"),
+            Subject::Document { file: None, index } => write!(f, "document {index}"),
+            Subject::Input => f.write_str("the input"),
         }
     }
 }

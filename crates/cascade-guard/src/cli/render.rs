@@ -6,10 +6,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::Error;
-use crate::policy::{CompileSettings, Mode, Rendered, split_yaml_documents};
+use crate::policy::render::{Document, render_documents, split_yaml_stream};
+use crate::policy::{CompileSettings, Mode, Rendered};
 
 /// Reads every `.yaml`, `.yml` and `.json` file under `paths` (directories are
-/// walked in name order, so output is stable) and renders them.
+/// walked in name order, so output is stable) and renders them. Each document
+/// keeps its file and its index in it, for the problems that name it.
 pub fn render_paths(
     paths: &[PathBuf],
     xrd_default_mode: Mode,
@@ -25,13 +27,18 @@ pub fn render_paths(
             path: file.clone(),
             source,
         })?;
-        let parsed = split_yaml_documents(&text).map_err(|e| Error::Parse {
+        let parsed = split_yaml_stream(&text).map_err(|e| Error::Parse {
             path: file.clone(),
             message: e.to_string(),
         })?;
-        docs.extend(parsed);
+        let name = file.display().to_string();
+        docs.extend(parsed.into_iter().map(|(index, value)| Document {
+            file: Some(name.clone()),
+            index,
+            value,
+        }));
     }
-    Ok(crate::policy::render(docs, xrd_default_mode, settings))
+    Ok(render_documents(docs, xrd_default_mode, settings))
 }
 
 fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), Error> {
