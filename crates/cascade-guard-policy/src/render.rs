@@ -1,7 +1,7 @@
 //! Rendering admission objects from documents (files, or `kubectl get -o
 //! yaml` output) without a cluster.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -27,7 +27,7 @@ pub struct Rendered {
     pub policies: Vec<Policy>,
     /// Documents that are none of the inputs (an XRD, a CascadePolicy, a
     /// CRD): render passes over them, `--strict` does not unless they are
-    /// skipped on purpose.
+    /// Crossplane package content or skipped on purpose.
     pub ignored: Vec<Ignored>,
 }
 
@@ -59,42 +59,303 @@ pub const INVALID_CRD: &str = "InvalidCrd";
 
 /// Reason for a document that is not an input, under `--strict`.
 pub const NOT_AN_INPUT: &str = "NotAnInput";
-/// Reason for a strict render that protects nothing.
+/// Reason for a render that protects nothing: a warning, an error under
+/// `--strict`.
 pub const NOTHING_PROTECTED: &str = "NothingProtected";
 
-/// What `render --strict` adds to the problems: every document that is not
-/// an input, unless its kind (`Kind` or `Kind.group`) is in `skip`, and a
-/// render that protects nothing. A package's CI must not go green with no
-/// kind protected.
-pub fn strict_problems(rendered: &Rendered, skip: &[String]) -> Vec<Problem> {
-    let mut problems: Vec<Problem> = rendered
-        .ignored
+/// Kinds a Crossplane package holds beside its XRDs, by API group: what a
+/// package installs or configures, never the definition of a kind anyone
+/// deletes a tree of. A package's CI renders its whole `apis/` (or the
+/// package root), so these are passed over without `--skip`.
+pub const PACKAGE_KINDS: &[(&str, &[&str])] = &[
+    (
+        "apiextensions.crossplane.io",
+        &[
+            "Composition",
+            "CompositionRevision",
+            "EnvironmentConfig",
+            "ManagedResourceActivationPolicy",
+            "ManagedResourceDefinition",
+            // Crossplane 1.x's Usage, before protection.crossplane.io.
+            "Usage",
+        ],
+    ),
+    ("protection.crossplane.io", &["Usage", "ClusterUsage"]),
+    (
+        "pkg.crossplane.io",
+        &[
+            "Configuration",
+            "ConfigurationRevision",
+            "DeploymentRuntimeConfig",
+            "Function",
+            "FunctionRevision",
+            "ImageConfig",
+            "Provider",
+            "ProviderRevision",
+        ],
+    ),
+    // crossplane.yaml, the package's own metadata.
+    (
+        "meta.pkg.crossplane.io",
+        &["Configuration", "Function", "Provider"],
+    ),
+];
+
+/// Kinds every provider defines in its own API group, so matched in any
+/// group: a provider's configuration, shipped beside the XRDs that use it.
+pub const PROVIDER_KINDS: &[&str] = &["ProviderConfig", "ClusterProviderConfig"];
+
+/// Whether a `Kind.group` is Crossplane package content ([`PACKAGE_KINDS`],
+/// [`PROVIDER_KINDS`]). Exact, as the API server matches kinds.
+pub fn is_package_kind(kind: &str) -> bool {
+    let Some((bare, group)) = kind.split_once('.') else {
+        // The core group holds no Crossplane kind.
+        return false;
+    };
+    PROVIDER_KINDS.contains(&bare)
+        || PACKAGE_KINDS
+            .iter()
+            .any(|(g, kinds)| *g == group && kinds.contains(&bare))
+}
+
+/// A `--skip` value that cannot match anything.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SkipError {
+    #[error("--skip: an empty kind (give Kind or Kind.group, such as Composition)")]
+    Empty,
+    #[error(
+        "--skip {0:?}: a kind has no spaces or slashes (give Kind or Kind.group, such as Composition)"
+    )]
+    NotAKind(String),
+}
+
+/// The kinds given to `--skip`: each `Kind` or `Kind.group`, matched without
+/// regard to case, since a user writes `composition` as often as `Composition`
+/// and no two kinds differ only in case.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Skip {
+    values: Vec<String>,
+}
+
+impl Skip {
+    /// Reads the values as given (clap has split comma lists already);
+    /// blanks around a value are dropped.
+    pub fn new<I, S>(values: I) -> Result<Skip, SkipError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut out = Vec::new();
+        for value in values {
+            let value = value.as_ref().trim();
+            if value.is_empty() {
+                return Err(SkipError::Empty);
+            }
+            if value.contains(|c: char| c.is_whitespace() || c == '/') {
+                return Err(SkipError::NotAKind(value.to_string()));
+            }
+            out.push(value.to_string());
+        }
+        Ok(Skip { values: out })
+    }
+
+    /// Whether `value` names `kind` (`Kind.group`, or `Kind` of the core group).
+    fn names(value: &str, kind: &str) -> bool {
+        let bare = kind.split_once('.').map_or(kind, |(k, _)| k);
+        value.eq_ignore_ascii_case(kind) || value.eq_ignore_ascii_case(bare)
+    }
+}
+
+/// How render passed over the documents that are not inputs.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PassedOver {
+    /// Crossplane package content, by `Kind.group`: how many.
+    pub package: BTreeMap<String, usize>,
+    /// Given to `--skip` (and not package content), by `Kind.group`.
+    pub skipped: BTreeMap<String, usize>,
+    /// Neither: `--strict` fails on each.
+    pub unexpected: Vec<Ignored>,
+    /// `--skip` values that name no document, as given.
+    pub unused_skips: Vec<String>,
+}
+
+/// Sorts the documents render passed over. A `--skip` value that names a
+/// package kind counts as used: it is not a typo, only no longer needed.
+pub fn passed_over(rendered: &Rendered, skip: &Skip) -> PassedOver {
+    let mut used = vec![false; skip.values.len()];
+    let mut out = PassedOver::default();
+    for ignored in &rendered.ignored {
+        let mut named = false;
+        for (value, used) in skip.values.iter().zip(used.iter_mut()) {
+            if Skip::names(value, &ignored.kind) {
+                *used = true;
+                named = true;
+            }
+        }
+        if is_package_kind(&ignored.kind) {
+            *out.package.entry(ignored.kind.clone()).or_default() += 1;
+        } else if named {
+            *out.skipped.entry(ignored.kind.clone()).or_default() += 1;
+        } else {
+            out.unexpected.push(ignored.clone());
+        }
+    }
+    out.unused_skips = skip
+        .values
         .iter()
-        .filter(|i| {
-            let bare = i.kind.split_once('.').map_or(i.kind.as_str(), |(k, _)| k);
-            !skip.iter().any(|s| *s == i.kind || s == bare)
-        })
-        .map(|i| Problem {
-            subject: i.subject.clone(),
-            reason: NOT_AN_INPUT,
-            message: format!(
-                "{} {} is not an XRD, CascadePolicy or CRD, so it protects nothing; pass --skip {} if it is here on purpose",
-                i.kind,
-                i.name.as_deref().unwrap_or("(unnamed)"),
-                i.kind.split_once('.').map_or(i.kind.as_str(), |(k, _)| k)
-            ),
-            severity: Severity::Error,
-        })
+        .zip(used)
+        .filter(|(_, used)| !used)
+        .map(|(value, _)| value.clone())
         .collect();
+    out
+}
+
+/// What render adds to the problems: under `--strict`, every document that is
+/// neither an input, package content nor skipped; and a render that protects
+/// nothing, a warning (an error under `--strict`: a package's CI must not go
+/// green with no kind protected).
+pub fn review_problems(rendered: &Rendered, passed: &PassedOver, strict: bool) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if strict {
+        problems.extend(passed.unexpected.iter().map(|i| {
+            let bare = i.kind.split_once('.').map_or(i.kind.as_str(), |(k, _)| k);
+            Problem {
+                subject: i.subject.clone(),
+                reason: NOT_AN_INPUT,
+                message: format!(
+                    "{} {} is not an XRD, CascadePolicy or CRD, so it protects nothing; pass --skip {bare} if it is here on purpose",
+                    i.kind,
+                    i.name.as_deref().unwrap_or("(unnamed)"),
+                ),
+                severity: Severity::Error,
+            }
+        }));
+    }
     if rendered.objects.is_empty() {
         problems.push(Problem {
             subject: Subject::Input,
             reason: NOTHING_PROTECTED,
             message: "nothing is protected: no XRD or CascadePolicy in the input compiles to an admission policy (every one is Off, or there are none)".to_string(),
-            severity: Severity::Error,
+            severity: if strict {
+                Severity::Error
+            } else {
+                Severity::Warning
+            },
         });
     }
     problems
+}
+
+/// Whether render fails: on any error, and under `--strict` on any problem.
+pub fn fails(problems: &[Problem], strict: bool) -> bool {
+    problems
+        .iter()
+        .any(|p| strict || p.severity == Severity::Error)
+}
+
+/// The lines render writes to stderr besides its problems, so that nothing it
+/// passes over goes unsaid: what it skipped and why, what it passed over
+/// without `--strict`, and `--skip` values that name nothing.
+pub fn notes(passed: &PassedOver, strict: bool) -> Vec<String> {
+    let mut lines = Vec::new();
+    if !passed.package.is_empty() {
+        lines.push(format!(
+            "skipped {} of Crossplane package kinds: {}",
+            documents(passed.package.values().sum()),
+            counts(&passed.package)
+        ));
+    }
+    if !passed.skipped.is_empty() {
+        lines.push(format!(
+            "skipped {} given to --skip: {}",
+            documents(passed.skipped.values().sum()),
+            counts(&passed.skipped)
+        ));
+    }
+    // Under --strict each is an error already.
+    if !strict && !passed.unexpected.is_empty() {
+        let mut by_kind = BTreeMap::new();
+        for i in &passed.unexpected {
+            *by_kind.entry(i.kind.clone()).or_default() += 1;
+        }
+        let verb = if passed.unexpected.len() == 1 {
+            "is"
+        } else {
+            "are"
+        };
+        lines.push(format!(
+            "passed over {} that {verb} not an XRD, CascadePolicy or CRD: {} (--strict fails on each unless its kind is given to --skip)",
+            documents(passed.unexpected.len()),
+            counts(&by_kind)
+        ));
+    }
+    for value in &passed.unused_skips {
+        lines.push(format!("warning: --skip {value} matches no document"));
+    }
+    lines
+}
+
+fn documents(n: usize) -> String {
+    if n == 1 {
+        "1 document".to_string()
+    } else {
+        format!("{n} documents")
+    }
+}
+
+fn counts(by_kind: &BTreeMap<String, usize>) -> String {
+    by_kind
+        .iter()
+        .map(|(kind, n)| format!("{kind} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Kinds named per mode in the summary; past this, "and N more", to keep it
+/// one readable line for a platform of hundreds of kinds.
+pub const SUMMARY_KINDS_PER_MODE: usize = 8;
+
+/// One line: which kinds got which mode (Off included, since an Off kind is
+/// the one a reader most needs to see), such as `3 kinds: Refuse 2
+/// (InferenceCluster.modelplane.ai, ModelDeployment.modelplane.ai), Off 1
+/// (ServingStack.infrastructure.modelplane.ai)`. A kind under two policies
+/// (an XRD and a CascadePolicy) is counted under each of their modes, once in
+/// the total.
+pub fn summary(policies: &[Policy]) -> String {
+    let mut by_mode: BTreeMap<Mode, BTreeSet<String>> = BTreeMap::new();
+    for p in policies {
+        by_mode
+            .entry(p.mode)
+            .or_default()
+            .insert(p.kind.to_string());
+    }
+    let total: BTreeSet<&String> = by_mode.values().flatten().collect();
+    let mut line = match total.len() {
+        0 => return "0 kinds: the input has no XRD or CascadePolicy that resolves".to_string(),
+        1 => "1 kind:".to_string(),
+        n => format!("{n} kinds:"),
+    };
+    // Mode's order: Refuse, Convert, Warn, Off.
+    let parts: Vec<String> = by_mode
+        .iter()
+        .map(|(mode, kinds)| {
+            let names: Vec<&str> = kinds
+                .iter()
+                .take(SUMMARY_KINDS_PER_MODE)
+                .map(String::as_str)
+                .collect();
+            let more = kinds.len().saturating_sub(SUMMARY_KINDS_PER_MODE);
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            format!("{mode} {} ({}{more})", kinds.len(), names.join(", "))
+        })
+        .collect();
+    line.push(' ');
+    line.push_str(&parts.join(", "));
+    line
 }
 
 /// Documents may hold XRDs, CascadePolicies, CRDs (which make kinds known to
@@ -790,59 +1051,6 @@ mod tests {
         assert!(validate_set_name("team-a").is_ok());
     }
 
-    #[test]
-    fn strict_refuses_what_protects_nothing_unless_skipped_on_purpose() {
-        let composition = json!({"apiVersion": "apiextensions.crossplane.io/v1", "kind": "Composition", "metadata": {"name": "c"}});
-        let deployment =
-            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}});
-        let settings = CompileSettings::default();
-
-        // Nothing at all: an empty directory protects nothing.
-        let empty = render(vec![], Mode::Refuse, &settings);
-        let reasons: Vec<&str> = strict_problems(&empty, &[])
-            .iter()
-            .map(|p| p.reason)
-            .collect();
-        assert_eq!(reasons, [NOTHING_PROTECTED]);
-
-        // A Composition and a Deployment: both named, and nothing protected.
-        let other = render(
-            vec![composition.clone(), deployment.clone()],
-            Mode::Refuse,
-            &settings,
-        );
-        assert!(other.problems.is_empty(), "not a problem without --strict");
-        let strict = strict_problems(&other, &[]);
-        assert_eq!(strict.len(), 3, "{strict:?}");
-        assert!(
-            strict[0]
-                .message
-                .contains("Composition.apiextensions.crossplane.io c"),
-            "{}",
-            strict[0].message
-        );
-        assert!(
-            strict[1].message.contains("Deployment.apps web"),
-            "{}",
-            strict[1].message
-        );
-
-        // An XRD beside them, the Composition skipped on purpose: only the
-        // Deployment is left to say.
-        let xrd = json!({
-            "apiVersion": "apiextensions.crossplane.io/v2", "kind": "CompositeResourceDefinition",
-            "metadata": {"name": "xs.example.org"},
-            "spec": {"group": "example.org", "names": {"kind": "X", "plural": "xs"}, "scope": "Namespaced",
-                     "versions": [{"name": "v1", "served": true, "referenceable": true}]}
-        });
-        let package = render(vec![xrd, composition, deployment], Mode::Refuse, &settings);
-        let strict = strict_problems(&package, &["Composition".to_string()]);
-        assert_eq!(strict.len(), 1, "{strict:?}");
-        assert_eq!(strict[0].reason, NOT_AN_INPUT);
-        let all = strict_problems(&package, &["Composition".into(), "Deployment.apps".into()]);
-        assert!(all.is_empty(), "{all:?}");
-    }
-
     fn xrd(name: &str, kind: &str, mode: Option<&str>) -> Value {
         let (plural, group) = name.split_once('.').unwrap();
         let mut doc = json!({
@@ -859,6 +1067,305 @@ mod tests {
 
     fn object(api_version: &str, kind: &str, name: &str) -> Value {
         json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name}})
+    }
+
+    #[test]
+    fn strict_refuses_what_protects_nothing_unless_skipped_on_purpose() {
+        let composition = object("apiextensions.crossplane.io/v1", "Composition", "c");
+        let deployment = object("apps/v1", "Deployment", "web");
+        let settings = CompileSettings::default();
+        let reasons = |r: &Rendered, skip: &[&str], strict: bool| -> Vec<&'static str> {
+            let passed = passed_over(r, &Skip::new(skip).unwrap());
+            review_problems(r, &passed, strict)
+                .iter()
+                .map(|p| p.reason)
+                .collect()
+        };
+
+        // Nothing at all: an empty directory protects nothing, a warning
+        // without --strict and an error with it.
+        let empty = render(vec![], Mode::Refuse, &settings);
+        let problems = review_problems(&empty, &PassedOver::default(), false);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].reason, NOTHING_PROTECTED);
+        assert_eq!(problems[0].severity, Severity::Warning);
+        assert!(!fails(&problems, false));
+        assert!(fails(&problems, true));
+        assert_eq!(
+            problems[0].to_string(),
+            "warning: the input: nothing is protected: no XRD or CascadePolicy in the input compiles to an admission policy (every one is Off, or there are none) (NothingProtected)"
+        );
+        let strict = review_problems(&empty, &PassedOver::default(), true);
+        assert_eq!(strict[0].severity, Severity::Error);
+
+        // A Composition (package content) and a Deployment: the Deployment
+        // is named, and nothing is protected.
+        let other = render(
+            vec![composition.clone(), deployment.clone()],
+            Mode::Refuse,
+            &settings,
+        );
+        assert!(other.problems.is_empty(), "not a problem without --strict");
+        assert_eq!(reasons(&other, &[], false), [NOTHING_PROTECTED]);
+        let passed = passed_over(&other, &Skip::default());
+        let strict = review_problems(&other, &passed, true);
+        assert_eq!(strict.len(), 2, "{strict:?}");
+        assert_eq!(
+            strict[0].to_string(),
+            "error: document 1: Deployment.apps web is not an XRD, CascadePolicy or CRD, so it protects nothing; pass --skip Deployment if it is here on purpose (NotAnInput)"
+        );
+
+        // An XRD beside them: only the Deployment is left to say, unless
+        // skipped, in any case and as Kind or Kind.group.
+        let package = render(
+            vec![xrd("xs.example.org", "X", None), composition, deployment],
+            Mode::Refuse,
+            &settings,
+        );
+        assert_eq!(reasons(&package, &[], true), [NOT_AN_INPUT]);
+        for skip in [
+            "Deployment",
+            "deployment",
+            "DEPLOYMENT.APPS",
+            "Deployment.apps",
+        ] {
+            assert_eq!(reasons(&package, &[skip], true), [] as [&str; 0], "{skip}");
+        }
+        assert_eq!(
+            reasons(&package, &["Deployment.batch"], true),
+            [NOT_AN_INPUT]
+        );
+    }
+
+    #[test]
+    fn crossplane_package_kinds_are_skipped_by_default() {
+        // (apiVersion, kind, package content?)
+        let cases: &[(&str, &str, bool)] = &[
+            ("apiextensions.crossplane.io/v1", "Composition", true),
+            (
+                "apiextensions.crossplane.io/v1",
+                "CompositionRevision",
+                true,
+            ),
+            (
+                "apiextensions.crossplane.io/v1beta1",
+                "EnvironmentConfig",
+                true,
+            ),
+            (
+                "apiextensions.crossplane.io/v1alpha1",
+                "ManagedResourceDefinition",
+                true,
+            ),
+            (
+                "apiextensions.crossplane.io/v1alpha1",
+                "ManagedResourceActivationPolicy",
+                true,
+            ),
+            ("apiextensions.crossplane.io/v1beta1", "Usage", true),
+            ("protection.crossplane.io/v1beta1", "Usage", true),
+            ("protection.crossplane.io/v1beta1", "ClusterUsage", true),
+            ("pkg.crossplane.io/v1", "Provider", true),
+            ("pkg.crossplane.io/v1", "Function", true),
+            ("pkg.crossplane.io/v1", "Configuration", true),
+            ("pkg.crossplane.io/v1beta1", "DeploymentRuntimeConfig", true),
+            ("pkg.crossplane.io/v1beta1", "ImageConfig", true),
+            ("meta.pkg.crossplane.io/v1", "Configuration", true),
+            ("kubernetes.crossplane.io/v1alpha1", "ProviderConfig", true),
+            ("aws.m.upbound.io/v1beta1", "ClusterProviderConfig", true),
+            // Not package content: a user's kind, or a Crossplane kind of the
+            // wrong group, or a ProviderConfig without a group.
+            ("apps/v1", "Deployment", false),
+            ("v1", "ConfigMap", false),
+            ("v1", "ProviderConfig", false),
+            ("example.org/v1", "Composition", false),
+            ("apiextensions.crossplane.io/v1", "composition", false),
+            ("pkg.crossplane.io/v1", "Lock", false),
+            (
+                "kubernetes.crossplane.io/v1alpha1",
+                "ProviderConfigUsage",
+                false,
+            ),
+        ];
+        for (api_version, kind, want) in cases {
+            let doc = object(api_version, kind, "n");
+            assert_eq!(
+                is_package_kind(&document_kind(&doc)),
+                *want,
+                "{api_version} {kind}"
+            );
+        }
+    }
+
+    /// Documents render passes over: package content, and kinds of a user's.
+    fn not_inputs() -> Vec<Value> {
+        vec![
+            object("apiextensions.crossplane.io/v1", "Composition", "a"),
+            object("apiextensions.crossplane.io/v1", "Composition", "b"),
+            object("pkg.crossplane.io/v1", "Function", "f"),
+            object("apps/v1", "Deployment", "web"),
+            object("v1", "ConfigMap", "cm"),
+        ]
+    }
+
+    #[test]
+    fn skip_values_match_without_case_and_say_when_they_match_nothing() {
+        let mut docs = not_inputs();
+        docs.insert(0, xrd("xs.example.org", "X", Some("Refuse")));
+        let r = render(docs, Mode::Off, &CompileSettings::default());
+        // (--skip values, skipped on purpose, left unexpected, unused values)
+        type Case = (
+            &'static [&'static str],
+            &'static [(&'static str, usize)],
+            &'static [&'static str],
+            &'static [&'static str],
+        );
+        let cases: &[Case] = &[
+            (&[], &[], &["Deployment.apps", "ConfigMap"], &[]),
+            (
+                &["deployment", "CONFIGMAP"],
+                &[("ConfigMap", 1), ("Deployment.apps", 1)],
+                &[],
+                &[],
+            ),
+            // A package kind given anyway counts as used, not as a typo.
+            (
+                &["composition"],
+                &[],
+                &["Deployment.apps", "ConfigMap"],
+                &[],
+            ),
+            (
+                &["Compositon", "Deployment.batch", "configmap"],
+                &[("ConfigMap", 1)],
+                &["Deployment.apps"],
+                &["Compositon", "Deployment.batch"],
+            ),
+        ];
+        for (skip, skipped, unexpected, unused) in cases {
+            let passed = passed_over(&r, &Skip::new(*skip).unwrap());
+            let package: Vec<(&str, usize)> = passed
+                .package
+                .iter()
+                .map(|(k, n)| (k.as_str(), *n))
+                .collect();
+            assert_eq!(
+                package,
+                [
+                    ("Composition.apiextensions.crossplane.io", 2),
+                    ("Function.pkg.crossplane.io", 1)
+                ],
+                "{skip:?}"
+            );
+            let got: Vec<(&str, usize)> = passed
+                .skipped
+                .iter()
+                .map(|(k, n)| (k.as_str(), *n))
+                .collect();
+            assert_eq!(got, *skipped, "{skip:?}");
+            let got: Vec<&str> = passed.unexpected.iter().map(|i| i.kind.as_str()).collect();
+            assert_eq!(got, *unexpected, "{skip:?}");
+            assert_eq!(passed.unused_skips, *unused, "{skip:?}");
+        }
+
+        for (values, want) in [
+            (&[""][..], Some(SkipError::Empty)),
+            (&["Composition", " "], Some(SkipError::Empty)),
+            (
+                &["apps/Deployment"],
+                Some(SkipError::NotAKind("apps/Deployment".into())),
+            ),
+            (
+                &["Deployment apps"],
+                Some(SkipError::NotAKind("Deployment apps".into())),
+            ),
+            (&[" Composition "], None),
+        ] {
+            assert_eq!(Skip::new(values).err(), want, "{values:?}");
+        }
+    }
+
+    #[test]
+    fn notes_say_what_was_passed_over() {
+        let mut docs = not_inputs();
+        docs.push(object("v1", "ConfigMap", "cm2"));
+        let r = render(docs, Mode::Off, &CompileSettings::default());
+        let package = "skipped 3 documents of Crossplane package kinds: Composition.apiextensions.crossplane.io 2, Function.pkg.crossplane.io 1";
+        // (--skip values, --strict, the notes)
+        let cases: &[(&[&str], bool, &[&str])] = &[
+            (
+                &[],
+                false,
+                &[
+                    package,
+                    "passed over 3 documents that are not an XRD, CascadePolicy or CRD: ConfigMap 2, Deployment.apps 1 (--strict fails on each unless its kind is given to --skip)",
+                ],
+            ),
+            // Under --strict each is an error instead.
+            (&[], true, &[package]),
+            (
+                &["Deployment", "nope"],
+                true,
+                &[
+                    package,
+                    "skipped 1 document given to --skip: Deployment.apps 1",
+                    "warning: --skip nope matches no document",
+                ],
+            ),
+        ];
+        for (skip, strict, want) in cases {
+            let passed = passed_over(&r, &Skip::new(*skip).unwrap());
+            assert_eq!(notes(&passed, *strict), *want, "{skip:?} {strict}");
+        }
+        // Nothing passed over, nothing to say.
+        assert_eq!(notes(&PassedOver::default(), false), [] as [String; 0]);
+    }
+
+    #[test]
+    fn the_summary_says_which_kinds_got_which_mode() {
+        let many: Vec<Value> = (0..10)
+            .map(|i| xrd(&format!("k{i}s.many.org"), &format!("K{i}"), Some("Warn")))
+            .collect();
+        // (XRDs, default mode, the summary)
+        let cases: Vec<(Vec<Value>, Mode, &str)> = vec![
+            (
+                vec![],
+                Mode::Refuse,
+                "0 kinds: the input has no XRD or CascadePolicy that resolves",
+            ),
+            (
+                vec![xrd("xs.example.org", "X", None)],
+                Mode::Off,
+                "1 kind: Off 1 (X.example.org)",
+            ),
+            (
+                vec![
+                    xrd("inferenceclusters.modelplane.ai", "InferenceCluster", None),
+                    xrd(
+                        "modeldeployments.modelplane.ai",
+                        "ModelDeployment",
+                        Some("Refuse"),
+                    ),
+                    xrd(
+                        "servingstacks.infrastructure.modelplane.ai",
+                        "ServingStack",
+                        Some("Off"),
+                    ),
+                    xrd("gateways.modelplane.ai", "Gateway", Some("Convert")),
+                ],
+                Mode::Refuse,
+                "4 kinds: Refuse 2 (InferenceCluster.modelplane.ai, ModelDeployment.modelplane.ai), Convert 1 (Gateway.modelplane.ai), Off 1 (ServingStack.infrastructure.modelplane.ai)",
+            ),
+            (
+                many,
+                Mode::Off,
+                "10 kinds: Warn 10 (K0.many.org, K1.many.org, K2.many.org, K3.many.org, K4.many.org, K5.many.org, K6.many.org, K7.many.org and 2 more)",
+            ),
+        ];
+        for (docs, mode, want) in cases {
+            let r = render(docs, mode, &CompileSettings::default());
+            assert_eq!(summary(&r.policies), want);
+        }
     }
 
     #[test]
@@ -884,7 +1391,8 @@ mod tests {
         let r = render_documents(docs, Mode::Off, &CompileSettings::default());
         let subjects: Vec<String> = r.problems.iter().map(|p| p.subject.to_string()).collect();
         assert_eq!(subjects, ["platform/apis/b.yaml, document 2"]);
-        let strict = strict_problems(&r, &[]);
+        let passed = passed_over(&r, &Skip::default());
+        let strict = review_problems(&r, &passed, true);
         assert_eq!(strict.len(), 1);
         assert!(
             strict[0]
@@ -893,6 +1401,7 @@ mod tests {
             "{}",
             strict[0]
         );
+
         // The index is the document's place in the stream, empty ones
         // included, as a YAML parse error counts.
         let stream = split_yaml_stream("---\n---\nkind: A\n---\n# c\n---\nkind: B\n").unwrap();

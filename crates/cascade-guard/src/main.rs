@@ -16,7 +16,7 @@ use cascade_guard::policy::names::{
     DEFAULT_CONTROLLER_USER, DEFAULT_CROSSPLANE_USER, DEFAULT_GC_CONTROLLER_MANAGER_USER,
     DEFAULT_GC_SERVICE_ACCOUNT_USER,
 };
-use cascade_guard::policy::{CompileSettings, Mode, Severity};
+use cascade_guard::policy::{CompileSettings, Mode};
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
@@ -359,13 +359,15 @@ struct RenderArgs {
     policy: PolicyArgs,
     /// Exit non-zero when any input has a problem, warnings included, when
     /// nothing is protected, and when a document is not an XRD,
-    /// CascadePolicy or CRD (unless its kind is given to --skip).
+    /// CascadePolicy or CRD (unless it is Crossplane package content, such
+    /// as a Composition, or its kind is given to --skip).
     #[arg(long)]
     strict: bool,
-    /// A kind (Composition, or Composition.apiextensions.crossplane.io)
-    /// that is in the input on purpose and protects nothing: --strict
-    /// passes over it. Repeatable.
-    #[arg(long, value_name = "KIND")]
+    /// A kind (Deployment, or Deployment.apps; any case) that is in the
+    /// input on purpose and protects nothing: --strict passes over it.
+    /// Repeatable, or a comma list. Crossplane package kinds need not be
+    /// given.
+    #[arg(long, value_name = "KIND", value_delimiter = ',')]
     skip: Vec<String>,
     /// yaml: a multi-document stream for kubectl apply; json: one List.
     #[arg(short, long, value_enum, default_value = "yaml")]
@@ -867,41 +869,44 @@ async fn render(kubeconfig: Option<PathBuf>, args: RenderArgs) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("--set-name: {e}"))?;
         settings.set_name = Some(set.clone());
     }
+    let skip = cascade_guard::policy::render::Skip::new(&args.skip)?;
     let mut rendered =
         cli::render::render_paths(&args.paths, args.policy.xrd_default_mode, &settings)?;
-    if args.strict {
-        let strict = cascade_guard::policy::render::strict_problems(&rendered, &args.skip);
-        rendered.problems.extend(strict);
-    }
-    for problem in &rendered.problems {
-        eprintln!("cascade-guard render: {problem}");
-    }
+    let passed = cascade_guard::policy::render::passed_over(&rendered, &skip);
+    let review = cascade_guard::policy::render::review_problems(&rendered, &passed, args.strict);
+    rendered.problems.extend(review);
+    // The whole output is built before anything is written: a render that
+    // fails prints nothing, so `render | kubectl apply -f -` applies nothing.
     let objects = if args.static_manifests {
         cascade_guard::policy::static_manifest::to_static_documents(&rendered.objects)?
     } else {
         rendered.objects.clone()
     };
-    match (args.output, args.static_manifests) {
+    let text = match (args.output, args.static_manifests) {
         (RenderOutput::Json, _) => {
             let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
-            out(&format!("{}\n", serde_json::to_string_pretty(&list)?))?;
+            format!("{}\n", serde_json::to_string_pretty(&list)?)
         }
-        (RenderOutput::Yaml, true) => out(&cascade_guard::policy::static_manifest::with_header(
-            &objects,
-        ))?,
-        (RenderOutput::Yaml, false) => {
-            out(&cascade_guard::policy::render::to_yaml_stream(&objects))?
-        }
+        (RenderOutput::Yaml, true) => cascade_guard::policy::static_manifest::with_header(&objects),
+        (RenderOutput::Yaml, false) => cascade_guard::policy::render::to_yaml_stream(&objects),
+    };
+    for problem in &rendered.problems {
+        eprintln!("cascade-guard render: {problem}");
     }
-    let errors = rendered
-        .problems
-        .iter()
-        .filter(|p| p.severity == Severity::Error)
-        .count();
-    if errors > 0 || (args.strict && !rendered.problems.is_empty()) {
-        bail!("{} problem(s) in the input", rendered.problems.len());
+    for note in cascade_guard::policy::render::notes(&passed, args.strict) {
+        eprintln!("cascade-guard render: {note}");
     }
-    Ok(())
+    eprintln!(
+        "cascade-guard render: {}",
+        cascade_guard::policy::render::summary(&rendered.policies)
+    );
+    if cascade_guard::policy::render::fails(&rendered.problems, args.strict) {
+        bail!(
+            "{} problem(s) in the input; nothing written",
+            rendered.problems.len()
+        );
+    }
+    out(&text)
 }
 
 async fn version(kubeconfig: Option<PathBuf>, client_only: bool) -> Result<()> {
