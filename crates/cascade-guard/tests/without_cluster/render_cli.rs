@@ -1,8 +1,8 @@
 //! `cascade-guard render` as a package's CI runs it: `--strict` fails when
 //! nothing is protected or a document protects nothing unless it is
 //! Crossplane package content or skipped on purpose; a render that fails
-//! prints nothing; every run says on stderr which kinds got which mode. No
-//! cluster is contacted.
+//! prints nothing; every run says on stderr which kinds got which mode; the
+//! README's examples run as written. No cluster is contacted.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -283,5 +283,102 @@ fn json_output_is_one_list_of_the_same_objects() {
     )
     .expect("YAML");
     assert_eq!(list["items"].as_array().expect("items"), &from_yaml);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The layouts the README's examples name: `package/apis/` and the
+/// Crossplane package of "Shipping the policy in a Crossplane package"
+/// (`platform/`, with its `crossplane.yaml`, an XRD and a Composition).
+fn readme_layout() -> PathBuf {
+    let dir = temp_dir("readme");
+    let xrd = |mode: &str| {
+        json!({
+            "apiVersion": "apiextensions.crossplane.io/v2", "kind": "CompositeResourceDefinition",
+            "metadata": {"name": "inferenceclusters.modelplane.ai",
+                         "annotations": {"cascade-guard.dev/deletion-policy": mode}},
+            "spec": {"group": "modelplane.ai", "scope": "Namespaced",
+                     "names": {"kind": "InferenceCluster", "plural": "inferenceclusters"},
+                     "versions": [{"name": "v1alpha1", "served": true, "referenceable": true}]}
+        })
+    };
+    let composition = json!({"apiVersion": "apiextensions.crossplane.io/v1", "kind": "Composition",
+        "metadata": {"name": "inferenceclusters"},
+        "spec": {"compositeTypeRef": {"apiVersion": "modelplane.ai/v1alpha1", "kind": "InferenceCluster"}}});
+    let files = [
+        (
+            "platform/crossplane.yaml",
+            json!({"apiVersion": "meta.pkg.crossplane.io/v1", "kind": "Configuration",
+                   "metadata": {"name": "platform"}}),
+        ),
+        (
+            "platform/apis/inferenceclusters/definition.yaml",
+            xrd("Convert"),
+        ),
+        (
+            "platform/apis/inferenceclusters/composition.yaml",
+            composition.clone(),
+        ),
+        (
+            "package/apis/inferenceclusters/definition.yaml",
+            xrd("Refuse"),
+        ),
+        (
+            "package/apis/inferenceclusters/composition.yaml",
+            composition,
+        ),
+    ];
+    for (path, doc) in files {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("dirs");
+        std::fs::write(path, doc.to_string()).expect("file");
+    }
+    dir
+}
+
+/// Every `cascade-guard render` line of the README that needs no cluster,
+/// run as written (its comment and output redirection aside) in that layout.
+#[test]
+fn the_readme_render_examples_run_as_written() {
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let readme = std::fs::read_to_string(&readme).expect("README.md");
+    let dir = readme_layout();
+    let mut ran = Vec::new();
+    let mut need_a_cluster = Vec::new();
+    for line in readme.lines() {
+        let Some(rest) = line.trim().strip_prefix("cascade-guard render ") else {
+            continue;
+        };
+        let command = rest.split(" #").next().unwrap_or(rest);
+        let command = command.split(" >").next().unwrap_or(command).trim();
+        let args: Vec<&str> = command.split_whitespace().collect();
+        // --static reads the release from the cluster unless it is given.
+        if args.contains(&"--static") && !args.contains(&"--kubernetes-version") {
+            need_a_cluster.push(command.to_string());
+            continue;
+        }
+        let mut all = vec!["render"];
+        all.extend_from_slice(&args);
+        let out = run_in(&all, &dir);
+        assert!(
+            out.status.success(),
+            "README: cascade-guard render {command}: {}",
+            stderr(&out)
+        );
+        let text = String::from_utf8(out.stdout).expect("utf-8");
+        let docs = cascade_guard::policy::split_yaml_documents(&text).expect("YAML");
+        assert!(!docs.is_empty(), "README: {command} printed nothing");
+        ran.push(command.to_string());
+    }
+    // So that a README reworded out of this test's reach fails it.
+    assert_eq!(
+        ran,
+        [
+            "--strict platform/apis/",
+            "--xrd-default-mode Off package/apis/",
+            "--static --kubernetes-version 1.37 package/apis/",
+        ],
+        "the README's render examples changed"
+    );
+    assert_eq!(need_a_cluster, ["--static package/apis/"]);
     let _ = std::fs::remove_dir_all(dir);
 }
