@@ -34,6 +34,11 @@
 //! Objects in a cycle of sibling edges are not held: the cycle is reported
 //! and the tree falls back to the plain foreground cascade.
 //!
+//! What an object outside the tree needs inside it (another tree's Release
+//! installing through this tree's ProviderConfig onto its cloud cluster,
+//! [`Graph::outside_users`]) is held too, until that object is gone: the
+//! cascade never deletes it.
+//!
 //! The same record holds each namespaced managed resource's
 //! ProviderConfigUsage until its provider is done with it, so that a
 //! namespace deletion cannot wedge the managed resource
@@ -476,9 +481,11 @@ impl Action {
 
 /// What to do to the tree of `graph`, given what is held for this tree's
 /// root now (`held_now`) and which objects a Crossplane Usage marks in use
-/// (`crossplane.io/in-use`). Besides the sibling edges' `after` objects, the
-/// ProviderConfigUsage of each namespaced managed resource is held while its
-/// provider needs it ([`crate::provider_config_usage`]). Objects outside
+/// (`crossplane.io/in-use`). Besides the sibling edges' `after` objects,
+/// what an outside user needs in the tree (and the go-betweens on the way)
+/// is held until that user is gone, and the ProviderConfigUsage of each
+/// namespaced managed resource while its provider needs it
+/// ([`crate::provider_config_usage`]). Objects outside
 /// the tree are never held; one held before and now outside (a standalone
 /// Usage whose user is gone) is let go. Neither is one already being deleted
 /// (its delete went through: holding it now would hold nothing back), nor
@@ -509,6 +516,23 @@ pub fn actions(
                 .entry(edge.after.clone())
                 .or_default()
                 .insert(edge.before.to_string());
+        }
+    }
+    // What an object outside the tree needs (a managed resource of another
+    // tree using this one's ProviderConfig): the needed object and every
+    // go-between of the tree on the way, until that user is gone.
+    for need in graph.outside_users() {
+        let on_the_way = need.through.iter().chain([&need.needs]);
+        for object in on_the_way {
+            let keep = graph
+                .node(object)
+                .is_some_and(|n| n.in_tree && !n.deleting && !in_use.contains(object));
+            if keep {
+                wanted
+                    .entry(object.clone())
+                    .or_default()
+                    .insert(need.object.to_string());
+            }
         }
     }
     let mut out = Vec::new();
@@ -885,6 +909,98 @@ mod tests {
                 .filter(of_usage)
                 .collect();
             assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn what_another_trees_managed_resource_needs_is_held_until_it_is_gone() {
+        // root composes a cloud Cluster writing Secret `kc` and the
+        // ProviderConfig `pc` reading it; a Release of another tree (no owner
+        // here) installs through `pc`.
+        let provider_config = || {
+            let mut pc = obj("ProviderConfig", "pc", Some("root"), false);
+            pc["apiVersion"] = json!("helm.m.crossplane.io/v1beta1");
+            pc["spec"] = json!({"credentials": {"secretRef": {"name": "kc", "namespace": "ns"}}});
+            pc
+        };
+        let cluster = || {
+            let mut c = obj("Cluster", "c", Some("root"), false);
+            c["spec"] = json!({"writeConnectionSecretToRef": {"name": "kc", "namespace": "ns"}});
+            c
+        };
+        let secret = json!({"apiVersion": "v1", "kind": "Secret",
+                            "metadata": {"name": "kc", "namespace": "ns", "uid": "kc"}});
+        let user = |deleting: bool| {
+            let mut r = obj("Release", "app", None, deleting);
+            r["apiVersion"] = json!("helm.m.crossplane.io/v1beta1");
+            r["metadata"]["finalizers"] = json!(["finalizer.managedresource.crossplane.io"]);
+            r["spec"] = json!({"providerConfigRef": {"name": "pc", "kind": "ProviderConfig"}});
+            r
+        };
+        let objects = |with_user: Option<bool>| {
+            let mut o = vec![
+                obj("XR", "root", None, false),
+                provider_config(),
+                cluster(),
+                secret.clone(),
+            ];
+            o.extend(with_user.map(user));
+            o
+        };
+        let pc_ref = || ObjectRef::new("helm.m.crossplane.io", "ProviderConfig", Some("ns"), "pc");
+        let cluster_ref = || r("Cluster", "c");
+        let g = graph(&objects(Some(false)), "root").expect("root");
+        let users: Vec<String> = g.outside_users().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            users,
+            vec![
+                "Release ns/app needs Cluster ns/c (through ProviderConfig.helm.m.crossplane.io ns/pc and Secret ns/kc)"
+            ]
+        );
+        // Held: the ProviderConfig and the Cluster, not the Secret outside
+        // the tree (the cascade does not delete it).
+        let held_for = "Release ns/app".to_string();
+        assert_eq!(
+            actions(&g, &BTreeSet::new(), &BTreeSet::new()),
+            vec![
+                Action::Hold {
+                    object: cluster_ref(),
+                    held_for: held_for.clone()
+                },
+                Action::Hold {
+                    object: pc_ref(),
+                    held_for
+                },
+            ]
+        );
+        // Its user deleting: still held. Gone: let go.
+        let held = BTreeSet::from([pc_ref(), cluster_ref()]);
+        let g = graph(&objects(Some(true)), "root").expect("root");
+        assert_eq!(actions(&g, &held, &BTreeSet::new()), vec![]);
+        let g = graph(&objects(None), "root").expect("root");
+        assert_eq!(
+            actions(&g, &held, &BTreeSet::new()),
+            vec![
+                Action::Release {
+                    object: cluster_ref()
+                },
+                Action::Release { object: pc_ref() },
+            ]
+        );
+        // A foreground or background delete of the tree takes them from
+        // under it: a hazard; ordered, none.
+        let g = graph(&objects(Some(false)), "root").expect("root");
+        for (teardown, want) in [
+            (crate::order::Teardown::Background, 1),
+            (crate::order::Teardown::Foreground, 1),
+            (crate::order::Teardown::Ordered, 0),
+        ] {
+            let outside = g
+                .hazards(teardown)
+                .into_iter()
+                .filter(|h| h.kind == crate::order::HazardKind::OutsideUser)
+                .count();
+            assert_eq!(outside, want, "{teardown:?}");
         }
     }
 

@@ -41,6 +41,7 @@ pub mod provider_config_usage;
 pub mod render;
 pub mod replay;
 pub mod resolve;
+pub mod resolved_references;
 pub mod roots;
 pub mod selector;
 pub mod settings;

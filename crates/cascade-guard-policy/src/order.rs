@@ -39,6 +39,13 @@
 //!   `resourceRef`, and cascade-guard does not guess.
 //! - A provider-kubernetes Object's `spec.references[]`: it needs each
 //!   `dependsOn` and `patchesFrom` object.
+//! - A reference its provider resolves, Upjet's `<field>Ref(s)` anywhere
+//!   under `spec.forProvider` and `spec.initProvider` (a Subnet's
+//!   `vpcIdRef`): it needs the object of that name (and namespace: the
+//!   reference's, else its own) among the objects of its provider, the
+//!   group without its first label (a reference names no kind). Several
+//!   such objects, or a `<field>Selector` with no reference beside it, are
+//!   a [`Problem`]: cascade-guard does not guess.
 //! - A blocking ownerReference that is not the object's parent: the object
 //!   needs that owner (the owner waits for it).
 //! - The annotation [`NEEDS_ANNOTATION`], see below.
@@ -98,6 +105,8 @@ use std::fmt;
 
 use serde::Serialize;
 use serde_json::Value;
+
+use crate::resolved_references;
 
 /// Annotation by which any object names what it needs (see the module doc).
 pub const NEEDS_ANNOTATION: &str = "cascade-guard.dev/needs";
@@ -194,6 +203,9 @@ pub enum Provenance {
     Usage,
     DependsOn,
     PatchesFrom,
+    /// A reference its provider resolves (Upjet's `spec.forProvider`
+    /// `<field>Ref(s)`, see [`crate::resolved_references`]).
+    ResolvedReference,
     Annotation,
     /// A blocking ownerReference other than the parent's.
     OwnerReference,
@@ -209,6 +221,7 @@ impl fmt::Display for Provenance {
             Provenance::Usage => "a Crossplane Usage",
             Provenance::DependsOn => "spec.references[].dependsOn",
             Provenance::PatchesFrom => "spec.references[].patchesFrom",
+            Provenance::ResolvedReference => "a resolved spec.forProvider reference",
             Provenance::Annotation => "annotation cascade-guard.dev/needs",
             Provenance::OwnerReference => "a blocking ownerReference",
         })
@@ -378,6 +391,9 @@ pub enum HazardKind {
     Conflict,
     /// Ordered only: a cycle of sibling edges leaves the two unordered.
     Cycle,
+    /// Background and Foreground: the needer is outside the tree, which
+    /// the cascade never deletes, and the needed object goes from under it.
+    OutsideUser,
 }
 
 /// A need that a teardown would break: what is needed could leave while
@@ -542,6 +558,11 @@ pub struct Graph {
     pub cycles: Vec<Cycle>,
     /// Edges and needs whose needed object is under the needer.
     pub conflicts: Vec<Need>,
+    /// What objects outside the tree need inside it, directly or through
+    /// go-betweens (a Crossplane Usage's own edge left to Crossplane): the
+    /// cascade never deletes them, so each must be gone before what it
+    /// needs goes.
+    pub outside_needs: Vec<Need>,
     pub problems: Vec<Problem>,
     #[serde(skip)]
     ix: Index,
@@ -682,6 +703,30 @@ impl Graph {
                     .is_some_and(|t| t.contains(&need.x))
             })
             .map(|(i, kind, rel)| self.hazard(teardown, kind, rel, &self.needs[i]))
+            .chain(
+                (teardown != Teardown::Ordered)
+                    .then(|| self.outside_users())
+                    .into_iter()
+                    .flatten()
+                    .map(|need| {
+                        self.hazard(teardown, HazardKind::OutsideUser, Rel::Outside, &need)
+                    }),
+            )
+            .collect()
+    }
+
+    /// What objects outside the tree need inside it ([`Graph::outside_needs`]),
+    /// each the longest: a need that a longer one of the same object goes
+    /// through says less.
+    pub fn outside_users(&self) -> Vec<Need> {
+        self.outside_needs
+            .iter()
+            .filter(|need| {
+                !self.outside_needs.iter().any(|longer| {
+                    longer.object == need.object && longer.through.contains(&need.needs)
+                })
+            })
+            .cloned()
             .collect()
     }
 
@@ -703,6 +748,10 @@ impl Graph {
             (HazardKind::Conflict, _) => format!(
                 "{} is under {}, so the cascade deletes it first",
                 need.needs, need.object
+            ),
+            (HazardKind::OutsideUser, _) => format!(
+                "{} is outside the tree: the cascade does not delete it, and takes {} from under it",
+                need.object, need.needs
             ),
             (HazardKind::Cycle, Rel::Siblings { parent, .. }) => format!(
                 "a cycle of needs among what {} owns leaves them unordered",
@@ -1078,7 +1127,17 @@ impl<'a> Builder<'a> {
     }
 
     fn infer_edges(&mut self) {
+        // A resolved reference names no kind: it is matched by name among
+        // the objects of the referrer's provider.
+        let mut by_name: HashMap<(Option<String>, String), Vec<usize>> = HashMap::new();
+        for (j, r) in self.refs.iter().enumerate() {
+            by_name
+                .entry((r.namespace.clone(), r.name.clone()))
+                .or_default()
+                .push(j);
+        }
         for i in 0..self.refs.len() {
+            self.resolved_references(i, &by_name);
             let (group, kind) = (self.refs[i].group.as_str(), self.refs[i].kind.as_str());
             let is_provider_config = matches!(kind, "ProviderConfig" | "ClusterProviderConfig");
             let is_secret = group.is_empty() && kind == "Secret";
@@ -1275,6 +1334,66 @@ impl<'a> Builder<'a> {
         found
     }
 
+    fn resolved_references(
+        &mut self,
+        i: usize,
+        by_name: &HashMap<(Option<String>, String), Vec<usize>>,
+    ) {
+        let read = resolved_references::read(self.values[i]);
+        for field in read.unresolved_selectors {
+            let m = format!("{field} is not resolved yet (no reference beside it)");
+            self.problem(i, ProblemReason::Unresolvable, m);
+        }
+        for field in read.malformed {
+            let m = format!("{field} names nothing");
+            self.problem(i, ProblemReason::Malformed, m);
+        }
+        let Some(provider) =
+            resolved_references::provider_of(&self.refs[i].group).map(str::to_string)
+        else {
+            return;
+        };
+        for reference in read.references {
+            let namespace = reference
+                .namespace
+                .clone()
+                .or_else(|| self.refs[i].namespace.clone());
+            let found: Vec<usize> = by_name
+                .get(&(namespace, reference.name.clone()))
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|&j| {
+                    j != i
+                        && resolved_references::provider_of(&self.refs[j].group)
+                            == Some(provider.as_str())
+                        && !is_go_between(&self.refs[j])
+                })
+                .collect();
+            match found.as_slice() {
+                [one] => self.edge(i, *one, Provenance::ResolvedReference, i),
+                [] => {
+                    let m = format!(
+                        "{} names {}, which is not among the objects of its provider read (a resolved reference names no kind: cascade-guard follows it only into what it read)",
+                        reference.field, reference.name
+                    );
+                    self.problem(i, ProblemReason::Unresolved, m);
+                }
+                many => {
+                    let names: Vec<String> =
+                        many.iter().map(|&j| self.refs[j].to_string()).collect();
+                    let m = format!(
+                        "{} names {}, which several objects of its provider are ({}); it is not followed",
+                        reference.field,
+                        reference.name,
+                        join_words(&names)
+                    );
+                    self.problem(i, ProblemReason::Unresolvable, m);
+                }
+            }
+        }
+    }
+
     fn object_references(&mut self, i: usize) {
         let references = self.values[i]
             .pointer("/spec/references")
@@ -1406,37 +1525,24 @@ impl<'a> Builder<'a> {
         // What each object of the tree needs, through go-betweens.
         let mut needs: Vec<NeedIx> = Vec::new();
         for a in (0..n).filter(|&a| self.ix.in_tree[a] && !go_between[a]) {
-            let mut via: HashMap<usize, usize> = HashMap::new();
-            let mut queue = VecDeque::from([a]);
-            while let Some(u) = queue.pop_front() {
-                for &k in &out_edges[u] {
-                    let x = self.edges[k].needs;
-                    if x == a || via.contains_key(&x) {
-                        continue;
-                    }
-                    via.insert(x, k);
-                    let mut path = vec![k];
-                    let mut at = self.edges[k].object;
-                    while at != a {
-                        let Some(&back) = via.get(&at) else { break };
-                        path.push(back);
-                        at = self.edges[back].object;
-                    }
-                    path.reverse();
-                    let through = path[1..].iter().map(|&k| self.edges[k].object).collect();
-                    needs.push(NeedIx {
-                        a,
-                        x,
-                        through,
-                        edges: path,
-                    });
-                    if go_between[x] {
-                        queue.push_back(x);
-                    }
-                }
-            }
+            needs.extend(self.needs_of(a, &out_edges, &go_between, |_| true));
         }
         needs.sort_by_key(|need| (need.a, need.x));
+        // What objects outside the tree need inside it: the cascade never
+        // deletes them. A Crossplane Usage's own edge is left out: its
+        // webhook keeps what it protects, and a hold would refuse its
+        // replay.
+        let mut outside_needs: Vec<NeedIx> = Vec::new();
+        for a in (0..n).filter(|&a| !self.ix.in_tree[a] && !go_between[a]) {
+            outside_needs.extend(
+                self.needs_of(a, &out_edges, &go_between, |e| {
+                    e.provenance != Provenance::Usage
+                })
+                .into_iter()
+                .filter(|need| self.ix.in_tree[need.x]),
+            );
+        }
+        outside_needs.sort_by_key(|need| (need.a, need.x));
         let public_need = |need: &NeedIx| Need {
             object: refs[need.a].clone(),
             needs: refs[need.x].clone(),
@@ -1593,12 +1699,14 @@ impl<'a> Builder<'a> {
             })
             .collect();
         let public_needs = needs.iter().map(public_need).collect();
+        let outside_needs = outside_needs.iter().map(public_need).collect();
         self.ix.needs = needs;
         Graph {
             root: refs[self.root].clone(),
             nodes,
             edges,
             needs: public_needs,
+            outside_needs,
             sibling_edges,
             waves,
             cycles,
@@ -1606,6 +1714,48 @@ impl<'a> Builder<'a> {
             problems: self.problems,
             ix: self.ix,
         }
+    }
+
+    /// What `a` needs, directly or through go-betweens, following the edges
+    /// `follow` takes: a shortest path to each.
+    fn needs_of(
+        &self,
+        a: usize,
+        out_edges: &[Vec<usize>],
+        go_between: &[bool],
+        follow: impl Fn(&RawEdge) -> bool,
+    ) -> Vec<NeedIx> {
+        let mut out = Vec::new();
+        let mut via: HashMap<usize, usize> = HashMap::new();
+        let mut queue = VecDeque::from([a]);
+        while let Some(u) = queue.pop_front() {
+            for &k in &out_edges[u] {
+                let x = self.edges[k].needs;
+                if x == a || via.contains_key(&x) || !follow(&self.edges[k]) {
+                    continue;
+                }
+                via.insert(x, k);
+                let mut path = vec![k];
+                let mut at = self.edges[k].object;
+                while at != a {
+                    let Some(&back) = via.get(&at) else { break };
+                    path.push(back);
+                    at = self.edges[back].object;
+                }
+                path.reverse();
+                let through = path[1..].iter().map(|&k| self.edges[k].object).collect();
+                out.push(NeedIx {
+                    a,
+                    x,
+                    through,
+                    edges: path,
+                });
+                if go_between[x] {
+                    queue.push_back(x);
+                }
+            }
+        }
+        out
     }
 
     /// Each object of the tree leaves after its children, and every leaf
@@ -1959,7 +2109,50 @@ mod tests {
             };
             json!({"of": side("XDb", "db", of_ns), "by": side("XApp", "app", by_ns)})
         };
+        let ec2 = |kind: &str, name: &str, for_provider: Value| {
+            spec(
+                obj("ec2.aws.upbound.io/v1beta1", kind, None, name),
+                json!({"forProvider": for_provider}),
+            )
+        };
         vec![
+            (
+                "a resolved reference: a Subnet's vpcIdRef, by name among its provider's objects",
+                vec![
+                    root.clone(),
+                    under(ec2("VPC", "net", json!({})), &root),
+                    under(
+                        ec2("Subnet", "sub", json!({"vpcIdRef": {"name": "net"}})),
+                        &root,
+                    ),
+                    // Another provider's object of that name is not it.
+                    under(obj("v1", "ConfigMap", None, "net"), &root),
+                ],
+                vec![("sub", "net", ResolvedReference)],
+                vec![],
+            ),
+            (
+                "resolved references: two of that name, none, a selector alone",
+                vec![
+                    root.clone(),
+                    under(ec2("VPC", "net", json!({})), &root),
+                    under(ec2("InternetGateway", "net", json!({})), &root),
+                    under(
+                        ec2(
+                            "Subnet",
+                            "sub",
+                            json!({
+                                "vpcIdRef": {"name": "net"},
+                                "zoneRef": {"name": "gone"},
+                                "clusterNameSelector": {"matchControllerRef": true},
+                            }),
+                        ),
+                        &root,
+                    ),
+                ],
+                vec![],
+                vec![Unresolvable, Unresolvable, Unresolved],
+            ),
             (
                 "providerConfigRef: kind defaults to ProviderConfig, cluster-scoped",
                 vec![
@@ -2817,7 +3010,7 @@ mod tests {
     }
 
     #[test]
-    fn objects_outside_the_tree_order_nothing_and_break_nothing() {
+    fn objects_outside_the_tree_order_nothing_and_one_needing_it_is_its_outside_user() {
         let root = xr("XNet", None, "net");
         let outside_pc = spec(
             pc("aws.upbound.io/v1beta1", None, "shared"),
@@ -2847,8 +3040,23 @@ mod tests {
         let g = graph_of(&objects);
         assert!(g.problems.is_empty(), "{:?}", g.problems);
         assert_eq!(g.edges.len(), 3);
+        // The Release outside needs the ProviderConfig inside: the cascade
+        // never deletes it, so a Background or Foreground delete takes the
+        // ProviderConfig from under it; ordered teardown holds it.
+        let users: Vec<String> = g.outside_users().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            users,
+            vec![
+                "Release elsewhere needs ProviderConfig.helm.crossplane.io inside (spec.providerConfigRef)"
+            ]
+        );
         for teardown in Teardown::ALL {
-            assert!(g.hazards(teardown).is_empty(), "{teardown:?}");
+            let kinds: Vec<HazardKind> = g.hazards(teardown).iter().map(|h| h.kind).collect();
+            let want = match teardown {
+                Teardown::Ordered => vec![],
+                _ => vec![HazardKind::OutsideUser],
+            };
+            assert_eq!(kinds, want, "{teardown:?}");
         }
         assert!(g.sibling_edges.is_empty());
         let node = g.node(&r(&outside_pc)).expect("shown");

@@ -3,7 +3,8 @@
 //! what those objects reference ([`order::references`]: ProviderConfigs,
 //! credentials and connection Secrets, Object references, the
 //! `cascade-guard.dev/needs` annotation), the Usages that name any of
-//! them and the other side of each. What cannot be read is said, never
+//! them and the other side of each, and the managed resources outside the
+//! tree that use its ProviderConfigs (their ProviderConfigUsages). What cannot be read is said, never
 //! guessed.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -77,6 +78,8 @@ pub async fn read_tree(
     let mut reading = Reading::new(client, kinds);
     reading.tree(root);
     reading.expand().await;
+    let composed = reading.objects.len();
+    reading.provider_config_users(composed).await;
     for _ in 0..REFERENCE_ROUNDS {
         if !reading.follow_references().await {
             break;
@@ -251,6 +254,92 @@ impl<'a> Reading<'a> {
         found
     }
 
+    /// The managed resources that use a ProviderConfig (or
+    /// ClusterProviderConfig) among the first `composed` objects (the
+    /// tree), wherever they are: a provider records each use in a
+    /// ProviderConfigUsage of its group, labelled with the ProviderConfig's
+    /// name and naming the managed resource. One outside the tree (another
+    /// tree's Release installing onto this tree's cluster) needs what the
+    /// ProviderConfig leads to, and the graph holds that until it is gone.
+    async fn provider_config_users(&mut self, composed: usize) {
+        let configs: Vec<ObjectRef> = self.objects[..composed]
+            .iter()
+            .filter_map(|(_, v)| ObjectRef::of_object(v))
+            .filter(|r| matches!(r.kind.as_str(), "ProviderConfig" | "ClusterProviderConfig"))
+            .collect();
+        for config in configs {
+            let Some(served) = self
+                .kinds
+                .of_kind(Some(config.group.as_str()), USAGE_KIND)
+                .next()
+                .cloned()
+            else {
+                continue;
+            };
+            // A ProviderConfig's users are in its namespace; a
+            // ClusterProviderConfig's anywhere.
+            let namespace = match (served.1, config.kind.as_str()) {
+                (true, "ProviderConfig") => config.namespace.as_deref(),
+                _ => None,
+            };
+            let selector = format!("{PROVIDER_CONFIG_LABEL}={}", config.name);
+            let listed = ServedKinds::api(self.client, &served, namespace)
+                .list(&ListParams::default().labels(&selector))
+                .await;
+            let usages = match listed {
+                Ok(list) => list.items,
+                Err(e) => {
+                    self.unread
+                        .push(format!("the ProviderConfigUsages of {config}: {e}"));
+                    continue;
+                }
+            };
+            for usage in usages {
+                let value = serde_value(&usage);
+                let kind_named = value
+                    .pointer("/providerConfigRef/kind")
+                    .and_then(Value::as_str)
+                    .unwrap_or("ProviderConfig");
+                let text = |p: &str| value.pointer(p).and_then(Value::as_str);
+                let (Some(api_version), Some(kind), Some(name)) = (
+                    text("/resourceRef/apiVersion"),
+                    text("/resourceRef/kind"),
+                    text("/resourceRef/name"),
+                ) else {
+                    continue;
+                };
+                if kind_named != config.kind {
+                    continue;
+                }
+                let Some(user_kind) = self.kinds.get(api_version, kind).cloned() else {
+                    continue;
+                };
+                let user_namespace = usage.namespace();
+                let at = if user_kind.1 {
+                    user_namespace.as_deref()
+                } else {
+                    None
+                };
+                let known = ObjectRef::new(&user_kind.0.group, kind, at, name);
+                if self.refs.contains(&known) {
+                    continue;
+                }
+                match ServedKinds::api(self.client, &user_kind, at)
+                    .get_opt(name)
+                    .await
+                {
+                    Ok(Some(object)) => {
+                        if let Some(key) = key_of(&object) {
+                            self.take(key, &object);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => self.unread.push(format!("{kind} {name}: {e}")),
+                }
+            }
+        }
+    }
+
     /// An object of a kind that references nothing (a Secret, a ConfigMap)
     /// that the reader may not get: taken by its name alone, hanging from the
     /// object that composes it (if any). Sibling order holds it by name, so
@@ -314,6 +403,11 @@ impl<'a> Reading<'a> {
         }
     }
 }
+
+/// A provider's record of a managed resource's use of a ProviderConfig.
+const USAGE_KIND: &str = "ProviderConfigUsage";
+/// The label on it naming the ProviderConfig (crossplane-runtime's).
+const PROVIDER_CONFIG_LABEL: &str = "crossplane.io/provider-config";
 
 /// On an object the reader took by name alone: what it could not read.
 pub const UNREAD_ANNOTATION: &str = "cascade-guard.dev/unread";

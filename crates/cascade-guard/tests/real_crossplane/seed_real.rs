@@ -1407,6 +1407,38 @@ fn secrets() -> ApiResource {
 }
 
 /// provider-helm's and provider-kubernetes' ProviderConfigUsages.
+/// Waits until sibling order holds the ProviderConfigUsage of the managed
+/// resource `name` (of `resource`, in `ns`; the usage is named by its uid):
+/// what keeps it from wedging on crossplane-runtime#1150 when its namespace
+/// is deleted.
+async fn wait_usage_held(
+    client: &Client,
+    resource: &ApiResource,
+    usage: &ApiResource,
+    ns: &str,
+    name: &str,
+) {
+    let object = api(client, resource, Some(ns))
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("{} {ns}/{name}: {e}", resource.kind));
+    let uid = object.uid().expect("a stored object has a uid");
+    let held = support::wait_sibling_held(
+        client,
+        LEASE_NAMESPACE,
+        usage,
+        Some(ns),
+        &uid,
+        Duration::from_secs(240),
+    )
+    .await;
+    assert!(
+        held,
+        "the ProviderConfigUsage of {} {ns}/{name} was never held",
+        resource.kind
+    );
+}
+
 fn provider_config_usages() -> [ApiResource; 2] {
     [
         modelplane::resource(
@@ -3252,6 +3284,15 @@ async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: bool) {
         Mode::Warn => panic!("no consumers scenario under Warn"),
         Mode::Convert => {
             if by_namespace {
+                let [_, kubernetes_usages] = provider_config_usages();
+                wait_usage_held(
+                    client,
+                    &modelplane::objects(),
+                    &kubernetes_usages,
+                    &md_ns,
+                    &engine,
+                )
+                .await;
                 Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
                     .delete(&md_ns, &DeleteParams::default())
                     .await

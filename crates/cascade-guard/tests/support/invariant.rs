@@ -10,7 +10,12 @@
 //!
 //! - [`Rule::Owner`]: an ownerReference with `blockOwnerDeletion: true`, the
 //!   dependent → its owner (the owner found by UID in the snapshot, else by
-//!   the reference, in the dependent's namespace).
+//!   the reference, in the dependent's namespace); but a ProviderConfigUsage
+//!   → its managed resource: it is the provider's record of that resource's
+//!   use, needed by the provider while the resource goes, not the other way,
+//!   and sibling order lets it stop blocking a foreground cascade of the
+//!   resource (crossplane-runtime deletes the external resource only once
+//!   `foregroundDeletion` is gone), so it may outlive the resource a moment.
 //! - [`Rule::Usage`]: a Crossplane Usage or ClusterUsage, `spec.by` →
 //!   `spec.of` (their `resourceRef`s, in the Usage's namespace unless the
 //!   reference names one; a Usage without `by` orders nothing).
@@ -214,7 +219,8 @@ pub fn edges(snapshot: &[Value]) -> Vec<Edge> {
     for (me, o) in &objects {
         let owners = o
             .pointer("/metadata/ownerReferences")
-            .and_then(Value::as_array);
+            .and_then(Value::as_array)
+            .filter(|_| me.kind != "ProviderConfigUsage");
         for owner in owners.into_iter().flatten() {
             if owner.get("blockOwnerDeletion") != Some(&json!(true)) {
                 continue;
@@ -746,13 +752,10 @@ fn invariant_edges_and_verdicts_table() {
         (cluster.clone(), eks.clone(), Rule::Owner),
         (helm_pc.clone(), eks.clone(), Rule::Owner),
         (k8s_pc.clone(), eks.clone(), Rule::Owner),
-        // The Object's ownerReference does not block: no edge.
+        // The Object's ownerReference does not block: no edge. Nor does the
+        // ProviderConfigUsage's to its Release count: the provider needs
+        // the usage, not the other way.
         (release.clone(), stack.clone(), Rule::Owner),
-        (
-            o("helm.io", "ProviderConfigUsage", "u-release"),
-            release.clone(),
-            Rule::Owner,
-        ),
         (stack.clone(), eks.clone(), Rule::Usage),
         (release.clone(), helm_pc.clone(), Rule::ProviderConfig),
         (object.clone(), k8s_pc.clone(), Rule::ProviderConfig),

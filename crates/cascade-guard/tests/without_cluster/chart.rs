@@ -178,8 +178,8 @@ const CASES: &[Case] = &[
             // The two asked for, and the chart's own get on ConfigMaps (the
             // API server's check on a policy with a ConfigMap parameter).
             assert_eq!(gets.len(), 3, "{rules:?}");
-            // Sibling order's hold of ProviderConfigUsages: get, patch and
-            // delete on those alone, in the providers' groups, not the core group.
+            // Sibling order's hold of ProviderConfigUsages: get, list,
+            // patch and delete on those alone, in the providers' groups, not the core group.
             let usages: Vec<&Value> = rules
                 .iter()
                 .filter(|r| r["resources"] == json!(["providerconfigusages"]))
@@ -189,7 +189,7 @@ const CASES: &[Case] = &[
                 vec![&json!({
                     "apiGroups": ["ec2.aws.upbound.io"],
                     "resources": ["providerconfigusages"],
-                    "verbs": ["get", "patch", "delete"],
+                    "verbs": ["get", "list", "patch", "delete"],
                 })],
                 "{rules:?}"
             );

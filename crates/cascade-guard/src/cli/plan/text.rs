@@ -76,6 +76,23 @@ pub fn render_text(plan: &Plan) -> String {
         }
     }
 
+    let outside = graph.outside_users();
+    if !outside.is_empty() {
+        let held = plan.teardown == Teardown::Ordered;
+        let _ = writeln!(
+            out,
+            "\nOutside the tree and needing it (the cascade does not delete these; delete them first):"
+        );
+        for need in &outside {
+            let what = if held {
+                "held until it is gone"
+            } else {
+                "not held: it goes from under them"
+            };
+            let _ = writeln!(out, "  {need}: {} {what}", need.needs);
+        }
+    }
+
     if !graph.edges.is_empty() {
         let _ = writeln!(out, "\nEdges (A needs B: B must stay until A is gone):");
         for edge in &graph.edges {

@@ -108,6 +108,15 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace
     }
     let started = Instant::now();
     if by_namespace {
+        let [_, kubernetes_usages] = provider_config_usages();
+        wait_usage_held(
+            &scene.client,
+            &modelplane::objects(),
+            &kubernetes_usages,
+            &ns,
+            &engine,
+        )
+        .await;
         Api::<k8s_openapi::api::core::v1::Namespace>::all(scene.client.clone())
             .delete(&ns, &DeleteParams::default())
             .await
@@ -531,6 +540,133 @@ async fn under_convert_a_cluster_usage_keeps_the_used_xr_until_its_user_is_gone(
 async fn under_refuse_a_cluster_usage_keeps_the_used_xr_until_its_user_is_gone() {
     let (stack, _shared) = shared_stack().await;
     usage_between_two_xrs(stack, Mode::Refuse, Between::ClusterUsage).await;
+}
+
+/// Across trees (#45): InferenceGateway `<n>-gw`, composed without its guard
+/// Usage, installs its ServingStack's Releases and Object onto
+/// InferenceCluster `<n>`'s cloud cluster through `<n>`'s ProviderConfigs.
+/// `<n>` is deleted first, as under `mode` a user does. The ProviderConfigs'
+/// usages name the gateway's managed resources: `plan` names them
+/// beforehand, and the cloud cluster stays (held) while they are there; once
+/// the gateway is deleted too, everything goes, the gateway's objects before
+/// the cluster, and nothing leaks.
+async fn another_tree_on_the_cluster(stack: &Stack, mode: Mode) {
+    let lower = mode.as_str().to_lowercase();
+    let platform = mode.platform();
+    let hub = format!("xt-{lower}");
+    let gateway = format!("{hub}-gw");
+    let mut objects = platform.tree(&hub);
+    objects.extend(
+        platform
+            .inference_gateway_tree(&gateway)
+            .into_iter()
+            .filter(|(r, _, _)| r.kind != "Usage"),
+    );
+    let on_the_cluster: Vec<(String, String)> = objects
+        .iter()
+        .filter(|(r, _, n)| {
+            (r.kind == "Release" || r.kind == "Object") && n.starts_with(&format!("{gateway}-"))
+        })
+        .map(|(r, _, n)| (r.kind.clone(), n.clone()))
+        .collect();
+    assert!(!on_the_cluster.is_empty(), "the gateway installs nothing");
+    let cluster_kind = objects
+        .iter()
+        .find(|(r, _, n)| r.kind == "Cluster" && *n == hub)
+        .map(|(r, _, _)| r.clone())
+        .expect("the tree has a cloud Cluster");
+    let scene = Scene::watch(
+        stack,
+        &format!("another tree on the cluster ({mode:?})"),
+        objects,
+    )
+    .await;
+    let (hub_kind, gateway_kind) = (platform.inference_clusters(), platform.inference_gateways());
+    scene
+        .apply(&hub_kind, platform.inference_cluster(&hub))
+        .await;
+    scene.wait_ready(&hub_kind, None, &hub).await;
+    scene
+        .apply(
+            &gateway_kind,
+            platform.inference_gateway_without_guard(&gateway, &hub),
+        )
+        .await;
+    scene.wait_ready(&gateway_kind, None, &gateway).await;
+    stack.wait_in_effect(&hub_kind, None, &hub, mode).await;
+    scene
+        .wait_held(&cluster_kind, Some(SYSTEM_NAMESPACE), &hub)
+        .await;
+    // The hold is in force a moment after it is written, and the
+    // controller's record says so at its next look: until then `plan` says
+    // the tree is not ordered yet, and exits 3.
+    let (first_kind, first_name) = &on_the_cluster[0];
+    let named = |said: &str| {
+        said.contains("Outside the tree and needing it")
+            && said.contains(&format!("{first_kind} {SYSTEM_NAMESPACE}/{first_name}"))
+            && said.contains("held until it is gone")
+    };
+    let planned = wait::until(Duration::from_secs(120), || async {
+        let (code, said) = plan_of(stack, &hub_kind, &hub);
+        (code == Some(0) && named(&said)).then_some(said)
+    })
+    .await;
+    if planned.is_none() {
+        let (code, said) = plan_of(stack, &hub_kind, &hub);
+        panic!(
+            "{}: plan never named the gateway's objects held, with exit 0 (exit {code:?}):\n{said}",
+            scene.what
+        );
+    }
+
+    let started = Instant::now();
+    let (ok, stderr) = stack
+        .kubectl_delete_of(&hub_kind, None, &hub, foreground(mode))
+        .await;
+    assert!(ok, "{}: kubectl delete {hub}: {stderr}", scene.what);
+    // While the gateway lives its cloud cluster stays: a minute is longer
+    // than the whole tree takes to go when nothing holds it.
+    let early = wait::until(Duration::from_secs(60), || async {
+        scene.timeline.terminating("Cluster", &hub).map(|_| ())
+    })
+    .await;
+    assert!(
+        early.is_none(),
+        "{}: the cloud cluster was deleted while the gateway still ran on it\n{}",
+        scene.what,
+        scene.timeline.describe()
+    );
+    let (ok, stderr) = stack
+        .kubectl_delete_of(&gateway_kind, None, &gateway, foreground(mode))
+        .await;
+    assert!(ok, "{}: kubectl delete {gateway}: {stderr}", scene.what);
+    scene.wait_all_gone(TEARDOWN_TIMEOUT * 2).await;
+    for (kind, name) in &on_the_cluster {
+        scene.assert_before(
+            (kind, name),
+            ("Cluster", &hub),
+            "what another tree runs on the cluster goes before it",
+        );
+    }
+    scene.assert_crossplane_never_refused(stack);
+    scene.assert_nothing_leaked(stack, &hub);
+    eprintln!(
+        "{}: the cloud cluster kept until the gateway was gone; everything gone in {:?}",
+        scene.what,
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn under_convert_a_cluster_another_trees_releases_install_onto_waits_for_them() {
+    let (stack, _shared) = shared_stack().await;
+    another_tree_on_the_cluster(stack, Mode::Convert).await;
+}
+
+#[tokio::test]
+async fn under_refuse_a_cluster_another_trees_releases_install_onto_waits_for_them() {
+    let (stack, _shared) = shared_stack().await;
+    another_tree_on_the_cluster(stack, Mode::Refuse).await;
 }
 
 /// A cluster-scoped XR kind `Fleet` of `mode`'s copy, annotated with
