@@ -64,6 +64,16 @@ impl Event {
             .as_str()
     }
 
+    /// A dry run (`dryRun: [All]` in the DeleteOptions): nothing was
+    /// deleted. Tests probe whether a hold is in force with one.
+    pub fn dry_run(&self) -> bool {
+        self.request_object
+            .as_ref()
+            .and_then(|o| o.get("dryRun"))
+            .and_then(|d| d.as_array())
+            .is_some_and(|d| !d.is_empty())
+    }
+
     pub fn response_code(&self) -> Option<i64> {
         self.response_status.as_ref()?.get("code")?.as_i64()
     }

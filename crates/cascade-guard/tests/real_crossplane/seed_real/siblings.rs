@@ -606,18 +606,12 @@ async fn another_tree_on_the_cluster(stack: &Stack, mode: Mode) {
             && said.contains(&format!("{first_kind} {SYSTEM_NAMESPACE}/{first_name}"))
             && said.contains("held until it is gone")
     };
-    let planned = wait::until(Duration::from_secs(120), || async {
-        let (code, said) = plan_of(stack, &hub_kind, &hub);
-        (code == Some(0) && named(&said)).then_some(said)
-    })
-    .await;
-    if planned.is_none() {
-        let (code, said) = plan_of(stack, &hub_kind, &hub);
-        panic!(
-            "{}: plan never named the gateway's objects held, with exit 0 (exit {code:?}):\n{said}",
-            scene.what
-        );
-    }
+    let (code, said) = plan_once_it_exits(stack, &hub_kind, &hub, 0).await;
+    assert!(
+        code == Some(0) && named(&said),
+        "{}: plan never named the gateway's objects held, with exit 0 (exit {code:?}):\n{said}",
+        scene.what
+    );
 
     let started = Instant::now();
     let (ok, stderr) = stack
@@ -765,7 +759,8 @@ async fn nested_need(stack: &Stack, mode: Mode) {
             .wait_held(&platform.inference_clusters(), None, &name)
             .await;
     }
-    let (code, said) = plan_of(stack, &fleets, &name);
+    let (code, said) =
+        plan_once_it_exits(stack, &fleets, &name, if mode == Mode::Off { 3 } else { 0 }).await;
     let order = format!(
         "ServingStack {SYSTEM_NAMESPACE}/{edge} must be gone before InferenceCluster {name} goes"
     );
