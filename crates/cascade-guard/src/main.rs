@@ -84,7 +84,13 @@ enum Command {
 #[derive(Args)]
 struct PolicyArgs {
     /// The mode of XRDs that carry no cascade-guard.dev/deletion-policy annotation.
-    #[arg(long, env = "CASCADE_GUARD_XRD_DEFAULT_MODE", default_value = "Refuse")]
+    #[arg(
+        long,
+        env = "CASCADE_GUARD_XRD_DEFAULT_MODE",
+        default_value = "Refuse",
+        ignore_case = true,
+        value_parser = cli::values::mode()
+    )]
     xrd_default_mode: Mode,
     /// The garbage collector's username when kube-controller-manager runs with
     /// --use-service-account-credentials=true.
@@ -267,8 +273,8 @@ struct TraceArgs {
     namespace: Option<String>,
     /// text: a live tree on a terminal, change lines otherwise; json: one JSON
     /// object per change, then the summary; yaml: one YAML document each.
-    #[arg(short, long, default_value = "text", value_parser = ["text", "json", "yaml"])]
-    output: String,
+    #[arg(short, long, value_enum, default_value = "text")]
+    output: TraceOutput,
     /// Give up after this long and summarize (90s, 10m, 1h or seconds; 0:
     /// never). Exits 4 when the teardown did not complete.
     #[arg(long, value_parser = humantime_duration, default_value = "0")]
@@ -292,10 +298,16 @@ struct PlanArgs {
     #[arg(short, long)]
     namespace: Option<String>,
     /// Plan for this mode instead of the one today's policies give the kind.
-    #[arg(long)]
+    #[arg(long, ignore_case = true, value_parser = cli::values::mode())]
     mode: Option<Mode>,
     /// The mode of XRDs without the annotation, as the controller runs with.
-    #[arg(long, env = "CASCADE_GUARD_XRD_DEFAULT_MODE", default_value = "Refuse")]
+    #[arg(
+        long,
+        env = "CASCADE_GUARD_XRD_DEFAULT_MODE",
+        default_value = "Refuse",
+        ignore_case = true,
+        value_parser = cli::values::mode()
+    )]
     xrd_default_mode: Mode,
     /// text for people, json or yaml for programs, dot (Graphviz) or mermaid
     /// to draw the tree, its waves, edges, holds and hazards.
@@ -305,6 +317,13 @@ struct PlanArgs {
     /// for in every namespace: whether it runs and has ordered this tree.
     #[arg(long, default_value = "cascade-guard")]
     leader_election_id: String,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum TraceOutput {
+    Text,
+    Json,
+    Yaml,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -409,9 +428,11 @@ async fn main() -> Result<()> {
         Command::Version { client, cluster } => version(cluster.kubeconfig, client).await,
         Command::Completion { shell } => {
             use clap::CommandFactory;
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "cascade-guard", &mut script);
-            out(&String::from_utf8_lossy(&script))
+            out(&cli::completion::script(
+                shell,
+                &mut Cli::command(),
+                "cascade-guard",
+            ))
         }
         Command::Uninstall(args) => uninstall(args.cluster.kubeconfig.clone(), args).await,
         Command::Status(args) => status(args.cluster.kubeconfig.clone(), args).await,
@@ -759,10 +780,10 @@ async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
     use std::io::IsTerminal;
     let (resource, name) = target(args.resource, args.name)?;
     let (client, context_namespace) = connect(kubeconfig).await?;
-    let output = match args.output.as_str() {
-        "json" => cli::trace::Output::Json,
-        "yaml" => cli::trace::Output::Yaml,
-        _ => cli::trace::Output::Text,
+    let output = match args.output {
+        TraceOutput::Json => cli::trace::Output::Json,
+        TraceOutput::Yaml => cli::trace::Output::Yaml,
+        TraceOutput::Text => cli::trace::Output::Text,
     };
     let options = cli::trace::Options {
         live: output == cli::trace::Output::Text && std::io::stdout().is_terminal(),

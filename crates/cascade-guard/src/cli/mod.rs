@@ -8,11 +8,16 @@
 //!   tree can leave in, and the hazards of today's mode;
 //! - [`uninstall`]: everything cascade-guard put into a cluster taken out.
 //!
+//! And what every command shares: [`completion`] (the shell scripts),
+//! [`values`] (what completion offers for a flag).
+//!
 //! `run` (the controller) is [`crate::controller`]; `crd` and `version` are a
 //! line each in main.rs.
 
+pub mod completion;
 pub mod plan;
 pub mod render;
 pub mod status;
 pub mod trace;
 pub mod uninstall;
+pub mod values;
