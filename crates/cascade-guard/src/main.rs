@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use std::sync::Arc;
 
 use cascade_guard::cli;
+use cascade_guard::cli::kubeconfig::{ConfigError, Selection};
 use cascade_guard::cluster::running::ControllerSettings;
 use cascade_guard::controller::leader::{self, LeaseSettings};
 use cascade_guard::controller::telemetry::{self, Health, Metrics};
@@ -17,7 +18,7 @@ use cascade_guard::policy::names::{
     DEFAULT_GC_SERVICE_ACCOUNT_USER,
 };
 use cascade_guard::policy::{CompileSettings, Mode};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -30,13 +31,28 @@ struct Cli {
     command: Command,
 }
 
-/// Only on the commands that contact a cluster.
+/// Only on the commands that contact a cluster; read as kubectl reads them
+/// (cli/kubeconfig.rs).
 #[derive(Args)]
 struct ClusterArgs {
-    /// The kubeconfig to use; without it, KUBECONFIG, ~/.kube/config or the
-    /// in-cluster service account.
+    /// The kubeconfig to use; without it, KUBECONFIG (a list, merged in
+    /// order, missing files skipped), ~/.kube/config or the in-cluster
+    /// service account.
     #[arg(long, value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context); its
+    /// namespace is the default for -n.
+    #[arg(long, value_name = "NAME")]
+    context: Option<String>,
+}
+
+impl ClusterArgs {
+    fn selection(&self) -> Selection {
+        Selection {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -410,14 +426,24 @@ struct RenderArgs {
     /// cluster's release to read. render contacts no cluster otherwise.
     #[arg(long, requires = "static_manifests", value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
+    /// With --static and no --kubernetes-version: the kubeconfig context
+    /// whose cluster's release to read.
+    #[arg(long, requires = "static_manifests", value_name = "NAME")]
+    context: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run(args.cluster.kubeconfig.clone(), args).await,
-        Command::Render(args) => render(args.kubeconfig.clone(), args).await,
+        Command::Run(args) => run(args.cluster.selection(), args).await,
+        Command::Render(args) => {
+            let cluster = Selection {
+                kubeconfig: args.kubeconfig.clone(),
+                context: args.context.clone(),
+            };
+            render(cluster, args).await
+        }
         Command::Crd => {
             let crds = cascade_guard::api::crds()
                 .iter()
@@ -425,25 +451,30 @@ async fn main() -> Result<()> {
                 .collect::<Result<Vec<_>, _>>()?;
             out(&cascade_guard::policy::render::to_yaml_stream(&crds))
         }
-        Command::Version { client, cluster } => version(cluster.kubeconfig, client).await,
-        Command::Completion { shell } => {
-            use clap::CommandFactory;
-            out(&cli::completion::script(
-                shell,
-                &mut Cli::command(),
-                "cascade-guard",
-            ))
-        }
-        Command::Uninstall(args) => uninstall(args.cluster.kubeconfig.clone(), args).await,
-        Command::Status(args) => status(args.cluster.kubeconfig.clone(), args).await,
-        Command::Trace(args) => trace(args.cluster.kubeconfig.clone(), args).await,
-        Command::Plan(args) => plan(args.cluster.kubeconfig.clone(), args).await,
+        Command::Version { client, cluster } => version(cluster.selection(), client).await,
+        Command::Completion { shell } => out(&cli::completion::script(
+            shell,
+            &mut Cli::command(),
+            "cascade-guard",
+        )),
+        Command::Uninstall(args) => uninstall(args.cluster.selection(), args).await,
+        Command::Status(args) => status(args.cluster.selection(), args).await,
+        Command::Trace(args) => trace(args.cluster.selection(), args).await,
+        Command::Plan(args) => plan(args.cluster.selection(), args).await,
     };
     match result {
         // The reader went away (`cascade-guard crd | head -1`): not an error.
         Err(e) if is_broken_pipe(&e) => Ok(()),
         Err(e) if e.chain().any(|c| c.downcast_ref::<Unreachable>().is_some()) => {
             eprintln!("Error: {e:#}");
+            std::process::exit(UNREACHABLE_EXIT);
+        }
+        // No cluster to talk to either: the same exit, and only the line
+        // that says what to do (not the chain of causes under it).
+        Err(e) if e.chain().any(|c| c.downcast_ref::<ConfigError>().is_some()) => {
+            if let Some(cause) = e.chain().find_map(|c| c.downcast_ref::<ConfigError>()) {
+                eprintln!("Error: {cause}");
+            }
             std::process::exit(UNREACHABLE_EXIT);
         }
         // Leader election at work, not a fault: one line, no backtrace.
@@ -504,14 +535,14 @@ fn init_logging(json: bool) {
     }
 }
 
-async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client> {
-    Ok(connect(kubeconfig).await?.0)
+async fn client(cluster: Selection) -> Result<kube::Client> {
+    Ok(connect(cluster).await?.0)
 }
 
 /// A client, and the namespace of the kubeconfig's context (`default` when
 /// it names none), which commands use as kubectl does when `-n` is not given.
-async fn connect(kubeconfig: Option<PathBuf>) -> Result<(kube::Client, String)> {
-    let (client, namespace, server) = configure(kubeconfig).await?;
+async fn connect(cluster: Selection) -> Result<(kube::Client, String)> {
+    let (client, namespace, server) = configure(cluster).await?;
     // One request that must answer, so that an unreachable cluster is said
     // once, naming the server, instead of as the first read's error.
     match tokio::time::timeout(REACH_TIMEOUT, client.apiserver_version()).await {
@@ -533,8 +564,9 @@ async fn connect(kubeconfig: Option<PathBuf>) -> Result<(kube::Client, String)> 
 /// How long a command waits for the API server's first answer.
 const REACH_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Exit status of a command that cannot reach the API server (every command
-/// but `run`, which keeps retrying).
+/// Exit status of a command that cannot reach the API server, or has no
+/// kubeconfig to find it by (every command but `run`, which keeps retrying
+/// to reach it).
 const UNREACHABLE_EXIT: i32 = 5;
 
 /// A leader whose Lease another replica took stops writing and exits; its
@@ -550,30 +582,20 @@ struct Unreachable {
     cause: String,
 }
 
-/// A client for the kubeconfig (or the environment), its context's
-/// namespace and the server it talks to; nothing is sent yet.
-async fn configure(kubeconfig: Option<PathBuf>) -> Result<(kube::Client, String, String)> {
-    let config = match &kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .with_context(|| format!("cannot use kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context(
-            "cannot configure a Kubernetes client (KUBECONFIG, ~/.kube/config or in-cluster)",
-        )?,
-    };
+/// A client for the kubeconfig and context (or the environment, as kubectl
+/// reads it), its context's namespace and the server it talks to; nothing is
+/// sent yet.
+async fn configure(cluster: Selection) -> Result<(kube::Client, String, String)> {
+    let config = cli::kubeconfig::config(&cluster).await?;
     let namespace = config.default_namespace.clone();
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("cannot make a Kubernetes client")?;
     Ok((client, namespace, server))
 }
 
-async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
+async fn run(cluster: Selection, args: RunArgs) -> Result<()> {
     init_logging(args.log_json);
-    let (client, _, _) = configure(kubeconfig).await?;
+    let (client, _, _) = configure(cluster).await?;
     report_server_version(&client).await;
     let namespace = args
         .leader
@@ -686,12 +708,12 @@ async fn run(kubeconfig: Option<PathBuf>, args: RunArgs) -> Result<()> {
 /// version is only logged, never fatal.
 /// Refuses a release without static admission manifests: the one given, else
 /// the cluster's.
-async fn static_release_check(kubeconfig: Option<PathBuf>, release: Option<&str>) -> Result<()> {
+async fn static_release_check(cluster: Selection, release: Option<&str>) -> Result<()> {
     use cascade_guard::policy::static_manifest::{parse_release, release_supports};
     let (major, minor) = match release {
         Some(release) => parse_release(release)?,
         None => {
-            let client = client(kubeconfig).await.context(
+            let client = client(cluster).await.context(
                 "render --static needs the Kubernetes release it is for: give --kubernetes-version, or a kubeconfig whose cluster answers",
             )?;
             let info = client
@@ -776,10 +798,10 @@ fn target(resource: String, name: Option<String>) -> Result<(String, String)> {
 /// not follow it at all, e.g. the cluster cannot be reached).
 const TRACE_INCOMPLETE_EXIT: i32 = 4;
 
-async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
+async fn trace(cluster: Selection, args: TraceArgs) -> Result<()> {
     use std::io::IsTerminal;
     let (resource, name) = target(args.resource, args.name)?;
-    let (client, context_namespace) = connect(kubeconfig).await?;
+    let (client, context_namespace) = connect(cluster).await?;
     let output = match args.output {
         TraceOutput::Json => cli::trace::Output::Json,
         TraceOutput::Yaml => cli::trace::Output::Yaml,
@@ -807,9 +829,9 @@ async fn trace(kubeconfig: Option<PathBuf>, args: TraceArgs) -> Result<()> {
 /// (the plan could not be made) and 2 (bad arguments).
 const PLAN_HAZARD_EXIT: i32 = 3;
 
-async fn plan(kubeconfig: Option<PathBuf>, args: PlanArgs) -> Result<()> {
+async fn plan(cluster: Selection, args: PlanArgs) -> Result<()> {
     let (resource, name) = target(args.resource, args.name)?;
-    let (client, context_namespace) = connect(kubeconfig).await?;
+    let (client, context_namespace) = connect(cluster).await?;
     let options = cli::plan::Options {
         resource,
         name,
@@ -832,8 +854,8 @@ async fn plan(kubeconfig: Option<PathBuf>, args: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-async fn uninstall(kubeconfig: Option<PathBuf>, args: UninstallArgs) -> Result<()> {
-    let client = client(kubeconfig).await?;
+async fn uninstall(cluster: Selection, args: UninstallArgs) -> Result<()> {
+    let client = client(cluster).await?;
     let options = cli::uninstall::UninstallOptions {
         force: args.force,
         timeout: args.timeout,
@@ -860,8 +882,8 @@ async fn uninstall(kubeconfig: Option<PathBuf>, args: UninstallArgs) -> Result<(
     Ok(())
 }
 
-async fn status(kubeconfig: Option<PathBuf>, args: StatusArgs) -> Result<()> {
-    let client = client(kubeconfig).await?;
+async fn status(cluster: Selection, args: StatusArgs) -> Result<()> {
+    let client = client(cluster).await?;
     let settings = cli::status::ControllerFlags {
         xrd_default_mode: args.policy.xrd_default_mode,
         compile: args.policy.compile_settings(),
@@ -880,9 +902,9 @@ async fn status(kubeconfig: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     }
 }
 
-async fn render(kubeconfig: Option<PathBuf>, args: RenderArgs) -> Result<()> {
+async fn render(cluster: Selection, args: RenderArgs) -> Result<()> {
     if args.static_manifests {
-        static_release_check(kubeconfig, args.kubernetes_version.as_deref()).await?;
+        static_release_check(cluster, args.kubernetes_version.as_deref()).await?;
     }
     let mut settings = args.policy.compile_settings();
     if let Some(set) = &args.set_name {
@@ -930,12 +952,12 @@ async fn render(kubeconfig: Option<PathBuf>, args: RenderArgs) -> Result<()> {
     out(&text)
 }
 
-async fn version(kubeconfig: Option<PathBuf>, client_only: bool) -> Result<()> {
+async fn version(cluster: Selection, client_only: bool) -> Result<()> {
     out(&format!("cascade-guard {}\n", env!("CARGO_PKG_VERSION")))?;
     if client_only {
         return Ok(());
     }
-    let client = client(kubeconfig).await?;
+    let client = client(cluster).await?;
     let info = client
         .apiserver_version()
         .await
@@ -965,27 +987,29 @@ mod tests {
     }
 
     #[test]
-    fn only_commands_that_contact_a_cluster_take_a_kubeconfig() {
+    fn only_commands_that_contact_a_cluster_take_a_kubeconfig_and_a_context() {
         let parses = |args: &[&str]| Cli::try_parse_from(args).is_ok();
-        for command in [
-            &["run"][..],
-            &["status"],
-            &["uninstall"],
-            &["trace", "xr/a"],
-            &["plan", "xr/a"],
-            &["version"],
-            &["render", "--static", "apis/"],
-        ] {
-            let mut args = vec!["cascade-guard"];
-            args.extend_from_slice(command);
-            args.extend(["--kubeconfig", "k"]);
-            assert!(parses(&args), "{args:?}");
-        }
-        for command in [&["crd"][..], &["render", "apis/"], &["completion", "bash"]] {
-            let mut args = vec!["cascade-guard"];
-            args.extend_from_slice(command);
-            args.extend(["--kubeconfig", "k"]);
-            assert!(!parses(&args), "{args:?} takes no kubeconfig");
+        for flag in ["--kubeconfig", "--context"] {
+            for command in [
+                &["run"][..],
+                &["status"],
+                &["uninstall"],
+                &["trace", "xr/a"],
+                &["plan", "xr/a"],
+                &["version"],
+                &["render", "--static", "apis/"],
+            ] {
+                let mut args = vec!["cascade-guard"];
+                args.extend_from_slice(command);
+                args.extend([flag, "k"]);
+                assert!(parses(&args), "{args:?}");
+            }
+            for command in [&["crd"][..], &["render", "apis/"], &["completion", "bash"]] {
+                let mut args = vec!["cascade-guard"];
+                args.extend_from_slice(command);
+                args.extend([flag, "k"]);
+                assert!(!parses(&args), "{args:?} takes no {flag}");
+            }
         }
     }
 

@@ -8,13 +8,15 @@
 //!   tree can leave in, and the hazards of today's mode;
 //! - [`uninstall`]: everything cascade-guard put into a cluster taken out.
 //!
-//! And what every command shares: [`completion`] (the shell scripts),
-//! [`values`] (what completion offers for a flag).
+//! And what every command shares: [`kubeconfig`] (which cluster, as kubectl
+//! chooses it), [`completion`] (the shell scripts), [`values`] (what
+//! completion offers for a flag).
 //!
 //! `run` (the controller) is [`crate::controller`]; `crd` and `version` are a
 //! line each in main.rs.
 
 pub mod completion;
+pub mod kubeconfig;
 pub mod plan;
 pub mod render;
 pub mod status;

@@ -83,6 +83,7 @@ fn bash_completes_the_flags_after_a_subcommand() {
         "cascade-guard status --",
         &[
             "--kubeconfig",
+            "--context",
             "--output",
             "--leader-election-id",
             "--use-flags",
@@ -90,7 +91,7 @@ fn bash_completes_the_flags_after_a_subcommand() {
     );
     assert_offers(
         "cascade-guard plan --",
-        &["--namespace", "--mode", "--output"],
+        &["--namespace", "--mode", "--output", "--context"],
     );
     // Only status's: no flag of another command.
     let offered = bash_completes("cascade-guard status --");
