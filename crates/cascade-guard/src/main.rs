@@ -18,7 +18,7 @@ use cascade_guard::policy::names::{
     DEFAULT_GC_SERVICE_ACCOUNT_USER,
 };
 use cascade_guard::policy::{CompileSettings, Mode};
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -434,7 +434,7 @@ struct RenderArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let cli = parse();
     let result = match cli.command {
         Command::Run(args) => run(args.cluster.selection(), args).await,
         Command::Render(args) => {
@@ -484,6 +484,21 @@ async fn main() -> Result<()> {
         }
         other => other,
     }
+}
+
+/// The command line, named as it was typed: `kubectl cascade-guard` when
+/// kubectl runs this as its plugin (cli/plugin.rs), so that usage and help
+/// say what to type.
+fn parse() -> Cli {
+    let mut command = Cli::command();
+    if let Some(name) = std::env::args_os()
+        .next()
+        .and_then(|argv0| cli::plugin::command_name(&argv0))
+    {
+        command = command.bin_name(name);
+    }
+    let matches = command.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// Writes command output to stdout.

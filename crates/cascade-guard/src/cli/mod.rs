@@ -9,8 +9,8 @@
 //! - [`uninstall`]: everything cascade-guard put into a cluster taken out.
 //!
 //! And what every command shares: [`kubeconfig`] (which cluster, as kubectl
-//! chooses it), [`completion`] (the shell scripts), [`values`] (what
-//! completion offers for a flag).
+//! chooses it), [`completion`] (the shell scripts), [`plugin`] (running as
+//! `kubectl cascade-guard`), [`values`] (what completion offers for a flag).
 //!
 //! `run` (the controller) is [`crate::controller`]; `crd` and `version` are a
 //! line each in main.rs.
@@ -18,6 +18,7 @@
 pub mod completion;
 pub mod kubeconfig;
 pub mod plan;
+pub mod plugin;
 pub mod render;
 pub mod status;
 pub mod trace;
