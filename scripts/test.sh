@@ -149,6 +149,8 @@ image_pid=$!
 echo "logs: $rust_log, $image_log"
 
 step "control plane binaries (testbed/controlplane/build.sh)"
+# Its kubectl also runs cascade-guard as a plugin
+# (tests/without_cluster/kubectl_plugin.rs, which fails without it).
 bin=$(testbed/controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin
 echo "$bin"
@@ -177,6 +179,11 @@ step "Graphviz's dot (testbed/tools/graphviz.sh), for tests/without_cluster/plan
 GRAPHVIZ_DOT=$(testbed/tools/graphviz.sh | tail -n1)
 export GRAPHVIZ_DOT
 echo "$GRAPHVIZ_DOT"
+
+step "zsh and fish (testbed/tools/shells.sh), for tests/without_cluster/completion.rs"
+# Debian's, installed when missing: the test parses their completion scripts
+# with them (bash's it drives), and says it skipped a shell still missing.
+testbed/tools/shells.sh
 
 step "helm (testbed/tools/helm.sh) and promtool (testbed/tools/promtool.sh), for the chart tests: started in the background"
 # The pinned Helm (tests/api_server/install.rs and tests/without_cluster/chart.rs
