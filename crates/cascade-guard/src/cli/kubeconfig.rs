@@ -66,12 +66,11 @@ pub enum ConfigError {
 }
 
 /// The kubeconfig files a command reads, merged, and which they were (for
-/// messages). `None`: there is none, and the pod's service account is what
-/// is left.
+/// messages).
 #[derive(Debug)]
-pub struct Loaded {
-    pub kubeconfig: Kubeconfig,
-    pub files: Vec<PathBuf>,
+struct Loaded {
+    kubeconfig: Kubeconfig,
+    files: Vec<PathBuf>,
 }
 
 /// Where kubectl would look, given `--kubeconfig`, KUBECONFIG's value and
@@ -139,10 +138,11 @@ fn one_line(e: &dyn std::error::Error) -> String {
 }
 
 /// Reads the kubeconfig kubectl would, given `--kubeconfig`, KUBECONFIG and
-/// the home directory. `Ok(None)`: KUBECONFIG lists only files that do not
-/// exist, or nothing is set and there is no `~/.kube/config`; the caller
-/// tries the pod's service account, and `why_none` says what to do if that
-/// fails too.
+/// the home directory. `Ok(Err(..))`: there is none (KUBECONFIG lists only
+/// files that do not exist, or nothing is set and there is no
+/// `~/.kube/config`); the caller tries the pod's service account, and
+/// reports that error if it fails too. `Err`: one that is there cannot be
+/// used.
 fn load_from(
     flag: Option<&Path>,
     kubeconfig_env: Option<&OsStr>,
@@ -212,7 +212,11 @@ fn join(paths: &[PathBuf]) -> String {
 pub async fn config(selection: &Selection) -> Result<kube::Config, ConfigError> {
     let kubeconfig_env = std::env::var_os("KUBECONFIG");
     let home = std::env::var_os("HOME").map(PathBuf::from);
-    config_from(selection, kubeconfig_env.as_deref(), home.as_deref()).await
+    let mut config = config_from(selection, kubeconfig_env.as_deref(), home.as_deref()).await?;
+    // kube-rs's KUBE_RS_DEBUG_* variables (impersonation, another URL), as
+    // Config::infer, which this replaces, applied them.
+    config.apply_debug_overrides();
+    Ok(config)
 }
 
 async fn config_from(
@@ -237,10 +241,7 @@ async fn config_from(
 
 /// The chosen context's configuration. The context is checked here, not by
 /// kube-rs, so that a wrong name lists the right ones.
-pub async fn from_loaded(
-    loaded: Loaded,
-    context: Option<&str>,
-) -> Result<kube::Config, ConfigError> {
+async fn from_loaded(loaded: Loaded, context: Option<&str>) -> Result<kube::Config, ConfigError> {
     let files = join(&loaded.files);
     let chosen = match context {
         Some(name) => name.to_string(),
