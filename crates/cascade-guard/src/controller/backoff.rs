@@ -1,7 +1,7 @@
 //! How long the controller waits before trying again: a watch that broke, and
 //! a step on one object that failed.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
@@ -16,28 +16,59 @@ const WATCH_FIRST: Duration = Duration::from_millis(250);
 /// trying every 2 s costs a down API server little (a refused connection).
 const WATCH_MOST: Duration = Duration::from_secs(2);
 
+/// How long a watch must go without failing, past its last wait, before its
+/// waits start again from the first: kube's watcher yields an `Init` event
+/// at every retry, before its list fails again, and each yielded event
+/// resets the backoff; counted, a watch of an unreachable API server retried
+/// every 0.25 s for ever (80 log lines a second from `run`).
+const SETTLED: Duration = Duration::from_secs(1);
+
 /// Retry delays for every watch the controller runs: 0.25 s doubling to 2 s,
 /// each shortened by up to a quarter at random so that many watches do not
-/// retry in step; back to 0.25 s once a watch delivers again.
+/// retry in step; back to 0.25 s once a watch has delivered for a while
+/// ([`SETTLED`]).
 #[derive(Debug, Default)]
 pub struct WatchBackoff {
     failures: u32,
+    /// When the last wait began, and how long it was.
+    last: Option<(Instant, Duration)>,
 }
 
 impl Iterator for WatchBackoff {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
-        let wait = watch_wait(self.failures);
+        let wait = watch_wait(self.failures).mul_f64(1.0 - 0.25 * jitter());
         self.failures = self.failures.saturating_add(1);
-        Some(wait.mul_f64(1.0 - 0.25 * jitter()))
+        self.last = Some((Instant::now(), wait));
+        Some(wait)
     }
 }
 
 impl Backoff for WatchBackoff {
     fn reset(&mut self) {
-        self.failures = 0;
+        self.reset_at(Instant::now());
     }
+}
+
+impl WatchBackoff {
+    /// A reset at `now` counts only once the watch has gone [`SETTLED`]
+    /// past its last wait without failing.
+    fn reset_at(&mut self, now: Instant) {
+        let settled = self
+            .last
+            .is_none_or(|(at, wait)| now.saturating_duration_since(at) > wait + SETTLED);
+        if settled {
+            self.failures = 0;
+            self.last = None;
+        }
+    }
+}
+
+/// An event that shows a watch working: anything but the `Init` kube's
+/// watcher yields before each (re)list, failing or not.
+pub(crate) fn delivers<K>(event: &watcher::Event<K>) -> bool {
+    !matches!(event, watcher::Event::Init)
 }
 
 /// The wait after `failures` failed tries, before jitter.
@@ -92,8 +123,18 @@ mod tests {
                 "{wait:?}"
             );
         }
-        b.reset();
+        // A reset right after a wait (kube's watcher's Init before its list
+        // fails again) does not count; one after the watch ran a while does.
+        let (at, wait) = b.last.expect("a wait was given");
+        b.reset_at(at + wait);
+        assert!(b.next().unwrap_or_default() >= WATCH_MOST.mul_f64(0.75));
+        let (at, wait) = b.last.expect("a wait was given");
+        b.reset_at(at + wait + SETTLED + Duration::from_millis(1));
         assert!(b.next().unwrap_or_default() <= WATCH_FIRST);
+        // Never failed: a reset is a reset.
+        let mut fresh = WatchBackoff::default();
+        fresh.reset();
+        assert!(fresh.next().unwrap_or_default() <= WATCH_FIRST);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
-use super::backoff::{WatchBackoff, log_watch_error};
+use super::backoff::{WatchBackoff, delivers, log_watch_error};
 use super::convert::dependents::Lookup;
 use super::convert::discovery::Discoveries;
 use super::convert::events::publish;
@@ -183,7 +183,7 @@ impl KindWatch {
             tokio::select! {
                 event = events.next() => match event {
                     Some(Ok(event)) => {
-                        if std::mem::take(&mut failing) {
+                        if delivers(&event) && std::mem::take(&mut failing) {
                             tracing::info!("watching {what} again");
                         }
                         self.see(event, &mut tracked)

@@ -21,7 +21,7 @@ use tokio::sync::{Mutex, Notify};
 
 use crate::api::CascadePolicy;
 use crate::cluster::inputs::{discover_kinds, is_not_found, xrd_resource};
-use crate::controller::backoff::{WatchBackoff, log_watch_error};
+use crate::controller::backoff::{WatchBackoff, delivers, log_watch_error};
 use crate::policy::Mode;
 use crate::policy::plan::Known;
 use crate::policy::resolve::{CascadePolicyInput, Inputs, XrdInput};
@@ -74,7 +74,7 @@ where
                 .boxed();
             let mut failing = false;
             while let Some(event) = stream.next().await {
-                if event.is_ok() && std::mem::take(&mut failing) {
+                if event.as_ref().is_ok_and(delivers) && std::mem::take(&mut failing) {
                     tracing::info!("watching {what} again");
                 }
                 match event {
@@ -283,6 +283,9 @@ where
         let mut failing = false;
         while let Some(event) = stream.next().await {
             match event {
+                // Init comes before every (re)list, failing or not: a pass
+                // for it would retry the whole sync as often as the watch.
+                Ok(event) if !delivers(&event) => {}
                 Ok(_) => {
                     if std::mem::take(&mut failing) {
                         tracing::info!("watching {what} again");
