@@ -39,13 +39,9 @@ pub async fn let_go(
     kinds: &ServedKinds,
     object: &ObjectRef,
 ) -> Result<LetGo, kube::Error> {
-    let Some(served) = kinds
-        .of_kind(Some(object.group.as_str()), &object.kind)
-        .next()
-    else {
+    let Some(api) = api_of(client, kinds, object) else {
         return Ok(LetGo::Left);
     };
-    let api = ServedKinds::api(client, served, object.namespace.as_deref());
     let meta = match api.get_metadata_opt(&object.name).await {
         Ok(Some(meta)) => meta,
         Ok(None) => return Ok(LetGo::Left),
@@ -72,6 +68,23 @@ pub async fn let_go(
     }
 }
 
+/// The API of `object`'s kind, in its namespace; None when the kind is not
+/// served.
+fn api_of(
+    client: &Client,
+    kinds: &ServedKinds,
+    object: &ObjectRef,
+) -> Option<kube::Api<DynamicObject>> {
+    let served = kinds
+        .of_kind(Some(object.group.as_str()), &object.kind)
+        .next()?;
+    Some(ServedKinds::api(
+        client,
+        served,
+        object.namespace.as_deref(),
+    ))
+}
+
 /// Makes `object`'s owner reference to `owner_uid` stop blocking that
 /// owner's deletion (a held ProviderConfigUsage whose managed resource waits
 /// in a foreground cascade: see `policy::provider_config_usage`). True when
@@ -83,13 +96,9 @@ pub async fn unblock(
     object: &ObjectRef,
     owner_uid: &str,
 ) -> Result<bool, kube::Error> {
-    let Some(served) = kinds
-        .of_kind(Some(object.group.as_str()), &object.kind)
-        .next()
-    else {
+    let Some(api) = api_of(client, kinds, object) else {
         return Ok(false);
     };
-    let api = ServedKinds::api(client, served, object.namespace.as_deref());
     let Some(meta) = api.get_metadata_opt(&object.name).await? else {
         return Ok(false);
     };
