@@ -709,14 +709,28 @@ impl SiblingOrder {
         let mut todo = actions(&graph, &held_now, &in_use);
         // A provider whose ProviderConfigUsage kind is not served tracks no
         // usage: nothing to hold, and a hold of an unserved kind would never
-        // be in force.
-        todo.retain(|a| match a {
-            Action::Hold { object, .. } if object.kind == usage::KIND => kinds
-                .of_kind(Some(object.group.as_str()), usage::KIND)
-                .next()
-                .is_some(),
-            _ => true,
-        });
+        // be in force, so one held before its kind went (the provider
+        // uninstalled) is let go: kept, the tree would stay unordered and its
+        // root's delete refused for ever.
+        let unserved_usage = |object: &ObjectRef| {
+            object.kind == usage::KIND
+                && kinds
+                    .of_kind(Some(object.group.as_str()), usage::KIND)
+                    .next()
+                    .is_none()
+        };
+        todo.retain(|a| !matches!(a, Action::Hold { object, .. } if unserved_usage(object)));
+        for object in held_now.iter().filter(|o| unserved_usage(o)) {
+            if !unexplained.contains(object)
+                && !todo
+                    .iter()
+                    .any(|a| matches!(a, Action::Release { object: o } if o == object))
+            {
+                todo.push(Action::Release {
+                    object: object.clone(),
+                });
+            }
+        }
         let holding = (held_now.len() - unexplained.len())
             + todo
                 .iter()
