@@ -111,6 +111,19 @@ impl ServedKinds {
         })
     }
 
+    /// These kinds, all listable: for tests that script the API server.
+    #[cfg(test)]
+    pub fn of(served: Vec<Served>) -> Self {
+        Self {
+            by_gvk: served
+                .iter()
+                .map(|s| ((s.0.api_version.clone(), s.0.kind.clone()), s.clone()))
+                .collect(),
+            listable: vec![true; served.len()],
+            all: served,
+        }
+    }
+
     /// `inferenceclusters`, `inferencecluster`, `InferenceCluster` or any of
     /// them with `.group`.
     pub fn find(&self, wanted: &str) -> Option<&Served> {

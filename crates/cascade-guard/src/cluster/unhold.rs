@@ -203,6 +203,153 @@ pub async fn owner_leaving(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_api_server::{Exchange, OBJECT, against, resource, says};
+    use serde_json::Value;
+
+    const OWNER: &str = "/apis/example.org/v1/namespaces/team-a/xdatabases/owner";
+
+    fn kinds() -> ServedKinds {
+        ServedKinds::of(vec![(resource(), true)])
+    }
+
+    fn held() -> ObjectRef {
+        ObjectRef::new("example.org", "XDatabase", Some("team-a"), "db")
+    }
+
+    /// `db` as its metadata reads, owned by `owner` (uid o1), blocking.
+    fn owned_db() -> Value {
+        json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadata",
+            "metadata": {
+                "name": "db", "namespace": "team-a", "uid": "u1", "resourceVersion": "3",
+                "ownerReferences": [{
+                    "apiVersion": "example.org/v1", "kind": "XDatabase", "name": "owner",
+                    "uid": "o1", "controller": true, "blockOwnerDeletion": true,
+                }],
+            },
+        })
+    }
+
+    fn owner_object(deleting: bool) -> Value {
+        let mut o = json!({
+            "apiVersion": "example.org/v1", "kind": "XDatabase",
+            "metadata": {"name": "owner", "namespace": "team-a", "uid": "o1"},
+        });
+        if deleting {
+            o["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        o
+    }
+
+    /// Let go: read, its owner read, and deleted (Foreground, only this
+    /// object) only when the owner is leaving.
+    #[tokio::test]
+    async fn letting_go_deletes_only_what_a_leaving_owner_was_refused() {
+        let delete = || {
+            Exchange::delete(&format!("{OBJECT}?")).body_containing(json!({
+                "propagationPolicy": "Foreground",
+                "preconditions": {"uid": "u1"},
+            }))
+        };
+        let cases: Vec<(&str, Vec<Exchange>, LetGo)> = vec![
+            (
+                "owner deleting",
+                vec![
+                    Exchange::get(OBJECT).ok(owned_db()),
+                    Exchange::get(OWNER).ok(owner_object(true)),
+                    delete().ok(owned_db()),
+                ],
+                LetGo::Deleted,
+            ),
+            (
+                "owner staying",
+                vec![
+                    Exchange::get(OBJECT).ok(owned_db()),
+                    Exchange::get(OWNER).ok(owner_object(false)),
+                ],
+                LetGo::Left,
+            ),
+            (
+                "owner gone, the delete refused by a webhook",
+                vec![
+                    Exchange::get(OBJECT).ok(owned_db()),
+                    Exchange::get(OWNER).fails(says::NOT_FOUND, "gone"),
+                    delete().fails(says::CONFLICT, "in use"),
+                ],
+                LetGo::Left,
+            ),
+            (
+                "gone already",
+                vec![Exchange::get(OBJECT).fails(says::NOT_FOUND, "gone")],
+                LetGo::Left,
+            ),
+            (
+                "not readable",
+                vec![Exchange::get(OBJECT).fails(says::FORBIDDEN, "no")],
+                LetGo::LeftToItsDeleter,
+            ),
+            (
+                "not deletable",
+                vec![
+                    Exchange::get(OBJECT).ok(owned_db()),
+                    Exchange::get(OWNER).ok(owner_object(true)),
+                    delete().fails(says::FORBIDDEN, "no"),
+                ],
+                LetGo::LeftToItsDeleter,
+            ),
+        ];
+        for (what, script, want) in cases {
+            let got = against(script, async |c| let_go(&c, &kinds(), &held()).await).await;
+            assert_eq!(got.map_err(|e| e.to_string()), Ok(want), "{what}");
+        }
+    }
+
+    /// Unblock: one JSON patch, guarded by the uid at its index; a changed
+    /// or missing object is no error.
+    #[tokio::test]
+    async fn unblocking_is_one_guarded_json_patch() {
+        let patch = || {
+            Exchange::patch(&format!("{OBJECT}?&fieldManager=cascade-guard"))
+                .header("content-type", "application/json-patch+json")
+                .body(json!([
+                    {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": "o1"},
+                    {"op": "replace", "path": "/metadata/ownerReferences/0/blockOwnerDeletion", "value": false},
+                ]))
+        };
+        let cases: Vec<(&str, Vec<Exchange>, bool)> = vec![
+            (
+                "blocking",
+                vec![Exchange::get(OBJECT).ok(owned_db()), patch().ok(owned_db())],
+                true,
+            ),
+            (
+                "changed since read",
+                vec![
+                    Exchange::get(OBJECT).ok(owned_db()),
+                    patch().fails(says::INVALID, "test failed"),
+                ],
+                false,
+            ),
+            (
+                "gone",
+                vec![Exchange::get(OBJECT).fails(says::NOT_FOUND, "gone")],
+                false,
+            ),
+        ];
+        for (what, script, want) in cases {
+            let got = against(script, async |c| unblock(&c, &kinds(), &held(), "o1").await).await;
+            assert_eq!(got.map_err(|e| e.to_string()), Ok(want), "{what}");
+        }
+        // Already not blocking: read, nothing sent.
+        let mut not_blocking = owned_db();
+        not_blocking["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] = json!(false);
+        let got = against(vec![Exchange::get(OBJECT).ok(not_blocking)], async |c| {
+            unblock(&c, &kinds(), &held(), "o1").await
+        })
+        .await;
+        assert_eq!(got.map_err(|e| e.to_string()), Ok(false));
+    }
 
     fn owner(uid: &str, block: Option<bool>) -> OwnerReference {
         OwnerReference {

@@ -18,6 +18,9 @@ pub(super) struct Entries {
     bytes: usize,
     /// How many holds of each (group, kind): the hold policy names these.
     kinds: BTreeMap<(String, String), usize>,
+    /// Counts the changes, so that the record is encoded again only after
+    /// one.
+    version: u64,
 }
 
 /// The (group, kind) of a hold key.
@@ -32,6 +35,11 @@ fn line_bytes(key: &str, value: &str) -> usize {
 impl Entries {
     pub fn map(&self) -> &BTreeMap<String, String> {
         &self.map
+    }
+
+    /// Changes whenever an entry does.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     pub fn len(&self) -> usize {
@@ -51,13 +59,22 @@ impl Entries {
         self.map.contains_key(key)
     }
 
+    /// The roots that hold anything.
+    pub fn roots(&self) -> impl Iterator<Item = &str> {
+        self.by_root.keys().map(String::as_str)
+    }
+
     /// The keys `root` holds.
     pub fn of_root(&self, root: &str) -> impl Iterator<Item = &String> {
         self.by_root.get(root).into_iter().flatten()
     }
 
     pub fn insert(&mut self, key: String, value: String) {
+        if self.map.get(&key) == Some(&value) {
+            return;
+        }
         self.remove(&key);
+        self.version += 1;
         let root = HoldEntry::parse(&value).root;
         self.bytes += line_bytes(&key, &value);
         self.by_root.entry(root).or_default().insert(key.clone());
@@ -76,6 +93,7 @@ impl Entries {
 
     pub fn remove(&mut self, key: &str) -> Option<String> {
         let value = self.map.remove(key)?;
+        self.version += 1;
         self.bytes -= line_bytes(key, &value);
         if let Some(kind) = kind_of(key)
             && let Some(n) = self.kinds.get_mut(&kind)

@@ -40,6 +40,10 @@ pub(super) struct Gate {
     /// Roots read alone (nothing composed or referenced): left out first
     /// when the record would grow past its size.
     alone: HashSet<String>,
+    /// The record's reads when the marks were last encoded into it, unless
+    /// they changed since: encoding 100,000 marks every look was most of a
+    /// look at rest.
+    encoded: Option<u64>,
     /// The kinds the policies were last written for, and when.
     policies: Option<(Vec<GatedKind>, Instant)>,
     checked: Option<Instant>,
@@ -65,6 +69,7 @@ impl Gate {
             enforce,
             settings,
             alone: HashSet::new(),
+            encoded: None,
             policies: None,
             checked: None,
         }
@@ -72,20 +77,35 @@ impl Gate {
 
     /// Records how a root's tree stands after its read.
     pub fn mark(&mut self, root: &str, value: String, alone: bool) {
-        if alone {
-            self.alone.insert(root.to_string());
+        let alone_changed = if alone {
+            self.alone.insert(root.to_string())
         } else {
-            self.alone.remove(root);
+            self.alone.remove(root)
+        };
+        if alone_changed || self.marks.get(root) != Some(&value) {
+            self.encoded = None;
+            self.marks.insert(root.to_string(), value);
         }
-        self.marks.insert(root.to_string(), value);
+    }
+
+    /// Forgets a root that left (gone, or no longer ordered).
+    pub fn forget(&mut self, root: &str) {
+        if self.marks.remove(root).is_some() {
+            self.encoded = None;
+        }
+        self.alone.remove(root);
     }
 
     /// Forgets the roots `keep` does not name (gone, or no longer ordered).
     /// Called only once every tree was read since the start: until then the
     /// marks a restart found stay in force.
     pub fn forget_others(&mut self, keep: impl Fn(&str) -> bool) {
+        let before = self.marks.len();
         self.marks.retain(|uid, _| keep(uid));
         self.alone.retain(|uid| keep(uid));
+        if self.marks.len() != before {
+            self.encoded = None;
+        }
     }
 
     /// Brings the record, then the policies, to what they should be.
@@ -99,9 +119,14 @@ impl Gate {
             for (uid, value) in decode_marks(&self.record.wanted) {
                 self.marks.entry(uid).or_insert(value);
             }
+            self.encoded = None;
         }
-        self.fit();
-        self.record.wanted = encode_marks(&self.marks);
+        let reads = Some(self.record.reads());
+        if self.encoded != reads {
+            self.fit();
+            self.record.wanted = encode_marks(&self.marks);
+            self.encoded = reads;
+        }
         if !self.record.write().await {
             return;
         }

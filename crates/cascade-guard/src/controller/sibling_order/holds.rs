@@ -47,6 +47,9 @@ pub(super) struct Holds {
     /// The kinds the policy in the cluster names, each with when it first
     /// named it; only DELETEs of these kinds reach the policy.
     named: BTreeMap<HeldKind, Instant>,
+    /// The entries' version, and the record's reads, when the entries were
+    /// last encoded into it.
+    encoded: Option<(u64, u64)>,
     /// The old labels were taken in (once, at the start).
     migrated: bool,
     /// And are to be taken off, once the new policy holds what they held.
@@ -68,6 +71,7 @@ impl Holds {
             settings,
             policy_written: None,
             named: BTreeMap::new(),
+            encoded: None,
             migrated: false,
             strip_old: false,
         }
@@ -102,6 +106,11 @@ impl Holds {
                 Some((served.0.group.clone(), served.0.plural.clone()))
             })
             .collect()
+    }
+
+    /// The roots that hold anything.
+    pub fn roots(&self) -> impl Iterator<Item = &str> {
+        self.entries.roots()
     }
 
     /// What is held for `root` now.
@@ -313,7 +322,11 @@ impl Holds {
         if !self.load().await {
             return false;
         }
-        self.record.wanted = encode_holds(self.entries.map());
+        let version = Some((self.entries.version(), self.record.reads()));
+        if self.encoded != version {
+            self.record.wanted = encode_holds(self.entries.map());
+            self.encoded = version;
+        }
         self.record.write().await
     }
 

@@ -32,6 +32,8 @@ pub(super) struct Record {
     pub wanted: BTreeMap<String, String>,
     /// Said once: it cannot be read or written.
     warned: bool,
+    /// How many times it was read: each read may add to `wanted`.
+    reads: u64,
 }
 
 impl Record {
@@ -44,7 +46,13 @@ impl Record {
             written: None,
             wanted: BTreeMap::new(),
             warned: false,
+            reads: 0,
         }
+    }
+
+    /// Changes whenever a read may have added to `wanted`.
+    pub fn reads(&self) -> u64 {
+        self.reads
     }
 
     pub fn namespace(&self) -> &str {
@@ -61,6 +69,7 @@ impl Record {
         let api = self.api();
         match api.get_opt(self.name).await {
             Ok(Some(live)) => {
+                self.reads += 1;
                 let live = live.data.unwrap_or_default();
                 for (key, value) in &live {
                     self.wanted

@@ -1,0 +1,290 @@
+//! The index driven as the watches drive it: objects pushed in, the looks
+//! asserted.
+
+use super::*;
+
+fn xr() -> KindKey {
+    ("example.org".into(), "XCluster".into())
+}
+
+fn usage_kind() -> KindKey {
+    ("protection.crossplane.io".into(), "Usage".into())
+}
+
+fn object(uid: &str, rv: &str) -> Meta {
+    Meta {
+        uid: uid.into(),
+        rv: rv.into(),
+        name: format!("name-{uid}"),
+        namespace: Some("ns".into()),
+        ..Meta::default()
+    }
+}
+
+fn controlled(uid: &str, rv: &str, by: &str) -> Meta {
+    Meta {
+        controllers: vec![(xr(), by.into())],
+        owners: vec![by.into()],
+        ..object(uid, rv)
+    }
+}
+
+/// An index watching `xr()` (every object) and Usages, each listed with
+/// `objects`.
+fn listed(objects: Vec<Meta>) -> Index {
+    let mut index = Index::default();
+    index.set_kinds(&[(xr(), Vec::new())], &[usage_kind()]);
+    index.apply(&xr(), WatchEvent::Listing);
+    for o in objects {
+        index.apply(&xr(), WatchEvent::Listed(o));
+    }
+    index.apply(&xr(), WatchEvent::ListDone);
+    index.apply(&usage_kind(), WatchEvent::Listing);
+    index.apply(&usage_kind(), WatchEvent::ListDone);
+    index
+}
+
+fn due(look: &Look) -> Vec<(&str, u8)> {
+    look.due.iter().map(|d| (d.uid.as_str(), d.rank)).collect()
+}
+
+/// Selects `team=<name>`.
+fn team(name: &str) -> Selector {
+    Selector::from_iter([kube::core::Expression::Equal("team".into(), name.into())])
+}
+
+const RESYNC: Duration = Duration::from_secs(300);
+
+fn tree(active: bool, members: &[&str]) -> TreeState {
+    TreeState {
+        active,
+        alone: members.is_empty(),
+        members: members.iter().map(|m| m.to_string()).collect(),
+    }
+}
+
+#[test]
+fn a_new_root_is_due_once_and_again_only_when_it_changes() {
+    let now = Instant::now();
+    let mut index = listed(vec![object("a", "1")]);
+    let look = index.look(now, RESYNC);
+    assert_eq!(due(&look), [("a", 1)]);
+    assert!(look.listed_all);
+    index.read("a", "1", now, tree(false, &[]));
+    assert_eq!(due(&index.look(now, RESYNC)), []);
+    assert!(!index.busy());
+    // The same object again (a relist): nothing due.
+    index.apply(&xr(), WatchEvent::Applied(object("a", "1")));
+    assert_eq!(due(&index.look(now, RESYNC)), []);
+    index.apply(&xr(), WatchEvent::Applied(object("a", "2")));
+    assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
+    let deleting = Meta {
+        deleting: true,
+        ..object("a", "3")
+    };
+    index.read("a", "2", now, tree(false, &[]));
+    index.apply(&xr(), WatchEvent::Applied(deleting));
+    assert_eq!(due(&index.look(now, RESYNC)), [("a", 0)]);
+}
+
+#[test]
+fn what_a_root_controls_is_no_root_until_its_controller_is_gone() {
+    let now = Instant::now();
+    let mut index = listed(vec![object("root", "1"), controlled("nested", "1", "root")]);
+    assert_eq!(due(&index.look(now, RESYNC)), [("root", 1)]);
+    assert!(!index.is_root("nested"));
+    index.read("root", "1", now, tree(false, &["nested"]));
+    // An orphan delete of the root: what it controlled begins a tree.
+    index.apply(&xr(), WatchEvent::Deleted("root".into()));
+    let look = index.look(now, RESYNC);
+    assert_eq!(due(&look), [("nested", 1)]);
+    assert_eq!(look.left, ["root"]);
+}
+
+#[test]
+fn a_controller_of_a_kind_not_ordered_proves_nothing() {
+    let mut index = listed(vec![Meta {
+        controllers: vec![(("other.org".into(), "Claim".into()), "c1".into())],
+        ..object("x", "1")
+    }]);
+    assert!(!index.is_root("x"));
+    assert_eq!(due(&index.look(Instant::now(), RESYNC)), []);
+}
+
+#[test]
+fn nothing_is_due_or_left_until_every_kind_is_listed() {
+    let now = Instant::now();
+    let mut index = Index::default();
+    index.set_kinds(&[(xr(), Vec::new())], &[]);
+    index.apply(&xr(), WatchEvent::Listing);
+    index.apply(&xr(), WatchEvent::Listed(object("a", "1")));
+    let look = index.look(now, RESYNC);
+    assert_eq!(due(&look), []);
+    assert!(!look.listed_all);
+    index.apply(&xr(), WatchEvent::ListDone);
+    assert_eq!(due(&index.look(now, RESYNC)), [("a", 1)]);
+    index.read("a", "1", now, tree(false, &[]));
+    // The watch fails: the root is neither due nor left.
+    index.apply(&xr(), WatchEvent::Failed("forbidden".into()));
+    index.apply(&xr(), WatchEvent::Applied(object("a", "2")));
+    let look = index.look(now, RESYNC);
+    assert_eq!(
+        (due(&look), look.left.len(), look.listed_all),
+        (vec![], 0, false)
+    );
+    assert!(matches!(index.sync_of(&xr()), Some(Sync::Failing(_))));
+    // Listed again, without it: it left; its change was never lost.
+    index.apply(&xr(), WatchEvent::Listing);
+    index.apply(&xr(), WatchEvent::Listed(object("b", "1")));
+    index.apply(&xr(), WatchEvent::ListDone);
+    let look = index.look(now, RESYNC);
+    assert_eq!(due(&look), [("b", 1)]);
+    assert_eq!(look.left, ["a"]);
+    assert!(!index.is_root("a"));
+}
+
+#[test]
+fn a_root_relabelled_out_of_its_policy_leaves_and_back_in_is_due() {
+    let now = Instant::now();
+    let selector = team("a");
+    let mut index = Index::default();
+    index.set_kinds(&[(xr(), vec![selector])], &[]);
+    let labelled = |rv: &str, team: &str| Meta {
+        labels: [("team".to_string(), team.to_string())].into(),
+        ..object("a", rv)
+    };
+    index.apply(&xr(), WatchEvent::Listing);
+    index.apply(&xr(), WatchEvent::Listed(labelled("1", "a")));
+    index.apply(&xr(), WatchEvent::ListDone);
+    assert_eq!(due(&index.look(now, RESYNC)), [("a", 1)]);
+    index.read("a", "1", now, tree(false, &[]));
+    index.apply(&xr(), WatchEvent::Applied(labelled("2", "b")));
+    let look = index.look(now, RESYNC);
+    assert_eq!(
+        (due(&look), look.left.clone()),
+        (vec![], vec!["a".to_string()])
+    );
+    index.apply(&xr(), WatchEvent::Applied(labelled("3", "a")));
+    assert_eq!(due(&index.look(now, RESYNC)), [("a", 1)]);
+    // The kind's policy changes its selector: selected again at once.
+    index.read("a", "3", now, tree(false, &[]));
+    index.set_kinds(&[(xr(), vec![team("b")])], &[]);
+    assert_eq!(index.look(now, RESYNC).left, ["a"]);
+}
+
+#[test]
+fn a_kind_no_longer_ordered_takes_its_roots_with_it() {
+    let now = Instant::now();
+    let mut index = listed(vec![object("a", "1")]);
+    index.look(now, RESYNC);
+    index.read("a", "1", now, tree(false, &[]));
+    index.set_kinds(&[], &[]);
+    let look = index.look(now, RESYNC);
+    assert_eq!(look.left, ["a"]);
+    assert!(look.listed_all);
+}
+
+#[test]
+fn a_new_or_changed_usage_makes_its_users_tree_due() {
+    let now = Instant::now();
+    let mut index = listed(vec![object("cluster", "1"), object("gateway", "1")]);
+    index.look(now, RESYNC);
+    index.read("cluster", "1", now, tree(false, &["stack"]));
+    index.read("gateway", "1", now, tree(false, &[]));
+    let usage = |rv: &str, owners: &[&str]| Meta {
+        owners: owners.iter().map(|o| o.to_string()).collect(),
+        ..object("u1", rv)
+    };
+    // (its version, its owners) -> the roots made due
+    let cases: [(&str, &[&str], &[&str]); 6] = [
+        ("5", &["gateway"], &["gateway"]),
+        ("5", &["gateway"], &[]),
+        ("6", &["stack"], &["cluster"]),
+        ("7", &["unknown"], &[]),
+        ("8", &[], &[]),
+        ("9", &["gateway", "stack"], &["cluster", "gateway"]),
+    ];
+    for (rv, owners, want) in cases {
+        index.apply(&usage_kind(), WatchEvent::Applied(usage(rv, owners)));
+        let look = index.look(now, RESYNC);
+        let got: Vec<&str> = look.due.iter().map(|d| d.uid.as_str()).collect();
+        assert_eq!(got, want, "{rv} {owners:?}");
+        assert!(look.due.iter().all(|d| d.rank == 2));
+    }
+}
+
+#[test]
+fn an_active_tree_is_read_every_look_and_a_failed_read_again() {
+    let now = Instant::now();
+    let mut index = listed(vec![object("a", "1")]);
+    index.look(now, RESYNC);
+    index.read("a", "1", now, tree(true, &["m"]));
+    assert!(index.busy());
+    assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
+    assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
+    index.read("a", "1", now, tree(false, &["m"]));
+    assert_eq!(due(&index.look(now, RESYNC)), []);
+    index.apply(&xr(), WatchEvent::Applied(object("a", "2")));
+    assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
+    index.not_read("a");
+    assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
+}
+
+#[test]
+fn resyncs_come_in_small_batches_and_never_for_a_root_alone() {
+    let start = Instant::now();
+    let roots: Vec<Meta> = (0..100).map(|i| object(&format!("r{i:03}"), "1")).collect();
+    let mut index = listed([roots, vec![object("alone", "1")]].concat());
+    assert_eq!(index.look(start, RESYNC).due.len(), 101);
+    for i in 0..100 {
+        index.read(&format!("r{i:03}"), "1", start, tree(false, &["m"]));
+    }
+    index.read("alone", "1", start, tree(false, &[]));
+    assert_eq!(index.unread_roots(), 0);
+    let later = start + RESYNC + Duration::from_secs(1);
+    let look = index.look(later, RESYNC);
+    assert_eq!(look.due.len(), schedule::RESYNCS_PER_LOOK);
+    assert!(look.due.iter().all(|d| d.rank == 3 && d.uid != "alone"));
+    // The next batch only after a quiet look's time.
+    assert_eq!(index.look(later, RESYNC).due.len(), 0);
+    let quiet = later + schedule::QUIET_LOOK;
+    assert_eq!(
+        index.look(quiet, RESYNC).due.len(),
+        schedule::RESYNCS_PER_LOOK
+    );
+}
+
+#[test]
+fn a_look_reads_a_bounded_number_and_leaves_the_rest_due() {
+    let now = Instant::now();
+    let n = schedule::READS_PER_LOOK + 88;
+    let roots: Vec<Meta> = (0..n).map(|i| object(&format!("r{i:04}"), "1")).collect();
+    let mut index = listed(roots);
+    let first = index.look(now, RESYNC);
+    assert_eq!(first.due.len(), schedule::READS_PER_LOOK);
+    assert!(first.backlog);
+    let second = index.look(now, RESYNC);
+    assert_eq!(second.due.len(), 88);
+    assert!(!second.backlog);
+    // Being deleted comes first.
+    index.apply(
+        &xr(),
+        WatchEvent::Applied(Meta {
+            deleting: true,
+            ..object("r0999", "2")
+        }),
+    );
+    index.apply(&xr(), WatchEvent::Applied(object("zzz", "1")));
+    assert_eq!(due(&index.look(now, RESYNC)), [("r0999", 0), ("zzz", 1)]);
+}
+
+#[test]
+fn events_of_a_kind_not_watched_are_dropped() {
+    let mut index = listed(vec![]);
+    index.apply(
+        &("other.org".into(), "Thing".into()),
+        WatchEvent::Applied(object("t", "1")),
+    );
+    assert!(!index.is_root("t"));
+    assert_eq!(due(&index.look(Instant::now(), RESYNC)), []);
+}

@@ -1,0 +1,405 @@
+//! One tree read: what its graph asks to hold, release, delete and unblock,
+//! decided ([`decide`], pure), then done; and how the tree stands for the
+//! gate and for its next read.
+
+use std::collections::{BTreeSet, HashMap};
+
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use kube::runtime::events::EventType;
+use serde_json::Value;
+
+use super::SiblingOrder;
+use super::index::TreeState;
+use super::schedule::SETTLING_SECS;
+use super::writes::{self, Deleted, describe};
+use crate::cluster::kinds::ServedKinds;
+use crate::cluster::tree::TreeRead;
+use crate::cluster::unhold;
+use crate::policy::hold::{Action, actions};
+use crate::policy::holders::IN_USE_LABEL;
+use crate::policy::order::{self, ObjectRef};
+use crate::policy::order_gate::TreeOrder;
+use crate::policy::provider_config_usage::{self as usage, tracked_usages};
+
+/// What one read tree asks for.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Decision {
+    /// Held for this root and not in its tree as read (gone, or held by an
+    /// older release for a tree that changed): nothing explains the hold any
+    /// more.
+    pub unexplained: Vec<ObjectRef>,
+    /// The actions, in order.
+    pub todo: Vec<Action>,
+    /// What stays held once they are done.
+    pub holding: BTreeSet<ObjectRef>,
+}
+
+/// What a tree, as read (`read`: its objects by reference; `in_use`: those
+/// a Crossplane Usage holds), asks for, given what is held for it now
+/// (`held_now`); `unserved_usage` tells a ProviderConfigUsage whose kind is
+/// not served.
+pub(super) fn decide(
+    graph: &order::Graph,
+    read: &HashMap<ObjectRef, &Value>,
+    in_use: &BTreeSet<ObjectRef>,
+    held_now: &BTreeSet<ObjectRef>,
+    unserved_usage: impl Fn(&ObjectRef) -> bool,
+) -> Decision {
+    // The ProviderConfigUsages of the tree's managed resources: held by
+    // key, never read.
+    let tracked: BTreeSet<ObjectRef> = tracked_usages(graph).into_iter().map(|t| t.usage).collect();
+    let unexplained: Vec<ObjectRef> = held_now
+        .iter()
+        .filter(|r| !read.contains_key(*r) && !tracked.contains(*r))
+        .cloned()
+        .collect();
+    let mut todo = actions(graph, held_now, in_use);
+    // A provider whose ProviderConfigUsage kind is not served tracks no
+    // usage: nothing to hold, and a hold of an unserved kind would never be
+    // in force, so one held before its kind went (the provider uninstalled)
+    // is let go: kept, the tree would stay unordered and its root's delete
+    // refused for ever.
+    todo.retain(|a| !matches!(a, Action::Hold { object, .. } if unserved_usage(object)));
+    for object in held_now.iter().filter(|o| unserved_usage(o)) {
+        let released = todo
+            .iter()
+            .any(|a| matches!(a, Action::Release { object: o } if o == object));
+        if !unexplained.contains(object) && !released {
+            todo.push(Action::Release {
+                object: object.clone(),
+            });
+        }
+    }
+    let mut holding: BTreeSet<ObjectRef> = held_now
+        .iter()
+        .filter(|r| !unexplained.contains(r))
+        .cloned()
+        .collect();
+    for action in &todo {
+        match action {
+            Action::Hold { object, .. } => {
+                holding.insert(object.clone());
+            }
+            Action::Release { object } => {
+                holding.remove(object);
+            }
+            Action::Delete { .. } | Action::Unblock { .. } => {}
+        }
+    }
+    Decision {
+        unexplained,
+        todo,
+        holding,
+    }
+}
+
+/// What an action came to, when it did not fail.
+enum Done {
+    AsSaid,
+    /// Nothing to change (an unblock already done).
+    Nothing,
+    /// Its entry gone; cascade-guard may not delete it, so its deleter's
+    /// retry does.
+    LeftToItsDeleter(ObjectRef),
+}
+
+/// The tree's objects by reference, and those a Crossplane Usage holds.
+fn by_reference(objects: &[Value]) -> (HashMap<ObjectRef, &Value>, BTreeSet<ObjectRef>) {
+    let mut in_use = BTreeSet::new();
+    let mut by_ref = HashMap::new();
+    for v in objects {
+        let Some(r) = ObjectRef::of_object(v) else {
+            continue;
+        };
+        let label = v
+            .pointer("/metadata/labels")
+            .and_then(|l| l.get(IN_USE_LABEL))
+            .and_then(Value::as_str);
+        if label == Some("true") {
+            in_use.insert(r.clone());
+        }
+        by_ref.insert(r, v);
+    }
+    (by_ref, in_use)
+}
+
+/// `Kind.group` of an object read.
+fn kind_of(root: &DynamicObject) -> String {
+    root.types
+        .as_ref()
+        .map(|t| {
+            let group = t.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+            format!("{}.{group}", t.kind)
+        })
+        .unwrap_or_default()
+}
+
+/// Why a tree is not ordered, in one line (none: it is).
+fn order_of(root: &DynamicObject, mut unordered: Vec<String>) -> TreeOrder {
+    match unordered.len() {
+        0 => TreeOrder::Ordered {
+            generation: root.metadata.generation.unwrap_or(0),
+        },
+        1 => TreeOrder::Unordered {
+            reason: unordered.remove(0),
+        },
+        n => TreeOrder::Unordered {
+            reason: format!("{} (and {} more)", unordered.remove(0), n - 1),
+        },
+    }
+}
+
+impl SiblingOrder {
+    /// Brings one tree's holds to what its graph says, and tells the gate
+    /// how it stands; its state for the next read (active while anything in
+    /// it is being deleted or was just changed, or the tree is young).
+    pub(super) async fn reconcile(
+        &mut self,
+        kinds: &ServedKinds,
+        root: &DynamicObject,
+        read: TreeRead,
+    ) -> TreeState {
+        let Some(root_uid) = root.uid() else {
+            return TreeState::default();
+        };
+        let graph = match order::graph(&read.objects, &root_uid) {
+            Ok(graph) => graph,
+            Err(e) => {
+                tracing::warn!(error = %e, "sibling order: the root vanished from its own tree");
+                return TreeState::default();
+            }
+        };
+        self.report(root, &graph, &read.unread).await;
+        // Held for this tree: an object it only references may be held for
+        // another.
+        let held_now = self.holds.held_for(&root_uid);
+        let (by_ref, in_use) = by_reference(&read.objects);
+        let unserved_usage = |object: &ObjectRef| {
+            object.kind == usage::KIND
+                && kinds
+                    .of_kind(Some(object.group.as_str()), usage::KIND)
+                    .next()
+                    .is_none()
+        };
+        let decision = decide(&graph, &by_ref, &in_use, &held_now, unserved_usage);
+        for object in &decision.unexplained {
+            self.holds.release(object);
+        }
+        writes::let_go_all(&self.client, kinds, &decision.unexplained).await;
+        if decision.holding.is_empty() {
+            self.held_counts.remove(&root_uid);
+        } else {
+            self.held_counts
+                .insert(root_uid.clone(), decision.holding.len());
+        }
+        // Why the tree is not ordered, if it is not: the gate refuses the
+        // root's delete with it, and `plan` shows it.
+        let mut unordered: Vec<String> = read
+            .unread
+            .iter()
+            .map(|u| format!("not read: {u}"))
+            .collect();
+        if !self.holds.in_place() {
+            unordered.push("the hold policy is not in place".to_string());
+        }
+        let failed = self
+            .act_all(kinds, root, &root_uid, &decision.todo, &by_ref)
+            .await;
+        unordered.extend(failed);
+        // A hold is in force once the hold policy names its kind and the API
+        // server has had the time to load it: until then the tree is not
+        // ordered, and read again every look.
+        let waiting = decision.holding.iter().find_map(|object| {
+            self.holds
+                .in_force(object, kinds)
+                .err()
+                .map(|why| format!("cannot hold {object} yet: {why}"))
+        });
+        let waiting = waiting.inspect(|why| unordered.push(why.clone())).is_some();
+        let deleting = graph.nodes.iter().any(|n| n.in_tree && n.deleting);
+        self.tearing_down |= deleting && !decision.holding.is_empty();
+        // A young tree is still being composed (its Usages taking hold, its
+        // references filled in) without its root always changing: it is read
+        // every look until it settles, then when its root changes. Not a root
+        // alone (nothing composed, referenced or using it yet): what it will
+        // compose or reference first changes the root itself (Crossplane
+        // writes `resourceRefs`), which makes it due; read every look,
+        // 100,000 new objects of an ordered kind kept the loop reading for
+        // minutes.
+        let alone = read.objects.len() <= 1;
+        self.gate
+            .mark(&root_uid, order_of(root, unordered).value(), alone);
+        let settling = !alone
+            && root.creation_timestamp().is_some_and(|t| {
+                k8s_openapi::jiff::Timestamp::now()
+                    .duration_since(t.0)
+                    .as_secs()
+                    < SETTLING_SECS
+            });
+        let members = if alone {
+            Vec::new()
+        } else {
+            read.objects
+                .iter()
+                .filter_map(|v| v.pointer("/metadata/uid").and_then(Value::as_str))
+                .filter(|uid| *uid != root_uid)
+                .map(str::to_string)
+                .collect()
+        };
+        TreeState {
+            active: deleting || settling || waiting || !decision.todo.is_empty(),
+            alone,
+            members,
+        }
+    }
+
+    /// Does each action, each said as an Event on the root; why a hold
+    /// could not be made, for each that could not.
+    async fn act_all(
+        &mut self,
+        kinds: &ServedKinds,
+        root: &DynamicObject,
+        root_uid: &str,
+        todo: &[Action],
+        by_ref: &HashMap<ObjectRef, &Value>,
+    ) -> Vec<String> {
+        let root_kind = kind_of(root);
+        let mut failed = Vec::new();
+        for action in todo {
+            // A hold and a release need only the object's key; a delete
+            // needs what was read of it.
+            let value = by_ref.get(action.object()).copied();
+            if value.is_none() && matches!(action, Action::Delete { .. }) {
+                continue;
+            }
+            let (type_, reason, note) = match self
+                .act(kinds, root_uid, &root_kind, action, value)
+                .await
+            {
+                Err(e) => {
+                    let note = format!("cannot {}: {e}", describe(action));
+                    if matches!(action, Action::Hold { .. }) {
+                        failed.push(note.clone());
+                    }
+                    tracing::warn!(root = %root.name_any(), %note, "sibling order");
+                    (EventType::Warning, "SiblingOrderFailed", note)
+                }
+                Ok(Done::LeftToItsDeleter(object)) => {
+                    let note = format!(
+                        "let go of {object}: nothing needs it any more, and as cascade-guard may not delete it, its deleter's next try does (the garbage collector's comes after its back-off)"
+                    );
+                    tracing::info!(root = %root.name_any(), %note, "sibling order");
+                    (EventType::Normal, "ReleasedForOrder", note)
+                }
+                Ok(Done::Nothing) => continue,
+                Ok(Done::AsSaid) => {
+                    tracing::info!(root = %root.name_any(), action = %describe(action), "sibling order");
+                    let reason = match action {
+                        Action::Hold { .. } => "HeldForOrder",
+                        Action::Release { .. } => "ReleasedForOrder",
+                        Action::Delete { .. } => "DeletedInOrder",
+                        Action::Unblock { .. } => "UnblockedForProvider",
+                    };
+                    (EventType::Normal, reason, describe(action))
+                }
+            };
+            writes::event(&self.recorder, root, type_, reason, &note).await;
+        }
+        failed
+    }
+
+    async fn act(
+        &mut self,
+        kinds: &ServedKinds,
+        root_uid: &str,
+        root_kind: &str,
+        action: &Action,
+        object: Option<&Value>,
+    ) -> Result<Done, String> {
+        match action {
+            Action::Hold { object, held_for } => self
+                .holds
+                .hold(object, root_uid, root_kind, held_for)
+                .map(|()| Done::AsSaid),
+            // Its entry gone, and deleted at once if its owner is leaving (a
+            // standalone Usage whose user is gone: the garbage collector's
+            // retry after the refusals would come only after its back-off,
+            // and Crossplane replays what the Usage protected once it is
+            // gone).
+            Action::Release { object } => {
+                self.holds.release(object);
+                writes::let_go_all(&self.client, kinds, std::slice::from_ref(object)).await;
+                Ok(Done::AsSaid)
+            }
+            Action::Unblock { object, owner_uid } => {
+                match unhold::unblock(&self.client, kinds, object, owner_uid).await {
+                    Ok(true) => Ok(Done::AsSaid),
+                    Ok(false) => Ok(Done::Nothing),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            // Deleted while still held, so that a delete refused by someone
+            // else (Crossplane's Usage webhook) is simply tried again; the
+            // entry goes once the delete went through. cascade-guard may not
+            // delete every kind it holds (a Secret): then the entry goes now,
+            // and the garbage collector's next try deletes it.
+            Action::Delete { object: r } => {
+                let Some(value) = object else {
+                    return Ok(Done::Nothing);
+                };
+                match writes::delete_in_order(&self.client, kinds, r, value).await {
+                    Ok(Deleted::Sent) => Ok(Done::AsSaid),
+                    Ok(Deleted::LeftToItsDeleter) => {
+                        self.holds.release(r);
+                        Ok(Done::LeftToItsDeleter(r.clone()))
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        }
+    }
+
+    /// Cycles, conflicts and what could not be read, as Warning Events on the
+    /// root, each once: where they are, the tree falls back to the plain
+    /// foreground cascade for those objects.
+    async fn report(&mut self, root: &DynamicObject, graph: &order::Graph, unread: &[String]) {
+        let Some(uid) = root.uid() else { return };
+        let mut now = BTreeSet::new();
+        for cycle in &graph.cycles {
+            let names: Vec<String> = cycle.objects.iter().map(ToString::to_string).collect();
+            now.insert(format!(
+                "a cycle of needs under {}: {} are not ordered, and are deleted together",
+                cycle.parent,
+                names.join(", ")
+            ));
+        }
+        for conflict in &graph.conflicts {
+            now.insert(format!(
+                "{conflict}: it is under what needs it, and cannot wait"
+            ));
+        }
+        for problem in &graph.problems {
+            now.insert(problem.to_string());
+        }
+        for u in unread {
+            now.insert(format!("not read: {u}"));
+        }
+        let before = self.reported.get(&uid).cloned().unwrap_or_default();
+        for note in now.difference(&before) {
+            writes::event(
+                &self.recorder,
+                root,
+                EventType::Warning,
+                "SiblingOrderProblem",
+                note,
+            )
+            .await;
+        }
+        if now.is_empty() {
+            self.reported.remove(&uid);
+        } else {
+            self.reported.insert(uid, now);
+        }
+    }
+}
