@@ -95,15 +95,21 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     let recorder = Recorder::new(client.clone(), reporter.clone());
     let mut publisher = publish::Publisher::new(client.clone(), reporter);
     let mut type_checks = type_check::Reporting::new(recorder.clone(), metrics.clone());
-    let ordering = settings.sibling_order.then(|| {
+    // One watch per kind: Convert's and the admission-only kinds' watches
+    // feed sibling order's index.
+    let feed = settings.sibling_order.then(sibling_order::Feed::new);
+    let ordering = feed.clone().map(|feed| {
         sibling_order::start(
             client.clone(),
-            settings.home_namespace.clone(),
-            settings.refuse_unordered_deletes,
-            settings.compile.clone(),
+            sibling_order::Setup {
+                namespace: settings.home_namespace.clone(),
+                refuse_unordered: settings.refuse_unordered_deletes,
+                settings: settings.compile.clone(),
+                resync: settings.resync,
+            },
             recorder.clone(),
             metrics.clone(),
-            settings.resync,
+            feed,
         )
     });
     if !settings.sibling_order {
@@ -116,13 +122,15 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     }
     let mut converter = convert::Converter::new(client.clone(), recorder.clone(), metrics.clone())
         .with_stall_after(settings.stall_after)
-        .with_restarts_after(settings.restart_quiet_cascades_after);
+        .with_restarts_after(settings.restart_quiet_cascades_after)
+        .with_feed(feed.clone());
     let mut kind_watches = watches::Watches::new(
         client.clone(),
         recorder,
         metrics.clone(),
         settings.stall_after,
-    );
+    )
+    .with_feed(feed);
     // Objects held of kinds no policy names (found once, after the first
     // complete pass): handed to the converter to finish.
     let found: Arc<Mutex<Option<Vec<ProtectedKind>>>> = Arc::new(Mutex::new(None));
@@ -188,16 +196,21 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
         // Only a complete pass says which kinds are ordered: one that could
         // not read the XRDs or CascadePolicies would make their trees' holds
         // look orphaned.
+        let convert_kinds = convert::convert_kinds(policies);
+        let watched_kinds = watches::watched_kinds(policies, &convert_kinds);
         if let Some(ordering) = ordering.as_ref().filter(|_| complete) {
+            let fed = |k: &ProtectedKind| {
+                let key = convert::kind_key(k);
+                convert_kinds.contains_key(&key) || watched_kinds.contains_key(&key)
+            };
             ordering.send_if_modified(|kinds| {
-                let now = Some(sibling_order::OrderedKinds::of(policies));
+                let now = Some(sibling_order::OrderedKinds::of(policies, fed));
                 let changed = *kinds != now;
                 *kinds = now;
                 changed
             });
         }
-        let convert_kinds = convert::convert_kinds(policies);
-        kind_watches.update(watches::watched_kinds(policies, &convert_kinds));
+        kind_watches.update(watched_kinds);
         converter
             .update(convert_kinds, &found_kinds, complete)
             .await;

@@ -14,21 +14,21 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures::StreamExt;
 use kube::api::DynamicObject;
+use kube::api::PartialObjectMeta;
 use kube::core::Selector;
 use kube::runtime::events::Recorder;
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
 
 use super::MANAGER;
 use super::telemetry::Metrics;
 use crate::cluster::kinds::{Served, ServedKinds};
-use crate::cluster::tree::{TreeRead, Usages, read_tree};
+use crate::cluster::tree::Usages;
 use crate::policy::drift::first_difference;
-use crate::policy::order::ObjectRef;
 use crate::policy::order_gate::GatedKind;
-use crate::policy::{CompileSettings, Mode, Policy, Shape};
+use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, Shape};
 
 mod entries;
 mod gate;
@@ -36,25 +36,46 @@ mod holds;
 mod index;
 mod mirror;
 mod off;
+mod reads;
 mod reconcile;
 mod record;
 mod schedule;
 mod writes;
 use gate::Gate;
 use holds::Holds;
-use index::{DueRoot, Index, KindKey, Look, Sync};
+use index::{Index, KindKey, Look, Sync};
 use mirror::Mirror;
 pub use off::let_go_of_everything;
-use schedule::{DISCOVERY_EVERY, READ_BATCH, READS_AT_ONCE, SLOW_LOOK, pause};
+use schedule::{DISCOVERY_EVERY, SLOW_LOOK, pause};
 
-/// The kinds whose trees are ordered: Refuse and Convert ones, each with the
-/// selectors of its policies (none: every object).
+/// One kind whose trees are ordered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OrderedKind {
+    pub group: String,
+    pub kind: String,
+    /// The selectors of its policies (one selecting all: every object).
+    pub selectors: Vec<Selector>,
+    pub shape: Shape,
+    /// Another watch of the controller follows the kind (Convert's, or the
+    /// admission-only kinds') and feeds the index: sibling order starts none
+    /// of its own.
+    pub fed: bool,
+}
+
+impl OrderedKind {
+    fn key(&self) -> KindKey {
+        (self.group.clone(), self.kind.clone())
+    }
+}
+
+/// The kinds whose trees are ordered: Refuse and Convert ones.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct OrderedKinds(Vec<(String, String, Vec<Selector>, Shape)>);
+pub struct OrderedKinds(Vec<OrderedKind>);
 
 impl OrderedKinds {
-    pub fn of(policies: &[Policy]) -> Self {
-        let mut kinds: Vec<(String, String, Vec<Selector>, Shape)> = Vec::new();
+    /// The kinds `policies` order; `fed` tells a kind another watch follows.
+    pub fn of(policies: &[Policy], fed: impl Fn(&ProtectedKind) -> bool) -> Self {
+        let mut kinds: Vec<OrderedKind> = Vec::new();
         for p in policies
             .iter()
             .filter(|p| matches!(p.mode, Mode::Refuse | Mode::Convert))
@@ -66,19 +87,89 @@ impl OrderedKinds {
                 .unwrap_or_default();
             match kinds
                 .iter_mut()
-                .find(|(g, k, _, _)| *g == p.kind.group && *k == p.kind.kind)
+                .find(|k| k.group == p.kind.group && k.kind == p.kind.kind)
             {
-                Some((_, _, selectors, _)) => selectors.push(selector),
-                None => kinds.push((
-                    p.kind.group.clone(),
-                    p.kind.kind.clone(),
-                    vec![selector],
-                    p.kind.shape,
-                )),
+                Some(k) => k.selectors.push(selector),
+                None => kinds.push(OrderedKind {
+                    group: p.kind.group.clone(),
+                    kind: p.kind.kind.clone(),
+                    selectors: vec![selector],
+                    shape: p.kind.shape,
+                    fed: fed(&p.kind),
+                }),
             }
         }
         Self(kinds)
     }
+}
+
+/// Feeds sibling order's index from a watch the controller runs anyway
+/// (Convert's, the admission-only kinds'): one watch per kind, where sibling
+/// order's own made the API server list and serve every object twice.
+#[derive(Clone)]
+pub struct Feed(Arc<Mutex<Index>>);
+
+impl Feed {
+    pub fn new() -> Self {
+        Self(Arc::new(Mutex::new(Index::default())))
+    }
+
+    /// A tap for one watch of `kind`; dropped with the watch, it says the
+    /// watch stopped.
+    pub fn tap(&self, kind: &ProtectedKind) -> Tap {
+        Tap {
+            index: self.0.clone(),
+            key: (kind.group.clone(), kind.kind.clone()),
+            feeder: index::feeder(),
+        }
+    }
+}
+
+impl Default for Feed {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One watch's events into the index.
+pub struct Tap {
+    index: Arc<Mutex<Index>>,
+    key: KindKey,
+    feeder: index::Feeder,
+}
+
+impl Tap {
+    pub fn event(
+        &self,
+        event: &Result<watcher::Event<PartialObjectMeta<DynamicObject>>, watcher::Error>,
+    ) {
+        let change = match event {
+            Ok(e) => mirror::event(e),
+            Err(e) => Some(index::WatchEvent::Failed(e.to_string())),
+        };
+        if let (Some(change), Ok(mut index)) = (change, self.index.lock()) {
+            index.apply(&self.key, self.feeder, change);
+        }
+    }
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        if let Ok(mut index) = self.index.lock() {
+            index.apply(&self.key, self.feeder, index::WatchEvent::Stopped);
+        }
+    }
+}
+
+/// How the loop runs.
+pub struct Setup {
+    /// The controller's namespace, where its records are.
+    pub namespace: String,
+    /// Write the gate's policies (`--unordered-deletes=refuse`).
+    pub refuse_unordered: bool,
+    pub settings: CompileSettings,
+    /// How often each tree (not read alone) is read again at the latest.
+    pub resync: std::time::Duration,
 }
 
 /// Starts the loop; the controller sends it the ordered kinds after every
@@ -88,13 +179,17 @@ impl OrderedKinds {
 /// its order (found by the randomized real-Crossplane test).
 pub fn start(
     client: Client,
-    namespace: String,
-    refuse_unordered: bool,
-    settings: CompileSettings,
+    setup: Setup,
     recorder: Recorder,
     metrics: Arc<Metrics>,
-    resync: std::time::Duration,
+    feed: Feed,
 ) -> watch::Sender<Option<OrderedKinds>> {
+    let Setup {
+        namespace,
+        refuse_unordered,
+        settings,
+        resync,
+    } = setup;
     let (tx, mut rx) = watch::channel(None::<OrderedKinds>);
     let mut order = SiblingOrder {
         gate: Gate::new(
@@ -108,7 +203,7 @@ pub fn start(
         recorder,
         metrics,
         resync,
-        index: Arc::new(Mutex::new(Index::default())),
+        index: feed.0,
         mirrors: HashMap::new(),
         held_counts: HashMap::new(),
         kinds: None,
@@ -118,6 +213,7 @@ pub fn start(
         read_every_tree: false,
         tearing_down: false,
         released: None,
+        backlog: false,
     };
     tokio::spawn(async move {
         while rx.borrow_and_update().is_none() {
@@ -129,7 +225,8 @@ pub fn start(
             let kinds = rx.borrow().clone().unwrap_or_default();
             let started = Instant::now();
             order.tick(&kinds).await;
-            tokio::time::sleep(pause(order.tearing_down, started.elapsed())).await;
+            let hurry = order.tearing_down || order.backlog;
+            tokio::time::sleep(pause(hurry, started.elapsed())).await;
         }
     });
     tx
@@ -165,6 +262,8 @@ struct SiblingOrder {
     /// A tree read in the last look is being deleted while something in it
     /// is held.
     tearing_down: bool,
+    /// The last look left trees due for the next.
+    backlog: bool,
     /// When what is held was last looked over for roots that left, and the
     /// ordered and listed kinds then.
     released: Option<(Instant, Vec<String>)>,
@@ -195,7 +294,8 @@ impl SiblingOrder {
         let watched = self.watch(ordered, &kinds);
         let look = self.look();
         let trees_read = look.due.len();
-        self.read_and_reconcile(&kinds, &watched, look.due).await;
+        let left_due = self.read_and_reconcile(&kinds, &watched, look.due).await;
+        self.backlog = look.backlog || left_due;
         self.let_go_of_left(
             ordered,
             &kinds,
@@ -245,25 +345,28 @@ impl SiblingOrder {
         self.kinds.take()
     }
 
-    /// A watch of each ordered kind and each Usage kind served, in the
-    /// version served; none of the others. The index told which kinds and
-    /// selectors count.
+    /// A watch of each Usage kind served and of each ordered kind no other
+    /// watch follows, in the version served; none of the others. The index
+    /// told which kinds and selectors count.
     fn watch(&mut self, ordered: &OrderedKinds, kinds: &ServedKinds) -> Watched {
         let mut served = HashMap::new();
         let mut gated = Vec::new();
         let mut selectors = Vec::new();
-        for (group, kind, kind_selectors, shape) in &ordered.0 {
-            let Some(s) = kinds.of_kind(Some(group), kind).next().cloned() else {
+        let mut own = HashMap::new();
+        for k in &ordered.0 {
+            let Some(s) = kinds.of_kind(Some(&k.group), &k.kind).next().cloned() else {
                 continue;
             };
             gated.push(GatedKind {
-                group: group.clone(),
+                group: k.group.clone(),
                 plural: s.0.plural.clone(),
-                shape: *shape,
+                shape: k.shape,
             });
-            let key = (group.clone(), kind.clone());
-            selectors.push((key.clone(), kind_selectors.clone()));
-            served.insert(key, s);
+            selectors.push((k.key(), k.selectors.clone()));
+            if !k.fed {
+                own.insert(k.key(), s.clone());
+            }
+            served.insert(k.key(), s);
         }
         let usage_kinds: HashMap<KindKey, Served> = Usages::kinds(kinds)
             .into_iter()
@@ -273,7 +376,7 @@ impl SiblingOrder {
         if let Ok(mut index) = self.index.lock() {
             index.set_kinds(&selectors, &usage_keys);
         }
-        let wanted: HashMap<&KindKey, &Served> = served.iter().chain(usage_kinds.iter()).collect();
+        let wanted: HashMap<&KindKey, &Served> = own.iter().chain(usage_kinds.iter()).collect();
         self.mirrors
             .retain(|key, mirror| wanted.get(key).is_some_and(|s| **s == mirror.served));
         for (key, s) in wanted {
@@ -320,82 +423,6 @@ impl SiblingOrder {
         look
     }
 
-    /// Reads the due trees a batch at a time, READS_AT_ONCE in flight, then
-    /// writes them: a write while reads are in flight stalls them (a
-    /// stream's reads make progress only while it is polled: 31de24a wrote
-    /// each tree as it came, and under a loaded CI a look at 22 trees took
-    /// 216 s), and all of a look's trees collected were a GiB at 100,000
-    /// young ones.
-    async fn read_and_reconcile(
-        &mut self,
-        kinds: &ServedKinds,
-        watched: &Watched,
-        due: Vec<DueRoot>,
-    ) {
-        let client = &self.client.clone();
-        let mut due = due.into_iter().peekable();
-        while due.peek().is_some() {
-            let batch: Vec<DueRoot> = due.by_ref().take(READ_BATCH).collect();
-            // The Usages as the batch starts: one that appears after is
-            // read at the tree's next look.
-            let usages = &Usages::list(client, kinds).await;
-            let held: &HashMap<String, BTreeSet<ObjectRef>> = &batch
-                .iter()
-                .map(|d| (d.uid.clone(), self.holds.held_for(&d.uid)))
-                .collect();
-            let read: Vec<_> = futures::stream::iter(batch.into_iter().map(|d| async move {
-                let root = match watched.served.get(&d.kind) {
-                    Some(served) => ServedKinds::api(client, served, d.namespace.as_deref())
-                        .get_opt(&d.name)
-                        .await
-                        .map_err(|e| e.to_string()),
-                    None => Err("its kind is no longer served".to_string()),
-                };
-                let tree = match &root {
-                    Ok(Some(root)) => {
-                        let none = BTreeSet::new();
-                        let held = held.get(&d.uid).unwrap_or(&none);
-                        Some(read_tree(client, kinds, root, usages, held).await)
-                    }
-                    _ => None,
-                };
-                (d, root, tree)
-            }))
-            .buffered(READS_AT_ONCE)
-            .collect()
-            .await;
-            for (d, root, tree) in read {
-                self.reconcile_read(kinds, d, root, tree).await;
-            }
-        }
-    }
-
-    async fn reconcile_read(
-        &mut self,
-        kinds: &ServedKinds,
-        due: DueRoot,
-        root: Result<Option<DynamicObject>, String>,
-        tree: Option<TreeRead>,
-    ) {
-        match (root, tree) {
-            (Ok(Some(root)), Some(tree)) => {
-                let state = self.reconcile(kinds, &root, tree).await;
-                if let Ok(mut index) = self.index.lock() {
-                    index.read(&due.uid, &due.rv, Instant::now(), state);
-                }
-            }
-            // Gone since the watch told of it: the watch tells that too.
-            (Ok(_), _) => {}
-            (Err(e), _) => {
-                tracing::warn!(kind = %due.kind.1, error = %e, "sibling order: cannot read");
-                // Due again at the next look.
-                if let Ok(mut index) = self.index.lock() {
-                    index.not_read(&due.uid);
-                }
-            }
-        }
-    }
-
     /// A root that left (gone, relabelled out, its kind no longer ordered)
     /// leaves what it held: let go. Told by the root's own kind, so that a
     /// kind that cannot be listed keeps only its own roots' holds; and not
@@ -415,7 +442,7 @@ impl SiblingOrder {
         let ordered_kinds: HashSet<String> = ordered
             .0
             .iter()
-            .map(|(group, kind, _, _)| format!("{kind}.{group}"))
+            .map(|k| format!("{}.{}", k.kind, k.group))
             .collect();
         let listed_kinds = match self.index.lock() {
             Ok(index) => index.listed_kinds(),

@@ -27,6 +27,7 @@ use super::convert::dependents::Lookup;
 use super::convert::discovery::Discoveries;
 use super::convert::events::publish;
 use super::convert::{ConvertKind, Meta, kind_key};
+use super::sibling_order::{Feed, Tap};
 use super::telemetry::Metrics;
 use crate::cluster::served_resource;
 use crate::policy::names::FOREGROUND_DELETION_FINALIZER;
@@ -73,6 +74,8 @@ pub struct Watches {
     metrics: Arc<Metrics>,
     stall_after: Duration,
     running: BTreeMap<String, (WatchedKind, JoinHandle<()>)>,
+    /// Sibling order's index, fed by each kind's watch.
+    feed: Option<Feed>,
 }
 
 impl Watches {
@@ -88,7 +91,14 @@ impl Watches {
             metrics,
             stall_after,
             running: BTreeMap::new(),
+            feed: None,
         }
+    }
+
+    /// Each kind's watch also feeds sibling order's index.
+    pub fn with_feed(mut self, feed: Option<Feed>) -> Self {
+        self.feed = feed;
+        self
     }
 
     /// Starts the watches of new kinds and stops those of kinds no longer watched.
@@ -116,6 +126,7 @@ impl Watches {
                 stall_after: self.stall_after,
                 kind: kind.clone(),
                 discoveries: Discoveries::default(),
+                tap: self.feed.as_ref().map(|f| f.tap(&kind.kind)),
             };
             self.running.insert(key, (kind, tokio::spawn(watch.run())));
         }
@@ -137,6 +148,8 @@ struct KindWatch {
     stall_after: Duration,
     kind: WatchedKind,
     discoveries: Discoveries,
+    /// Into sibling order's index; dropped with the watch.
+    tap: Option<Tap>,
 }
 
 /// An object in one of the states worth watching.
@@ -154,7 +167,7 @@ const LIST_PAGE_SIZE: u32 = 500;
 const REDISCOVER: Duration = Duration::from_secs(30);
 
 impl KindWatch {
-    async fn run(self) {
+    async fn run(mut self) {
         let label = self.kind.kind.to_string();
         let resource = loop {
             match served_resource(&self.client, &self.kind.kind).await {
@@ -168,7 +181,13 @@ impl KindWatch {
         let api: Api<Meta> = Api::all_with(self.client.clone(), &resource);
         // Small pages: the start-up list is this watch's peak of memory.
         let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
+        let tap = self.tap.take();
         let mut events = watcher(api, config)
+            .inspect(move |event| {
+                if let Some(tap) = &tap {
+                    tap.event(event);
+                }
+            })
             .backoff(WatchBackoff::default())
             .boxed();
         let mut tracked: HashMap<String, Tracked> = HashMap::new();

@@ -477,3 +477,84 @@ async fn what_the_hold_policy_does_not_hold_deletes_whatever_its_scope() {
         "a DeleteCollection deleted a held object: {refused:?}"
     );
 }
+
+/// A kind made Refuse with many trees already there (a platform team turning
+/// protection on): every tree becomes due in one look, which reads their
+/// roots by listing the kind rather than one GET each, and holds what each
+/// needs; one of them torn down keeps its order. The kind was Warn, whose
+/// watch (the admission-only kinds') already fed sibling order's index: no
+/// second watch of it.
+#[tokio::test]
+async fn a_kind_made_refuse_with_many_trees_holds_every_need() {
+    const TREES: usize = 80;
+    let _policy = HOLD_POLICY.read().await;
+    let env = env().await;
+    let s = Scope::new(&env.cp, "sibling-many").await;
+    let resource = WARN.resource();
+    let maps: Api<DynamicObject> =
+        Api::namespaced_with(s.client.clone(), &s.namespace, &config_maps());
+    let _provider = Provider::start(
+        s.client.clone(),
+        s.namespace.clone(),
+        Duration::from_secs(1),
+    );
+    for i in 0..TREES {
+        let name = format!("t{i}");
+        create_tree(&s.client, &resource, &s.namespace, &name, 2).await;
+        maps.patch(
+            &format!("{name}-0"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "cascade-guard.dev/needs": format!("ConfigMap/{name}-1")
+            }}})),
+        )
+        .await
+        .expect("annotate the needer");
+    }
+    xrd_api(&s.client)
+        .patch(
+            &WARN.xrd_name(),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"cascade-guard.dev/deletion-policy": "Refuse"}}}),
+            ),
+        )
+        .await
+        .expect("make the kind Refuse");
+    for i in 0..TREES {
+        let held = wait_sibling_held(
+            &s.client,
+            CONTROLLER_HOME,
+            &config_maps(),
+            Some(&s.namespace),
+            &format!("t{i}-1"),
+            Duration::from_secs(120),
+        )
+        .await;
+        assert!(held, "t{i}-1 was never held");
+    }
+    let log =
+        std::fs::read_to_string(env.cp.log_path("cascade-guard-0")).expect("the controller's log");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("by listing their kind") && l.contains("WarnComposite")),
+        "the trees were not read by listing their kind"
+    );
+    let timeline = tree_timeline(&s.client, &resource, &s.namespace).await;
+    wait_sibling_hold(&s.client, &s.namespace, "t7-1").await;
+    let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &s.namespace, &resource);
+    xrs.delete(
+        "t7",
+        &DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Foreground),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .expect("delete t7 in the foreground");
+    let gone = timeline
+        .wait_gone(resource.kind.as_str(), "t7", Duration::from_secs(120))
+        .await;
+    assert!(gone.is_some(), "t7 never left\n{}", timeline.describe());
+    assert_needed_after(&timeline, "t7-0", "t7-1", "a tree of a kind made Refuse");
+}

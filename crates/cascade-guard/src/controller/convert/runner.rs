@@ -23,6 +23,7 @@ use super::steps::{error_policy, reconcile};
 use super::writes::{self, changed_since, is_stale};
 use crate::cluster::served_resource;
 use crate::controller::backoff::WatchBackoff;
+use crate::controller::sibling_order::Feed;
 use crate::controller::telemetry::Metrics;
 use crate::policy::ProtectedKind;
 use crate::policy::cascade::{Carry, Reach};
@@ -58,6 +59,8 @@ pub struct Converter {
     holds: Arc<Semaphore>,
     carry: Carry,
     stall_after: Duration,
+    /// Sibling order's index, fed by each kind's watch.
+    feed: Option<Feed>,
 }
 
 /// How long a cascade may make no progress before it is reported stalled.
@@ -75,7 +78,14 @@ impl Converter {
                 restart_after: Some(crate::policy::cascade::RESTART_AFTER),
             },
             stall_after: DEFAULT_STALL_AFTER,
+            feed: None,
         }
+    }
+
+    /// Each kind's watch also feeds sibling order's index.
+    pub fn with_feed(mut self, feed: Option<Feed>) -> Self {
+        self.feed = feed;
+        self
     }
 
     /// Cascades with no progress for this long are reported stalled.
@@ -225,7 +235,14 @@ impl Converter {
         let holds = self.holds.clone();
         // The controller backs off this stream's errors (trigger_backoff
         // below): a backoff here as well would double the wait.
+        let tap = self.feed.as_ref().map(|f| f.tap(&kind.kind));
         let objects = watcher(api, config)
+            // Before `slim`: sibling order reads owner references and labels.
+            .inspect(move |event| {
+                if let Some(tap) = &tap {
+                    tap.event(event);
+                }
+            })
             .modify(slim)
             .map_ok(move |event| take_in(intake_ctx.clone(), holds.clone(), event))
             // In order, so that the cache sees each object's events as sent.

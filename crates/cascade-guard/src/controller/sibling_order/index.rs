@@ -5,10 +5,13 @@
 //! 100,000 objects the pass was 4.7 % of a core at rest, and blocked a
 //! runtime thread while deletes came in.
 //!
-//! No I/O: the watches in [`super::mirror`] push their events in, and tests
-//! push objects in the same way.
+//! No I/O: the watches push their events in (Convert's and the
+//! admission-only kinds' watches through a [`super::Tap`], sibling order's own
+//! in [`super::mirror`] for the kinds no other watch follows: one watch per
+//! kind), and tests push objects in the same way.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::core::{Selector, SelectorExt};
@@ -52,6 +55,20 @@ pub(crate) enum WatchEvent {
     /// The watch failed (no permission, the kind gone): until it lists again
     /// the kind's roots are unknown.
     Failed(String),
+    /// The watch stopped: until another lists the kind, its roots are
+    /// unknown.
+    Stopped,
+}
+
+/// A watch that feeds the index, told apart from the others: when one kind
+/// changes hands (a Refuse kind becomes Convert), the old watch's last
+/// events must not undo the new one's list.
+pub(crate) type Feeder = u64;
+
+/// A new feeder's id.
+pub(crate) fn feeder() -> Feeder {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// How far a kind is known.
@@ -94,6 +111,7 @@ pub(crate) struct Look {
 /// How a root's tree was last read.
 #[derive(Clone, Debug)]
 struct Read {
+    kind: KindKey,
     rv: String,
     at: Instant,
     /// Read every look: being deleted, young, with writes still to make.
@@ -112,10 +130,15 @@ struct Object {
 
 #[derive(Debug)]
 struct Kind {
+    /// A Refuse or Convert kind: its objects may begin trees. A kind only
+    /// watched (Warn) is kept, not ordered.
+    ordered: bool,
     selectors: Vec<Selector>,
     sync: Sync,
     /// The uids a list from the start brought so far.
     listing: Option<HashSet<String>>,
+    /// The watch whose events count (the one that listed last).
+    feeder: Option<Feeder>,
 }
 
 /// The index. See the module's doc.
@@ -154,26 +177,38 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    /// Sets the ordered kinds and the Usage kinds. A kind no longer named
-    /// drops its objects (their roots leave); changed selectors select
-    /// again.
+    /// Sets the ordered kinds and the Usage kinds. A kind that stops or
+    /// starts being ordered makes its objects' trees leave or begin; one no
+    /// watch feeds any more is dropped; changed selectors select again.
     pub fn set_kinds(&mut self, ordered: &[(KindKey, Vec<Selector>)], usage_kinds: &[KindKey]) {
-        let gone: Vec<KindKey> = self
+        let was: Vec<(KindKey, bool)> = self
             .kinds
-            .keys()
-            .filter(|k| !ordered.iter().any(|(o, _)| o == *k))
-            .cloned()
+            .iter()
+            .map(|(k, kind)| (k.clone(), kind.ordered))
             .collect();
-        for kind in gone {
-            self.kinds.remove(&kind);
+        for (key, was_ordered) in was {
+            let now = ordered.iter().any(|(o, _)| *o == key);
+            if now == was_ordered {
+                continue;
+            }
+            let fed = self.kinds.get_mut(&key).is_some_and(|k| {
+                k.ordered = now;
+                k.feeder.is_some()
+            });
             let uids: Vec<String> = self
                 .objects
                 .iter()
-                .filter(|(_, o)| o.kind == kind)
+                .filter(|(_, o)| o.kind == key)
                 .map(|(uid, _)| uid.clone())
                 .collect();
-            for uid in uids {
-                self.remove(&uid);
+            if !now && !fed {
+                self.kinds.remove(&key);
+                for uid in uids {
+                    self.remove(&uid);
+                }
+            } else {
+                self.dirty.extend(uids);
+                self.controlled_by_kind_changed(&key);
             }
         }
         for (key, selectors) in ordered {
@@ -191,7 +226,8 @@ impl Index {
                     }
                 }
                 None => {
-                    self.kinds.insert(key.clone(), Kind::new(selectors.clone()));
+                    self.kinds
+                        .insert(key.clone(), Kind::new(true, selectors.clone()));
                 }
             }
         }
@@ -200,22 +236,38 @@ impl Index {
         for key in usage_kinds {
             self.usage_kinds
                 .entry(key.clone())
-                .or_insert_with(|| Kind::new(Vec::new()));
+                .or_insert_with(|| Kind::new(false, Vec::new()));
         }
     }
 
-    /// Takes in one watch event of `kind` (an ordered kind or a Usage kind;
-    /// events of a kind not set are dropped).
-    pub fn apply(&mut self, kind: &KindKey, event: WatchEvent) {
+    /// Takes in one watch event of `kind` from `feeder` (a kind not set yet
+    /// is kept, not ordered, until [`Index::set_kinds`] says; events of a
+    /// feeder that is not the kind's last to list are dropped).
+    pub fn apply(&mut self, kind: &KindKey, feeder: Feeder, event: WatchEvent) {
         if self.usage_kinds.contains_key(kind) {
             self.apply_usage(kind, event);
             return;
         }
-        let Some(k) = self.kinds.get_mut(kind) else {
+        let k = self
+            .kinds
+            .entry(kind.clone())
+            .or_insert_with(|| Kind::new(false, Vec::new()));
+        if event == WatchEvent::Listing {
+            k.feeder = Some(feeder);
+        } else if k.feeder != Some(feeder) {
             return;
-        };
+        }
         match event {
             WatchEvent::Listing => k.listing = Some(HashSet::new()),
+            WatchEvent::Stopped => {
+                k.feeder = None;
+                k.listing = None;
+                let was_listed = k.sync == Sync::Listed;
+                k.sync = Sync::Pending;
+                if was_listed {
+                    self.controlled_by_kind_changed(kind);
+                }
+            }
             WatchEvent::Listed(meta) => {
                 if let Some(listing) = k.listing.as_mut() {
                     listing.insert(meta.uid.clone());
@@ -268,6 +320,10 @@ impl Index {
                 k.listing = None;
                 k.sync = Sync::Failing(e);
             }
+            WatchEvent::Stopped => {
+                k.listing = None;
+                k.sync = Sync::Pending;
+            }
             WatchEvent::Deleted(uid) => {
                 self.usages.remove(&uid);
             }
@@ -303,7 +359,10 @@ impl Index {
 
     /// How far each ordered kind is known.
     pub fn kinds(&self) -> impl Iterator<Item = (&KindKey, &Sync)> {
-        self.kinds.iter().map(|(k, kind)| (k, &kind.sync))
+        self.kinds
+            .iter()
+            .filter(|(_, kind)| kind.ordered)
+            .map(|(k, kind)| (k, &kind.sync))
     }
 
     /// A tree taken into a look could not be read: due again at the next.
@@ -319,7 +378,9 @@ impl Index {
 
     /// Every ordered kind is listed in full.
     pub fn listed_all(&self) -> bool {
-        self.kinds.values().all(|k| k.sync == Sync::Listed)
+        self.kinds
+            .values()
+            .all(|k| !k.ordered || k.sync == Sync::Listed)
     }
 
     fn put(&mut self, kind: &KindKey, meta: Meta) {
@@ -395,7 +456,7 @@ impl Index {
         let Some(o) = self.objects.get(uid) else {
             return false;
         };
-        let listed = |kind: &KindKey| self.kinds.get(kind).is_some_and(|k| k.sync == Sync::Listed);
+        let listed = |kind: &KindKey| self.kind_is_listed(kind);
         o.selected
             && listed(&o.kind)
             && o.meta
@@ -408,13 +469,16 @@ impl Index {
     pub fn listed_kinds(&self) -> HashSet<String> {
         self.kinds
             .iter()
-            .filter(|(_, kind)| kind.sync == Sync::Listed)
+            .filter(|(_, kind)| kind.ordered && kind.sync == Sync::Listed)
             .map(|((g, k), _)| format!("{k}.{g}"))
             .collect()
     }
 
     /// Records a read of `root`'s tree.
     pub fn read(&mut self, root: &str, rv: &str, at: Instant, state: TreeState) {
+        let Some(kind) = self.objects.get(root).map(|o| o.kind.clone()) else {
+            return;
+        };
         if let Some(before) = self.reads.get(root) {
             for member in &before.members {
                 if self.members.get(member).is_some_and(|r| r == root) {
@@ -436,6 +500,7 @@ impl Index {
         self.reads.insert(
             root.to_string(),
             Read {
+                kind,
                 rv: rv.to_string(),
                 at,
                 active: state.active,
@@ -478,12 +543,16 @@ impl Index {
         let mut due = Vec::new();
         for uid in candidates {
             if !self.is_root(&uid) {
-                // Its kind not listed now: due again once it is.
-                if self
-                    .objects
-                    .get(&uid)
-                    .is_some_and(|o| !self.kind_is_listed(&o.kind))
-                {
+                // Its kind not listed now (or the read root's kind, gone
+                // from sight with its watch): due again once it is.
+                let kind = match (self.objects.get(&uid), self.reads.get(&uid)) {
+                    (Some(o), _) => Some(&o.kind),
+                    (None, Some(r)) => Some(&r.kind),
+                    (None, None) => None,
+                };
+                if kind.is_some_and(|k| {
+                    self.kinds.get(k).is_some_and(|k| k.ordered) && !self.kind_is_listed(k)
+                }) {
                     continue;
                 }
                 if self.reads.remove(&uid).is_some() {
@@ -542,8 +611,11 @@ impl Index {
         }
     }
 
+    /// An ordered kind listed in full.
     fn kind_is_listed(&self, kind: &KindKey) -> bool {
-        self.kinds.get(kind).is_some_and(|k| k.sync == Sync::Listed)
+        self.kinds
+            .get(kind)
+            .is_some_and(|k| k.ordered && k.sync == Sync::Listed)
     }
 
     /// Roots never read yet that begin a tree now: none once every tree was
@@ -582,11 +654,13 @@ pub(crate) struct TreeState {
 }
 
 impl Kind {
-    fn new(selectors: Vec<Selector>) -> Self {
+    fn new(ordered: bool, selectors: Vec<Selector>) -> Self {
         Self {
+            ordered,
             selectors,
             sync: Sync::Pending,
             listing: None,
+            feeder: None,
         }
     }
 }

@@ -1,8 +1,9 @@
-//! The watches that feed the [`Index`]: a metadata watch of each ordered
-//! kind and of each Usage kind, each pushing its events in as they come.
-//! The look used to list every ordered kind each tick, which at 100,000
-//! objects was the API server serving hundreds of MiB a second and the
-//! controller holding a GiB.
+//! Sibling order's own watches that feed the [`Index`]: a metadata watch of
+//! each Usage kind, and of each ordered kind no other watch of the
+//! controller follows (a claim kind under Refuse), each pushing its events in
+//! as they come. The look used to list every ordered kind each tick, which
+//! at 100,000 objects was the API server serving hundreds of MiB a second and
+//! the controller holding a GiB.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,7 +14,7 @@ use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
-use super::index::{Index, KindKey, Meta, WatchEvent};
+use super::index::{Feeder, Index, KindKey, Meta, WatchEvent, feeder};
 use crate::cluster::kinds::Served;
 
 /// Objects per page of the watch's lists.
@@ -26,11 +27,17 @@ const MAX_RETRY: Duration = Duration::from_secs(30);
 pub(super) struct Mirror {
     pub served: Served,
     task: JoinHandle<()>,
+    index: Arc<Mutex<Index>>,
+    feeder: Feeder,
 }
 
 impl Drop for Mirror {
     fn drop(&mut self) {
         self.task.abort();
+        let key = (self.served.0.group.clone(), self.served.0.kind.clone());
+        if let Ok(mut index) = self.index.lock() {
+            index.apply(&key, self.feeder, WatchEvent::Stopped);
+        }
     }
 }
 
@@ -38,10 +45,13 @@ impl Mirror {
     pub fn start(client: &Client, served: &Served, index: Arc<Mutex<Index>>) -> Self {
         let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), &served.0);
         let key = (served.0.group.clone(), served.0.kind.clone());
-        let task = tokio::spawn(watch(api, key, index));
+        let id = feeder();
+        let task = tokio::spawn(watch(api, key, id, index.clone()));
         Self {
             served: served.clone(),
             task,
+            index,
+            feeder: id,
         }
     }
 }
@@ -75,12 +85,12 @@ pub(super) fn meta(object: &PartialObjectMeta<DynamicObject>) -> Option<Meta> {
 }
 
 /// The index's event for a watcher's, if any.
-fn event(event: Event<PartialObjectMeta<DynamicObject>>) -> Option<WatchEvent> {
+pub(super) fn event(event: &Event<PartialObjectMeta<DynamicObject>>) -> Option<WatchEvent> {
     Some(match event {
         Event::Init => WatchEvent::Listing,
-        Event::InitApply(object) => WatchEvent::Listed(meta(&object)?),
+        Event::InitApply(object) => WatchEvent::Listed(meta(object)?),
         Event::InitDone => WatchEvent::ListDone,
-        Event::Apply(object) => WatchEvent::Applied(meta(&object)?),
+        Event::Apply(object) => WatchEvent::Applied(meta(object)?),
         Event::Delete(object) => WatchEvent::Deleted(object.uid()?),
     })
 }
@@ -88,20 +98,25 @@ fn event(event: Event<PartialObjectMeta<DynamicObject>>) -> Option<WatchEvent> {
 /// Watches until aborted. After a failure it lists again from the start (the
 /// kind stays failing meanwhile): what the index held may have missed
 /// changes.
-async fn watch(api: Api<PartialObjectMeta<DynamicObject>>, key: KindKey, index: Arc<Mutex<Index>>) {
+async fn watch(
+    api: Api<PartialObjectMeta<DynamicObject>>,
+    key: KindKey,
+    id: Feeder,
+    index: Arc<Mutex<Index>>,
+) {
     let mut retry = FIRST_RETRY;
     loop {
         let mut events = watcher(api.clone(), watcher::Config::default().page_size(PAGE)).boxed();
         while let Some(next) = events.next().await {
             let listed = matches!(next, Ok(Event::InitDone));
             let change = match next {
-                Ok(e) => event(e),
+                Ok(e) => event(&e),
                 Err(e) => Some(WatchEvent::Failed(e.to_string())),
             };
             let failed = matches!(change, Some(WatchEvent::Failed(_)));
             if let Some(change) = change {
                 let Ok(mut index) = index.lock() else { return };
-                index.apply(&key, change);
+                index.apply(&key, id, change);
             }
             if listed {
                 retry = FIRST_RETRY;

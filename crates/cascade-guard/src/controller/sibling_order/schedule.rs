@@ -26,8 +26,14 @@ pub(crate) const READS_AT_ONCE: usize = 8;
 pub(crate) const READ_BATCH: usize = 32;
 /// The most trees one look reads. The rest stay due and are read by the next
 /// looks, in rank: a look over 100,000 new roots would otherwise take minutes
-/// before a tree being deleted is read again.
-pub(crate) const READS_PER_LOOK: usize = 512;
+/// before a tree being deleted is read again. Most of a look this long reads
+/// roots by list (see LIST_FROM).
+pub(crate) const READS_PER_LOOK: usize = 4096;
+/// The most roots one look fetches one at a time (a GET each).
+pub(crate) const FETCHES_PER_LOOK: usize = 512;
+/// From this many due roots of one kind on, a look lists the kind for them
+/// rather than fetching each.
+pub(crate) const LIST_FROM: usize = 64;
 /// The most trees one look reads only because their resync is due: with
 /// 100,000 roots, reading each every resync period (300 s) would be 330
 /// reads a second at rest; this makes a full resync longer instead.
@@ -75,9 +81,11 @@ pub(crate) fn take_this_look<T>(due: &mut Vec<T>, rank: impl Fn(&T) -> u8) {
 /// ordered kinds) or the API server is slow: the pause grows with the look,
 /// so that the loop reads for at most half of the time (four fifths while a
 /// tree is torn down, where the pause is what each level of the teardown
-/// waits), but never past MAX_PAUSE: a new tree waits for the look after
-/// the pause, and a pause as long as a 216-s look under a loaded CI kept
-/// new trees from their holds for seven minutes.
+/// waits, or while trees are left due from the last look: a start's first
+/// read of every tree is what the gate refuses deletes for), but never past
+/// MAX_PAUSE: a new tree waits for the look after the pause, and a pause as
+/// long as a 216-s look under a loaded CI kept new trees from their holds
+/// for seven minutes. `tearing_down` is either.
 pub(crate) fn pause(tearing_down: bool, look: Duration) -> Duration {
     if tearing_down {
         TEARDOWN_TICK.max(look / 4).min(MAX_PAUSE / 4)
