@@ -3,6 +3,8 @@
 //! the API server's own floor for the same work, measured in the same run:
 //!
 //! 1. the first take-over (every object gets cascade-guard's finalizer);
+//!    with BENCH_SCALE_HOLDING (1,000) trees beside them, each a root and two
+//!    ConfigMaps one of which needs the other, which sibling order holds;
 //! 2. a restart with every object already held, to the controller's log
 //!    saying every kind is listed, against the API server listing the same
 //!    objects the same way (metadata, pages of 100, every kind at once);
@@ -18,7 +20,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use cascade_guard_bench::{percentile, resource, start_controller, start_plane};
 use futures::StreamExt;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::json;
 use kube::{Api, Client};
 
 use super::{
@@ -38,7 +41,8 @@ pub async fn run() -> Result<()> {
     let xrds: Vec<_> = (0..kinds)
         .map(|i| xrd(&format!("Scale{i}"), &format!("scale{i}s"), Some("Convert")))
         .collect();
-    let (cp, admin) = start_plane(&xrds, &["scale", "single", "at-once", "floor"]).await?;
+    let holding = env_number("BENCH_SCALE_HOLDING", 1000)?;
+    let (cp, admin) = start_plane(&xrds, &["scale", "single", "at-once", "floor", "holding"]).await?;
     let scale_kinds: Vec<ApiResource> = (0..kinds)
         .map(|i| resource(&format!("Scale{i}"), &format!("scale{i}s")))
         .collect();
@@ -55,10 +59,21 @@ pub async fn run() -> Result<()> {
             make_tree(&admin, &tree, ns, &format!("t-{i}"), 1).await?;
         }
     }
+    // Sibling order's work: trees across the kinds, each holding a need.
+    futures::stream::iter((0..holding).map(|i| {
+        let admin = admin.clone();
+        let kind = scale_kinds[i % scale_kinds.len()].clone();
+        async move { make_needy_tree(&admin, &kind, "holding", &format!("h-{i}")).await }
+    }))
+    .buffer_unordered(16)
+    .collect::<Vec<_>>()
+    .await
+    .into_iter()
+    .collect::<Result<Vec<()>>>()?;
     let trees = 3 * SINGLE.max(AT_ONCE);
-    let total = kinds * per_kind + trees;
+    let total = kinds * per_kind + trees + holding;
     println!(
-        "{} objects across {kinds} Convert kinds and {trees} trees of one of them, created in {:.0} s",
+        "{} objects across {kinds} Convert kinds, {trees} trees of one of them and {holding} trees holding a need across them, created in {:.0} s",
         kinds * per_kind,
         created.elapsed().as_secs_f64()
     );
@@ -145,6 +160,8 @@ pub async fn run() -> Result<()> {
     println!(
         "   every tree read {first_pass:.1} s after the start, cascade-guard's CPU by then {pass_cpu:.1} s"
     );
+    let held = cascade_guard::cluster::holds::read(&admin, HOME).await?;
+    println!("   sibling order holds {} objects", held.len());
     tokio::time::sleep(Duration::from_secs(10)).await;
     print_rest(controller.pid, Duration::from_secs(30))?;
 
@@ -216,6 +233,25 @@ async fn list_every_kind(client: &Client, kinds: &[ApiResource]) -> Result<(f64,
         seen += c?;
     }
     Ok((took, seen))
+}
+
+/// cascade-guard's namespace as the benchmark runs it (no POD_NAMESPACE).
+const HOME: &str = "default";
+
+/// A root of `kind` composing ConfigMaps `<name>-0` and `<name>-1`, the
+/// first needing the second (`cascade-guard.dev/needs`).
+async fn make_needy_tree(client: &Client, kind: &ApiResource, ns: &str, name: &str) -> Result<()> {
+    make_tree(client, kind, ns, name, 2).await?;
+    let maps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &super::config_maps());
+    maps.patch(
+        &format!("{name}-0"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {
+            "cascade-guard.dev/needs": format!("ConfigMap/{name}-1")
+        }}})),
+    )
+    .await?;
+    Ok(())
 }
 
 /// What sibling order logs once it has read every tree after its start.
