@@ -295,6 +295,10 @@ impl SiblingOrder {
         let look = self.look();
         let trees_read = look.due.len();
         let left_due = self.read_and_reconcile(&kinds, &watched, look.due).await;
+        if trees_read >= schedule::FETCHES_PER_LOOK {
+            // A long look's reads are freed now; glibc would keep them.
+            super::memory::give_back();
+        }
         self.backlog = look.backlog || left_due;
         self.let_go_of_left(
             ordered,
@@ -409,8 +413,10 @@ impl SiblingOrder {
                 tracing::warn!(%kind, %group, error = %e, "sibling order: cannot watch this kind; its trees are not ordered, and a Usage of it is seen only at its tree's next read (cascade-guard needs get, list and watch on the group: the chart's protectedGroups)");
             }
         }
+        // Before the look takes them: a root taken is read only after it.
+        let unread = index.unread_roots();
         let look = index.look(Instant::now(), self.resync);
-        if !self.read_every_tree && look.listed_all && index.unread_roots() == 0 {
+        if !self.read_every_tree && look.listed_all && unread == 0 {
             self.read_every_tree = true;
             // Until then a tree's holds are those it had at the start, and
             // the gate keeps what a controller before it wrote.
@@ -419,6 +425,9 @@ impl SiblingOrder {
                 "sibling order: every tree read once"
             );
             self.gate.forget_others(|uid| index.is_root(uid));
+            // The first read's lists were the process's peak: give back what
+            // it no longer uses.
+            super::memory::give_back();
         }
         look
     }

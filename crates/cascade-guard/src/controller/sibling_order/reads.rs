@@ -187,7 +187,7 @@ impl SiblingOrder {
             (Ok(Some(root)), Some(tree)) => {
                 let state = self.reconcile(kinds, &root, tree).await;
                 if let Ok(mut index) = self.index.lock() {
-                    index.read(&due.uid, &due.rv, Instant::now(), state);
+                    index.read(&due.uid, due.rv, Instant::now(), state);
                 }
             }
             // Gone since the watch told of it: the watch tells that too.

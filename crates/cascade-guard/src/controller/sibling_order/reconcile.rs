@@ -403,3 +403,80 @@ impl SiblingOrder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn obj(kind: &str, name: &str, owner: Option<&str>) -> Value {
+        let mut metadata = json!({"name": name, "namespace": "ns", "uid": name});
+        if let Some(owner) = owner {
+            metadata["ownerReferences"] = json!([{
+                "apiVersion": "example.org/v1", "kind": "XR", "name": owner, "uid": owner,
+                "controller": true, "blockOwnerDeletion": true,
+            }]);
+        }
+        json!({"apiVersion": "example.org/v1", "kind": kind, "metadata": metadata})
+    }
+
+    /// root composes `stack` and `cluster`; stack's `app` needs `cluster`.
+    fn tree() -> Vec<Value> {
+        let mut app = obj("App", "app", Some("stack"));
+        app["metadata"]["annotations"] =
+            json!({"cascade-guard.dev/needs": "XR.example.org/cluster"});
+        vec![
+            obj("XR", "root", None),
+            obj("XR", "cluster", Some("root")),
+            obj("XR", "stack", Some("root")),
+            app,
+        ]
+    }
+
+    fn r(name: &str) -> ObjectRef {
+        ObjectRef::new("example.org", "XR", Some("ns"), name)
+    }
+
+    /// What a read tree asks for, given what is held: what is held and no
+    /// longer in the tree is unexplained (let go), a new need is held, and
+    /// what stays held is what the gate counts.
+    #[test]
+    fn a_read_tree_decides_its_holds() {
+        let objects = tree();
+        let graph = order::graph(&objects, "root").expect("root");
+        let (read, in_use) = by_reference(&objects);
+        let hold = || Action::Hold {
+            object: r("cluster"),
+            held_for: "XR ns/stack".to_string(),
+        };
+        type Case = (&'static str, BTreeSet<ObjectRef>, Decision);
+        let cases: Vec<Case> = vec![
+            (
+                "nothing held: hold the need",
+                BTreeSet::new(),
+                Decision {
+                    unexplained: vec![],
+                    todo: vec![hold()],
+                    holding: BTreeSet::from([r("cluster")]),
+                },
+            ),
+            (
+                "held, and an object gone from the tree",
+                BTreeSet::from([r("cluster"), r("gone")]),
+                Decision {
+                    unexplained: vec![r("gone")],
+                    todo: vec![],
+                    holding: BTreeSet::from([r("cluster")]),
+                },
+            ),
+        ];
+        for (what, held_now, want) in cases {
+            assert_eq!(
+                decide(&graph, &read, &in_use, &held_now, |_| false),
+                want,
+                "{what}"
+            );
+        }
+    }
+}

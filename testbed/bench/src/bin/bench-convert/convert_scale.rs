@@ -21,8 +21,8 @@ use anyhow::{Result, bail};
 use cascade_guard_bench::{percentile, resource, start_controller, start_plane};
 use futures::StreamExt;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use serde_json::json;
 use kube::{Api, Client};
+use serde_json::json;
 
 use super::{
     AT_ONCE, FirstSeen, HeldCounter, cpu_ticks, create_many, make_tree, print_latencies,
@@ -42,7 +42,8 @@ pub async fn run() -> Result<()> {
         .map(|i| xrd(&format!("Scale{i}"), &format!("scale{i}s"), Some("Convert")))
         .collect();
     let holding = env_number("BENCH_SCALE_HOLDING", 1000)?;
-    let (cp, admin) = start_plane(&xrds, &["scale", "single", "at-once", "floor", "holding"]).await?;
+    let (cp, admin) =
+        start_plane(&xrds, &["scale", "single", "at-once", "floor", "holding"]).await?;
     let scale_kinds: Vec<ApiResource> = (0..kinds)
         .map(|i| resource(&format!("Scale{i}"), &format!("scale{i}s")))
         .collect();

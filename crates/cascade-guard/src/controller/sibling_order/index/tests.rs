@@ -70,7 +70,7 @@ fn a_new_root_is_due_once_and_again_only_when_it_changes() {
     let look = index.look(now, RESYNC);
     assert_eq!(due(&look), [("a", 1)]);
     assert!(look.listed_all);
-    index.read("a", "1", now, tree(false, &[]));
+    index.read("a", 1, now, tree(false, &[]));
     assert_eq!(due(&index.look(now, RESYNC)), []);
     assert!(!index.busy());
     // The same object again (a relist): nothing due.
@@ -82,7 +82,7 @@ fn a_new_root_is_due_once_and_again_only_when_it_changes() {
         deleting: true,
         ..object("a", "3")
     };
-    index.read("a", "2", now, tree(false, &[]));
+    index.read("a", 2, now, tree(false, &[]));
     index.apply(&xr(), 1, WatchEvent::Applied(deleting));
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 0)]);
 }
@@ -93,7 +93,7 @@ fn what_a_root_controls_is_no_root_until_its_controller_is_gone() {
     let mut index = listed(vec![object("root", "1"), controlled("nested", "1", "root")]);
     assert_eq!(due(&index.look(now, RESYNC)), [("root", 1)]);
     assert!(!index.is_root("nested"));
-    index.read("root", "1", now, tree(false, &["nested"]));
+    index.read("root", 1, now, tree(false, &["nested"]));
     // An orphan delete of the root: what it controlled begins a tree.
     index.apply(&xr(), 1, WatchEvent::Deleted("root".into()));
     let look = index.look(now, RESYNC);
@@ -123,7 +123,7 @@ fn nothing_is_due_or_left_until_every_kind_is_listed() {
     assert!(!look.listed_all);
     index.apply(&xr(), 1, WatchEvent::ListDone);
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 1)]);
-    index.read("a", "1", now, tree(false, &[]));
+    index.read("a", 1, now, tree(false, &[]));
     // The watch fails: the root is neither due nor left.
     index.apply(&xr(), 1, WatchEvent::Failed("forbidden".into()));
     index.apply(&xr(), 1, WatchEvent::Applied(object("a", "2")));
@@ -157,7 +157,7 @@ fn a_root_relabelled_out_of_its_policy_leaves_and_back_in_is_due() {
     index.apply(&xr(), 1, WatchEvent::Listed(labelled("1", "a")));
     index.apply(&xr(), 1, WatchEvent::ListDone);
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 1)]);
-    index.read("a", "1", now, tree(false, &[]));
+    index.read("a", 1, now, tree(false, &[]));
     index.apply(&xr(), 1, WatchEvent::Applied(labelled("2", "b")));
     let look = index.look(now, RESYNC);
     assert_eq!(
@@ -167,7 +167,7 @@ fn a_root_relabelled_out_of_its_policy_leaves_and_back_in_is_due() {
     index.apply(&xr(), 1, WatchEvent::Applied(labelled("3", "a")));
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 1)]);
     // The kind's policy changes its selector: selected again at once.
-    index.read("a", "3", now, tree(false, &[]));
+    index.read("a", 3, now, tree(false, &[]));
     index.set_kinds(&[(xr(), vec![team("b")])], &[]);
     assert_eq!(index.look(now, RESYNC).left, ["a"]);
 }
@@ -177,7 +177,7 @@ fn a_kind_no_longer_ordered_takes_its_roots_with_it() {
     let now = Instant::now();
     let mut index = listed(vec![object("a", "1")]);
     index.look(now, RESYNC);
-    index.read("a", "1", now, tree(false, &[]));
+    index.read("a", 1, now, tree(false, &[]));
     index.set_kinds(&[], &[]);
     let look = index.look(now, RESYNC);
     assert_eq!(look.left, ["a"]);
@@ -189,8 +189,8 @@ fn a_new_or_changed_usage_makes_its_users_tree_due() {
     let now = Instant::now();
     let mut index = listed(vec![object("cluster", "1"), object("gateway", "1")]);
     index.look(now, RESYNC);
-    index.read("cluster", "1", now, tree(false, &["stack"]));
-    index.read("gateway", "1", now, tree(false, &[]));
+    index.read("cluster", 1, now, tree(false, &["stack"]));
+    index.read("gateway", 1, now, tree(false, &[]));
     let usage = |rv: &str, owners: &[&str]| Meta {
         owners: owners.iter().map(|o| o.to_string()).collect(),
         ..object("u1", rv)
@@ -218,11 +218,11 @@ fn an_active_tree_is_read_every_look_and_a_failed_read_again() {
     let now = Instant::now();
     let mut index = listed(vec![object("a", "1")]);
     index.look(now, RESYNC);
-    index.read("a", "1", now, tree(true, &["m"]));
+    index.read("a", 1, now, tree(true, &["m"]));
     assert!(index.busy());
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
-    index.read("a", "1", now, tree(false, &["m"]));
+    index.read("a", 1, now, tree(false, &["m"]));
     assert_eq!(due(&index.look(now, RESYNC)), []);
     index.apply(&xr(), 1, WatchEvent::Applied(object("a", "2")));
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
@@ -237,9 +237,9 @@ fn resyncs_come_in_small_batches_and_never_for_a_root_alone() {
     let mut index = listed([roots, vec![object("alone", "1")]].concat());
     assert_eq!(index.look(start, RESYNC).due.len(), 101);
     for i in 0..100 {
-        index.read(&format!("r{i:03}"), "1", start, tree(false, &["m"]));
+        index.read(&format!("r{i:03}"), 1, start, tree(false, &["m"]));
     }
-    index.read("alone", "1", start, tree(false, &[]));
+    index.read("alone", 1, start, tree(false, &[]));
     assert_eq!(index.unread_roots(), 0);
     let later = start + RESYNC + Duration::from_secs(1);
     let look = index.look(later, RESYNC);
@@ -293,7 +293,7 @@ fn objects_of_a_kind_only_watched_begin_trees_once_it_is_ordered() {
     // Warn to Refuse: the same watch's objects begin trees.
     index.set_kinds(&[(xr(), Vec::new()), (thing.clone(), Vec::new())], &[]);
     assert_eq!(due(&index.look(now, RESYNC)), [("t", 1)]);
-    index.read("t", "1", now, tree(false, &[]));
+    index.read("t", 1, now, tree(false, &[]));
     // Back to Warn: the tree leaves, the objects stay while watched.
     index.set_kinds(&[(xr(), Vec::new())], &[]);
     assert_eq!(index.look(now, RESYNC).left, ["t"]);
@@ -311,8 +311,8 @@ fn a_kind_that_changes_hands_keeps_its_trees() {
     // Refuse, fed by the admission-only watch (1).
     let mut index = listed(vec![object("a", "1"), object("b", "1")]);
     index.look(now, RESYNC);
-    index.read("a", "1", now, tree(false, &["m"]));
-    index.read("b", "1", now, tree(false, &["m"]));
+    index.read("a", 1, now, tree(false, &["m"]));
+    index.read("b", 1, now, tree(false, &["m"]));
     // Convert now: its watch (2) lists while the old one still sends.
     index.apply(&xr(), 2, WatchEvent::Listing);
     index.apply(&xr(), 2, WatchEvent::Listed(object("a", "1")));
