@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
+use futures::StreamExt;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -20,6 +21,10 @@ use crate::policy::order::{self, ObjectRef};
 /// A tree larger than this is cut, and the reader says so: a composition
 /// does not reach it, a loop in resourceRefs would.
 const MAX_OBJECTS: usize = 5_000;
+/// How many objects are fetched at once while a tree is read.
+const FETCHES_AT_ONCE: usize = 16;
+/// An object as fetched: there, gone, or why not.
+type Fetched = Result<Option<DynamicObject>, kube::Error>;
 /// How many times references are followed from what was found the time
 /// before (a Release's ProviderConfig, then its credentials Secret, then
 /// that Secret's writer is three).
@@ -179,28 +184,54 @@ impl<'a> Reading<'a> {
 
     /// Reads every queued composed resource, and what they compose.
     async fn expand(&mut self) {
-        while let Some(key) = self.queue.pop_front() {
-            if self.seen.contains(&key) {
-                continue;
-            }
-            let (api_version, kind, namespace, name) = &key;
-            let Some(served) = self.kinds.get(api_version, kind).cloned() else {
-                self.unread
-                    .push(format!("{kind} {name}: {api_version} {kind} is not served"));
-                continue;
-            };
-            match ServedKinds::api(self.client, &served, namespace.as_deref())
-                .get_opt(name)
-                .await
-            {
-                Ok(Some(object)) => self.tree(&object),
-                Ok(None) => {}
-                Err(e) if is_forbidden(&e) && is_leaf(api_version, kind) => {
-                    let owner = self.composers.get(&key).cloned();
-                    self.stub(key.clone(), owner);
+        while !self.queue.is_empty() {
+            // A wave at a time, FETCHES_AT_ONCE in flight: one GET after
+            // another, `plan` of 5,000 objects took seven seconds. Taken in
+            // the order queued, as one at a time would.
+            let mut wave: Vec<Key> = Vec::new();
+            let mut in_wave = HashSet::new();
+            for key in self.queue.drain(..) {
+                if !self.seen.contains(&key) && in_wave.insert(key.clone()) {
+                    wave.push(key);
                 }
-                Err(e) => self.unread.push(format!("{kind} {name}: {e}")),
             }
+            let (client, kinds) = (self.client, self.kinds);
+            let fetched: Vec<(Key, Option<Fetched>)> =
+                futures::stream::iter(wave.into_iter().map(|key| async move {
+                    let fetched = match kinds.get(&key.0, &key.1) {
+                        Some(served) => Some(
+                            ServedKinds::api(client, served, key.2.as_deref())
+                                .get_opt(&key.3)
+                                .await,
+                        ),
+                        None => None,
+                    };
+                    (key, fetched)
+                }))
+                .buffered(FETCHES_AT_ONCE)
+                .collect()
+                .await;
+            for (key, fetched) in fetched {
+                self.take_fetched(key, fetched);
+            }
+        }
+    }
+
+    /// Takes in one composed resource as fetched (None: its kind is not
+    /// served).
+    fn take_fetched(&mut self, key: Key, fetched: Option<Fetched>) {
+        let (api_version, kind, _, name) = &key;
+        match fetched {
+            None => self
+                .unread
+                .push(format!("{kind} {name}: {api_version} {kind} is not served")),
+            Some(Ok(Some(object))) => self.tree(&object),
+            Some(Ok(None)) => {}
+            Some(Err(e)) if is_forbidden(&e) && is_leaf(api_version, kind) => {
+                let owner = self.composers.get(&key).cloned();
+                self.stub(key, owner);
+            }
+            Some(Err(e)) => self.unread.push(format!("{kind} {name}: {e}")),
         }
     }
 
@@ -213,42 +244,44 @@ impl<'a> Reading<'a> {
             .iter()
             .flat_map(|(_, v)| order::references(v))
             .collect();
-        let mut found = false;
+        // Every served kind a reference may name, not read yet.
+        let mut gets = Vec::new();
         for r in wanted {
-            let served: Vec<Served> = self
-                .kinds
-                .of_kind(r.group.as_deref(), &r.kind)
-                .cloned()
-                .collect();
-            for s in served {
-                let namespace = if s.1 { r.namespace.as_deref() } else { None };
-                let known = ObjectRef::new(&s.0.group, &r.kind, namespace, &r.name);
-                if self.refs.contains(&known) {
-                    continue;
+            for s in self.kinds.of_kind(r.group.as_deref(), &r.kind) {
+                let namespace = if s.1 { r.namespace.clone() } else { None };
+                let known = ObjectRef::new(&s.0.group, &r.kind, namespace.as_deref(), &r.name);
+                if !self.refs.contains(&known) {
+                    gets.push((r.clone(), s.clone(), namespace));
                 }
-                match ServedKinds::api(self.client, &s, namespace)
+            }
+        }
+        let client = self.client;
+        let fetched: Vec<_> =
+            futures::stream::iter(gets.into_iter().map(|(r, s, namespace)| async move {
+                let got = ServedKinds::api(client, &s, namespace.as_deref())
                     .get_opt(&r.name)
-                    .await
-                {
-                    Ok(Some(object)) => {
-                        if let Some(key) = key_of(&object) {
-                            found |= self.take(key, &object);
-                        }
+                    .await;
+                (r, s, namespace, got)
+            }))
+            .buffered(FETCHES_AT_ONCE)
+            .collect()
+            .await;
+        let mut found = false;
+        for (r, s, namespace, got) in fetched {
+            match got {
+                Ok(Some(object)) => {
+                    if let Some(key) = key_of(&object) {
+                        found |= self.take(key, &object);
                     }
-                    Ok(None) => {}
-                    Err(e) if is_forbidden(&e) && is_leaf(&s.0.api_version, &s.0.kind) => {
-                        let key = (
-                            s.0.api_version.clone(),
-                            s.0.kind.clone(),
-                            namespace.map(str::to_string),
-                            r.name.clone(),
-                        );
-                        found |= self.stub(key, None);
-                    }
-                    // A reader without access to it still gets a plan;
-                    // the graph reports the reference unresolved.
-                    Err(e) => self.unread.push(format!("{} {}: {e}", r.kind, r.name)),
                 }
+                Ok(None) => {}
+                Err(e) if is_forbidden(&e) && is_leaf(&s.0.api_version, &s.0.kind) => {
+                    let key = (s.0.api_version.clone(), s.0.kind.clone(), namespace, r.name);
+                    found |= self.stub(key, None);
+                }
+                // A reader without access to it still gets a plan;
+                // the graph reports the reference unresolved.
+                Err(e) => self.unread.push(format!("{} {}: {e}", r.kind, r.name)),
             }
         }
         found

@@ -1,6 +1,7 @@
 //! Benchmark of sibling order (#24) on the real control plane. Prints:
 //!
-//! 1. `cascade-guard plan` on a tree of 200 objects (a Convert root XR, XRs
+//! 1. `cascade-guard plan` on a tree of 200 objects (BENCH_PLAN_LAYERS=100:
+//!    4,904) (a Convert root XR, XRs
 //!    nested three deep, ConfigMaps, Secrets, managed resources reading
 //!    ProviderConfigs whose credentials Secrets a Cluster writes, and
 //!    `cascade-guard.dev/needs` annotations between siblings): the release
@@ -239,20 +240,21 @@ async fn create_all(client: &Client, ns: &str, roots: &[Obj]) -> Result<Duration
     Ok(started.elapsed())
 }
 
-/// The plan tree, 200 objects: root `stack` (Convert) composes 3 ConfigMaps
-/// and 4 layers; each layer composes an infra part (a Cluster writing the
+/// The plan tree, 200 objects with 4 layers (49 objects a layer;
+/// BENCH_PLAN_LAYERS, 100 for 4,904): root `stack` (Convert) composes 3
+/// ConfigMaps and the layers; each layer composes an infra part (a Cluster writing the
 /// kubeconfig Secret its ProviderConfig reads, and ConfigMaps) and 3 app
 /// parts (Workloads using that ProviderConfig, one the layer before's,
 /// Secrets, and ConfigMaps needing them by composition resource name or by
 /// name; a Workload of each app part after the first needs a ConfigMap of
 /// the part before). So edges are lifted at every level: between leaves of
 /// a part, between parts, and between layers.
-fn plan_tree() -> Obj {
+fn plan_tree(layers_wanted: usize) -> Obj {
     let cm = || ApiResource::erase::<ConfigMap>(&());
     let secret = || ApiResource::erase::<Secret>(&());
     let pc = |layer: usize| format!("l{layer}-pc");
     let mut layers = Vec::new();
-    for l in 0..4 {
+    for l in 0..layers_wanted {
         let kubeconfig = format!("l{l}-kubeconfig");
         let mut infra = vec![
             Obj::new(res(CLUSTER), format!("l{l}-cluster"))
@@ -388,7 +390,8 @@ async fn plan_part() -> Result<()> {
     let runs = env_number("BENCH_PLAN_RUNS", 10)?;
     let kinds = [PLAN_ROOT, LAYER, PART, CLUSTER, PROVIDER_CONFIG, WORKLOAD];
     let (cp, admin) = start_plane(&kinds, PLAN_NS).await?;
-    let tree = plan_tree();
+    let layers = usize::try_from(env_number("BENCH_PLAN_LAYERS", 4)?)?;
+    let tree = plan_tree(layers);
     let took = create_all(&admin, PLAN_NS, std::slice::from_ref(&tree)).await?;
     println!(
         "1. plan on a tree of {} objects (created in {:.1} s)",
