@@ -1,4 +1,4 @@
-//! Ordered teardown: keeps the hold label ([`hold`](crate::policy::hold)) on
+//! Ordered teardown: keeps the hold label ([`hold`](crate::policy::sibling::hold)) on
 //! every object of a live tree of a Refuse or Convert kind that a sibling
 //! still needs, so that whatever deletes the tree (a foreground cascade, a
 //! namespace deletion) cannot take it before what needs it is gone; and
@@ -30,12 +30,13 @@ use crate::cluster::tree::{TreeRead, Usages, read_tree};
 use crate::cluster::unhold;
 use crate::cluster::unhold::LetGo;
 use crate::policy::drift::first_difference;
-use crate::policy::hold::{Action, HOLD_OBJECT_NAME, RECORD_GUARD_NAME, actions};
 use crate::policy::holders::IN_USE_LABEL;
-use crate::policy::order::{self, ObjectRef};
-use crate::policy::order_gate::{GatedKind, TreeOrder};
-use crate::policy::provider_config_usage::{self as usage, tracked_usages};
-use crate::policy::roots::Listed;
+use crate::policy::sibling::gate::{GatedKind, TreeOrder};
+use crate::policy::sibling::graph as order;
+use crate::policy::sibling::hold::{Action, HOLD_OBJECT_NAME, RECORD_GUARD_NAME, actions};
+use crate::policy::sibling::object::ObjectRef;
+use crate::policy::sibling::provider_config_usage::{self as usage, tracked_usages};
+use crate::policy::sibling::roots::Listed;
 use crate::policy::{CompileSettings, Mode, Policy, Shape};
 
 mod entries;

@@ -2,7 +2,7 @@
 //! sibling still needs, and letting it go when nothing needs it.
 //!
 //! A foreground cascade deletes all children of a parent at once, so the
-//! [`order`](crate::order) graph's sibling edges ("ServingStack must be gone
+//! [`graph`](crate::sibling::graph) graph's sibling edges ("ServingStack must be gone
 //! before EKSCluster goes") are not kept by the API. cascade-guard keeps them
 //! with one record and one admission policy, and writes nothing to the
 //! objects it holds:
@@ -16,7 +16,7 @@
 //!   garbage collector's and the namespace controller's included, except
 //!   cascade-guard's own, Crossplane's (which cascade-guard never refuses) and
 //!   break-glass. A second policy, of [`compile_record_guard`], refuses every
-//!   change or delete of the record (or of the one of [`crate::order_gate`])
+//!   change or delete of the record (or of the one of [`crate::sibling::gate`])
 //!   by anyone but cascade-guard. The object stays
 //!   live: no deletionTimestamp, so no provider starts deleting what it
 //!   manages. A finalizer could not do that;
@@ -42,7 +42,7 @@
 //! The same record holds each namespaced managed resource's
 //! ProviderConfigUsage until its provider is done with it, so that a
 //! namespace deletion cannot wedge the managed resource
-//! ([`crate::provider_config_usage`]).
+//! ([`crate::sibling::provider_config_usage`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -56,10 +56,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use crate::admission::Compiled;
 use crate::cel::{break_glass_for, cel_string_literal};
 use crate::names::{BREAK_GLASS_ANNOTATION, GROUP};
-use crate::order::{Graph, ObjectRef};
-use crate::order_gate::ORDERED_TREES;
-use crate::provider_config_usage::tracked_usages;
 use crate::settings::CompileSettings;
+use crate::sibling::gate::ORDERED_TREES;
+use crate::sibling::graph::Graph;
+use crate::sibling::object::ObjectRef;
+use crate::sibling::provider_config_usage::tracked_usages;
 
 /// The label by which cascade-guard held objects before it kept its holds in
 /// [`HOLDS`]; it is taken off where seen, and holds nothing now.
@@ -460,7 +461,7 @@ pub enum Action {
     Delete { object: ObjectRef },
     /// Make its owner reference to `owner_uid` stop blocking that owner's
     /// deletion: a held ProviderConfigUsage whose managed resource waits in
-    /// a foreground cascade ([`crate::provider_config_usage`]).
+    /// a foreground cascade ([`crate::sibling::provider_config_usage`]).
     Unblock {
         object: ObjectRef,
         owner_uid: String,
@@ -485,7 +486,7 @@ impl Action {
 /// what an outside user needs in the tree (and the go-betweens on the way)
 /// is held until that user is gone, and the ProviderConfigUsage of each
 /// namespaced managed resource while its provider needs it
-/// ([`crate::provider_config_usage`]). Objects outside
+/// ([`crate::sibling::provider_config_usage`]). Objects outside
 /// the tree are never held; one held before and now outside (a standalone
 /// Usage whose user is gone) is let go. Neither is one already being deleted
 /// (its delete went through: holding it now would hold nothing back), nor
@@ -605,7 +606,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::order::graph;
+    use crate::sibling::graph::graph;
 
     fn obj(kind: &str, name: &str, owner: Option<&str>, deleting: bool) -> Value {
         let mut metadata = json!({"name": name, "namespace": "ns", "uid": name});
@@ -705,7 +706,7 @@ mod tests {
         let mut objects = tree(false, true, false);
         let mut usage = obj("Usage", "uses", Some("root"), false);
         usage["apiVersion"] = json!("protection.crossplane.io/v1beta1");
-        usage["metadata"]["labels"] = json!({crate::order::COMPOSITE_LABEL: "root"});
+        usage["metadata"]["labels"] = json!({crate::sibling::graph::COMPOSITE_LABEL: "root"});
         usage["spec"] = json!({
             "of": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": "cluster"}},
             "by": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": "stack"}},
@@ -818,7 +819,7 @@ mod tests {
         // Composed (Crossplane's label): Crossplane keeps it itself.
         let mut composed = beside(false, true);
         if let Some(u) = composed.last_mut() {
-            u["metadata"]["labels"] = json!({crate::order::COMPOSITE_LABEL: "root"});
+            u["metadata"]["labels"] = json!({crate::sibling::graph::COMPOSITE_LABEL: "root"});
         }
         let g = graph(&composed, "root").expect("root");
         assert_eq!(actions(&g, &BTreeSet::new(), &in_use), vec![]);
@@ -848,7 +849,7 @@ mod tests {
         let usage = || {
             ObjectRef::new(
                 "helm.m.crossplane.io",
-                crate::provider_config_usage::KIND,
+                crate::sibling::provider_config_usage::KIND,
                 Some("ns"),
                 "app",
             )
@@ -901,7 +902,7 @@ mod tests {
         ];
         // The ProviderConfig beside the Release is held by its sibling edge
         // (the tests above); here only what concerns the usage.
-        let of_usage = |a: &Action| a.object().kind == crate::provider_config_usage::KIND;
+        let of_usage = |a: &Action| a.object().kind == crate::sibling::provider_config_usage::KIND;
         for (what, objects, held_now, want) in cases {
             let g = graph(&objects, "root").expect("root");
             let got: Vec<Action> = actions(&g, &held_now, &BTreeSet::new())
@@ -991,14 +992,14 @@ mod tests {
         // under it: a hazard; ordered, none.
         let g = graph(&objects(Some(false)), "root").expect("root");
         for (teardown, want) in [
-            (crate::order::Teardown::Background, 1),
-            (crate::order::Teardown::Foreground, 1),
-            (crate::order::Teardown::Ordered, 0),
+            (crate::sibling::hazards::Teardown::Background, 1),
+            (crate::sibling::hazards::Teardown::Foreground, 1),
+            (crate::sibling::hazards::Teardown::Ordered, 0),
         ] {
             let outside = g
                 .hazards(teardown)
                 .into_iter()
-                .filter(|h| h.kind == crate::order::HazardKind::OutsideUser)
+                .filter(|h| h.kind == crate::sibling::hazards::HazardKind::OutsideUser)
                 .count();
             assert_eq!(outside, want, "{teardown:?}");
         }
