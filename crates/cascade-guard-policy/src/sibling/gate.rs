@@ -34,7 +34,7 @@ use crate::cel::{break_glass_for, cel_string_literal};
 use crate::kind::Shape;
 use crate::names::BREAK_GLASS_ANNOTATION;
 use crate::settings::CompileSettings;
-use crate::sibling::hold::{
+use crate::sibling::hold_policy::{
     HOLD_OBJECT_NAME, delete_rule, reading_record, record_param, sibling_order_metadata,
 };
 

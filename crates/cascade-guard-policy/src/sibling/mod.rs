@@ -30,6 +30,8 @@ pub mod gate;
 pub mod graph;
 pub mod hazards;
 pub mod hold;
+pub mod hold_policy;
+pub mod holds_record;
 mod index;
 pub mod lifting;
 mod needs;

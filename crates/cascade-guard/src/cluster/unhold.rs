@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::cluster::holds;
 use crate::cluster::kinds::ServedKinds;
 use crate::policy::names::FIELD_MANAGER;
-use crate::policy::sibling::hold::{HELD_FOR_ANNOTATION, HOLD_LABEL};
+use crate::policy::sibling::holds_record::{HELD_FOR_ANNOTATION, HOLD_LABEL};
 use crate::policy::sibling::object::ObjectRef;
 
 /// What became of an object let go.

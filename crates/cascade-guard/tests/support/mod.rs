@@ -809,7 +809,7 @@ pub async fn sibling_held(
     ns: Option<&str>,
     name: &str,
 ) -> bool {
-    use cascade_guard::policy::sibling::hold::{HOLDS, decode_holds, hold_key};
+    use cascade_guard::policy::sibling::holds_record::{HOLDS, decode_holds, hold_key};
     use cascade_guard::policy::sibling::object::ObjectRef;
     let Some(key) = hold_key(&ObjectRef::new(&resource.group, &resource.kind, ns, name)) else {
         return false;

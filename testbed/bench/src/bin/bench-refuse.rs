@@ -934,7 +934,7 @@ mod scale {
         // The kinds it names: the held ConfigMaps', and the first series'
         // (an unheld object of a held kind, which pays for reading the
         // record); the DELETEs of the other series' kinds do not reach it.
-        let hold = cascade_guard::policy::sibling::hold::compile_hold(
+        let hold = cascade_guard::policy::sibling::hold_policy::compile_hold(
             &cascade_guard::policy::CompileSettings::default(),
             "default",
             &std::collections::BTreeSet::from([
@@ -944,7 +944,7 @@ mod scale {
         );
         let holds: Api<k8s_openapi::api::core::v1::ConfigMap> =
             Api::namespaced(admin.clone(), "default");
-        let entries = cascade_guard::policy::sibling::hold::encode_holds(
+        let entries = cascade_guard::policy::sibling::holds_record::encode_holds(
             &(0..hold_entries().max(1))
                 .map(|i| {
                     (
@@ -958,10 +958,10 @@ mod scale {
         );
         holds
             .patch(
-                cascade_guard::policy::sibling::hold::HOLDS,
+                cascade_guard::policy::sibling::holds_record::HOLDS,
                 &PatchParams::apply("bench").force(),
                 &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": cascade_guard::policy::sibling::hold::HOLDS},
+                    "metadata": {"name": cascade_guard::policy::sibling::holds_record::HOLDS},
                     "data": entries})),
             )
             .await?;

@@ -142,17 +142,17 @@ async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> V
         _ => {}
     }
     match kube::Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .get_opt(crate::policy::sibling::hold::HOLD_OBJECT_NAME)
+        .get_opt(crate::policy::sibling::hold_policy::HOLD_OBJECT_NAME)
         .await
     {
         Ok(Some(_)) => {}
         Ok(None) => why.push(format!(
             "the hold policy {} is not in the cluster",
-            crate::policy::sibling::hold::HOLD_OBJECT_NAME
+            crate::policy::sibling::hold_policy::HOLD_OBJECT_NAME
         )),
         Err(e) => why.push(format!(
             "cannot read the hold policy {}: {e}",
-            crate::policy::sibling::hold::HOLD_OBJECT_NAME
+            crate::policy::sibling::hold_policy::HOLD_OBJECT_NAME
         )),
     }
     // The controller's namespace: the live Lease's, else the last one's.

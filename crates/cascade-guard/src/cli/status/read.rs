@@ -125,7 +125,7 @@ pub async fn status(
     problems.extend(type_check::problems(&typed_policies));
     let sibling_order = ListParams::default().labels(&format!(
         "{}=true",
-        crate::policy::sibling::hold::SIBLING_ORDER_LABEL
+        crate::policy::sibling::hold_policy::SIBLING_ORDER_LABEL
     ));
     match Api::<ValidatingAdmissionPolicy>::all(client.clone())
         .list(&sibling_order)
@@ -237,7 +237,7 @@ pub async fn status(
                 problems.push(format!(
                     "cannot read what sibling order holds (ConfigMap {}/{}): {e}",
                     c.namespace,
-                    crate::policy::sibling::hold::HOLDS
+                    crate::policy::sibling::holds_record::HOLDS
                 ));
                 Vec::new()
             }

@@ -20,7 +20,7 @@ use crate::policy::CompileSettings;
 use crate::policy::sibling::gate::{
     GatedKind, ORDERED_TREES, compile_gate, decode_marks, encode_marks, gate_names,
 };
-use crate::policy::sibling::hold::HOLDS;
+use crate::policy::sibling::holds_record::HOLDS;
 
 /// How often the gate's policies are read back, to put back an edit.
 const CHECK_EVERY: Duration = Duration::from_secs(10);
