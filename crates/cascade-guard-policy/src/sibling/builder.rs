@@ -1,16 +1,16 @@
 //! Reading the objects into a [`Graph`]: who each object is, its owners, the
 //! tree under the root, and then every step of [`Builder::finish`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
-use super::edge::{Edge, Need, Provenance};
+use super::edge::{Edge, Provenance};
 use super::graph::{Graph, Node, Problem, ProblemReason, RootNotFound};
-use super::index::{Index, NeedIx, Rel};
-use super::lifting::{Cycle, SiblingEdge, reachable};
+use super::index::Index;
+use super::lifting::find_cycles;
 use super::needs_annotation::COMPOSITION_RESOURCE_NAME_ANNOTATION;
-use super::object::{ObjectRef, is_go_between, str_at};
+use super::object::{ObjectRef, str_at};
 
 /// The garbage collector's own finalizers, which say nothing of what an
 /// object's controller still has to do.
@@ -254,174 +254,54 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// Reads the edges, and from them the needs, the sibling edges, their
+    /// cycles and the waves: the graph.
     pub(super) fn finish(mut self) -> Graph {
         self.infer_edges();
-        let n = self.refs.len();
+        let edges: Vec<Edge> = self.edges.iter().map(|e| self.public_edge(e)).collect();
+        let (needs, outside_needs) = self.needs();
+        let (lifted, conflicts) = self.lift(&needs, &edges);
+        let cycles = find_cycles(&lifted);
+        let (sibling_edges, public_cycles) = self.sibling_edges(&lifted, &cycles);
+        self.order_siblings(&lifted, &cycles);
+        let wave = self.waves(&lifted, &cycles.pairs);
+        let cycle_of = self.cycle_of(&cycles.members);
+        let nodes = self.nodes(&wave, &cycle_of);
+        let public_needs = needs.iter().map(|n| self.public_need(n, &edges)).collect();
+        let outside_needs = outside_needs
+            .iter()
+            .map(|n| self.public_need(n, &edges))
+            .collect();
+        self.ix.needs = needs;
+        Graph {
+            root: self.refs[self.root].clone(),
+            nodes,
+            edges,
+            needs: public_needs,
+            outside_needs,
+            sibling_edges,
+            waves: self.wave_lists(&wave),
+            cycles: public_cycles,
+            conflicts,
+            problems: self.problems,
+            ix: self.ix,
+        }
+    }
+
+    fn public_edge(&self, e: &RawEdge) -> Edge {
         let refs = &self.refs;
-        let public_edge = |e: &RawEdge| Edge {
+        Edge {
             object: refs[e.object].clone(),
             needs: refs[e.needs].clone(),
             provenance: e.provenance,
             declared_by: refs[e.declared_by].clone(),
-        };
-        let edges: Vec<Edge> = self.edges.iter().map(public_edge).collect();
-        let mut out_edges: Vec<Vec<usize>> = vec![Vec::new(); n];
-        for (k, e) in self.edges.iter().enumerate() {
-            out_edges[e.object].push(k);
         }
-        let go_between: Vec<bool> = refs.iter().map(is_go_between).collect();
+    }
 
-        // What each object of the tree needs, through go-betweens.
-        let mut needs: Vec<NeedIx> = Vec::new();
-        for a in (0..n).filter(|&a| self.ix.in_tree[a] && !go_between[a]) {
-            needs.extend(self.needs_of(a, &out_edges, &go_between, |_| true));
-        }
-        needs.sort_by_key(|need| (need.a, need.x));
-        // What objects outside the tree need inside it: the cascade never
-        // deletes them. A Crossplane Usage's own edge is left out: its
-        // webhook keeps what it protects, and a hold would refuse its
-        // replay.
-        let mut outside_needs: Vec<NeedIx> = Vec::new();
-        for a in (0..n).filter(|&a| !self.ix.in_tree[a] && !go_between[a]) {
-            outside_needs.extend(
-                self.needs_of(a, &out_edges, &go_between, |e| {
-                    e.provenance != Provenance::Usage
-                })
-                .into_iter()
-                .filter(|need| self.ix.in_tree[need.x]),
-            );
-        }
-        outside_needs.sort_by_key(|need| (need.a, need.x));
-        let public_need = |need: &NeedIx| Need {
-            object: refs[need.a].clone(),
-            needs: refs[need.x].clone(),
-            through: need.through.iter().map(|&t| refs[t].clone()).collect(),
-            edges: need.edges.iter().map(|&k| edges[k].clone()).collect(),
-        };
-
-        // Lift every edge of the tree, and every need that goes through an
-        // object outside it (which no edge of the tree orders).
-        let direct = self.edges.iter().enumerate().map(|(k, e)| NeedIx {
-            a: e.object,
-            x: e.needs,
-            through: Vec::new(),
-            edges: vec![k],
-        });
-        let outside = needs
-            .iter()
-            .filter(|need| need.through.iter().any(|&t| !self.ix.in_tree[t]))
-            .cloned();
-        let mut lifted: BTreeMap<(usize, usize, usize), Vec<Need>> = BTreeMap::new();
-        let mut conflicts: Vec<Need> = Vec::new();
-        let mut conflicting = HashSet::new();
-        for need in direct.chain(outside) {
-            match self.ix.relation(need.a, need.x) {
-                Rel::Siblings { parent, a, b } => lifted
-                    .entry((parent, a, b))
-                    .or_default()
-                    .push(public_need(&need)),
-                Rel::Conflict if conflicting.insert((need.a, need.x)) => {
-                    conflicts.push(public_need(&need));
-                }
-                _ => {}
-            }
-        }
-        for need in &needs {
-            if self.ix.relation(need.a, need.x) == Rel::Conflict
-                && conflicting.insert((need.a, need.x))
-            {
-                conflicts.push(public_need(need));
-            }
-        }
-
-        // Cycles: siblings that reach each other through sibling edges.
-        let mut by_parent: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
-        for &(parent, a, b) in lifted.keys() {
-            by_parent.entry(parent).or_default().push((a, b));
-        }
-        let mut cyclic_pairs: HashSet<(usize, usize)> = HashSet::new();
-        let mut cycle_members: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (&parent, pairs) in &by_parent {
-            let mut after: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-            for &(a, b) in pairs {
-                after.entry(a).or_default().push(b);
-                after.entry(b).or_default();
-            }
-            let reach: BTreeMap<usize, HashSet<usize>> =
-                after.keys().map(|&s| (s, reachable(&after, s))).collect();
-            let mut placed = HashSet::new();
-            for &s in after.keys() {
-                if placed.contains(&s) {
-                    continue;
-                }
-                let members: Vec<usize> = after
-                    .keys()
-                    .copied()
-                    .filter(|&t| t == s || (reach[&s].contains(&t) && reach[&t].contains(&s)))
-                    .collect();
-                placed.extend(members.iter().copied());
-                if members.len() > 1 {
-                    for &(a, b) in pairs {
-                        if members.contains(&a) && members.contains(&b) {
-                            cyclic_pairs.insert((a, b));
-                        }
-                    }
-                    cycle_members.push((parent, members));
-                }
-            }
-        }
-
-        let sibling_edges: Vec<SiblingEdge> = lifted
-            .iter()
-            .map(|(&(parent, a, b), reasons)| SiblingEdge {
-                parent: refs[parent].clone(),
-                before: refs[a].clone(),
-                after: refs[b].clone(),
-                reasons: reasons.clone(),
-                in_cycle: cyclic_pairs.contains(&(a, b)),
-            })
-            .collect();
-        let cycles: Vec<Cycle> = cycle_members
-            .iter()
-            .map(|(parent, members)| Cycle {
-                parent: refs[*parent].clone(),
-                objects: members.iter().map(|&m| refs[m].clone()).collect(),
-                edges: sibling_edges
-                    .iter()
-                    .zip(lifted.keys())
-                    .filter(|(_, (p, a, b))| {
-                        p == parent && members.contains(a) && members.contains(b)
-                    })
-                    .map(|(s, _)| s.clone())
-                    .collect(),
-            })
-            .collect();
-        for &(_, a, b) in lifted.keys() {
-            if !cyclic_pairs.contains(&(a, b)) {
-                self.ix.sibling_after.entry(a).or_default().push(b);
-            }
-        }
-
-        let wave = self.waves(&lifted, &cyclic_pairs);
-        let mut cycle_of: Vec<Option<usize>> = vec![None; n];
-        for (c, (_, members)) in cycle_members.iter().enumerate() {
-            for &m in members {
-                for &d in &self.euler[self.ix.tin[m]..self.ix.tout[m]] {
-                    cycle_of[d].get_or_insert(c);
-                }
-            }
-        }
-        let mut waves: Vec<Vec<ObjectRef>> = Vec::new();
-        for (i, w) in wave.iter().enumerate() {
-            if let Some(w) = *w {
-                if waves.len() <= w {
-                    waves.resize_with(w + 1, Vec::new);
-                }
-                waves[w].push(refs[i].clone());
-            }
-        }
-
-        let nodes = (0..n)
+    /// Every object given, as the graph shows it.
+    fn nodes(&self, wave: &[Option<usize>], cycle_of: &[Option<usize>]) -> Vec<Node> {
+        let refs = &self.refs;
+        (0..refs.len())
             .map(|i| Node {
                 object: refs[i].clone(),
                 uid: str_at(self.values[i], "/metadata/uid").map(str::to_string),
@@ -446,22 +326,6 @@ impl<'a> Builder<'a> {
                     .and_then(Value::as_array)
                     .is_some_and(|f| f.iter().any(|f| f == FOREGROUND_FINALIZER)),
             })
-            .collect();
-        let public_needs = needs.iter().map(public_need).collect();
-        let outside_needs = outside_needs.iter().map(public_need).collect();
-        self.ix.needs = needs;
-        Graph {
-            root: refs[self.root].clone(),
-            nodes,
-            edges,
-            needs: public_needs,
-            outside_needs,
-            sibling_edges,
-            waves,
-            cycles,
-            conflicts,
-            problems: self.problems,
-            ix: self.ix,
-        }
+            .collect()
     }
 }

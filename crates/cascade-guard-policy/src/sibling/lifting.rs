@@ -13,7 +13,9 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::edge::Need;
+use super::builder::Builder;
+use super::edge::{Edge, Need};
+use super::index::{NeedIx, Rel};
 use super::object::ObjectRef;
 
 /// `before` must be gone before `after` goes: two children of `parent`.
@@ -51,7 +53,148 @@ pub struct Cycle {
     pub edges: Vec<SiblingEdge>,
 }
 
-pub(super) fn reachable(after: &BTreeMap<usize, Vec<usize>>, from: usize) -> HashSet<usize> {
+/// Sibling edges by positions: (parent, before, after) to the needs lifted
+/// to it.
+pub(super) type Lifted = BTreeMap<(usize, usize, usize), Vec<Need>>;
+
+/// The cycles among the sibling edges, by positions.
+pub(super) struct Cycles {
+    /// The (before, after) of every sibling edge in a cycle.
+    pub(super) pairs: HashSet<(usize, usize)>,
+    /// Each cycle's parent and siblings.
+    pub(super) members: Vec<(usize, Vec<usize>)>,
+}
+
+impl Builder<'_> {
+    /// Lifts every edge of the tree, and every need that goes through an
+    /// object outside it (which no edge of the tree orders), to the two
+    /// siblings it orders; with the conflicts among them and among `needs`.
+    pub(super) fn lift(&self, needs: &[NeedIx], edges: &[Edge]) -> (Lifted, Vec<Need>) {
+        let direct = self.edges.iter().enumerate().map(|(k, e)| NeedIx {
+            a: e.object,
+            x: e.needs,
+            through: Vec::new(),
+            edges: vec![k],
+        });
+        let outside = needs
+            .iter()
+            .filter(|need| need.through.iter().any(|&t| !self.ix.in_tree[t]))
+            .cloned();
+        let mut lifted = Lifted::new();
+        let mut conflicts: Vec<Need> = Vec::new();
+        let mut conflicting = HashSet::new();
+        for need in direct.chain(outside) {
+            match self.ix.relation(need.a, need.x) {
+                Rel::Siblings { parent, a, b } => lifted
+                    .entry((parent, a, b))
+                    .or_default()
+                    .push(self.public_need(&need, edges)),
+                Rel::Conflict if conflicting.insert((need.a, need.x)) => {
+                    conflicts.push(self.public_need(&need, edges));
+                }
+                _ => {}
+            }
+        }
+        for need in needs {
+            if self.ix.relation(need.a, need.x) == Rel::Conflict
+                && conflicting.insert((need.a, need.x))
+            {
+                conflicts.push(self.public_need(need, edges));
+            }
+        }
+        (lifted, conflicts)
+    }
+
+    /// The sibling edges and cycles as the graph shows them.
+    pub(super) fn sibling_edges(
+        &self,
+        lifted: &Lifted,
+        cycles: &Cycles,
+    ) -> (Vec<SiblingEdge>, Vec<Cycle>) {
+        let refs = &self.refs;
+        let sibling_edges: Vec<SiblingEdge> = lifted
+            .iter()
+            .map(|(&(parent, a, b), reasons)| SiblingEdge {
+                parent: refs[parent].clone(),
+                before: refs[a].clone(),
+                after: refs[b].clone(),
+                reasons: reasons.clone(),
+                in_cycle: cycles.pairs.contains(&(a, b)),
+            })
+            .collect();
+        let public_cycles: Vec<Cycle> = cycles
+            .members
+            .iter()
+            .map(|(parent, members)| Cycle {
+                parent: refs[*parent].clone(),
+                objects: members.iter().map(|&m| refs[m].clone()).collect(),
+                edges: sibling_edges
+                    .iter()
+                    .zip(lifted.keys())
+                    .filter(|(_, (p, a, b))| {
+                        p == parent && members.contains(a) && members.contains(b)
+                    })
+                    .map(|(s, _)| s.clone())
+                    .collect(),
+            })
+            .collect();
+        (sibling_edges, public_cycles)
+    }
+
+    /// Keeps in the index the sibling edges outside any cycle, which order
+    /// the teardown.
+    pub(super) fn order_siblings(&mut self, lifted: &Lifted, cycles: &Cycles) {
+        for &(_, a, b) in lifted.keys() {
+            if !cycles.pairs.contains(&(a, b)) {
+                self.ix.sibling_after.entry(a).or_default().push(b);
+            }
+        }
+    }
+}
+
+/// Cycles: siblings that reach each other through sibling edges.
+pub(super) fn find_cycles(lifted: &Lifted) -> Cycles {
+    let mut by_parent: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
+    for &(parent, a, b) in lifted.keys() {
+        by_parent.entry(parent).or_default().push((a, b));
+    }
+    let mut cycles = Cycles {
+        pairs: HashSet::new(),
+        members: Vec::new(),
+    };
+    for (&parent, pairs) in &by_parent {
+        let mut after: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for &(a, b) in pairs {
+            after.entry(a).or_default().push(b);
+            after.entry(b).or_default();
+        }
+        let reach: BTreeMap<usize, HashSet<usize>> =
+            after.keys().map(|&s| (s, reachable(&after, s))).collect();
+        let mut placed = HashSet::new();
+        for &s in after.keys() {
+            if placed.contains(&s) {
+                continue;
+            }
+            let members: Vec<usize> = after
+                .keys()
+                .copied()
+                .filter(|&t| t == s || (reach[&s].contains(&t) && reach[&t].contains(&s)))
+                .collect();
+            placed.extend(members.iter().copied());
+            if members.len() > 1 {
+                for &(a, b) in pairs {
+                    if members.contains(&a) && members.contains(&b) {
+                        cycles.pairs.insert((a, b));
+                    }
+                }
+                cycles.members.push((parent, members));
+            }
+        }
+    }
+    cycles
+}
+
+fn reachable(after: &BTreeMap<usize, Vec<usize>>, from: usize) -> HashSet<usize> {
     let mut seen = HashSet::new();
     let mut queue = VecDeque::from([from]);
     while let Some(u) = queue.pop_front() {

@@ -13,10 +13,11 @@
 //! that fallback, marked by [`Node::cycle`]. Objects outside the tree get no
 //! wave: the cascade does not delete them, so edges to them order nothing.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 
 use super::builder::Builder;
-use super::edge::Need;
+use super::lifting::Lifted;
+use super::object::ObjectRef;
 
 impl Builder<'_> {
     /// Each object of the tree leaves after its children, and every leaf
@@ -27,7 +28,7 @@ impl Builder<'_> {
     /// highest objects' parent.
     pub(super) fn waves(
         &self,
-        lifted: &BTreeMap<(usize, usize, usize), Vec<Need>>,
+        lifted: &Lifted,
         cyclic_pairs: &HashSet<(usize, usize)>,
     ) -> Vec<Option<usize>> {
         let n = self.refs.len();
@@ -73,6 +74,34 @@ impl Builder<'_> {
             }
         }
         wave
+    }
+
+    /// For each object, the cycle (an index into `members`) it is one of the
+    /// siblings of, or lies under.
+    pub(super) fn cycle_of(&self, members: &[(usize, Vec<usize>)]) -> Vec<Option<usize>> {
+        let mut cycle_of: Vec<Option<usize>> = vec![None; self.refs.len()];
+        for (c, (_, members)) in members.iter().enumerate() {
+            for &m in members {
+                for &d in &self.euler[self.ix.tin[m]..self.ix.tout[m]] {
+                    cycle_of[d].get_or_insert(c);
+                }
+            }
+        }
+        cycle_of
+    }
+
+    /// The objects of each wave, wave 0 first.
+    pub(super) fn wave_lists(&self, wave: &[Option<usize>]) -> Vec<Vec<ObjectRef>> {
+        let mut waves: Vec<Vec<ObjectRef>> = Vec::new();
+        for (i, w) in wave.iter().enumerate() {
+            if let Some(w) = *w {
+                if waves.len() <= w {
+                    waves.resize_with(w + 1, Vec::new);
+                }
+                waves[w].push(self.refs[i].clone());
+            }
+        }
+        waves
     }
 }
 
