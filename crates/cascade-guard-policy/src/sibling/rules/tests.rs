@@ -25,21 +25,21 @@ type RuleCase = (
 );
 
 fn rule_cases() -> Vec<RuleCase> {
+    [
+        resolved_reference_cases(),
+        provider_config_cases(),
+        secret_cases(),
+        usage_and_object_cases(),
+        annotation_and_owner_cases(),
+    ]
+    .concat()
+}
+
+/// Upjet's resolved references.
+fn resolved_reference_cases() -> Vec<RuleCase> {
     use ProblemReason::*;
     use Provenance::*;
     let root = xr("XNet", None, "root");
-    let team_root = xr("XNet", Some("team"), "root");
-    let usage_spec = |of_ns: Option<&str>, by_ns: Option<&str>| {
-        let side = |kind: &str, name: &str, ns: Option<&str>| {
-            let mut s = json!({"apiVersion": "example.org/v1", "kind": kind,
-                               "resourceRef": {"name": name}});
-            if let Some(ns) = ns {
-                s["resourceRef"]["namespace"] = json!(ns);
-            }
-            s
-        };
-        json!({"of": side("XDb", "db", of_ns), "by": side("XApp", "app", by_ns)})
-    };
     let ec2 = |kind: &str, name: &str, for_provider: Value| {
         spec(
             obj("ec2.aws.upbound.io/v1beta1", kind, None, name),
@@ -84,6 +84,16 @@ fn rule_cases() -> Vec<RuleCase> {
             vec![],
             vec![Unresolvable, Unresolvable, Unresolved],
         ),
+    ]
+}
+
+/// spec.providerConfigRef.
+fn provider_config_cases() -> Vec<RuleCase> {
+    use ProblemReason::*;
+    use Provenance::*;
+    let root = xr("XNet", None, "root");
+    let team_root = xr("XNet", Some("team"), "root");
+    vec![
         (
             "providerConfigRef: kind defaults to ProviderConfig, cluster-scoped",
             vec![
@@ -183,6 +193,15 @@ fn rule_cases() -> Vec<RuleCase> {
             vec![],
             vec![Unresolved],
         ),
+    ]
+}
+
+/// Credentials and connection Secrets.
+fn secret_cases() -> Vec<RuleCase> {
+    use Provenance::*;
+    let root = xr("XNet", None, "root");
+    let team_root = xr("XNet", Some("team"), "root");
+    vec![
         (
             "credentials.secretRef with a namespace",
             vec![
@@ -266,6 +285,27 @@ fn rule_cases() -> Vec<RuleCase> {
             vec![("conn", "prod", SecretController)],
             vec![],
         ),
+    ]
+}
+
+/// Crossplane Usages and provider-kubernetes Objects.
+fn usage_and_object_cases() -> Vec<RuleCase> {
+    use ProblemReason::*;
+    use Provenance::*;
+    let root = xr("XNet", None, "root");
+    let team_root = xr("XNet", Some("team"), "root");
+    let usage_spec = |of_ns: Option<&str>, by_ns: Option<&str>| {
+        let side = |kind: &str, name: &str, ns: Option<&str>| {
+            let mut s = json!({"apiVersion": "example.org/v1", "kind": kind,
+                               "resourceRef": {"name": name}});
+            if let Some(ns) = ns {
+                s["resourceRef"]["namespace"] = json!(ns);
+            }
+            s
+        };
+        json!({"of": side("XDb", "db", of_ns), "by": side("XApp", "app", by_ns)})
+    };
+    vec![
         (
             "Usage (protection.crossplane.io, namespaced): by needs of",
             vec![
@@ -362,6 +402,16 @@ fn rule_cases() -> Vec<RuleCase> {
             vec![("o", "apps", DependsOn), ("o", "cfg", PatchesFrom)],
             vec![],
         ),
+    ]
+}
+
+/// The needs annotation and blocking owners.
+fn annotation_and_owner_cases() -> Vec<RuleCase> {
+    use ProblemReason::*;
+    use Provenance::*;
+    let root = xr("XNet", None, "root");
+    let team_root = xr("XNet", Some("team"), "root");
+    vec![
         (
             "annotation: a composition resource name is a sibling",
             vec![
