@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use serde_json::Value;
 
 use super::edge::{Edge, Provenance};
-use super::graph::{Graph, Node, Problem, ProblemReason, RootNotFound};
+use super::graph::{Graph, Node, ReadProblem, ReadProblemReason, RootNotFound};
 use super::index::Index;
 use super::lifting::find_cycles;
 use super::needs_annotation::COMPOSITION_RESOURCE_NAME_ANNOTATION;
@@ -48,7 +48,7 @@ pub(super) struct Builder<'a> {
     pub(super) ix: Index,
     pub(super) euler: Vec<usize>,
     pub(super) edges: Vec<RawEdge>,
-    pub(super) problems: Vec<Problem>,
+    pub(super) problems: Vec<ReadProblem>,
 }
 
 impl<'a> Builder<'a> {
@@ -58,16 +58,16 @@ impl<'a> Builder<'a> {
         let mut seen = HashSet::new();
         for (i, value) in objects.iter().enumerate() {
             match ObjectRef::of_object(value) {
-                None => problems.push(Problem {
+                None => problems.push(ReadProblem {
                     object: None,
-                    reason: ProblemReason::Unidentified,
+                    reason: ReadProblemReason::Unidentified,
                     message: format!(
                         "object {i} has no apiVersion, kind or metadata.name: left out"
                     ),
                 }),
-                Some(r) if !seen.insert(r.clone()) => problems.push(Problem {
+                Some(r) if !seen.insert(r.clone()) => problems.push(ReadProblem {
                     object: Some(r),
-                    reason: ProblemReason::Duplicate,
+                    reason: ReadProblemReason::Duplicate,
                     message: "given more than once: the first is used".to_string(),
                 }),
                 Some(r) => parsed.push((r, value)),
@@ -201,8 +201,8 @@ impl<'a> Builder<'a> {
         }
     }
 
-    pub(super) fn problem(&mut self, i: usize, reason: ProblemReason, message: String) {
-        self.problems.push(Problem {
+    pub(super) fn problem(&mut self, i: usize, reason: ReadProblemReason, message: String) {
+        self.problems.push(ReadProblem {
             object: Some(self.refs[i].clone()),
             reason,
             message,

@@ -32,13 +32,14 @@
 //!   reference's, else its own) among the objects of its provider, the
 //!   group without its first label (a reference names no kind). Several
 //!   such objects, or a `<field>Selector` with no reference beside it, are
-//!   a [`Problem`]: cascade-guard does not guess.
+//!   a [`ReadProblem`](super::graph::ReadProblem): cascade-guard does not guess.
 //! - A blocking ownerReference that is not the object's parent: the object
 //!   needs that owner (the owner waits for it).
-//! - The annotation [`NEEDS_ANNOTATION`], see below.
+//! - The annotation [`NEEDS_ANNOTATION`](super::needs_annotation::NEEDS_ANNOTATION), see
+//!   [`super::needs_annotation`].
 //!
 //! A reference that names nothing among the objects, or cannot be read, is a
-//! [`Problem`]; nothing is dropped silently.
+//! [`ReadProblem`](super::graph::ReadProblem); nothing is dropped silently.
 
 use std::fmt;
 

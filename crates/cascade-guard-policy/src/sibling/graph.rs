@@ -62,7 +62,7 @@ pub enum Relation {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-pub enum ProblemReason {
+pub enum ReadProblemReason {
     /// An object without apiVersion, kind or name: left out.
     Unidentified,
     /// An object given twice: the first is used.
@@ -77,14 +77,14 @@ pub enum ProblemReason {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Problem {
+pub struct ReadProblem {
     /// None for an object that could not be identified.
     pub object: Option<ObjectRef>,
-    pub reason: ProblemReason,
+    pub reason: ReadProblemReason,
     pub message: String,
 }
 
-impl fmt::Display for Problem {
+impl fmt::Display for ReadProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.object {
             Some(o) => write!(f, "{o}: {}", self.message),
@@ -123,7 +123,7 @@ pub struct Graph {
     /// cascade never deletes them, so each must be gone before what it
     /// needs goes.
     pub outside_needs: Vec<Need>,
-    pub problems: Vec<Problem>,
+    pub problems: Vec<ReadProblem>,
     #[serde(skip)]
     pub(super) ix: Index,
 }
@@ -240,7 +240,7 @@ mod tests {
         );
         let g = graph(&objects, uid(&objects[0])).expect("root");
         assert_eq!(g.problems.len(), 1);
-        assert_eq!(g.problems[0].reason, ProblemReason::Unidentified);
+        assert_eq!(g.problems[0].reason, ReadProblemReason::Unidentified);
     }
 
     #[test]

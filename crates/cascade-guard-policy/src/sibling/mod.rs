@@ -11,7 +11,7 @@
 //!
 //! [`graph::graph`] reads, purely from the objects, the edges "A needs B"
 //! (B must not go until A is gone, [`edge`]), lifts them to edges between
-//! siblings ([`lifting`]), orders the tree in waves ([`waves`]) and names what
+//! siblings ([`lifting`]), orders the tree in waves ([`graph::Graph::waves`]) and names what
 //! each way of deleting it ([`hazards::Teardown`]) would break
 //! ([`hazards`]). [`references`] says what a reader of the cluster must fetch
 //! beside the tree for the graph to follow its references.

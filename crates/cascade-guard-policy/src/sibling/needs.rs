@@ -2,7 +2,7 @@
 //!
 //! ProviderConfigs, ClusterProviderConfigs, Secrets and ConfigMaps are
 //! go-betweens: they do nothing of their own while deleted and need what they
-//! need only for their readers. So what an object needs ([`Need`]) is
+//! need only for their readers. So what an object needs ([`Need`](super::edge::Need)) is
 //! followed through go-betweens ("Release r needs Cluster c, through
 //! ProviderConfig p and Secret s"), and hazards are named for such needs of
 //! objects that are not go-betweens.

@@ -14,7 +14,7 @@
 //!
 //! For example `cascade-guard.dev/needs: cluster, ProviderConfig.helm.crossplane.io/prod-helm`.
 //! An entry that cannot be read ([`parse_needs`]) or names nothing is a
-//! [`Problem`].
+//! [`ReadProblem`](super::graph::ReadProblem).
 
 /// Annotation by which any object names what it needs (see the module doc).
 pub const NEEDS_ANNOTATION: &str = "cascade-guard.dev/needs";

@@ -7,7 +7,7 @@ use super::needs_annotation::{NEEDS_ANNOTATION, NeedsEntry, parse_needs};
 use super::object::{ObjectRef, group_of, str_at};
 
 /// An object that another one names, as a reader of the cluster must fetch
-/// it for [`graph`] to follow the reference. A providerConfigRef names no API
+/// it for [`graph`](super::graph::graph) to follow the reference. A providerConfigRef names no API
 /// group: `group` is None, any group serving `kind` may hold it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -20,12 +20,12 @@ pub struct Reference {
     pub name: String,
 }
 
-/// What `object` names that [`graph`] would follow, other than its owners
+/// What `object` names that [`graph`](super::graph::graph) would follow, other than its owners
 /// and the resources it composes: its ProviderConfig, a ProviderConfig's
 /// credentials Secret, the Secret it writes its connection details to, a
 /// provider-kubernetes Object's references, and the objects its
 /// [`NEEDS_ANNOTATION`] names (composition resource names are its siblings,
-/// already in the tree). Malformed references are left out here; [`graph`]
+/// already in the tree). Malformed references are left out here; [`graph`](super::graph::graph)
 /// reports them.
 pub fn references(object: &Value) -> Vec<Reference> {
     let Some(own) = ObjectRef::of_object(object) else {

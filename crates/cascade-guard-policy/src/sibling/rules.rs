@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::builder::Builder;
 use super::edge::Provenance;
-use super::graph::{COMPOSITE_LABEL, ProblemReason};
+use super::graph::{COMPOSITE_LABEL, ReadProblemReason};
 use super::index::UsageFact;
 use super::needs_annotation::{NEEDS_ANNOTATION, NeedsEntry, parse_needs};
 use super::object::{ObjectRef, group_of, is_go_between, join_words, str_at};
@@ -67,7 +67,7 @@ impl Builder<'_> {
         };
         let Some(name) = str_at(r, "/name") else {
             let m = "spec.providerConfigRef names no ProviderConfig".to_string();
-            return self.problem(i, ProblemReason::Malformed, m);
+            return self.problem(i, ReadProblemReason::Malformed, m);
         };
         let kind = str_at(r, "/kind").unwrap_or("ProviderConfig");
         let namespace = match kind {
@@ -96,7 +96,7 @@ impl Builder<'_> {
                 let m = format!(
                     "spec.providerConfigRef names {kind} {name}, which is not among the objects"
                 );
-                self.problem(i, ProblemReason::Unresolved, m);
+                self.problem(i, ReadProblemReason::Unresolved, m);
             }
         }
     }
@@ -107,20 +107,20 @@ impl Builder<'_> {
         let r = self.values[i].pointer(pointer)?;
         let Some(name) = str_at(r, "/name") else {
             let m = format!("{field} names no Secret");
-            self.problem(i, ProblemReason::Malformed, m);
+            self.problem(i, ReadProblemReason::Malformed, m);
             return None;
         };
         let namespace = str_at(r, "/namespace").or(self.refs[i].namespace.as_deref());
         let Some(namespace) = namespace else {
             let m = format!("{field} names Secret {name} without a namespace");
-            self.problem(i, ProblemReason::Unresolved, m);
+            self.problem(i, ReadProblemReason::Unresolved, m);
             return None;
         };
         let found = self.exact("", "Secret", Some(namespace), name);
         if found.is_none() {
             let m =
                 format!("{field} names Secret {namespace}/{name}, which is not among the objects");
-            self.problem(i, ProblemReason::Unresolved, m);
+            self.problem(i, ReadProblemReason::Unresolved, m);
         }
         found
     }
@@ -168,7 +168,7 @@ impl Builder<'_> {
         };
         if self.values[i].pointer("/spec/of").is_none() {
             let m = "spec.of is missing".to_string();
-            return self.problem(i, ProblemReason::Malformed, m);
+            return self.problem(i, ReadProblemReason::Malformed, m);
         }
         let of = self.usage_side(i, "of", default.as_deref());
         let by = self.usage_side(i, "by", default.as_deref());
@@ -192,7 +192,7 @@ impl Builder<'_> {
         let s = self.values[i].pointer(&format!("/spec/{side}"))?;
         let (Some(api_version), Some(kind)) = (str_at(s, "/apiVersion"), str_at(s, "/kind")) else {
             let m = format!("spec.{side} has no apiVersion or kind");
-            self.problem(i, ProblemReason::Malformed, m);
+            self.problem(i, ReadProblemReason::Malformed, m);
             return None;
         };
         let Some(r) = s.get("resourceRef") else {
@@ -200,24 +200,24 @@ impl Builder<'_> {
                 let m = format!(
                     "spec.{side} has only a resourceSelector, which Crossplane resolves into resourceRef: not guessed"
                 );
-                (ProblemReason::Unresolvable, m)
+                (ReadProblemReason::Unresolvable, m)
             } else {
                 let m = format!("spec.{side} has no resourceRef");
-                (ProblemReason::Malformed, m)
+                (ReadProblemReason::Malformed, m)
             };
             self.problem(i, reason, m);
             return None;
         };
         let Some(name) = str_at(r, "/name") else {
             let m = format!("spec.{side}.resourceRef has no name");
-            self.problem(i, ProblemReason::Malformed, m);
+            self.problem(i, ReadProblemReason::Malformed, m);
             return None;
         };
         let what = (group_of(api_version), kind, name);
         let found = self.find(what, str_at(r, "/namespace"), default);
         if found.is_none() {
             let m = format!("spec.{side} names {kind} {name}, which is not among the objects");
-            self.problem(i, ProblemReason::Unresolved, m);
+            self.problem(i, ReadProblemReason::Unresolved, m);
         }
         found
     }
@@ -230,11 +230,11 @@ impl Builder<'_> {
         let read = resolved_references::read(self.values[i]);
         for field in read.unresolved_selectors {
             let m = format!("{field} is not resolved yet (no reference beside it)");
-            self.problem(i, ProblemReason::Unresolvable, m);
+            self.problem(i, ReadProblemReason::Unresolvable, m);
         }
         for field in read.malformed {
             let m = format!("{field} names nothing");
-            self.problem(i, ProblemReason::Malformed, m);
+            self.problem(i, ReadProblemReason::Malformed, m);
         }
         let Some(provider) =
             resolved_references::provider_of(&self.refs[i].group).map(str::to_string)
@@ -265,7 +265,7 @@ impl Builder<'_> {
                         "{} names {}, which is not among the objects of its provider read (a resolved reference names no kind: cascade-guard follows it only into what it read)",
                         reference.field, reference.name
                     );
-                    self.problem(i, ProblemReason::Unresolved, m);
+                    self.problem(i, ReadProblemReason::Unresolved, m);
                 }
                 many => {
                     let names: Vec<String> =
@@ -276,7 +276,7 @@ impl Builder<'_> {
                         reference.name,
                         join_words(&names)
                     );
-                    self.problem(i, ProblemReason::Unresolvable, m);
+                    self.problem(i, ReadProblemReason::Unresolvable, m);
                 }
             }
         }
@@ -305,7 +305,7 @@ impl Builder<'_> {
                 str_at(t, "/name"),
             ) else {
                 let m = format!("a spec.references[].{field} has no apiVersion, kind or name");
-                self.problem(i, ProblemReason::Malformed, m);
+                self.problem(i, ReadProblemReason::Malformed, m);
                 continue;
             };
             let what = (group_of(api_version), kind, name);
@@ -315,7 +315,7 @@ impl Builder<'_> {
                     let m = format!(
                         "spec.references[].{field} names {kind} {name}, which is not among the objects"
                     );
-                    self.problem(i, ProblemReason::Unresolved, m);
+                    self.problem(i, ReadProblemReason::Unresolved, m);
                 }
             }
         }
@@ -332,7 +332,7 @@ impl Builder<'_> {
         for entry in parse_needs(text) {
             let found = match entry {
                 Err(e) => {
-                    self.problem(i, ProblemReason::Malformed, e.to_string());
+                    self.problem(i, ReadProblemReason::Malformed, e.to_string());
                     continue;
                 }
                 Ok(NeedsEntry::CompositionResource(name)) => {
@@ -340,7 +340,7 @@ impl Builder<'_> {
                         let m = format!(
                             "{NEEDS_ANNOTATION} names composition resource {name:?}, but nothing among the objects composes this object"
                         );
-                        self.problem(i, ProblemReason::Unresolved, m);
+                        self.problem(i, ReadProblemReason::Unresolved, m);
                         continue;
                     };
                     let found: Vec<usize> = self
@@ -356,7 +356,7 @@ impl Builder<'_> {
                             "{NEEDS_ANNOTATION} names composition resource {name:?}, which {} does not compose among the objects",
                             self.refs[owner]
                         );
-                        self.problem(i, ProblemReason::Unresolved, m);
+                        self.problem(i, ReadProblemReason::Unresolved, m);
                     }
                     found
                 }
@@ -372,7 +372,7 @@ impl Builder<'_> {
                     match found {
                         Some(f) if f == i => {
                             let m = format!("{NEEDS_ANNOTATION} names the object itself");
-                            self.problem(i, ProblemReason::Malformed, m);
+                            self.problem(i, ReadProblemReason::Malformed, m);
                             continue;
                         }
                         Some(f) => vec![f],
@@ -381,7 +381,7 @@ impl Builder<'_> {
                             let m = format!(
                                 "{NEEDS_ANNOTATION} names {target}, which is not among the objects"
                             );
-                            self.problem(i, ProblemReason::Unresolved, m);
+                            self.problem(i, ReadProblemReason::Unresolved, m);
                             continue;
                         }
                     }

@@ -7,10 +7,10 @@
 //! after its children, and nothing under b' leaves before a' is gone. Wave 0
 //! leaves first; a wave is sorted by kind, namespace and name.
 //!
-//! Sibling edges that form a cycle are reported ([`Cycle`]) and left out of
+//! Sibling edges that form a cycle are reported ([`Cycle`](super::lifting::Cycle)) and left out of
 //! the waves: the siblings of a cycle are taken as the foreground cascade
 //! takes them, together. Their waves, and those of what lies under them, are
-//! that fallback, marked by [`Node::cycle`]. Objects outside the tree get no
+//! that fallback, marked by [`Node::cycle`](super::graph::Node::cycle). Objects outside the tree get no
 //! wave: the cascade does not delete them, so edges to them order nothing.
 
 use std::collections::{HashSet, VecDeque};

@@ -2,7 +2,7 @@ use serde_json::json;
 
 use super::*;
 use crate::sibling::edge::Provenance;
-use crate::sibling::graph::{Graph, ProblemReason};
+use crate::sibling::graph::{Graph, ReadProblemReason};
 use crate::sibling::needs_annotation::COMPOSITION_RESOURCE_NAME_ANNOTATION;
 use crate::sibling::test_objects::*;
 
@@ -21,7 +21,7 @@ type RuleCase = (
     &'static str,
     Vec<Value>,
     Vec<(&'static str, &'static str, Provenance)>,
-    Vec<ProblemReason>,
+    Vec<ReadProblemReason>,
 );
 
 fn rule_cases() -> Vec<RuleCase> {
@@ -37,8 +37,8 @@ fn rule_cases() -> Vec<RuleCase> {
 
 /// Upjet's resolved references.
 fn resolved_reference_cases() -> Vec<RuleCase> {
-    use ProblemReason::*;
     use Provenance::*;
+    use ReadProblemReason::*;
     let root = xr("XNet", None, "root");
     let ec2 = |kind: &str, name: &str, for_provider: Value| {
         spec(
@@ -89,8 +89,8 @@ fn resolved_reference_cases() -> Vec<RuleCase> {
 
 /// spec.providerConfigRef.
 fn provider_config_cases() -> Vec<RuleCase> {
-    use ProblemReason::*;
     use Provenance::*;
+    use ReadProblemReason::*;
     let root = xr("XNet", None, "root");
     let team_root = xr("XNet", Some("team"), "root");
     vec![
@@ -290,8 +290,8 @@ fn secret_cases() -> Vec<RuleCase> {
 
 /// Crossplane Usages and provider-kubernetes Objects.
 fn usage_and_object_cases() -> Vec<RuleCase> {
-    use ProblemReason::*;
     use Provenance::*;
+    use ReadProblemReason::*;
     let root = xr("XNet", None, "root");
     let team_root = xr("XNet", Some("team"), "root");
     let usage_spec = |of_ns: Option<&str>, by_ns: Option<&str>| {
@@ -407,8 +407,8 @@ fn usage_and_object_cases() -> Vec<RuleCase> {
 
 /// The needs annotation and blocking owners.
 fn annotation_and_owner_cases() -> Vec<RuleCase> {
-    use ProblemReason::*;
     use Provenance::*;
+    use ReadProblemReason::*;
     let root = xr("XNet", None, "root");
     let team_root = xr("XNet", Some("team"), "root");
     vec![
@@ -515,7 +515,7 @@ fn each_rule_reads_its_edges() {
             .collect();
         want.sort();
         assert_eq!(edge_names(&g), want, "{what}");
-        let got: Vec<ProblemReason> = g.problems.iter().map(|p| p.reason).collect();
+        let got: Vec<ReadProblemReason> = g.problems.iter().map(|p| p.reason).collect();
         assert_eq!(got, problems, "{what}: {:?}", g.problems);
     }
 }
