@@ -323,7 +323,8 @@ mod tests {
     /// A policy and binding with no parameter, labelled, as the compiled
     /// ones are.
     fn sample() -> Compiled {
-        let metadata = crate::hold::sibling_order_metadata("cascade-guard-sibling-order");
+        let metadata =
+            crate::sibling::hold_policy::sibling_order_metadata("cascade-guard-sibling-order");
         Compiled {
             policy: ValidatingAdmissionPolicy {
                 metadata: metadata.clone(),

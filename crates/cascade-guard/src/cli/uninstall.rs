@@ -26,8 +26,9 @@ use crate::cluster::{holds, unhold};
 use crate::controller::MANAGER;
 use crate::controller::convert::Converter;
 use crate::controller::telemetry::Metrics;
-use crate::policy::hold::{HOLD_OBJECT_NAME, HOLDS, SIBLING_ORDER_LABEL};
 use crate::policy::names::MANAGED_BY_SELECTOR;
+use crate::policy::sibling::hold_policy::{HOLD_OBJECT_NAME, SIBLING_ORDER_LABEL};
+use crate::policy::sibling::holds_record::HOLDS;
 use k8s_openapi::api::core::v1::ConfigMap;
 
 #[derive(Clone, Debug)]

@@ -1,5 +1,5 @@
 //! What sibling order holds: the entries of its record
-//! ([`HOLDS`](crate::policy::hold::HOLDS)) in the controller's namespace,
+//! ([`HOLDS`](crate::policy::sibling::holds_record::HOLDS)) in the controller's namespace,
 //! and, from before it kept them there, objects that still carry the old
 //! hold label (they hold nothing now; the controller takes it off).
 
@@ -7,8 +7,10 @@ use kube::api::{DynamicObject, ListParams, PartialObjectMeta};
 use kube::{Api, Client};
 
 use crate::cluster::kinds::{Served, ServedKinds};
-use crate::policy::hold::{HOLD_LABEL, HOLDS, HoldEntry, decode_holds, parse_hold_key};
-use crate::policy::order::ObjectRef;
+use crate::policy::sibling::holds_record::{
+    HOLD_LABEL, HOLDS, HoldEntry, decode_holds, parse_hold_key,
+};
+use crate::policy::sibling::object::ObjectRef;
 use k8s_openapi::api::core::v1::ConfigMap;
 
 /// Every object held, with its entry, as the record in `namespace` says;

@@ -1,6 +1,6 @@
 //! Reading a live tree as `plan` and the sibling-order loop need it: the
 //! root and what it composes, recursively (Crossplane's `resourceRefs`),
-//! what those objects reference ([`order::references`]: ProviderConfigs,
+//! what those objects reference ([`references`]: ProviderConfigs,
 //! credentials and connection Secrets, Object references, the
 //! `cascade-guard.dev/needs` annotation), the Usages that name any of
 //! them and the other side of each, and the managed resources outside the
@@ -16,7 +16,8 @@ use serde_json::{Value, json};
 
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::policy::composed_resources;
-use crate::policy::order::{self, ObjectRef};
+use crate::policy::sibling::object::ObjectRef;
+use crate::policy::sibling::references::{Reference, references};
 
 /// A tree larger than this is cut, and the reader says so: a composition
 /// does not reach it, a loop in resourceRefs would.
@@ -240,9 +241,9 @@ impl<'a> Reading<'a> {
     async fn follow_references(&mut self) -> bool {
         let from = self.followed;
         self.followed = self.objects.len();
-        let wanted: BTreeSet<order::Reference> = self.objects[from..]
+        let wanted: BTreeSet<Reference> = self.objects[from..]
             .iter()
-            .flat_map(|(_, v)| order::references(v))
+            .flat_map(|(_, v)| references(v))
             .collect();
         // Every served kind a reference may name, not read yet.
         let mut gets = Vec::new();

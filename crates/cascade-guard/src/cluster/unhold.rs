@@ -16,9 +16,9 @@ use serde_json::json;
 
 use crate::cluster::holds;
 use crate::cluster::kinds::ServedKinds;
-use crate::policy::hold::{HELD_FOR_ANNOTATION, HOLD_LABEL};
 use crate::policy::names::FIELD_MANAGER;
-use crate::policy::order::ObjectRef;
+use crate::policy::sibling::holds_record::{HELD_FOR_ANNOTATION, HOLD_LABEL};
+use crate::policy::sibling::object::ObjectRef;
 
 /// What became of an object let go.
 #[derive(Debug, PartialEq, Eq)]
@@ -87,7 +87,7 @@ fn api_of(
 
 /// Makes `object`'s owner reference to `owner_uid` stop blocking that
 /// owner's deletion (a held ProviderConfigUsage whose managed resource waits
-/// in a foreground cascade: see `policy::provider_config_usage`). True when
+/// in a foreground cascade: see `policy::sibling::provider_config_usage`). True when
 /// it changed something; missing, already not blocking, or changed meanwhile
 /// is no error (the next look sees it again).
 pub async fn unblock(

@@ -1,4 +1,4 @@
-//! Ordered teardown: keeps the hold label ([`hold`](crate::policy::hold)) on
+//! Ordered teardown: keeps the hold label ([`hold`](crate::policy::sibling::hold)) on
 //! every object of a live tree of a Refuse or Convert kind that a sibling
 //! still needs, so that whatever deletes the tree (a foreground cascade, a
 //! namespace deletion) cannot take it before what needs it is gone; and
@@ -27,7 +27,7 @@ use super::telemetry::Metrics;
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::cluster::tree::Usages;
 use crate::policy::drift::first_difference;
-use crate::policy::order_gate::GatedKind;
+use crate::policy::sibling::gate::GatedKind;
 use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, Shape};
 
 mod entries;

@@ -52,7 +52,7 @@ async fn wait_ordered(client: &Client, uid: &str) {
     let records: Api<ConfigMap> = Api::namespaced(client.clone(), HOME);
     let ordered = wait::until(Duration::from_secs(90), || async {
         let record = records.get_opt(ORDERED_TREES).await.ok()??;
-        let marks = cascade_guard::policy::order_gate::decode_marks(&record.data?);
+        let marks = cascade_guard::policy::sibling::gate::decode_marks(&record.data?);
         let value = marks.get(uid)?.clone();
         value.chars().all(|c| c.is_ascii_digit()).then_some(())
     })

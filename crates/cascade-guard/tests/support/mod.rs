@@ -809,8 +809,8 @@ pub async fn sibling_held(
     ns: Option<&str>,
     name: &str,
 ) -> bool {
-    use cascade_guard::policy::hold::{HOLDS, decode_holds, hold_key};
-    use cascade_guard::policy::order::ObjectRef;
+    use cascade_guard::policy::sibling::holds_record::{HOLDS, decode_holds, hold_key};
+    use cascade_guard::policy::sibling::object::ObjectRef;
     let Some(key) = hold_key(&ObjectRef::new(&resource.group, &resource.kind, ns, name)) else {
         return false;
     };
@@ -871,7 +871,7 @@ pub async fn wait_ordered(
     ns: Option<&str>,
     name: &str,
 ) {
-    use cascade_guard::policy::order_gate::{GateState, ORDERED_TREES, decode_marks};
+    use cascade_guard::policy::sibling::gate::{GateState, ORDERED_TREES, decode_marks};
     let roots: Api<DynamicObject> = match ns {
         Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
         None => Api::all_with(client.clone(), resource),

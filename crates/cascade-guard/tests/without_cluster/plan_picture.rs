@@ -14,7 +14,7 @@ use cascade_guard::cli::plan::mermaid::render_mermaid;
 use cascade_guard::cli::plan::picture::Picture;
 use cascade_guard::cli::plan::{ModeSource, Plan, teardown_of};
 use cascade_guard::policy::Mode;
-use cascade_guard::policy::order;
+use cascade_guard::policy::sibling::graph;
 use serde_json::{Value, json};
 
 const NS: &str = "modelplane-system";
@@ -141,7 +141,7 @@ fn seed() -> Vec<Value> {
 /// The plan of `objects` (rooted at `root_uid`) in `mode`, with sibling
 /// order in force or not.
 fn plan_of(objects: &[Value], root_uid: &str, mode: Mode, sibling_order: bool) -> Plan {
-    let graph = order::graph(objects, root_uid).expect("the root is among the objects");
+    let graph = graph::graph(objects, root_uid).expect("the root is among the objects");
     let teardown = teardown_of(mode, sibling_order);
     Plan {
         root: graph.root.clone(),

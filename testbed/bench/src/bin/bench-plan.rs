@@ -8,7 +8,7 @@
 //!    binary's wall time end to end (`-o json`, several runs), with the
 //!    controller running (it re-reads this tree every tick while young) and
 //!    stopped; the same call in-process, reading the tree alone, and the pure
-//!    `order::graph` + `hazards` on the objects read (many iterations).
+//!    `graph::graph` + `hazards` on the objects read (many iterations).
 //! 2. The controller at rest with 1,000 small live trees (a root XR of a
 //!    Convert or Refuse kind, 3 ConfigMaps, one needs edge) with
 //!    `--sibling-order off`, then `enforce` once every needed ConfigMap is
@@ -29,8 +29,11 @@ use cascade_guard::cli::plan::{self as plan_cli, Options as PlanOptions};
 use cascade_guard::cluster::kinds::ServedKinds;
 use cascade_guard::cluster::tree::{Usages, read_tree};
 use cascade_guard::policy::Mode;
-use cascade_guard::policy::hold;
-use cascade_guard::policy::order::{self, COMPOSITION_RESOURCE_NAME_ANNOTATION, NEEDS_ANNOTATION};
+use cascade_guard::policy::sibling::graph;
+use cascade_guard::policy::sibling::hold;
+use cascade_guard::policy::sibling::needs_annotation::{
+    COMPOSITION_RESOURCE_NAME_ANNOTATION, NEEDS_ANNOTATION,
+};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -411,7 +414,7 @@ async fn plan_part() -> Result<()> {
     if !read.unread.is_empty() {
         bail!("the tree was not read whole: {:?}", read.unread);
     }
-    let graph = order::graph(&read.objects, &root_uid)?;
+    let graph = graph::graph(&read.objects, &root_uid)?;
     let holds = hold::actions(&graph, &BTreeSet::new(), &BTreeSet::new())
         .iter()
         .filter(|a| matches!(a, hold::Action::Hold { .. }))
@@ -498,13 +501,13 @@ async fn plan_part() -> Result<()> {
     let started = Instant::now();
     while per_call.len() < GRAPH_ITERATIONS || started.elapsed() < GRAPH_MIN_TIME {
         let call = Instant::now();
-        let g = order::graph(&read.objects, &root_uid)?;
+        let g = graph::graph(&read.objects, &root_uid)?;
         std::hint::black_box(g.hazards(teardown));
         per_call.push(call.elapsed().as_secs_f64() * 1e6);
     }
     per_call.sort_by(f64::total_cmp);
     println!(
-        "   pure order::graph + hazards({teardown:?}) on the {} objects read, {} calls: median {:.0} µs, p99 {:.0} µs, min {:.0} µs",
+        "   pure graph::graph + hazards({teardown:?}) on the {} objects read, {} calls: median {:.0} µs, p99 {:.0} µs, min {:.0} µs",
         read.objects.len(),
         per_call.len(),
         percentile(&per_call, 50.0),

@@ -934,7 +934,7 @@ mod scale {
         // The kinds it names: the held ConfigMaps', and the first series'
         // (an unheld object of a held kind, which pays for reading the
         // record); the DELETEs of the other series' kinds do not reach it.
-        let hold = cascade_guard::policy::hold::compile_hold(
+        let hold = cascade_guard::policy::sibling::hold_policy::compile_hold(
             &cascade_guard::policy::CompileSettings::default(),
             "default",
             &std::collections::BTreeSet::from([
@@ -944,7 +944,7 @@ mod scale {
         );
         let holds: Api<k8s_openapi::api::core::v1::ConfigMap> =
             Api::namespaced(admin.clone(), "default");
-        let entries = cascade_guard::policy::hold::encode_holds(
+        let entries = cascade_guard::policy::sibling::holds_record::encode_holds(
             &(0..hold_entries().max(1))
                 .map(|i| {
                     (
@@ -958,10 +958,10 @@ mod scale {
         );
         holds
             .patch(
-                cascade_guard::policy::hold::HOLDS,
+                cascade_guard::policy::sibling::holds_record::HOLDS,
                 &PatchParams::apply("bench").force(),
                 &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": cascade_guard::policy::hold::HOLDS},
+                    "metadata": {"name": cascade_guard::policy::sibling::holds_record::HOLDS},
                     "data": entries})),
             )
             .await?;
@@ -1016,8 +1016,8 @@ mod scale {
         // marked ordered, the targets among them (so their deletes are let
         // through and measured whole); a probe XR it has not ordered tells
         // when it is in effect.
-        let gate = cascade_guard::policy::order_gate::compile_gate(
-            &[&protected, &last].map(|r| cascade_guard::policy::order_gate::GatedKind {
+        let gate = cascade_guard::policy::sibling::gate::compile_gate(
+            &[&protected, &last].map(|r| cascade_guard::policy::sibling::gate::GatedKind {
                 group: r.group.clone(),
                 plural: r.plural.clone(),
                 shape: cascade_guard::policy::Shape::CompositeResource,
@@ -1034,11 +1034,11 @@ mod scale {
         }
         Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(admin.clone(), "default")
             .patch(
-                cascade_guard::policy::order_gate::ORDERED_TREES,
+                cascade_guard::policy::sibling::gate::ORDERED_TREES,
                 &PatchParams::apply("bench").force(),
                 &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": cascade_guard::policy::order_gate::ORDERED_TREES},
-                    "data": cascade_guard::policy::order_gate::encode_marks(&marks)})),
+                    "metadata": {"name": cascade_guard::policy::sibling::gate::ORDERED_TREES},
+                    "data": cascade_guard::policy::sibling::gate::encode_marks(&marks)})),
             )
             .await?;
 

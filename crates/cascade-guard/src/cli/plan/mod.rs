@@ -4,7 +4,7 @@
 //! objects reference (ProviderConfigs, their credentials Secrets, connection
 //! Secrets, provider-kubernetes Object references, the
 //! `cascade-guard.dev/needs` annotation) and the Usages that name them, and
-//! hands them to the pure [`order`](crate::policy::order) graph: the waves in
+//! hands them to the pure [`graph`](crate::policy::sibling::graph) graph: the waves in
 //! which the objects can leave, the edges each wave waits on, and every
 //! hazard of the delete that today's mode makes. [`text`] prints it;
 //! [`dot`] and [`mermaid`] draw it (Graphviz, Mermaid) from the one
@@ -25,7 +25,9 @@ use serde::Serialize;
 use crate::cluster::inputs::read_once;
 use crate::cluster::kinds::{LookupError, Served, ServedKinds};
 use crate::cluster::tree::{Usages, read_tree};
-use crate::policy::order::{self, Graph, Hazard, ObjectRef, Teardown};
+use crate::policy::sibling::graph::{self, Graph};
+use crate::policy::sibling::hazards::{Hazard, Teardown};
+use crate::policy::sibling::object::ObjectRef;
 use crate::policy::{Mode, Policy, resolve};
 
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +113,7 @@ pub fn teardown_of(mode: Mode, sibling_order: bool) -> Teardown {
 /// is live) with sibling order on, its hold policy is in the cluster, and its
 /// record says the tree was ordered at the root's present generation.
 async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> Vec<String> {
-    use crate::policy::order_gate::{GateState, ORDERED_TREES, decode_marks};
+    use crate::policy::sibling::gate::{GateState, ORDERED_TREES, decode_marks};
     use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 
     let mut why = Vec::new();
@@ -140,17 +142,17 @@ async fn not_ordered(client: &Client, root: &DynamicObject, lease_id: &str) -> V
         _ => {}
     }
     match kube::Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .get_opt(crate::policy::hold::HOLD_OBJECT_NAME)
+        .get_opt(crate::policy::sibling::hold_policy::HOLD_OBJECT_NAME)
         .await
     {
         Ok(Some(_)) => {}
         Ok(None) => why.push(format!(
             "the hold policy {} is not in the cluster",
-            crate::policy::hold::HOLD_OBJECT_NAME
+            crate::policy::sibling::hold_policy::HOLD_OBJECT_NAME
         )),
         Err(e) => why.push(format!(
             "cannot read the hold policy {}: {e}",
-            crate::policy::hold::HOLD_OBJECT_NAME
+            crate::policy::sibling::hold_policy::HOLD_OBJECT_NAME
         )),
     }
     // The controller's namespace: the live Lease's, else the last one's.
@@ -207,7 +209,7 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
 
     let usages = Usages::list(client, &kinds).await;
     let read = read_tree(client, &kinds, &root, &usages, &Default::default()).await;
-    let graph = order::graph(&read.objects, &root_uid).map_err(|_| PlanError::NoUid)?;
+    let graph = graph::graph(&read.objects, &root_uid).map_err(|_| PlanError::NoUid)?;
     let not_ordered = match mode {
         Mode::Refuse | Mode::Convert => {
             not_ordered(client, &root, &options.leader_election_id).await

@@ -11,8 +11,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::Plan;
 use crate::policy::Mode;
-use crate::policy::hold::{self, Action};
-use crate::policy::order::{self, ObjectRef, Relation, Teardown};
+use crate::policy::sibling::graph::Relation;
+use crate::policy::sibling::hazards::Teardown;
+use crate::policy::sibling::hold::{self, Action};
+use crate::policy::sibling::object::{ObjectRef, is_go_between};
 
 /// The colour of a hazard, in every language: what breaks.
 pub const RED: &str = "#c00000";
@@ -161,7 +163,7 @@ impl Picture {
                 Shape {
                     lines,
                     wave: node.wave.filter(|_| node.in_tree),
-                    go_between: order::is_go_between(&node.object),
+                    go_between: is_go_between(&node.object),
                     outside: !node.in_tree,
                     held: held_for.is_some(),
                     hazard: hazard_shapes.contains(&i),
@@ -293,12 +295,12 @@ mod tests {
 
     use super::*;
     use crate::cli::plan::test_tree::{obj, ordered, plan_of, tree};
+    use crate::policy::sibling::needs_annotation::NEEDS_ANNOTATION;
 
     /// The test tree, and a ConfigMap outside it that the Release needs.
     fn objects() -> Vec<serde_json::Value> {
         let mut objects = tree();
-        objects[6]["metadata"]["annotations"] =
-            json!({order::NEEDS_ANNOTATION: "ConfigMap/settings"});
+        objects[6]["metadata"]["annotations"] = json!({NEEDS_ANNOTATION: "ConfigMap/settings"});
         objects.push(obj("v1", "ConfigMap", "settings", None, json!(null)));
         objects
     }

@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 use super::picture::{Group, Line, LineKind, Member, Picture, Shape};
 use super::{ModeSource, Plan, teardown_of};
 use crate::policy::Mode;
-use crate::policy::order;
+use crate::policy::sibling::graph;
 
 pub fn obj(api_version: &str, kind: &str, name: &str, owner: Option<&str>, spec: Value) -> Value {
     let mut metadata = json!({"name": name, "namespace": "ns", "uid": name});
@@ -58,7 +58,7 @@ pub fn plan_for(mode: Mode) -> Plan {
 }
 
 pub fn plan_of(objects: &[Value], mode: Mode) -> Plan {
-    let graph = order::graph(objects, "root").expect("the root is in the tree");
+    let graph = graph::graph(objects, "root").expect("the root is in the tree");
     let teardown = teardown_of(mode, false);
     Plan {
         root: graph.root.clone(),

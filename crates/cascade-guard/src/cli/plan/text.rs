@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use super::Plan;
 use crate::policy::Mode;
-use crate::policy::order::Teardown;
+use crate::policy::sibling::hazards::Teardown;
 
 pub fn render_text(plan: &Plan) -> String {
     let mut out = String::new();
@@ -196,7 +196,7 @@ mod tests {
     use super::*;
     use crate::cli::plan::test_tree::{obj, ordered, plan_for, tree};
     use crate::cli::plan::{ModeSource, teardown_of};
-    use crate::policy::order;
+    use crate::policy::sibling::graph;
 
     #[test]
     fn the_text_names_the_order_the_edges_and_each_hazard() {
@@ -235,7 +235,7 @@ mod tests {
             json!([{"apiVersion": "example.org/v1", "kind": "XR", "name": "root", "uid": "root"}]);
         objects.push(usage);
         objects.push(obj("example.org/v1", "XR", "hub", None, json!({})));
-        let graph = order::graph(&objects, "root").expect("the root is in the tree");
+        let graph = graph::graph(&objects, "root").expect("the root is in the tree");
         for (sibling_order, want) in [
             (true, "held until its user is gone"),
             (false, "not held: what it protects may be deleted"),

@@ -125,7 +125,7 @@ pub async fn status(
     problems.extend(type_check::problems(&typed_policies));
     let sibling_order = ListParams::default().labels(&format!(
         "{}=true",
-        crate::policy::hold::SIBLING_ORDER_LABEL
+        crate::policy::sibling::hold_policy::SIBLING_ORDER_LABEL
     ));
     match Api::<ValidatingAdmissionPolicy>::all(client.clone())
         .list(&sibling_order)
@@ -237,7 +237,7 @@ pub async fn status(
                 problems.push(format!(
                     "cannot read what sibling order holds (ConfigMap {}/{}): {e}",
                     c.namespace,
-                    crate::policy::hold::HOLDS
+                    crate::policy::sibling::holds_record::HOLDS
                 ));
                 Vec::new()
             }
@@ -265,7 +265,7 @@ async fn ordered_trees(
     controller: Option<&running::Running>,
     problems: &mut Vec<String>,
 ) -> Option<BTreeMap<String, String>> {
-    use crate::policy::order_gate::{ORDERED_TREES, decode_marks};
+    use crate::policy::sibling::gate::{ORDERED_TREES, decode_marks};
     let c = controller.filter(|c| c.settings.as_ref().is_none_or(|s| s.sibling_order))?;
     match Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &c.namespace)
         .get_opt(ORDERED_TREES)

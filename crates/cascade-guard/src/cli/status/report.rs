@@ -77,7 +77,7 @@ impl SiblingTrees {
     /// being deleted (the gate lets those go), each as its record's mark
     /// (`marks`: a root's uid to its value) says.
     pub fn add(&mut self, kind: &str, objects: &[ObjectMeta], marks: &BTreeMap<String, String>) {
-        use crate::policy::order_gate::GateState;
+        use crate::policy::sibling::gate::GateState;
         for m in objects {
             let controlled = m
                 .owner_references

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::policy::hold::{HoldEntry, parse_hold_key};
+use crate::policy::sibling::holds_record::{HoldEntry, parse_hold_key};
 
 #[derive(Debug, Default)]
 pub(super) struct Entries {

@@ -17,10 +17,10 @@ use kube::{Api, Client};
 use super::MANAGER;
 use super::record::{MAX_BYTES, Record};
 use crate::policy::CompileSettings;
-use crate::policy::hold::HOLDS;
-use crate::policy::order_gate::{
+use crate::policy::sibling::gate::{
     GatedKind, ORDERED_TREES, compile_gate, decode_marks, encode_marks, gate_names,
 };
+use crate::policy::sibling::holds_record::HOLDS;
 
 /// How often the gate's policies are read back, to put back an edit.
 const CHECK_EVERY: Duration = Duration::from_secs(10);

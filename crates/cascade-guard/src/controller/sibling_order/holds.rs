@@ -1,5 +1,5 @@
 //! What sibling order holds, kept in its record
-//! ([`HOLDS`](crate::policy::hold::HOLDS)), and the hold policy that reads it
+//! ([`HOLDS`](crate::policy::sibling::holds_record::HOLDS)), and the hold policy that reads it
 //! ([`compile_hold`]). The loop changes the entries as it reads trees and
 //! writes them once a look; the record is made, and entries an older
 //! release kept as labels are taken in, before the policy is written, so that
@@ -20,12 +20,14 @@ use super::record::{MAX_BYTES, Record};
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::{holds, unhold};
 use crate::policy::CompileSettings;
-use crate::policy::hold::{
-    HELD_FOR_ANNOTATION, HOLD_LABEL, HOLD_OBJECT_NAME, HOLDS, HeldKind, HoldEntry,
-    RECORD_GUARD_NAME, compile_hold, compile_record_guard, decode_holds, encode_holds, hold_key,
+use crate::policy::sibling::hold_policy::{
+    HOLD_OBJECT_NAME, HeldKind, RECORD_GUARD_NAME, compile_hold, compile_record_guard,
+};
+use crate::policy::sibling::holds_record::{
+    HELD_FOR_ANNOTATION, HOLD_LABEL, HOLDS, HoldEntry, decode_holds, encode_holds, hold_key,
     parse_hold_key,
 };
-use crate::policy::order::ObjectRef;
+use crate::policy::sibling::object::ObjectRef;
 
 /// How long after the hold policy first names a kind its holds count as
 /// made: the API server rebuilds its admission policies at most once a

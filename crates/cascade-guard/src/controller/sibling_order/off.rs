@@ -6,7 +6,7 @@ use kube::Client;
 use super::gate;
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::unhold;
-use crate::policy::hold::{HOLD_OBJECT_NAME, RECORD_GUARD_NAME};
+use crate::policy::sibling::hold_policy::{HOLD_OBJECT_NAME, RECORD_GUARD_NAME};
 
 /// `--sibling-order off`: the gate, the hold policy and every hold removed,
 /// and what an owner being deleted had been refused deleted, so that nothing

@@ -16,7 +16,7 @@ use super::schedule::{FETCHES_PER_LOOK, LIST_FROM, READ_BATCH, READS_AT_ONCE};
 use super::{SiblingOrder, Watched};
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::cluster::tree::{TreeRead, Usages, read_tree};
-use crate::policy::order::ObjectRef;
+use crate::policy::sibling::object::ObjectRef;
 
 /// Objects per page when a kind is listed for its roots.
 const PAGE: u32 = 500;

@@ -16,11 +16,12 @@ use super::writes::{self, Deleted, describe};
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::tree::TreeRead;
 use crate::cluster::unhold;
-use crate::policy::hold::{Action, actions};
 use crate::policy::holders::IN_USE_LABEL;
-use crate::policy::order::{self, ObjectRef};
-use crate::policy::order_gate::TreeOrder;
-use crate::policy::provider_config_usage::{self as usage, tracked_usages};
+use crate::policy::sibling::gate::TreeOrder;
+use crate::policy::sibling::graph::{self, Graph};
+use crate::policy::sibling::hold::{Action, actions};
+use crate::policy::sibling::object::ObjectRef;
+use crate::policy::sibling::provider_config_usage::{self as usage, tracked_usages};
 
 /// What one read tree asks for.
 #[derive(Debug, Default, PartialEq)]
@@ -40,7 +41,7 @@ pub(super) struct Decision {
 /// (`held_now`); `unserved_usage` tells a ProviderConfigUsage whose kind is
 /// not served.
 pub(super) fn decide(
-    graph: &order::Graph,
+    graph: &Graph,
     read: &HashMap<ObjectRef, &Value>,
     in_use: &BTreeSet<ObjectRef>,
     held_now: &BTreeSet<ObjectRef>,
@@ -163,7 +164,7 @@ impl SiblingOrder {
         let Some(root_uid) = root.uid() else {
             return TreeState::default();
         };
-        let graph = match order::graph(&read.objects, &root_uid) {
+        let graph = match graph::graph(&read.objects, &root_uid) {
             Ok(graph) => graph,
             Err(e) => {
                 tracing::warn!(error = %e, "sibling order: the root vanished from its own tree");
@@ -363,7 +364,7 @@ impl SiblingOrder {
     /// Cycles, conflicts and what could not be read, as Warning Events on the
     /// root, each once: where they are, the tree falls back to the plain
     /// foreground cascade for those objects.
-    async fn report(&mut self, root: &DynamicObject, graph: &order::Graph, unread: &[String]) {
+    async fn report(&mut self, root: &DynamicObject, graph: &Graph, unread: &[String]) {
         let Some(uid) = root.uid() else { return };
         let mut now = BTreeSet::new();
         for cycle in &graph.cycles {
@@ -444,7 +445,7 @@ mod tests {
     #[test]
     fn a_read_tree_decides_its_holds() {
         let objects = tree();
-        let graph = order::graph(&objects, "root").expect("root");
+        let graph = graph::graph(&objects, "root").expect("root");
         let (read, in_use) = by_reference(&objects);
         let hold = || Action::Hold {
             object: r("cluster"),

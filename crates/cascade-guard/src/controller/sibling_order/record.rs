@@ -1,7 +1,7 @@
 //! One ConfigMap of sibling order's, in the controller's namespace, kept as
 //! a map the loop changes as it reads trees and writes once a look: what it
-//! holds ([`HOLDS`](crate::policy::hold::HOLDS)) and which trees it ordered
-//! ([`ORDERED_TREES`](crate::policy::order_gate::ORDERED_TREES)). Admission
+//! holds ([`HOLDS`](crate::policy::sibling::holds_record::HOLDS)) and which trees it ordered
+//! ([`ORDERED_TREES`](crate::policy::sibling::gate::ORDERED_TREES)). Admission
 //! policies read both as their parameter, so what is written is what is in
 //! force; only the changed keys are sent.
 
@@ -14,8 +14,8 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use super::MANAGER;
-use crate::policy::hold::SIBLING_ORDER_LABEL;
 use crate::policy::names::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::policy::sibling::hold_policy::SIBLING_ORDER_LABEL;
 
 /// What a ConfigMap may hold (1 MiB), less room for its metadata.
 pub(super) const MAX_BYTES: usize = 900 * 1024;

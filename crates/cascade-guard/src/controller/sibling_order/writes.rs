@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::unhold::{self, LetGo};
-use crate::policy::hold::Action;
-use crate::policy::order::ObjectRef;
+use crate::policy::sibling::hold::Action;
+use crate::policy::sibling::object::ObjectRef;
 
 /// What a delete in order came to, when it did not fail.
 #[derive(Debug, PartialEq, Eq)]

@@ -31,12 +31,12 @@ use k8s_openapi::api::admissionregistration::v1::{
 
 use crate::admission::Compiled;
 use crate::cel::{break_glass_for, cel_string_literal};
-use crate::hold::{
-    HOLD_OBJECT_NAME, delete_rule, reading_record, record_param, sibling_order_metadata,
-};
 use crate::kind::Shape;
 use crate::names::BREAK_GLASS_ANNOTATION;
 use crate::settings::CompileSettings;
+use crate::sibling::hold_policy::{
+    HOLD_OBJECT_NAME, delete_rule, reading_record, record_param, sibling_order_metadata,
+};
 
 /// The ConfigMap, in the controller's namespace, that says how each root's
 /// tree stands: its uid to a [`TreeOrder`] value.

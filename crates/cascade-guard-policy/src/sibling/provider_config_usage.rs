@@ -29,7 +29,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::order::{Graph, ObjectRef, Provenance};
+use crate::sibling::edge::Provenance;
+use crate::sibling::graph::Graph;
+use crate::sibling::object::ObjectRef;
 
 /// The kind, in every provider's group.
 pub const KIND: &str = "ProviderConfigUsage";
@@ -85,7 +87,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::order::graph;
+    use crate::sibling::graph::graph;
 
     fn xr() -> Value {
         json!({

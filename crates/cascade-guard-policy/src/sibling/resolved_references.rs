@@ -14,7 +14,7 @@
 //! not resolved yet, and cascade-guard does not guess what it will pick. A
 //! reference names no kind (the provider's generated code knows it), so the
 //! graph matches it by name among the objects of the same provider
-//! ([`crate::order`]).
+//! ([`super::graph`]).
 
 use serde::Serialize;
 use serde_json::{Map, Value};

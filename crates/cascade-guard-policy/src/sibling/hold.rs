@@ -1,0 +1,633 @@
+//! Ordered teardown (pure): holding back the delete of an object that a
+//! sibling still needs, and letting it go when nothing needs it.
+//!
+//! A foreground cascade deletes all children of a parent at once, so the
+//! [`graph`](crate::sibling::graph) graph's sibling edges ("ServingStack must be gone
+//! before EKSCluster goes") are not kept by the API. cascade-guard keeps them
+//! with one record and one admission policy, and writes nothing to the
+//! objects it holds:
+//!
+//! - every object that must wait for a sibling (the `after` of a sibling
+//!   edge) has an entry in the ConfigMap [`HOLDS`](super::holds_record::HOLDS) of the controller's
+//!   namespace: its [`hold_key`](super::holds_record::hold_key) (kind, group, namespace and name), and a
+//!   [`HoldEntry`](super::holds_record::HoldEntry) (the root's uid, what it waits for in words);
+//! - the ValidatingAdmissionPolicy of [`compile_hold`](super::hold_policy::compile_hold) reads that record
+//!   as its parameter and refuses every DELETE of an object it names, the
+//!   garbage collector's and the namespace controller's included, except
+//!   cascade-guard's own, Crossplane's (which cascade-guard never refuses) and
+//!   break-glass. A second policy, of [`compile_record_guard`](super::hold_policy::compile_record_guard), refuses every
+//!   change or delete of the record (or of the one of [`crate::sibling::gate`])
+//!   by anyone but cascade-guard. The object stays
+//!   live: no deletionTimestamp, so no provider starts deleting what it
+//!   manages. A finalizer could not do that;
+//! - when everything it waits for is gone, its entry goes, and cascade-guard
+//!   deletes it itself if its parent is being deleted and it may (the
+//!   garbage collector's delete was refused; its retry would come only after
+//!   its back-off); where it may not, the garbage collector's retry deletes
+//!   it ([`actions`]).
+//!
+//! Holding so needs no permission on the held objects, which may be Secrets
+//! and ProviderConfigs of any provider; a label or an entry forged, restored
+//! from a backup or left by an older install holds nothing, since only the
+//! controller writes the record.
+//!
+//! Objects in a cycle of sibling edges are not held: the cycle is reported
+//! and the tree falls back to the plain foreground cascade.
+//!
+//! What an object outside the tree needs inside it (another tree's Release
+//! installing through this tree's ProviderConfig onto its cloud cluster,
+//! [`Graph::outside_users`]) is held too, until that object is gone: the
+//! cascade never deletes it.
+//!
+//! The same record holds each namespaced managed resource's
+//! ProviderConfigUsage until its provider is done with it, so that a
+//! namespace deletion cannot wedge the managed resource
+//! ([`crate::sibling::provider_config_usage`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::sibling::graph::Graph;
+use crate::sibling::object::ObjectRef;
+use crate::sibling::provider_config_usage::tracked_usages;
+
+/// What cascade-guard does to one object of a tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Hold it (its entry in [`HOLDS`](super::holds_record::HOLDS)): a sibling, or its managed
+    /// resource's provider, still needs it.
+    Hold { object: ObjectRef, held_for: String },
+    /// Its entry goes: nothing needs it any more.
+    Release { object: ObjectRef },
+    /// Delete it (Foreground): its parent is being deleted, so the garbage
+    /// collector tried and was refused while it was held.
+    Delete { object: ObjectRef },
+    /// Make its owner reference to `owner_uid` stop blocking that owner's
+    /// deletion: a held ProviderConfigUsage whose managed resource waits in
+    /// a foreground cascade ([`crate::sibling::provider_config_usage`]).
+    Unblock {
+        object: ObjectRef,
+        owner_uid: String,
+    },
+}
+
+impl Action {
+    /// The object it is done to.
+    pub fn object(&self) -> &ObjectRef {
+        match self {
+            Action::Hold { object, .. }
+            | Action::Release { object }
+            | Action::Delete { object }
+            | Action::Unblock { object, .. } => object,
+        }
+    }
+}
+
+/// What to do to the tree of `graph`, given what is held for this tree's
+/// root now (`held_now`) and which objects a Crossplane Usage marks in use
+/// (`crossplane.io/in-use`). Besides the sibling edges' `after` objects,
+/// what an outside user needs in the tree (and the go-betweens on the way)
+/// is held until that user is gone, and the ProviderConfigUsage of each
+/// namespaced managed resource while its provider needs it
+/// ([`crate::sibling::provider_config_usage`]). Objects outside
+/// the tree are never held; one held before and now outside (a standalone
+/// Usage whose user is gone) is let go. Neither is one already being deleted
+/// (its delete went through: holding it now would hold nothing back), nor
+/// one in use: Crossplane's webhook refuses its delete and replays it when
+/// the Usage lets go, and a hold, which admission checks before any
+/// webhook, would keep the webhook from recording the attempt it replays.
+/// That Usage, when it is standalone, is itself held until its user is gone
+/// ([`Graph::standalone_usages`]), so the replay comes only then.
+pub fn actions(
+    graph: &Graph,
+    held_now: &BTreeSet<ObjectRef>,
+    in_use: &BTreeSet<ObjectRef>,
+) -> Vec<Action> {
+    let mut wanted: BTreeMap<ObjectRef, BTreeSet<String>> = BTreeMap::new();
+    for (usage, by) in graph.standalone_usages() {
+        if graph.node(&usage).is_some_and(|n| !n.deleting) {
+            wanted.entry(usage).or_default().insert(by.to_string());
+        }
+    }
+    for edge in graph.sibling_edges.iter().filter(|e| !e.in_cycle) {
+        let deleting = graph.node(&edge.after).is_some_and(|n| n.deleting);
+        // A Usage composed beside the two already keeps every need of the
+        // edge: Crossplane's webhook refuses the delete and replays it, and
+        // a second hold would only refuse that replay.
+        let usage_keeps_it = edge.reasons.iter().all(|need| graph.held_by_usage(need));
+        if !deleting && !usage_keeps_it && !in_use.contains(&edge.after) {
+            wanted
+                .entry(edge.after.clone())
+                .or_default()
+                .insert(edge.before.to_string());
+        }
+    }
+    // What an object outside the tree needs (a managed resource of another
+    // tree using this one's ProviderConfig): the needed object and every
+    // go-between of the tree on the way, until that user is gone.
+    for need in graph.outside_users() {
+        let on_the_way = need.through.iter().chain([&need.needs]);
+        for object in on_the_way {
+            let keep = graph
+                .node(object)
+                .is_some_and(|n| n.in_tree && !n.deleting && !in_use.contains(object));
+            if keep {
+                wanted
+                    .entry(object.clone())
+                    .or_default()
+                    .insert(need.object.to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    // Each namespaced managed resource's ProviderConfigUsage, held while its
+    // provider needs it (crossplane-runtime#1150, see
+    // [`provider_config_usage`]), whether or not it was read: a hold by key
+    // is in force before the provider first writes it. Let go once the
+    // provider is done; the controller then deletes it as its owner leaves.
+    let tracked = tracked_usages(graph);
+    for t in &tracked {
+        match (t.needed, held_now.contains(&t.usage)) {
+            (true, false) => out.push(Action::Hold {
+                object: t.usage.clone(),
+                held_for: t.managed.to_string(),
+            }),
+            (false, true) => out.push(Action::Release {
+                object: t.usage.clone(),
+            }),
+            _ => {}
+        }
+        if t.unblock {
+            out.push(Action::Unblock {
+                object: t.usage.clone(),
+                owner_uid: t.managed_uid.clone(),
+            });
+        }
+    }
+    for node in &graph.nodes {
+        if tracked.iter().any(|t| t.usage == node.object) {
+            continue;
+        }
+        let held = held_now.contains(&node.object);
+        if !node.in_tree {
+            if held {
+                out.push(Action::Release {
+                    object: node.object.clone(),
+                });
+            }
+            continue;
+        }
+        match (wanted.get(&node.object), held) {
+            (Some(before), false) => out.push(Action::Hold {
+                object: node.object.clone(),
+                held_for: before.iter().cloned().collect::<Vec<_>>().join(", "),
+            }),
+            (None, true) => {
+                let parent_deleting = node
+                    .parent
+                    .as_ref()
+                    .and_then(|p| graph.node(p))
+                    .is_some_and(|p| p.deleting);
+                // Deleted while still labelled, so that a delete refused by
+                // someone else (Crossplane's Usage webhook) is simply tried
+                // again; the label goes once the delete went through.
+                let object = node.object.clone();
+                out.push(if parent_deleting && !node.deleting {
+                    Action::Delete { object }
+                } else {
+                    Action::Release { object }
+                });
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::sibling::graph::graph;
+
+    fn obj(kind: &str, name: &str, owner: Option<&str>, deleting: bool) -> Value {
+        let mut metadata = json!({"name": name, "namespace": "ns", "uid": name});
+        if let Some(owner) = owner {
+            metadata["ownerReferences"] = json!([{
+                "apiVersion": "example.org/v1", "kind": "XR", "name": owner, "uid": owner,
+                "controller": true, "blockOwnerDeletion": true,
+            }]);
+        }
+        if deleting {
+            metadata["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+        }
+        json!({"apiVersion": "example.org/v1", "kind": kind, "metadata": metadata})
+    }
+
+    /// root composes `stack` and `cluster`; stack's `app` needs `cluster`
+    /// (the annotation), so stack must be gone before cluster goes.
+    fn tree(root_deleting: bool, stack: bool, cluster_deleting: bool) -> Vec<Value> {
+        let mut objects = vec![
+            obj("XR", "root", None, root_deleting),
+            obj("XR", "cluster", Some("root"), cluster_deleting),
+        ];
+        if stack {
+            let mut app = obj("App", "app", Some("stack"), false);
+            app["metadata"]["annotations"] =
+                json!({"cascade-guard.dev/needs": "XR.example.org/cluster"});
+            objects.push(obj("XR", "stack", Some("root"), root_deleting));
+            objects.push(app);
+        }
+        objects
+    }
+
+    fn r(kind: &str, name: &str) -> ObjectRef {
+        ObjectRef::new("example.org", kind, Some("ns"), name)
+    }
+
+    #[test]
+    fn a_needed_sibling_is_held_until_its_needers_are_gone_then_deleted_if_its_parent_is() {
+        let cluster = || r("XR", "cluster");
+        let held = || BTreeSet::from([cluster()]);
+        type Case = (&'static str, Vec<Value>, BTreeSet<ObjectRef>, Vec<Action>);
+        let cases: Vec<Case> = vec![
+            (
+                "live tree, not yet held: hold it",
+                tree(false, true, false),
+                BTreeSet::new(),
+                vec![Action::Hold {
+                    object: cluster(),
+                    held_for: "XR ns/stack".to_string(),
+                }],
+            ),
+            (
+                "live tree, held: nothing",
+                tree(false, true, false),
+                held(),
+                vec![],
+            ),
+            (
+                "root deleting, the needer still there: keep holding",
+                tree(true, true, false),
+                held(),
+                vec![],
+            ),
+            (
+                "root deleting, the needer gone: delete it, still labelled",
+                tree(true, false, false),
+                held(),
+                vec![Action::Delete { object: cluster() }],
+            ),
+            (
+                "live root, the needer gone: release only",
+                tree(false, false, false),
+                held(),
+                vec![Action::Release { object: cluster() }],
+            ),
+            (
+                "already deleting (held too late, or break-glass): never held",
+                tree(true, true, true),
+                BTreeSet::new(),
+                vec![],
+            ),
+            (
+                "deleting and still labelled: released, not deleted again (the next look after a delete)",
+                tree(true, false, true),
+                held(),
+                vec![Action::Release { object: cluster() }],
+            ),
+        ];
+        for (what, objects, held_now, want) in cases {
+            let g = graph(&objects, "root").expect("root");
+            assert_eq!(actions(&g, &held_now, &BTreeSet::new()), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_usage_composed_beside_the_siblings_needs_no_hold() {
+        let mut objects = tree(false, true, false);
+        let mut usage = obj("Usage", "uses", Some("root"), false);
+        usage["apiVersion"] = json!("protection.crossplane.io/v1beta1");
+        usage["metadata"]["labels"] = json!({crate::sibling::graph::COMPOSITE_LABEL: "root"});
+        usage["spec"] = json!({
+            "of": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": "cluster"}},
+            "by": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": "stack"}},
+        });
+        objects.push(usage);
+        let g = graph(&objects, "root").expect("root");
+        assert!(!g.sibling_edges.is_empty());
+        assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
+    }
+
+    /// A standalone Usage of `of` by `by`, owned by its user as Crossplane's
+    /// Usage controller makes it (no controller, no blockOwnerDeletion).
+    fn standalone_usage(of: &str, by: &str, owner_present: bool) -> Value {
+        let mut usage = obj("Usage", "uses", None, false);
+        usage["apiVersion"] = json!("protection.crossplane.io/v1beta1");
+        if owner_present {
+            usage["metadata"]["ownerReferences"] = json!([{
+                "apiVersion": "example.org/v1", "kind": "XR", "name": by, "uid": by,
+            }]);
+        }
+        usage["spec"] = json!({
+            "of": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": of}},
+            "by": {"apiVersion": "example.org/v1", "kind": "XR", "resourceRef": {"name": by}},
+            "replayDeletion": true,
+        });
+        usage
+    }
+
+    #[test]
+    fn a_standalone_usage_is_held_until_its_user_is_gone() {
+        let usage = || ObjectRef::new("protection.crossplane.io", "Usage", Some("ns"), "uses");
+        let in_use = BTreeSet::from([r("XR", "cluster")]);
+        let held = || BTreeSet::from([usage()]);
+        let hold = || {
+            vec![Action::Hold {
+                object: usage(),
+                held_for: "XR ns/stack".to_string(),
+            }]
+        };
+        // Between two siblings of one tree: root composes stack and
+        // cluster; the Usage of cluster by stack was written by hand.
+        let beside = |root_deleting: bool, stack: bool| {
+            let mut objects = tree(root_deleting, stack, false);
+            objects.push(standalone_usage("cluster", "stack", stack));
+            objects
+        };
+        // Between two roots: the tree of `stack` alone, `cluster` outside.
+        let across = |stack_deleting: bool| {
+            vec![
+                obj("XR", "stack", None, stack_deleting),
+                obj("XR", "cluster", None, false),
+                standalone_usage("cluster", "stack", true),
+            ]
+        };
+        type Case = (
+            &'static str,
+            Vec<Value>,
+            &'static str,
+            BTreeSet<ObjectRef>,
+            Vec<Action>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "siblings, live: hold the Usage, not what it keeps",
+                beside(false, true),
+                "root",
+                BTreeSet::new(),
+                hold(),
+            ),
+            (
+                "siblings, held: nothing",
+                beside(false, true),
+                "root",
+                held(),
+                vec![],
+            ),
+            (
+                "siblings, the root deleting, the user still there: keep holding",
+                beside(true, true),
+                "root",
+                held(),
+                vec![],
+            ),
+            (
+                "siblings, the user gone: let the Usage go (Crossplane then replays)",
+                beside(true, false),
+                "root",
+                held(),
+                vec![Action::Release { object: usage() }],
+            ),
+            (
+                "two roots, live: hold the Usage",
+                across(false),
+                "stack",
+                BTreeSet::new(),
+                hold(),
+            ),
+            (
+                "two roots, the user deleting: keep holding",
+                across(true),
+                "stack",
+                held(),
+                vec![],
+            ),
+        ];
+        for (what, objects, root, held_now, want) in cases {
+            let g = graph(&objects, root).expect("root");
+            assert_eq!(actions(&g, &held_now, &in_use), want, "{what}");
+        }
+        // Composed (Crossplane's label): Crossplane keeps it itself.
+        let mut composed = beside(false, true);
+        if let Some(u) = composed.last_mut() {
+            u["metadata"]["labels"] = json!({crate::sibling::graph::COMPOSITE_LABEL: "root"});
+        }
+        let g = graph(&composed, "root").expect("root");
+        assert_eq!(actions(&g, &BTreeSet::new(), &in_use), vec![]);
+        // Already deleting (its delete went through): not held.
+        let mut deleting = across(false);
+        deleting[2]["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+        let g = graph(&deleting, "stack").expect("root");
+        assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
+    }
+
+    /// root composes ProviderConfig `pc` and a Release using it, whose
+    /// finalizers are `finalizers`.
+    fn managed_tree(finalizers: &[&str], deleting: bool) -> Vec<Value> {
+        let mut pc = obj("ProviderConfig", "pc", Some("root"), false);
+        pc["apiVersion"] = json!("helm.m.crossplane.io/v1beta1");
+        let mut release = obj("Release", "app", Some("root"), deleting);
+        release["apiVersion"] = json!("helm.m.crossplane.io/v1beta1");
+        release["metadata"]["finalizers"] = json!(finalizers);
+        release["spec"] = json!({"providerConfigRef": {"name": "pc", "kind": "ProviderConfig"}});
+        vec![obj("XR", "root", None, deleting), pc, release]
+    }
+
+    #[test]
+    fn a_managed_resources_provider_config_usage_is_held_until_its_provider_is_done() {
+        // Named by the Release's uid ("app" here), in its namespace and the
+        // ProviderConfig's group.
+        let usage = || {
+            ObjectRef::new(
+                "helm.m.crossplane.io",
+                crate::sibling::provider_config_usage::KIND,
+                Some("ns"),
+                "app",
+            )
+        };
+        let provider = "finalizer.managedresource.crossplane.io";
+        type Case = (&'static str, Vec<Value>, BTreeSet<ObjectRef>, Vec<Action>);
+        let cases: Vec<Case> = vec![
+            (
+                "live, not held: hold it, though it was never read",
+                managed_tree(&[provider], false),
+                BTreeSet::new(),
+                vec![Action::Hold {
+                    object: usage(),
+                    held_for: "Release ns/app".to_string(),
+                }],
+            ),
+            (
+                "live, held: nothing",
+                managed_tree(&[provider], false),
+                BTreeSet::from([usage()]),
+                vec![],
+            ),
+            (
+                "deleting, its provider still at work: keep holding",
+                managed_tree(&[provider], true),
+                BTreeSet::from([usage()]),
+                vec![],
+            ),
+            (
+                "in a foreground cascade, its provider waiting for it: keep holding, unblock",
+                managed_tree(&["foregroundDeletion", provider], true),
+                BTreeSet::from([usage()]),
+                vec![Action::Unblock {
+                    object: usage(),
+                    owner_uid: "app".to_string(),
+                }],
+            ),
+            (
+                "deleting, its provider done: let go (the controller deletes it)",
+                managed_tree(&["foregroundDeletion"], true),
+                BTreeSet::from([usage()]),
+                vec![Action::Release { object: usage() }],
+            ),
+            (
+                "deleting, its provider done, never held: nothing",
+                managed_tree(&["foregroundDeletion"], true),
+                BTreeSet::new(),
+                vec![],
+            ),
+        ];
+        // The ProviderConfig beside the Release is held by its sibling edge
+        // (the tests above); here only what concerns the usage.
+        let of_usage = |a: &Action| a.object().kind == crate::sibling::provider_config_usage::KIND;
+        for (what, objects, held_now, want) in cases {
+            let g = graph(&objects, "root").expect("root");
+            let got: Vec<Action> = actions(&g, &held_now, &BTreeSet::new())
+                .into_iter()
+                .filter(of_usage)
+                .collect();
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn what_another_trees_managed_resource_needs_is_held_until_it_is_gone() {
+        // root composes a cloud Cluster writing Secret `kc` and the
+        // ProviderConfig `pc` reading it; a Release of another tree (no owner
+        // here) installs through `pc`.
+        let provider_config = || {
+            let mut pc = obj("ProviderConfig", "pc", Some("root"), false);
+            pc["apiVersion"] = json!("helm.m.crossplane.io/v1beta1");
+            pc["spec"] = json!({"credentials": {"secretRef": {"name": "kc", "namespace": "ns"}}});
+            pc
+        };
+        let cluster = || {
+            let mut c = obj("Cluster", "c", Some("root"), false);
+            c["spec"] = json!({"writeConnectionSecretToRef": {"name": "kc", "namespace": "ns"}});
+            c
+        };
+        let secret = json!({"apiVersion": "v1", "kind": "Secret",
+                            "metadata": {"name": "kc", "namespace": "ns", "uid": "kc"}});
+        let user = |deleting: bool| {
+            let mut r = obj("Release", "app", None, deleting);
+            r["apiVersion"] = json!("helm.m.crossplane.io/v1beta1");
+            r["metadata"]["finalizers"] = json!(["finalizer.managedresource.crossplane.io"]);
+            r["spec"] = json!({"providerConfigRef": {"name": "pc", "kind": "ProviderConfig"}});
+            r
+        };
+        let objects = |with_user: Option<bool>| {
+            let mut o = vec![
+                obj("XR", "root", None, false),
+                provider_config(),
+                cluster(),
+                secret.clone(),
+            ];
+            o.extend(with_user.map(user));
+            o
+        };
+        let pc_ref = || ObjectRef::new("helm.m.crossplane.io", "ProviderConfig", Some("ns"), "pc");
+        let cluster_ref = || r("Cluster", "c");
+        let g = graph(&objects(Some(false)), "root").expect("root");
+        let users: Vec<String> = g.outside_users().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            users,
+            vec![
+                "Release ns/app needs Cluster ns/c (through ProviderConfig.helm.m.crossplane.io ns/pc and Secret ns/kc)"
+            ]
+        );
+        // Held: the ProviderConfig and the Cluster, not the Secret outside
+        // the tree (the cascade does not delete it).
+        let held_for = "Release ns/app".to_string();
+        assert_eq!(
+            actions(&g, &BTreeSet::new(), &BTreeSet::new()),
+            vec![
+                Action::Hold {
+                    object: cluster_ref(),
+                    held_for: held_for.clone()
+                },
+                Action::Hold {
+                    object: pc_ref(),
+                    held_for
+                },
+            ]
+        );
+        // Its user deleting: still held. Gone: let go.
+        let held = BTreeSet::from([pc_ref(), cluster_ref()]);
+        let g = graph(&objects(Some(true)), "root").expect("root");
+        assert_eq!(actions(&g, &held, &BTreeSet::new()), vec![]);
+        let g = graph(&objects(None), "root").expect("root");
+        assert_eq!(
+            actions(&g, &held, &BTreeSet::new()),
+            vec![
+                Action::Release {
+                    object: cluster_ref()
+                },
+                Action::Release { object: pc_ref() },
+            ]
+        );
+        // A foreground or background delete of the tree takes them from
+        // under it: a hazard; ordered, none.
+        let g = graph(&objects(Some(false)), "root").expect("root");
+        for (teardown, want) in [
+            (crate::sibling::hazards::Teardown::Background, 1),
+            (crate::sibling::hazards::Teardown::Foreground, 1),
+            (crate::sibling::hazards::Teardown::Ordered, 0),
+        ] {
+            let outside = g
+                .hazards(teardown)
+                .into_iter()
+                .filter(|h| h.kind == crate::sibling::hazards::HazardKind::OutsideUser)
+                .count();
+            assert_eq!(outside, want, "{teardown:?}");
+        }
+    }
+
+    #[test]
+    fn an_object_a_usage_marks_in_use_is_left_to_crossplane() {
+        let g = graph(&tree(false, true, false), "root").expect("root");
+        let cluster = BTreeSet::from([r("XR", "cluster")]);
+        assert_eq!(actions(&g, &BTreeSet::new(), &cluster), vec![]);
+        // Held before the Usage took hold of it: let go.
+        assert_eq!(
+            actions(&g, &cluster, &cluster),
+            vec![Action::Release {
+                object: r("XR", "cluster")
+            }]
+        );
+    }
+
+    #[test]
+    fn siblings_in_a_cycle_are_not_held() {
+        let mut objects = tree(false, true, false);
+        objects[1]["metadata"]["annotations"] =
+            json!({"cascade-guard.dev/needs": "XR.example.org/stack"});
+        let g = graph(&objects, "root").expect("root");
+        assert!(!g.cycles.is_empty(), "{:?}", g.sibling_edges);
+        assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
+    }
+}
