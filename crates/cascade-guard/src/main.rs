@@ -1,8 +1,6 @@
 //! The `cascade-guard` command: the command line parsed, each command run,
 //! and how it ended turned into an exit code. Errors end here, as anyhow.
 
-use std::time::Duration;
-
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches};
 
@@ -97,7 +95,7 @@ async fn run(args: RunArgs) -> Result<()> {
         home_namespace: process::home_namespace(args.leader.leader_election_namespace.clone()),
         xrd_default_mode: args.policy.xrd_default_mode,
         compile: args.policy.compile_settings(),
-        resync: Duration::from_secs(args.resync_seconds.max(1)),
+        resync: args.resync(),
         stall_after: args.stall_after,
         restart_quiet_cascades_after: (!args.restart_quiet_cascades_after.is_zero())
             .then_some(args.restart_quiet_cascades_after),
@@ -112,9 +110,9 @@ async fn run(args: RunArgs) -> Result<()> {
         static_only: args.static_only,
         leader: LeaderElection {
             enabled: !args.leader.no_leader_election,
+            lease_duration: args.leader.lease_duration(),
+            renew_interval: args.leader.renew_interval(),
             id: args.leader.leader_election_id,
-            lease_duration: Duration::from_secs(args.leader.leader_election_lease_seconds),
-            renew_interval: Duration::from_secs(args.leader.leader_election_renew_seconds),
         },
     };
     match process::run(client, process).await {

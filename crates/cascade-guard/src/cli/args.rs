@@ -22,8 +22,82 @@ use crate::policy::names::{
 };
 use crate::policy::{CompileSettings, Mode};
 
+/// The top-level help's examples.
+const HELP: &str = "\
+Examples:
+  # What is protected, and whether it is in force
+  cascade-guard status
+
+  # What deleting InferenceCluster prod would do, then watch it go
+  cascade-guard plan inferencecluster prod
+  cascade-guard trace inferencecluster prod
+
+  # The admission objects for a package's XRDs, without a cluster
+  cascade-guard render apis/
+
+Each command's --help has its examples and exit codes.
+";
+
+/// `run --help`'s examples and exit codes.
+const RUN_HELP: &str = "\
+Examples:
+  # As the chart runs it, in a pod with its ServiceAccount
+  cascade-guard run --xrd-default-mode Warn
+
+  # On a workstation, against the current context: one replica, a full pass a minute
+  cascade-guard run --no-leader-election --resync 1m
+
+Exit codes:
+  0  stopped by SIGTERM or Ctrl-C (a leader hands its Lease over first)
+  1  lost leadership (the Deployment starts it again as a candidate), or cannot start
+  2  the command line is wrong
+  5  no kubeconfig can be found
+";
+
+/// `completion --help`'s examples.
+const COMPLETION_HELP: &str = "\
+Examples:
+  # bash: in this shell, and in every new one
+  source <(cascade-guard completion bash)
+  echo 'source <(cascade-guard completion bash)' >> ~/.bashrc
+
+  # zsh (after compinit, as most ~/.zshrc run it)
+  autoload -Uz compinit && compinit
+  source <(cascade-guard completion zsh)
+
+  # fish
+  mkdir -p ~/.config/fish/completions
+  cascade-guard completion fish > ~/.config/fish/completions/cascade-guard.fish
+
+In bash, plan and trace also complete the protected kinds and their objects'
+names from the current context's cluster (nothing when it does not answer).
+";
+
+/// `crd --help`'s examples.
+const CRD_HELP: &str = "\
+Examples:
+  # The CRD, to apply with the rest of a GitOps install
+  cascade-guard crd > cascadepolicies.yaml
+";
+
+/// `version --help`'s examples and exit codes.
+const VERSION_HELP: &str = "\
+Examples:
+  # This binary's version only
+  cascade-guard version --client
+
+  # And the API server's, of another context
+  cascade-guard version --context prod
+
+Exit codes:
+  0  printed
+  2  the command line is wrong
+  5  the cluster cannot be reached, or no kubeconfig can be found (without --client)
+";
+
 #[derive(Parser)]
 #[command(
+    after_help = HELP,
     name = "cascade-guard",
     version,
     about = "Makes every delete of a protected Kubernetes object a safe, foreground cascade"
@@ -66,6 +140,7 @@ pub enum Command {
     /// directories of them, such as a Crossplane package's apis/), without a cluster.
     Render(RenderArgs),
     /// Print the CascadePolicy CustomResourceDefinition.
+    #[command(after_help = CRD_HELP)]
     Crd,
     /// Remove everything cascade-guard put into the cluster: its admission
     /// policies, then its finalizer from every object that carries it (a
@@ -85,11 +160,13 @@ pub enum Command {
     /// Exits 3 when there is a hazard.
     Plan(PlanArgs),
     /// Print a shell completion script: `source <(cascade-guard completion bash)`.
+    #[command(after_help = COMPLETION_HELP)]
     Completion {
         /// The shell: bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
     /// Print cascade-guard's version, and the API server's when one is reachable.
+    #[command(after_help = VERSION_HELP)]
     Version {
         /// Only the client's version; do not contact the API server.
         #[arg(long)]
@@ -107,24 +184,25 @@ pub struct PolicyArgs {
         env = "CASCADE_GUARD_XRD_DEFAULT_MODE",
         default_value = "Refuse",
         ignore_case = true,
+        value_name = "MODE",
         value_parser = super::values::mode()
     )]
     pub xrd_default_mode: Mode,
     /// The garbage collector's username when kube-controller-manager runs with
     /// --use-service-account-credentials=true.
-    #[arg(long, env = "CASCADE_GUARD_GC_SERVICE_ACCOUNT_USER", default_value = DEFAULT_GC_SERVICE_ACCOUNT_USER)]
+    #[arg(long, env = "CASCADE_GUARD_GC_SERVICE_ACCOUNT_USER", default_value = DEFAULT_GC_SERVICE_ACCOUNT_USER, value_name = "USER")]
     pub gc_service_account_user: String,
     /// kube-controller-manager's own username, which the garbage collector
     /// uses without --use-service-account-credentials.
-    #[arg(long, env = "CASCADE_GUARD_GC_CONTROLLER_MANAGER_USER", default_value = DEFAULT_GC_CONTROLLER_MANAGER_USER)]
+    #[arg(long, env = "CASCADE_GUARD_GC_CONTROLLER_MANAGER_USER", default_value = DEFAULT_GC_CONTROLLER_MANAGER_USER, value_name = "USER")]
     pub gc_controller_manager_user: String,
     /// Crossplane's username: the only one (with break-glass) that may take
     /// entries out of an XR's resourceRefs.
-    #[arg(long, env = "CASCADE_GUARD_CROSSPLANE_USER", default_value = DEFAULT_CROSSPLANE_USER)]
+    #[arg(long, env = "CASCADE_GUARD_CROSSPLANE_USER", default_value = DEFAULT_CROSSPLANE_USER, value_name = "USER")]
     pub crossplane_user: String,
     /// cascade-guard's own username (its ServiceAccount's), which may remove
     /// its finalizer and foregroundDeletion like the garbage collector.
-    #[arg(long, env = "CASCADE_GUARD_CONTROLLER_USER", default_value = DEFAULT_CONTROLLER_USER)]
+    #[arg(long, env = "CASCADE_GUARD_CONTROLLER_USER", default_value = DEFAULT_CONTROLLER_USER, value_name = "USER")]
     pub controller_user: String,
     /// Let break-glass count for anyone who can set the annotation, as before
     /// 0.2. By default it counts only for users allowed to `use`
@@ -147,6 +225,7 @@ impl PolicyArgs {
 }
 
 #[derive(Args)]
+#[command(after_help = RUN_HELP)]
 pub struct RunArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -156,7 +235,8 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "CASCADE_GUARD_HTTP_ADDRESS",
-        default_value = "0.0.0.0:8080"
+        default_value = "0.0.0.0:8080",
+        value_name = "ADDRESS"
     )]
     pub http_address: std::net::SocketAddr,
     #[command(flatten)]
@@ -165,7 +245,7 @@ pub struct RunArgs {
     /// for gone, nothing more being deleted) for this long is reported: a
     /// CascadeStalled Warning Event naming what is left and what holds it, and
     /// cascade_guard_stalled_cascades.
-    #[arg(long, env = "CASCADE_GUARD_STALL_AFTER", value_parser = humantime_duration, default_value = "10m")]
+    #[arg(long, env = "CASCADE_GUARD_STALL_AFTER", value_parser = humantime_duration, default_value = "10m", value_name = "DURATION")]
     pub stall_after: Duration,
     /// A foreground cascade cascade-guard holds that runs on this long with
     /// nothing it can see left (an XR with no composed resource left; any
@@ -174,11 +254,20 @@ pub struct RunArgs {
     /// collector that missed the cascade's start (after an API server
     /// restart) sees it; then at growing intervals. A CascadeRestarted Event
     /// and cascade_guard_cascade_restarts say so. 0s turns it off.
-    #[arg(long, env = "CASCADE_GUARD_RESTART_QUIET_CASCADES_AFTER", value_parser = humantime_duration, default_value = "30s")]
+    #[arg(long, env = "CASCADE_GUARD_RESTART_QUIET_CASCADES_AFTER", value_parser = humantime_duration, default_value = "30s", value_name = "DURATION")]
     pub restart_quiet_cascades_after: Duration,
-    /// Seconds between full passes when nothing changes.
-    #[arg(long, env = "CASCADE_GUARD_RESYNC_SECONDS", default_value_t = 300)]
-    pub resync_seconds: u64,
+    /// Time between full passes when nothing changes.
+    #[arg(long, env = "CASCADE_GUARD_RESYNC", value_parser = humantime_duration, default_value = "5m", value_name = "DURATION")]
+    pub resync: Duration,
+    /// --resync in seconds, its old name (hidden; still read).
+    #[arg(
+        long,
+        env = "CASCADE_GUARD_RESYNC_SECONDS",
+        hide = true,
+        conflicts_with = "resync",
+        value_name = "SECONDS"
+    )]
+    pub resync_seconds: Option<u64>,
     /// enforce: in the trees of Refuse and Convert kinds, an object a sibling
     /// still needs is held (its delete refused, the garbage collector's too)
     /// until what needs it is gone, then deleted; off: siblings go together,
@@ -226,6 +315,29 @@ pub struct RunArgs {
     pub log_json: bool,
 }
 
+impl RunArgs {
+    /// --resync, or the seconds of its old name.
+    pub fn resync(&self) -> Duration {
+        self.resync_seconds
+            .map_or(self.resync, Duration::from_secs)
+            .max(Duration::from_secs(1))
+    }
+}
+
+impl LeaderArgs {
+    /// --leader-election-lease-duration, or the seconds of its old name.
+    pub fn lease_duration(&self) -> Duration {
+        self.leader_election_lease_seconds
+            .map_or(self.leader_election_lease_duration, Duration::from_secs)
+    }
+
+    /// --leader-election-renew-interval, or the seconds of its old name.
+    pub fn renew_interval(&self) -> Duration {
+        self.leader_election_renew_seconds
+            .map_or(self.leader_election_renew_interval, Duration::from_secs)
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SiblingOrder {
     Enforce,
@@ -244,21 +356,34 @@ pub struct LeaderArgs {
     #[arg(long, env = "CASCADE_GUARD_NO_LEADER_ELECTION")]
     pub no_leader_election: bool,
     /// Namespace of the Lease; default: the pod's namespace (POD_NAMESPACE), else default.
-    #[arg(long, env = "CASCADE_GUARD_LEADER_ELECTION_NAMESPACE")]
+    #[arg(
+        long,
+        env = "CASCADE_GUARD_LEADER_ELECTION_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
     pub leader_election_namespace: Option<String>,
     /// Name of the Lease.
     #[arg(
         long,
         env = "CASCADE_GUARD_LEADER_ELECTION_ID",
-        default_value = "cascade-guard"
+        default_value = "cascade-guard",
+        value_name = "NAME"
     )]
     pub leader_election_id: String,
-    /// Seconds a leader's renewal keeps the other replicas off.
-    #[arg(long, default_value_t = 15)]
-    pub leader_election_lease_seconds: u64,
-    /// Seconds between renewals.
-    #[arg(long, default_value_t = 2)]
-    pub leader_election_renew_seconds: u64,
+    /// How long a leader's renewal keeps the other replicas off.
+    #[arg(long, value_parser = humantime_duration, default_value = "15s", value_name = "DURATION")]
+    pub leader_election_lease_duration: Duration,
+    /// Time between a leader's renewals of its Lease.
+    #[arg(long, value_parser = humantime_duration, default_value = "2s", value_name = "DURATION")]
+    pub leader_election_renew_interval: Duration,
+    /// --leader-election-lease-duration in seconds, its old name (hidden;
+    /// still read).
+    #[arg(long, hide = true, conflicts_with = "leader_election_lease_duration")]
+    pub leader_election_lease_seconds: Option<u64>,
+    /// --leader-election-renew-interval in seconds, its old name (hidden;
+    /// still read).
+    #[arg(long, hide = true, conflicts_with = "leader_election_renew_interval")]
+    pub leader_election_renew_seconds: Option<u64>,
 }
 
 /// The object `plan` and `trace` start from, named as kubectl names it.
@@ -301,23 +426,6 @@ fn target(resource: String, name: Option<String>) -> Result<(String, String), Co
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
-
-    #[test]
-    fn every_positional_argument_says_what_it_is() {
-        fn walk(cmd: &clap::Command, path: &str) {
-            for arg in cmd.get_positionals() {
-                assert!(
-                    arg.get_help().is_some(),
-                    "{path} {}: a positional argument without help",
-                    arg.get_id()
-                );
-            }
-            for sub in cmd.get_subcommands() {
-                walk(sub, &format!("{path} {}", sub.get_name()));
-            }
-        }
-        walk(&Cli::command(), "cascade-guard");
-    }
 
     #[test]
     fn only_commands_that_contact_a_cluster_take_a_kubeconfig_and_a_context() {
@@ -394,5 +502,55 @@ mod tests {
                 assert!(script.contains(command), "{shell}: {command}");
             }
         }
+    }
+
+    /// Every time flag takes a duration; the names they had before, in
+    /// seconds or milliseconds, still parse as they did (older charts and
+    /// scripts pass them), and not together with the new name.
+    #[test]
+    fn time_flags_take_durations_and_their_old_names_their_old_units() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["cascade-guard"];
+            all.extend_from_slice(args);
+            Cli::try_parse_from(all).map(|cli| cli.command)
+        };
+        let run = |args: &[&str]| match parse(&[&["run"][..], args].concat()) {
+            Ok(Command::Run(run)) => (
+                run.resync(),
+                run.leader.lease_duration(),
+                run.leader.renew_interval(),
+            ),
+            _ => panic!("run {args:?} does not parse"),
+        };
+        let secs = Duration::from_secs;
+        assert_eq!(run(&[]), (secs(300), secs(15), secs(2)));
+        assert_eq!(
+            run(&[
+                "--resync=1m",
+                "--leader-election-lease-duration=30s",
+                "--leader-election-renew-interval=5s"
+            ]),
+            (secs(60), secs(30), secs(5))
+        );
+        assert_eq!(
+            run(&[
+                "--resync-seconds=20",
+                "--leader-election-lease-seconds=3",
+                "--leader-election-renew-seconds=1"
+            ]),
+            (secs(20), secs(3), secs(1))
+        );
+        assert!(parse(&["run", "--resync=1m", "--resync-seconds=20"]).is_err());
+        let interval = |args: &[&str]| match parse(&[&["trace", "xr/a"][..], args].concat()) {
+            Ok(Command::Trace(trace)) => trace.interval(),
+            _ => panic!("trace {args:?} does not parse"),
+        };
+        assert_eq!(interval(&[]), Duration::from_millis(500));
+        assert_eq!(interval(&["--interval", "2s"]), secs(2));
+        assert_eq!(
+            interval(&["--interval-ms", "100"]),
+            Duration::from_millis(100)
+        );
+        assert!(parse(&["run", "--resync-seconds=1m"]).is_err());
     }
 }

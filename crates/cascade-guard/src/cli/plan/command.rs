@@ -8,14 +8,38 @@ use crate::cli::connect::connect;
 use crate::cli::exit::{Outcome, PLAN_HAZARD, out};
 use crate::policy::Mode;
 
+/// `plan --help`'s examples and exit codes.
+const HELP: &str = "\
+Examples:
+  # What deleting InferenceCluster prod would do now: waves, waits, hazards
+  cascade-guard plan inferencecluster prod
+
+  # As TYPE/NAME, in another namespace and context
+  cascade-guard plan modeldeployment/llama -n team-a --context prod
+
+  # What it would do in Convert mode, as a Mermaid flowchart
+  cascade-guard plan inferencecluster prod --mode Convert -o mermaid
+
+  # Drawn by Graphviz
+  cascade-guard plan inferencecluster prod -o dot | dot -Tsvg > plan.svg
+
+Exit codes:
+  0  the delete has no hazard
+  1  no plan could be made (the object is not there, the cluster refused a read)
+  2  the command line is wrong
+  3  the delete has a hazard: two objects that need each other go at once
+  5  the cluster cannot be reached, or no kubeconfig can be found
+";
+
 #[derive(Args)]
+#[command(after_help = HELP)]
 pub struct PlanArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
     #[command(flatten)]
     pub object: ObjectArgs,
     /// Plan for this mode instead of the one today's policies give the kind.
-    #[arg(long, ignore_case = true, value_parser = crate::cli::values::mode())]
+    #[arg(long, ignore_case = true, value_name = "MODE", value_parser = crate::cli::values::mode())]
     pub mode: Option<Mode>,
     /// The mode of XRDs without the annotation, as the controller runs with.
     #[arg(
@@ -23,16 +47,17 @@ pub struct PlanArgs {
         env = "CASCADE_GUARD_XRD_DEFAULT_MODE",
         default_value = "Refuse",
         ignore_case = true,
+        value_name = "MODE",
         value_parser = crate::cli::values::mode()
     )]
     pub xrd_default_mode: Mode,
     /// text for people, json or yaml for programs, dot (Graphviz) or mermaid
     /// to draw the tree, its waves, edges, holds and hazards.
-    #[arg(short, long, value_enum, default_value = "text")]
+    #[arg(short, long, value_enum, default_value = "text", value_name = "FORMAT")]
     pub output: PlanOutput,
     /// The name of the controller's Lease (its --leader-election-id), looked
     /// for in every namespace: whether it runs and has ordered this tree.
-    #[arg(long, default_value = "cascade-guard")]
+    #[arg(long, default_value = "cascade-guard", value_name = "NAME")]
     pub leader_election_id: String,
 }
 

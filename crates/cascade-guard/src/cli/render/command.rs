@@ -11,10 +11,34 @@ use crate::cli::exit::{CommandError, Outcome, out};
 use crate::cli::kubeconfig::Selection;
 use crate::policy::{render, static_manifest};
 
+/// `render --help`'s examples and exit codes.
+const HELP: &str = "\
+Examples:
+  # The admission objects for a package's XRDs, to apply yourself
+  cascade-guard render apis/ > cascade-guard-policies.yaml
+
+  # In a package's CI: fail on any problem, and when nothing is protected
+  cascade-guard render --strict apis/
+
+  # One set per package, so that two packages' sets do not overwrite each other
+  cascade-guard render --set-name my-package apis/
+
+  # Static manifests for the API server's staticManifestsDir
+  cascade-guard render --static --kubernetes-version 1.37 apis/ > cascade-guard.yaml
+
+Exit codes:
+  0  the objects are written
+  1  a problem in the input (with --strict also a warning, or nothing protected):
+     nothing is written
+  2  the command line is wrong
+  5  --static without --kubernetes-version, and the cluster cannot be reached
+";
+
 #[derive(Args)]
+#[command(after_help = HELP)]
 pub struct RenderArgs {
     /// Files or directories (walked recursively for .yaml, .yml and .json).
-    #[arg(required = true)]
+    #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
     #[command(flatten)]
     pub policy: PolicyArgs,
@@ -31,7 +55,7 @@ pub struct RenderArgs {
     #[arg(long, value_name = "KIND", value_delimiter = ',')]
     pub skip: Vec<String>,
     /// yaml: a multi-document stream for kubectl apply; json: one List.
-    #[arg(short, long, value_enum, default_value = "yaml")]
+    #[arg(short, long, value_enum, default_value = "yaml", value_name = "FORMAT")]
     pub output: RenderOutput,
     /// Append -NAME to the objects every XRD of a mode shares
     /// (cascade-guard-xrds-refuse-composite-NAME), so that sets rendered and

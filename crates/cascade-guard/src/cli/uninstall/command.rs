@@ -10,7 +10,26 @@ use crate::cli::connect::client;
 use crate::cli::duration::humantime_duration;
 use crate::cli::exit::{CommandError, Outcome, out};
 
+/// `uninstall --help`'s examples and exit codes.
+const HELP: &str = "\
+Examples:
+  # Stop the controller first, then take everything out
+  kubectl -n cascade-guard-system scale deployment cascade-guard --replicas=0
+  cascade-guard uninstall
+
+  # Wait up to 30 minutes for deleting objects to finish their cascade
+  cascade-guard uninstall --timeout 30m
+
+Exit codes:
+  0  everything cascade-guard put in is out
+  1  a controller still runs (pass --force to go on), objects still cascade after
+     --timeout (run it again), or a request failed
+  2  the command line is wrong
+  5  the cluster cannot be reached, or no kubeconfig can be found
+";
+
 #[derive(Args)]
+#[command(after_help = HELP)]
 pub struct UninstallArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -20,10 +39,10 @@ pub struct UninstallArgs {
     pub force: bool,
     /// How long to wait for deleting objects to finish their foreground
     /// cascade before giving up (they stay held; run uninstall again).
-    #[arg(long, value_parser = humantime_duration, default_value = "10m")]
+    #[arg(long, value_parser = humantime_duration, default_value = "10m", value_name = "DURATION")]
     pub timeout: Duration,
     /// The controller's Lease name (its --leader-election-id).
-    #[arg(long, default_value = "cascade-guard")]
+    #[arg(long, default_value = "cascade-guard", value_name = "NAME")]
     pub leader_election_id: String,
 }
 
