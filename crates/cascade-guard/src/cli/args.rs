@@ -425,7 +425,7 @@ fn target(resource: String, name: Option<String>) -> Result<(String, String), Co
 
 #[cfg(test)]
 mod tests {
-    use clap::{CommandFactory, Parser};
+    use clap::Parser;
 
     #[test]
     fn only_commands_that_contact_a_cluster_take_a_kubeconfig_and_a_context() {
