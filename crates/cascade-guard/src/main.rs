@@ -26,6 +26,9 @@ async fn main() -> Result<()> {
             "cascade-guard",
         ))
         .map(|()| 0),
+        Command::CompleteObjects { words } => {
+            cli::completion::objects::run(&words, &Cli::command()).await
+        }
         Command::Uninstall(args) => cli::uninstall::command::run(args).await,
         Command::Status(args) => cli::status::command::run(args).await,
         Command::Trace(args) => cli::trace::command::run(args).await,

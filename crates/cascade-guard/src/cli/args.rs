@@ -166,6 +166,15 @@ pub enum Command {
         shell: clap_complete::Shell,
     },
     /// Print cascade-guard's version, and the API server's when one is reachable.
+    /// What TAB offers for plan's and trace's object, from the cluster: the
+    /// bash completion script calls it.
+    #[command(name = super::completion::OBJECTS_COMMAND, hide = true)]
+    CompleteObjects {
+        /// The command line after the binary's name, up to the word under
+        /// the cursor.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        words: Vec<String>,
+    },
     #[command(after_help = VERSION_HELP)]
     Version {
         /// Only the client's version; do not contact the API server.

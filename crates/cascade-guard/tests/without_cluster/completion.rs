@@ -2,69 +2,37 @@
 //! itself sources the script and calls its completion function the way it
 //! does on TAB (COMP_WORDS, COMP_CWORD, COMP_LINE, COMP_POINT set), and what
 //! it offers (COMPREPLY) is checked: flags after a subcommand, and the
-//! values of an enum flag. zsh's and fish's scripts are parsed by the
+//! values of an enum flag, and nothing for plan's and trace's objects when no
+//! cluster answers (tests/api_server/completion_objects.rs has one that
+//! does). zsh's and fish's scripts are parsed by the
 //! shells (`zsh -n`, `fish -n`) where they are installed. No cluster.
 
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[path = "../support/skip.rs"]
 mod skip;
 
-fn script(shell: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
-        .args(["completion", shell])
-        .output()
-        .expect("cascade-guard runs");
-    assert!(out.status.success(), "completion {shell} failed");
-    String::from_utf8(out.stdout).expect("a UTF-8 script")
+#[path = "../support/bash_tab.rs"]
+mod bash_tab;
+
+#[path = "../support/no_cluster.rs"]
+mod no_cluster;
+
+use bash_tab::script;
+
+/// A HOME without a kubeconfig, and a KUBECONFIG naming a cluster on a port
+/// nothing listens on: what TAB offers when no cluster answers.
+fn no_cluster() -> (PathBuf, PathBuf) {
+    let home = std::env::temp_dir().join(format!("cg-completion-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).expect("home");
+    let kubeconfig = no_cluster::kubeconfig(&home);
+    (home, kubeconfig)
 }
 
-/// What bash offers on TAB at the end of `line` (a trailing space: a new,
-/// empty word), one entry a line.
 fn bash_completes(line: &str) -> Vec<String> {
-    let dir = std::env::temp_dir().join(format!("cg-completion-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    // A file per call: tests run at once, and one must not read another's
-    // half-written script.
-    static CALLS: AtomicUsize = AtomicUsize::new(0);
-    let path = dir.join(format!(
-        "cascade-guard-{}.bash",
-        CALLS.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::write(&path, script("bash")).expect("write the script");
-    // bash's `complete -F` calls the function with the command, the word
-    // being completed and the word before it; COMP_WORDS split as bash
-    // splits the line (spaces only here).
-    let driver = r#"
-source "$1"
-line=$2
-COMP_LINE=$line
-COMP_POINT=${#line}
-read -ra COMP_WORDS <<<"$line"
-if [[ $line == *" " ]]; then COMP_WORDS+=(""); fi
-COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
-function=$(complete -p cascade-guard | sed -n 's/.*-F \([^ ]*\).*/\1/p')
-[[ -n $function ]] || { echo "the script registers no function for cascade-guard" >&2; exit 1; }
-"$function" cascade-guard "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
-printf '%s\n' "${COMPREPLY[@]}"
-"#;
-    let out = Command::new("bash")
-        .args(["--norc", "--noprofile", "-c", driver, "driver"])
-        .arg(&path)
-        .arg(line)
-        .output()
-        .expect("bash runs");
-    assert!(
-        out.status.success(),
-        "bash: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect()
+    let (home, kubeconfig) = no_cluster();
+    bash_tab::offered(line, &[("HOME", &home), ("KUBECONFIG", &kubeconfig)])
 }
 
 fn assert_offers(line: &str, want: &[&str]) {
@@ -114,6 +82,26 @@ fn bash_completes_the_values_of_enum_flags() {
     assert_offers("cascade-guard trace x -o ", &["text", "json", "yaml"]);
     assert_offers("cascade-guard plan x y -o j", &["json"]);
     assert_eq!(bash_completes("cascade-guard plan x y -o j"), ["json"]);
+}
+
+/// plan's and trace's objects come from the cluster; with none answering,
+/// TAB offers nothing there (not the flags, not file names), and still
+/// completes flags and their values around them.
+#[test]
+fn bash_offers_no_objects_when_no_cluster_answers() {
+    // A file that `-o default` would offer, were it left on.
+    let (home, _) = no_cluster();
+    std::fs::write(home.join("inferencecluster.yaml"), "").expect("file");
+    for line in [
+        "cascade-guard plan ",
+        "cascade-guard trace inferencecluster ",
+        "cascade-guard plan inferencecluster/",
+        "cascade-guard plan -n team-a ",
+    ] {
+        assert_eq!(bash_completes(line), Vec::<String>::new(), "`{line}<TAB>`");
+    }
+    assert_offers("cascade-guard plan x --", &["--namespace", "--mode"]);
+    assert_offers("cascade-guard trace x -o ", &["json"]);
 }
 
 #[test]

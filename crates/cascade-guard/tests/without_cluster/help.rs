@@ -14,6 +14,9 @@ use clap::CommandFactory;
 #[path = "../support/skip.rs"]
 mod skip;
 
+#[path = "../support/no_cluster.rs"]
+mod no_cluster;
+
 const BIN: &str = env!("CARGO_BIN_EXE_cascade-guard");
 
 /// Every command path: `[]` for the top level, `["plan"]`, ...
@@ -282,19 +285,7 @@ fn exit_code(out: &Output) -> i32 {
 #[test]
 fn the_exit_codes_in_the_help_are_the_ones_returned() {
     let dir = temp_dir("exit");
-    // A cluster on a port nothing listens on.
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        "apiVersion: v1
-kind: Config
-current-context: closed
-clusters: [{name: closed, cluster: {server: 'https://127.0.0.1:1'}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: closed, context: {cluster: closed, user: u}}]
-",
-    )
-    .expect("kubeconfig");
+    let kubeconfig = no_cluster::kubeconfig(&dir);
     let kubeconfig = kubeconfig.to_str().expect("a UTF-8 path");
     let run = |args: &[&str]| {
         Command::new(BIN)
