@@ -22,7 +22,7 @@ async fn main() -> Result<()> {
         }
         Command::Completion { shell } => cli::exit::out(&cli::completion::script(
             shell,
-            &mut Cli::command(),
+            &Cli::command(),
             "cascade-guard",
         ))
         .map(|()| 0),

@@ -165,7 +165,6 @@ pub enum Command {
         /// The shell: bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-    /// Print cascade-guard's version, and the API server's when one is reachable.
     /// What TAB offers for plan's and trace's object, from the cluster: the
     /// bash completion script calls it.
     #[command(name = super::completion::OBJECTS_COMMAND, hide = true)]
@@ -175,6 +174,7 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         words: Vec<String>,
     },
+    /// Print cascade-guard's version, and the API server's when one is reachable.
     #[command(after_help = VERSION_HELP)]
     Version {
         /// Only the client's version; do not contact the API server.

@@ -18,14 +18,40 @@ use clap_complete::Shell;
 pub const OBJECTS_COMMAND: &str = "__complete";
 
 /// The completion script for `shell`, for the command `bin`.
-pub fn script(shell: Shell, command: &mut clap::Command, bin: &str) -> String {
+pub fn script(shell: Shell, command: &clap::Command, bin: &str) -> String {
     let mut script = Vec::new();
-    clap_complete::generate(shell, command, bin, &mut script);
+    clap_complete::generate(shell, &mut shown(command), bin, &mut script);
     let script = String::from_utf8_lossy(&script).into_owned();
     match shell {
         Shell::Bash => with_objects(&repair_bash(&script, bin), bin),
         _ => script,
     }
+}
+
+/// `command` without its hidden subcommands and arguments, which
+/// clap_complete's scripts would offer (`__complete`, the old names of the
+/// time flags).
+fn shown(command: &clap::Command) -> clap::Command {
+    let mut shown = clap::Command::new(command.get_name().to_string())
+        .args(
+            command
+                .get_arguments()
+                .filter(|a| !a.is_hide_set())
+                .cloned(),
+        )
+        .subcommands(
+            command
+                .get_subcommands()
+                .filter(|s| !s.is_hide_set())
+                .map(shown),
+        );
+    if let Some(about) = command.get_about() {
+        shown = shown.about(about.clone());
+    }
+    if let Some(version) = command.get_version() {
+        shown = shown.version(version.to_string());
+    }
+    shown
 }
 
 /// The bash script, with a function in front of clap_complete's: at `plan`
@@ -107,7 +133,7 @@ mod tests {
     /// without a shell (tests/without_cluster/completion.rs drives bash).
     #[test]
     fn every_bash_state_matched_is_one_that_is_set() {
-        let script = script(Shell::Bash, &mut command(), "my-tool");
+        let script = script(Shell::Bash, &command(), "my-tool");
         let set: Vec<&str> = script
             .lines()
             .filter_map(|l| l.trim().strip_prefix("cmd=\"")?.strip_suffix('"'))
@@ -145,7 +171,7 @@ mod tests {
     /// tests/api_server/completion_objects.rs).
     #[test]
     fn bash_asks_for_objects_first_and_else_calls_clap_completes_function() {
-        let script = script(Shell::Bash, &mut command(), "my-tool");
+        let script = script(Shell::Bash, &command(), "my-tool");
         let registered: Vec<&str> = script
             .lines()
             .filter_map(|l| l.trim().strip_prefix("complete -F "))

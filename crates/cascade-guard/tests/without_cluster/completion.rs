@@ -109,6 +109,32 @@ fn bash_completes_subcommands() {
     assert_eq!(bash_completes("cascade-guard sta"), ["status"]);
 }
 
+/// What is hidden from --help is not offered either: the command the bash
+/// script calls back, and the old names of the time flags.
+#[test]
+fn hidden_commands_and_flags_are_not_offered() {
+    let commands = bash_completes("cascade-guard ");
+    assert!(commands.iter().any(|c| c == "plan"), "{commands:?}");
+    assert!(
+        !commands.iter().any(|c| c.starts_with("__")),
+        "{commands:?}"
+    );
+    let flags = bash_completes("cascade-guard run --");
+    assert!(flags.iter().any(|f| f == "--resync"), "{flags:?}");
+    assert!(!flags.iter().any(|f| f == "--resync-seconds"), "{flags:?}");
+    assert!(
+        !bash_completes("cascade-guard trace x --")
+            .iter()
+            .any(|f| f == "--interval-ms")
+    );
+    for shell in ["zsh", "fish"] {
+        let text = script(shell);
+        for hidden in ["__complete", "resync-seconds", "interval-ms"] {
+            assert!(!text.contains(hidden), "{shell}'s script offers {hidden}");
+        }
+    }
+}
+
 /// zsh and fish are not on every machine: each parses its script where it
 /// is installed, and says it skipped where it is not.
 #[test]

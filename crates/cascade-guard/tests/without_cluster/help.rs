@@ -66,6 +66,16 @@ fn every_command_has_examples_and_every_argument_a_description() {
         }
     }
     fn walk(command: &clap::Command, path: &str) {
+        if !command.is_hide_set() {
+            let about = command
+                .get_about()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            assert!(
+                !about.trim().is_empty(),
+                "{path}: a command that does not say what it does"
+            );
+        }
         for arg in command.get_arguments().filter(|a| !a.is_hide_set()) {
             let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
             assert!(
