@@ -69,8 +69,9 @@ Examples:
   mkdir -p ~/.config/fish/completions
   cascade-guard completion fish > ~/.config/fish/completions/cascade-guard.fish
 
-In bash, plan and trace also complete the protected kinds and their objects'
-names from the current context's cluster (nothing when it does not answer).
+In bash and fish, plan and trace also complete the protected kinds and their
+objects' names from the current context's cluster (nothing when it does not
+answer).
 ";
 
 /// `crd --help`'s examples.

@@ -24,6 +24,7 @@ pub fn script(shell: Shell, command: &clap::Command, bin: &str) -> String {
     let script = String::from_utf8_lossy(&script).into_owned();
     match shell {
         Shell::Bash => with_objects(&repair_bash(&script, bin), bin),
+        Shell::Fish => fish_with_objects(&script, bin),
         _ => script,
     }
 }
@@ -118,6 +119,24 @@ fn repair_bash(script: &str, bin: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
         + "\n"
+}
+
+/// The fish script, completing plan and trace's objects with what
+/// [`OBJECTS_COMMAND`] prints; where it prints nothing (at a flag, or no
+/// cluster), clap_complete's rules alone complete.
+fn fish_with_objects(script: &str, bin: &str) -> String {
+    let function = format!("__fish_{}_objects", bin.replace('-', "_"));
+    let using = format!("__fish_{}_using_subcommand", bin.replace('-', "_"));
+    format!(
+        r#"{script}
+# plan and trace's objects from the cluster.
+function {function}
+    set -l words (commandline -opc)
+    {bin} {OBJECTS_COMMAND} $words[2..-1] (commandline -ct) 2>/dev/null
+end
+complete -c {bin} -n "{using} plan; or {using} trace" -f -a "({function})"
+"#
+    )
 }
 
 #[cfg(test)]

@@ -3,13 +3,17 @@
 //! protected kinds first, then the names of a kind's objects in the
 //! namespace the line gives (-n), else the kubeconfig context's. The XR
 //! kinds' XRDs are the support library's (Refuse, Warn, Convert, Off, ...);
-//! no cascade-guard runs.
+//! no cascade-guard runs. fish, where installed, is driven too (its
+//! `complete -C`) and must offer what bash does.
 
 #[path = "../support/mod.rs"]
 mod support;
 
-#[path = "../support/bash_tab.rs"]
-mod bash_tab;
+#[path = "../support/tab.rs"]
+mod tab;
+
+#[path = "../support/skip.rs"]
+mod skip;
 
 use std::path::{Path, PathBuf};
 
@@ -60,11 +64,36 @@ async fn cluster() -> (PathBuf, PathBuf) {
     (kubeconfig, in_tab_b)
 }
 
+/// What TAB offers at the end of `line`, in bash; fish, where installed,
+/// must offer the same.
 fn tab(line: &str, kubeconfig: &Path) -> Vec<String> {
     let home = kubeconfig.parent().expect("the kubeconfig's directory");
-    let mut offered = bash_tab::offered(line, &[("KUBECONFIG", kubeconfig), ("HOME", home)]);
+    let env = [("KUBECONFIG", kubeconfig), ("HOME", home)];
+    let mut offered = tab::bash(line, &env);
     offered.sort();
+    if fish_installed() {
+        let mut fish = tab::fish(line, &env);
+        fish.sort();
+        assert_eq!(
+            fish, offered,
+            "fish and bash offer different things for `{line}<TAB>`"
+        );
+    }
     offered
+}
+
+fn fish_installed() -> bool {
+    std::process::Command::new("fish")
+        .args(["-c", "exit 0"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn fish_is_driven_where_installed() {
+    if !fish_installed() {
+        skip::skipped("fish is not installed, so only bash's TAB is driven (apt-get install fish)");
+    }
 }
 
 #[tokio::test]

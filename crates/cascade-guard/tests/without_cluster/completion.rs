@@ -13,13 +13,13 @@ use std::process::Command;
 #[path = "../support/skip.rs"]
 mod skip;
 
-#[path = "../support/bash_tab.rs"]
-mod bash_tab;
+#[path = "../support/tab.rs"]
+mod tab;
 
 #[path = "../support/no_cluster.rs"]
 mod no_cluster;
 
-use bash_tab::script;
+use tab::script;
 
 /// A HOME without a kubeconfig, and a KUBECONFIG naming a cluster on a port
 /// nothing listens on: what TAB offers when no cluster answers.
@@ -32,7 +32,7 @@ fn no_cluster() -> (PathBuf, PathBuf) {
 
 fn bash_completes(line: &str) -> Vec<String> {
     let (home, kubeconfig) = no_cluster();
-    bash_tab::offered(line, &[("HOME", &home), ("KUBECONFIG", &kubeconfig)])
+    tab::bash(line, &[("HOME", &home), ("KUBECONFIG", &kubeconfig)])
 }
 
 fn assert_offers(line: &str, want: &[&str]) {
@@ -100,6 +100,18 @@ fn bash_offers_no_objects_when_no_cluster_answers() {
     ] {
         assert_eq!(bash_completes(line), Vec::<String>::new(), "`{line}<TAB>`");
     }
+    // fish too, where installed (its own TAB: `complete -C`).
+    let (home, kubeconfig) = no_cluster();
+    if installed("fish") {
+        let env = [
+            ("HOME", home.as_path()),
+            ("KUBECONFIG", kubeconfig.as_path()),
+        ];
+        assert_eq!(tab::fish("cascade-guard plan ", &env), Vec::<String>::new());
+        assert!(tab::fish("cascade-guard plan x -o ", &env).contains(&"json".to_string()));
+    } else {
+        skip::skipped("fish is not installed, so only bash's TAB is driven (apt-get install fish)");
+    }
     assert_offers("cascade-guard plan x --", &["--namespace", "--mode"]);
     assert_offers("cascade-guard trace x -o ", &["json"]);
 }
@@ -129,8 +141,12 @@ fn hidden_commands_and_flags_are_not_offered() {
     );
     for shell in ["zsh", "fish"] {
         let text = script(shell);
-        for hidden in ["__complete", "resync-seconds", "interval-ms"] {
+        for hidden in ["resync-seconds", "interval-ms"] {
             assert!(!text.contains(hidden), "{shell}'s script offers {hidden}");
+        }
+        // fish's script calls it for objects; neither offers it.
+        for offer in ["-a \"__complete\"", "'__complete:"] {
+            assert!(!text.contains(offer), "{shell}'s script offers __complete");
         }
     }
 }
@@ -145,11 +161,7 @@ fn zsh_and_fish_parse_their_scripts() {
         ("zsh", ["-n"], ":MODE:(Refuse Convert Warn Off)"),
         ("fish", ["--no-execute"], "-l mode -d"),
     ] {
-        let installed = Command::new(shell)
-            .args(["-c", "exit 0"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !installed {
+        if !installed(shell) {
             skip::skipped(&format!(
                 "{shell} is not installed, so its completion script is not parsed (apt-get install {shell})"
             ));
@@ -182,4 +194,11 @@ fn zsh_and_fish_parse_their_scripts() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+fn installed(shell: &str) -> bool {
+    Command::new(shell)
+        .args(["-c", "exit 0"])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }

@@ -1,8 +1,8 @@
 //! What TAB offers for `plan` and `trace`'s object: the protected kinds, then
 //! the names of that kind's objects, read from the cluster the command line
 //! names (its --kubeconfig, --context and -n, else the current context), as
-//! kubectl completes `kubectl get TYPE <TAB>`. The bash script calls the
-//! hidden `cascade-guard __complete WORDS...` on TAB; a cluster that does not
+//! kubectl completes `kubectl get TYPE <TAB>`. The bash and fish scripts call
+//! the hidden `cascade-guard __complete WORDS...` on TAB; a cluster that does not
 //! answer in [`PATIENCE`] gets nothing offered, quietly.
 //!
 //! clap_complete's dynamic completion (`unstable-dynamic`) was the other
