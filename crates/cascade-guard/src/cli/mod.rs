@@ -12,10 +12,18 @@
 //! chooses it), [`completion`] (the shell scripts), [`plugin`] (running as
 //! `kubectl cascade-guard`), [`values`] (what completion offers for a flag).
 //!
-//! `run` (the controller) is [`crate::controller`]; `crd` and `version` are a
-//! line each in main.rs.
+//! Each command's arguments and the run that turns them into its work and
+//! an exit code are its `command` module (`trace/command.rs`, ...); the
+//! command line as a whole is [`args`], how a command ends [`exit`], and the
+//! client it talks through [`connect`]. `crd` and `version` are [`version`].
+//! `run` (the controller) is [`crate::controller`], joined to its arguments
+//! in main.rs.
 
+pub mod args;
 pub mod completion;
+pub mod connect;
+pub mod duration;
+pub mod exit;
 pub mod kubeconfig;
 pub mod plan;
 pub mod plugin;
@@ -24,3 +32,4 @@ pub mod status;
 pub mod trace;
 pub mod uninstall;
 pub mod values;
+pub mod version;

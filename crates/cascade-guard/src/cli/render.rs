@@ -3,6 +3,8 @@
 //! same as the controller's ([`crate::policy::render`]); this module only reads
 //! files and writes YAML.
 
+pub mod command;
+
 use std::path::{Path, PathBuf};
 
 use crate::Error;

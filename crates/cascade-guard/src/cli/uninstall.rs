@@ -8,6 +8,8 @@
 //! stopped, a plain delete of a held object was let through and waits on
 //! cascade-guard to convert it.
 
+pub mod command;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -14,6 +14,7 @@ mod backoff;
 pub mod convert;
 pub mod leader;
 mod memory;
+pub mod process;
 pub mod sibling_order;
 pub mod static_writer;
 pub mod sync;

@@ -149,8 +149,8 @@ async fn the_leader_killed_while_a_second_replica_runs_loses_nothing() {
     let flags = [
         "--leader-election-namespace=default",
         "--leader-election-id=cascade-guard-test",
-        "--leader-election-lease-seconds=3",
-        "--leader-election-renew-seconds=1",
+        "--leader-election-lease-duration=3s",
+        "--leader-election-renew-interval=1s",
     ];
     let mut replicas = vec![env.start_controller(&flags), env.start_controller(&flags)];
     let timeline = make_trees(&s, 10).await;

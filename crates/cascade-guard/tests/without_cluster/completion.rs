@@ -2,69 +2,37 @@
 //! itself sources the script and calls its completion function the way it
 //! does on TAB (COMP_WORDS, COMP_CWORD, COMP_LINE, COMP_POINT set), and what
 //! it offers (COMPREPLY) is checked: flags after a subcommand, and the
-//! values of an enum flag. zsh's and fish's scripts are parsed by the
+//! values of an enum flag, and nothing for plan's and trace's objects when no
+//! cluster answers (tests/api_server/completion_objects.rs has one that
+//! does). zsh's and fish's scripts are parsed by the
 //! shells (`zsh -n`, `fish -n`) where they are installed. No cluster.
 
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[path = "../support/skip.rs"]
 mod skip;
 
-fn script(shell: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
-        .args(["completion", shell])
-        .output()
-        .expect("cascade-guard runs");
-    assert!(out.status.success(), "completion {shell} failed");
-    String::from_utf8(out.stdout).expect("a UTF-8 script")
+#[path = "../support/tab.rs"]
+mod tab;
+
+#[path = "../support/no_cluster.rs"]
+mod no_cluster;
+
+use tab::script;
+
+/// A HOME without a kubeconfig, and a KUBECONFIG naming a cluster on a port
+/// nothing listens on: what TAB offers when no cluster answers.
+fn no_cluster() -> (PathBuf, PathBuf) {
+    let home = std::env::temp_dir().join(format!("cg-completion-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).expect("home");
+    let kubeconfig = no_cluster::kubeconfig(&home);
+    (home, kubeconfig)
 }
 
-/// What bash offers on TAB at the end of `line` (a trailing space: a new,
-/// empty word), one entry a line.
 fn bash_completes(line: &str) -> Vec<String> {
-    let dir = std::env::temp_dir().join(format!("cg-completion-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    // A file per call: tests run at once, and one must not read another's
-    // half-written script.
-    static CALLS: AtomicUsize = AtomicUsize::new(0);
-    let path = dir.join(format!(
-        "cascade-guard-{}.bash",
-        CALLS.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::write(&path, script("bash")).expect("write the script");
-    // bash's `complete -F` calls the function with the command, the word
-    // being completed and the word before it; COMP_WORDS split as bash
-    // splits the line (spaces only here).
-    let driver = r#"
-source "$1"
-line=$2
-COMP_LINE=$line
-COMP_POINT=${#line}
-read -ra COMP_WORDS <<<"$line"
-if [[ $line == *" " ]]; then COMP_WORDS+=(""); fi
-COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
-function=$(complete -p cascade-guard | sed -n 's/.*-F \([^ ]*\).*/\1/p')
-[[ -n $function ]] || { echo "the script registers no function for cascade-guard" >&2; exit 1; }
-"$function" cascade-guard "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
-printf '%s\n' "${COMPREPLY[@]}"
-"#;
-    let out = Command::new("bash")
-        .args(["--norc", "--noprofile", "-c", driver, "driver"])
-        .arg(&path)
-        .arg(line)
-        .output()
-        .expect("bash runs");
-    assert!(
-        out.status.success(),
-        "bash: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect()
+    let (home, kubeconfig) = no_cluster();
+    tab::bash(line, &[("HOME", &home), ("KUBECONFIG", &kubeconfig)])
 }
 
 fn assert_offers(line: &str, want: &[&str]) {
@@ -116,9 +84,71 @@ fn bash_completes_the_values_of_enum_flags() {
     assert_eq!(bash_completes("cascade-guard plan x y -o j"), ["json"]);
 }
 
+/// plan's and trace's objects come from the cluster; with none answering,
+/// TAB offers nothing there (not the flags, not file names), and still
+/// completes flags and their values around them.
+#[test]
+fn bash_offers_no_objects_when_no_cluster_answers() {
+    // A file that `-o default` would offer, were it left on.
+    let (home, _) = no_cluster();
+    std::fs::write(home.join("inferencecluster.yaml"), "").expect("file");
+    for line in [
+        "cascade-guard plan ",
+        "cascade-guard trace inferencecluster ",
+        "cascade-guard plan inferencecluster/",
+        "cascade-guard plan -n team-a ",
+    ] {
+        assert_eq!(bash_completes(line), Vec::<String>::new(), "`{line}<TAB>`");
+    }
+    // fish too, where installed (its own TAB: `complete -C`).
+    let (home, kubeconfig) = no_cluster();
+    if installed("fish") {
+        let env = [
+            ("HOME", home.as_path()),
+            ("KUBECONFIG", kubeconfig.as_path()),
+        ];
+        assert_eq!(tab::fish("cascade-guard plan ", &env), Vec::<String>::new());
+        assert!(tab::fish("cascade-guard plan x -o ", &env).contains(&"json".to_string()));
+    } else {
+        skip::skipped("fish is not installed, so only bash's TAB is driven (apt-get install fish)");
+    }
+    assert_offers("cascade-guard plan x --", &["--namespace", "--mode"]);
+    assert_offers("cascade-guard trace x -o ", &["json"]);
+}
+
 #[test]
 fn bash_completes_subcommands() {
     assert_eq!(bash_completes("cascade-guard sta"), ["status"]);
+}
+
+/// What is hidden from --help is not offered either: the command the bash
+/// script calls back, and the old names of the time flags.
+#[test]
+fn hidden_commands_and_flags_are_not_offered() {
+    let commands = bash_completes("cascade-guard ");
+    assert!(commands.iter().any(|c| c == "plan"), "{commands:?}");
+    assert!(
+        !commands.iter().any(|c| c.starts_with("__")),
+        "{commands:?}"
+    );
+    let flags = bash_completes("cascade-guard run --");
+    assert!(flags.iter().any(|f| f == "--resync"), "{flags:?}");
+    assert!(!flags.iter().any(|f| f == "--resync-seconds"), "{flags:?}");
+    assert!(
+        !bash_completes("cascade-guard trace x --")
+            .iter()
+            .any(|f| f == "--interval-ms")
+    );
+    for shell in ["zsh", "fish"] {
+        let text = script(shell);
+        for hidden in ["resync-seconds", "interval-ms"] {
+            assert!(!text.contains(hidden), "{shell}'s script offers {hidden}");
+        }
+        // fish's script calls it for objects; neither offers it.
+        for offer in ["-a \"__complete\"", "'__complete:"] {
+            assert!(!text.contains(offer), "{shell}'s script offers __complete");
+        }
+    }
 }
 
 /// zsh and fish are not on every machine: each parses its script where it
@@ -131,11 +161,7 @@ fn zsh_and_fish_parse_their_scripts() {
         ("zsh", ["-n"], ":MODE:(Refuse Convert Warn Off)"),
         ("fish", ["--no-execute"], "-l mode -d"),
     ] {
-        let installed = Command::new(shell)
-            .args(["-c", "exit 0"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !installed {
+        if !installed(shell) {
             skip::skipped(&format!(
                 "{shell} is not installed, so its completion script is not parsed (apt-get install {shell})"
             ));
@@ -168,4 +194,11 @@ fn zsh_and_fish_parse_their_scripts() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+fn installed(shell: &str) -> bool {
+    Command::new(shell)
+        .args(["-c", "exit 0"])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }

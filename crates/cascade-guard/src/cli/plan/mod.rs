@@ -10,6 +10,7 @@
 //! [`dot`] and [`mermaid`] draw it (Graphviz, Mermaid) from the one
 //! language-free [`picture`] of it.
 
+pub mod command;
 pub mod dot;
 pub mod mermaid;
 pub mod picture;

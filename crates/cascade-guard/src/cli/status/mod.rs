@@ -11,6 +11,7 @@
 //!
 //! [`read`] fetches, [`report`] compares, [`text`] prints.
 
+pub mod command;
 #[cfg(test)]
 mod fixtures;
 mod read;

@@ -5,6 +5,7 @@
 //! `spec.resourceRefs` for legacy XRs); Usages that name an object are shown
 //! beside it. [`view`] is the pure part; this module reads the cluster.
 
+pub mod command;
 pub mod view;
 
 use std::io::Write;
