@@ -38,6 +38,7 @@ pub mod order;
 pub mod order_gate;
 pub mod plan;
 pub mod provider_config_usage;
+pub mod refusal;
 pub mod render;
 pub mod replay;
 pub mod resolve;
