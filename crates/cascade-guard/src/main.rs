@@ -288,7 +288,9 @@ struct TraceArgs {
     #[arg(short, long)]
     namespace: Option<String>,
     /// text: a live tree on a terminal, change lines otherwise; json: one JSON
-    /// object per change, then the summary; yaml: one YAML document each.
+    /// object per change, then the summary; yaml: one YAML document each;
+    /// dot (Graphviz) or mermaid: one picture at the end, of what left in
+    /// which order and what holds the rest.
     #[arg(short, long, value_enum, default_value = "text")]
     output: TraceOutput,
     /// Give up after this long and summarize (90s, 10m, 1h or seconds; 0:
@@ -298,6 +300,14 @@ struct TraceArgs {
     /// Milliseconds between looks.
     #[arg(long, default_value_t = 500)]
     interval_ms: u64,
+    /// Look once at the whole tree and stop: the teardown as it stands now
+    /// (exits 0 whether or not it is complete).
+    #[arg(long)]
+    once: bool,
+    /// The controller's Lease name (its --leader-election-id): where a
+    /// picture reads what sibling order holds.
+    #[arg(long, default_value = "cascade-guard")]
+    leader_election_id: String,
 }
 
 #[derive(Args)]
@@ -340,6 +350,8 @@ enum TraceOutput {
     Text,
     Json,
     Yaml,
+    Dot,
+    Mermaid,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -821,6 +833,8 @@ async fn trace(cluster: Selection, args: TraceArgs) -> Result<()> {
         TraceOutput::Json => cli::trace::Output::Json,
         TraceOutput::Yaml => cli::trace::Output::Yaml,
         TraceOutput::Text => cli::trace::Output::Text,
+        TraceOutput::Dot => cli::trace::Output::Dot,
+        TraceOutput::Mermaid => cli::trace::Output::Mermaid,
     };
     let options = cli::trace::Options {
         live: output == cli::trace::Output::Text && std::io::stdout().is_terminal(),
@@ -830,10 +844,12 @@ async fn trace(cluster: Selection, args: TraceArgs) -> Result<()> {
         output,
         interval: Duration::from_millis(args.interval_ms.max(50)),
         timeout: (!args.timeout.is_zero()).then_some(args.timeout),
+        once: args.once,
+        leader_election_id: args.leader_election_id,
     };
     let mut out = std::io::stdout().lock();
     let summary = cli::trace::trace(&client, &options, &mut out).await?;
-    if !summary.complete {
+    if !summary.complete && !args.once {
         eprintln!("cascade-guard trace: the teardown did not complete");
         std::process::exit(TRACE_INCOMPLETE_EXIT);
     }
