@@ -91,12 +91,14 @@ fn shape_attributes(shape: &Shape) -> Vec<String> {
     if shape.outside || shape.gone {
         attributes.push("style=\"rounded,filled,dashed\"".to_string());
     }
+    // The fill says its state: gone faded, over deleting, over a
+    // go-between's grey (as the later class wins in Mermaid).
     if shape.gone {
         attributes.push("fillcolor=white, fontcolor=gray55".to_string());
-    } else if shape.go_between {
-        attributes.push("fillcolor=gray96, fontcolor=gray45".to_string());
     } else if shape.deleting {
         attributes.push(format!("fillcolor=\"{DELETING_FILL}\""));
+    } else if shape.go_between {
+        attributes.push("fillcolor=gray96, fontcolor=gray45".to_string());
     }
     // The outline says the most important thing about the object: red for
     // a hazard, over orange for what holds a teardown, over blue for a hold,
@@ -218,6 +220,43 @@ mod tests {
                 assert!(!said.contains("dashed"), "{said}");
             }
         }
+    }
+
+    #[test]
+    fn a_traces_looks_fill_by_state_and_outline_the_blocker() {
+        // (deleting, gone, blocker, go-between): what it says, what it may not.
+        let cases = [
+            ((true, false, false, true), DELETING_FILL, "gray96"),
+            ((true, false, true, false), ORANGE, "gray70"),
+            ((false, true, false, true), "dashed", DELETING_FILL),
+            ((false, true, false, false), "fontcolor=gray55", ORANGE),
+            ((false, false, true, false), "penwidth=3", "dashed"),
+        ];
+        for ((deleting, gone, blocker, go_between), says, not) in cases {
+            let s = Shape {
+                deleting,
+                gone,
+                blocker,
+                go_between,
+                ..shape("x")
+            };
+            let said = shape_attributes(&s).join(", ");
+            assert!(said.contains(says), "{says} missing from {said}");
+            assert!(!said.contains(not), "{not} in {said}");
+        }
+        let waits = Line {
+            from: 0,
+            to: 1,
+            kind: LineKind::Waits,
+            label: "its owner waits for it".to_string(),
+            hazard: false,
+            ranks: false,
+        };
+        let said = line_attributes(&waits).join(", ");
+        assert!(
+            said.contains(ORANGE) && said.contains("constraint=false"),
+            "{said}"
+        );
     }
 
     #[test]
