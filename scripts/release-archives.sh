@@ -2,7 +2,8 @@
 # Release archives of the command line, for people and for krew:
 # cascade-guard-vVERSION-linux-ARCH.tar.gz holding the static binary as
 # kubectl-cascade_guard (the file name kubectl runs for `kubectl
-# cascade-guard`; README "Install"), SHA256SUMS over every archive in the
+# cascade-guard`; README "Install") and the LICENSE (krew's index asks every
+# plugin for one), SHA256SUMS over every archive in the
 # output directory, and the krew manifest (deploy/krew/cascade-guard.yaml)
 # filled with one platform per archive there.
 #
@@ -57,8 +58,9 @@ archive=cascade-guard-v$version-linux-$arch.tar.gz
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 install -m 0755 "$binary" "$stage/$plugin_file"
+install -m 0644 LICENSE "$stage/LICENSE"
 tar --create --directory "$stage" --format=ustar \
-  --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner "$plugin_file" |
+  --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner "$plugin_file" LICENSE |
   gzip -n -9 >"$out/$archive"
 echo "release-archives.sh: wrote $out/$archive" >&2
 

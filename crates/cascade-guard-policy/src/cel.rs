@@ -21,6 +21,7 @@ use crate::names::{
     BREAK_GLASS_ANNOTATION, BREAK_GLASS_RESOURCE, BREAK_GLASS_VERB, FOREGROUND_CASCADE_FINALIZER,
     FOREGROUND_DELETION_FINALIZER, GROUP,
 };
+use crate::refusal::{self, what_it_leaves};
 use crate::settings::CompileSettings;
 
 /// The audit annotation key saying which rule allowed a delete, or that it
@@ -182,46 +183,18 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
     decision_expression.push_str("'refused: ' + variables.sent");
 
     let what_it_leaves = what_it_leaves(shape);
-    // Why the delete is unsafe depends on what it would do: cut a running
-    // foreground cascade short, leave what the object owns behind, or remove
-    // the object before what it owns is gone. A claim's own propagation does
-    // not matter: what it sets off is Crossplane's delete of its composite.
-    let why = match shape {
-        Shape::Claim => format!(
-            "'Crossplane would then delete its composite resource with background propagation (the claim\\'s spec.compositeDeletePolicy is not Foreground), which removes the composite before {what_it_leaves} are gone and leaves them to wedge. Have the claim delete it in the foreground, then delete the claim: kubectl patch ' + variables.target + ' --type merge -p \\'{{\"spec\":{{\"compositeDeletePolicy\":\"Foreground\"}}}}\\' && kubectl delete ' + variables.target"
-        ),
-        _ => format!(
-            "(variables.inForeground ? 'it is already being deleted with foreground cascading, and this delete would cut that cascade short. Nothing more is needed: the cascade ends by itself (follow it: cascade-guard trace ' + variables.target + ')' : variables.orphaning ? 'it would leave {what_it_leaves} behind, orphaned, with nothing to delete them. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground' : 'it would remove it before {what_it_leaves} are gone and leave them to wedge. Delete it with foreground cascading: kubectl delete ' + variables.target + ' --cascade=foreground')"
-        ),
-    };
-    // Break-glass set, and still refused: it does not count for this user.
-    // (A message expression cannot use the authorizer, so it cannot read
-    // variables.breakGlass; with the permission not needed, an annotated
-    // object is never refused.)
-    let why = format!(
-        "(variables.breakGlassAnnotated ? '{BREAK_GLASS_ANNOTATION} is set, but ' + variables.username + ' may not use break-glass (it needs {BREAK_GLASS_VERB} on {BREAK_GLASS_RESOURCE}.{GROUP}, which the ClusterRole cascade-guard-break-glass grants), so it does not count; ' : '') + {why}"
-    );
     // The fixed message, for when the expression cannot be evaluated.
     let fix = match shape {
         Shape::Claim => "set the claim's spec.compositeDeletePolicy to Foreground, then delete it",
         _ => "use kubectl delete --cascade=foreground",
     };
-    let (message_expression, message) = match mode {
-        Mode::Warn => (
-            format!(
-                "'cascade-guard warning: deleting ' + request.kind.kind + ' ' + oldObject.metadata.name + ' with ' + variables.sent + ' is unsafe: ' + {why}"
-            ),
-            format!(
-                "cascade-guard warning: this delete does not cascade in the foreground and can leave {what_it_leaves} to wedge; {fix}"
-            ),
+    let message_expression = refusal::message_expression(mode, shape);
+    let message = match mode {
+        Mode::Warn => format!(
+            "cascade-guard warning: this delete does not cascade in the foreground and can leave {what_it_leaves} to wedge; {fix}"
         ),
-        _ => (
-            format!(
-                "'cascade-guard refused to delete ' + request.kind.kind + ' ' + oldObject.metadata.name + ' with ' + variables.sent + ': ' + {why} + '. To abandon it on purpose, first: kubectl annotate ' + variables.target + ' {BREAK_GLASS_ANNOTATION}=\\\"<why>\\\"'"
-            ),
-            format!(
-                "cascade-guard refused this delete: it would not cascade in the foreground and could leave {what_it_leaves} to wedge: {fix}, or set the annotation {BREAK_GLASS_ANNOTATION} to a reason to abandon the object on purpose"
-            ),
+        _ => format!(
+            "cascade-guard refused this delete: it would not cascade in the foreground and could leave {what_it_leaves} to wedge: {fix}, or set the annotation {BREAK_GLASS_ANNOTATION} to a reason to abandon the object on purpose"
         ),
     };
 
@@ -400,15 +373,6 @@ fn any_user(users: &[&String]) -> String {
 
 /// The allow rules of a variant, in [`AllowReason::ORDER`], as CEL over the
 /// variables.
-/// What a delete of the kind may leave to wedge, in the messages.
-fn what_it_leaves(shape: Shape) -> &'static str {
-    match shape {
-        Shape::CompositeResource => "its composed resources",
-        Shape::Claim => "the resources it composes",
-        Shape::Other => "the objects it owns",
-    }
-}
-
 fn rules(mode: Mode, shape: Shape) -> Vec<(AllowReason, &'static str)> {
     let claim = shape == Shape::Claim;
     AllowReason::ORDER
@@ -1280,16 +1244,17 @@ mod tests {
         let m = &p.message_expression;
         // Mid-cascade: nothing to do but wait; Orphan: left behind; else: removed first.
         let cut = m
-            .find("variables.inForeground ? 'it is already being deleted")
+            .find("variables.inForeground ? \"it is already being deleted")
             .unwrap();
         let orphan = m
-            .find("variables.orphaning ? 'it would leave its composed resources behind")
+            .find("variables.orphaning ? \"it would leave its composed resources behind")
             .unwrap();
         let first = m
-            .find("'it would remove it before its composed resources are gone")
+            .find("\"it would remove it before its composed resources are gone")
             .unwrap();
         assert!(cut < orphan && orphan < first, "{m}");
-        assert!(m.contains("cascade-guard trace ' + variables.target"));
+        assert!(m.contains("cascade-guard trace \" + variables.target"));
+        assert!(m.contains("cascade-guard plan \" + variables.target"));
         assert!(
             m.contains(&format!("{BREAK_GLASS_ANNOTATION}=\\\"<why>\\\"")),
             "{m}"

@@ -305,7 +305,7 @@ fn is_garbage_collector(settings: &CompileSettings, req: &DeleteRequest) -> bool
         || (!kcm.is_empty() && req.username == *kcm && req.uid_precondition)
 }
 
-fn what_was_sent(req: &DeleteRequest) -> RefuseReason {
+pub(crate) fn what_was_sent(req: &DeleteRequest) -> RefuseReason {
     match (req.orphan_dependents, req.propagation) {
         (Some(v), _) => RefuseReason::OrphanDependents(v),
         (None, Some(Propagation::Background)) => RefuseReason::Background,
@@ -498,6 +498,9 @@ pub(crate) mod tests {
                                     "{at}"
                                 );
                             }
+                            if let Reason::Refused(sent) = v.reason {
+                                refusal_fits(mode, shape, state, sent, &req, &at);
+                            }
                             cells += 1;
                         }
                     }
@@ -505,6 +508,56 @@ pub(crate) mod tests {
             }
         }
         assert_eq!(cells, 3 * 3 * 6 * 5 * 5);
+    }
+
+    /// The refusal of a cell (its whole text per account is pinned in
+    /// [`crate::refusal`]'s tests): the object and what was sent, then the
+    /// way out the cell has. Mid-cascade nothing is to be done but follow
+    /// it; a claim is patched; anything else is deleted in the foreground,
+    /// after `cascade-guard plan` has shown what that takes down.
+    fn refusal_fits(
+        mode: Mode,
+        shape: Shape,
+        state: State,
+        sent: RefuseReason,
+        req: &DeleteRequest,
+        at: &str,
+    ) {
+        let subject = crate::refusal::Subject {
+            kind: "XR".to_string(),
+            name: "a".to_string(),
+            resource: "xrs".to_string(),
+            group: "example.org".to_string(),
+            namespace: Some("team".to_string()),
+        };
+        let text = crate::refusal::text(mode, shape, req, &subject);
+        let head = match mode {
+            Mode::Warn => format!("cascade-guard warning: deleting XR a with {sent} is unsafe: "),
+            _ => format!("cascade-guard refused to delete XR a with {sent}: "),
+        };
+        assert!(text.starts_with(&head), "{at}: {text}");
+        let mid_cascade = shape != Shape::Claim && state == State::TerminatingForeground;
+        let (way_out, plan) = match shape {
+            Shape::Claim => (
+                "kubectl patch xrs.example.org a -n team --type merge",
+                false,
+            ),
+            _ if mid_cascade => ("cascade-guard trace xrs.example.org a -n team)", false),
+            _ => (
+                "kubectl delete xrs.example.org a -n team --cascade=foreground. ",
+                true,
+            ),
+        };
+        assert!(text.contains(way_out), "{at}: {text}");
+        assert_eq!(
+            text.contains(
+                "To see first what that deletes, and in which order: cascade-guard plan xrs.example.org a -n team (or kubectl cascade-guard plan, the same)"
+            ),
+            plan,
+            "{at}: {text}"
+        );
+        let abandon = "To abandon it on purpose, first: kubectl annotate xrs.example.org a -n team cascade-guard.dev/break-glass=\"<why>\"";
+        assert_eq!(text.ends_with(abandon), mode != Mode::Warn, "{at}: {text}");
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub mod mode;
 pub mod names;
 pub mod naming;
 pub mod plan;
+pub mod refusal;
 pub mod render;
 pub mod replay;
 pub mod resolve;

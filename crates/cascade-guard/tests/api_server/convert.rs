@@ -4,6 +4,8 @@
 
 #[path = "../support/audit_log.rs"]
 mod audit_log;
+#[path = "../support/picture.rs"]
+mod picture_check;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -452,6 +454,8 @@ async fn trace_follows_a_teardown_to_the_end() {
         interval: Duration::from_millis(100),
         timeout: Some(Duration::from_secs(60)),
         live: false,
+        once: false,
+        leader_election_id: "cascade-guard".into(),
     };
     let client = s.client.clone();
     let written = Written::default();
@@ -560,6 +564,167 @@ async fn trace_follows_a_teardown_to_the_end() {
     let last = lines.last().expect("output");
     assert_eq!(last["summary"]["complete"], true, "{last}");
     assert!(lines.iter().any(|l| l["what"] == "gone"));
+}
+
+/// `cascade-guard trace` as it would be run by hand, with the control
+/// plane's kubeconfig, started.
+fn start_trace(env: &Env, namespace: &str, args: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+        .args(["trace", "convertcomposites", "-n", namespace])
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(env.cp.kubeconfig_path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("trace binary")
+}
+
+/// Whether a started trace exited 0, and its stdout (its stderr with it
+/// when it did not).
+async fn trace_output(child: std::process::Child) -> (bool, String) {
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("trace ends");
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    if out.status.success() {
+        (true, stdout)
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        (false, format!("{}: {stderr}\n{stdout}", out.status))
+    }
+}
+
+async fn trace_binary(env: &Env, namespace: &str, args: &[&str]) -> (bool, String) {
+    trace_output(start_trace(env, namespace, args)).await
+}
+
+/// The box of a Mermaid picture whose label has `words`: its id.
+fn mermaid_box<'a>(text: &'a str, words: &str) -> &'a str {
+    text.lines()
+        .map(str::trim)
+        .find(|l| l.starts_with('n') && l.contains("[\"") && l.contains(words))
+        .and_then(|l| l.split('[').next())
+        .unwrap_or_else(|| panic!("no box with {words:?} in:\n{text}"))
+}
+
+/// `trace --once -o dot|mermaid` on a real teardown that a finalizer holds:
+/// both pictures read (Graphviz's dot, the Mermaid grammar check), each
+/// dependent deleting and held by its finalizer outlined as the blocker,
+/// the XR waiting for them; then, followed to its end, every object gone,
+/// ranked in the order the looks saw them leave.
+#[tokio::test]
+async fn trace_draws_what_holds_a_real_teardown_and_the_order_it_left_in() {
+    let env = env().await;
+    let s = Scope::new(&env.cp, "trace-picture").await;
+    let ns = s.namespace.clone();
+    let resource = CONVERT.resource();
+    create_tree(&s.client, &resource, &ns, "pictured", 2).await;
+    wait_held(&s.client, &resource, &ns, "pictured").await;
+    // A plain delete, which Convert turns into a foreground cascade; no
+    // provider runs yet, so each ConfigMap's finalizer holds it.
+    let got = delete(
+        &s.client,
+        &resource,
+        &ns,
+        "pictured",
+        &DeleteSpec::propagation("Background"),
+    )
+    .await;
+    assert!(got.allowed(), "{got:?}");
+    let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), &ns);
+    let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &ns, &resource);
+    let held = wait::until(Duration::from_secs(30), || async {
+        let xr = xrs.get("pictured").await.ok()?;
+        let waiting = xr.finalizers().iter().any(|f| f == "foregroundDeletion");
+        let list = maps.list(&ListParams::default()).await.ok()?;
+        let deleting = list
+            .items
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_some())
+            .count();
+        (waiting && deleting == 2).then_some(())
+    })
+    .await;
+    assert!(held.is_some(), "the cascade never reached the ConfigMaps");
+
+    let (ok, dot) = trace_binary(env, &ns, &["pictured", "--once", "-o", "dot"]).await;
+    assert!(ok, "trace --once -o dot failed:\n{dot}");
+    picture_check::run_dot("plain", &dot);
+    for i in 0..2 {
+        let label = format!(
+            "label=\"ConfigMap\\n{ns}/pictured-{i}\\ndeleting (before trace looked)\\nfinalizer {HOLD}\""
+        );
+        let node = dot
+            .lines()
+            .find(|l| l.contains(&label))
+            .unwrap_or_else(|| panic!("no {label} in:\n{dot}"));
+        assert!(
+            node.contains("color=\"#d35400\", penwidth=3"),
+            "not the blocker: {node}"
+        );
+    }
+    assert!(
+        dot.contains("waiting for its dependents (foreground cascade)"),
+        "{dot}"
+    );
+    assert_eq!(dot.matches("its owner waits for it").count(), 2, "{dot}");
+    assert!(dot.contains("what holds the rest (2)"), "{dot}");
+
+    let (ok, mermaid) = trace_binary(env, &ns, &["pictured", "--once", "-o", "mermaid"]).await;
+    assert!(ok, "trace --once -o mermaid failed:\n{mermaid}");
+    if let Err(why) = picture_check::check_mermaid(&mermaid) {
+        panic!("{why}\n{mermaid}");
+    }
+    let blockers: Vec<&str> = (0..2)
+        .map(|i| mermaid_box(&mermaid, &format!("{ns}/pictured-{i}<br>")))
+        .collect();
+    assert!(
+        mermaid.contains(&format!("  class {} blocker\n", blockers.join(","))),
+        "{mermaid}"
+    );
+
+    // The provider lets go (2 s after it first sees each ConfigMap deleted,
+    // so that trace reads the tree first): followed to the end, every object
+    // gone, the ConfigMaps ranked before (or with) the XR that waited.
+    let follow = start_trace(
+        env,
+        &ns,
+        &[
+            "pictured",
+            "-o",
+            "dot",
+            "--timeout",
+            "60",
+            "--interval-ms",
+            "100",
+        ],
+    );
+    let _provider = Provider::start(s.client.clone(), ns.clone(), Duration::from_secs(2));
+    let (ok, dot) = trace_output(follow).await;
+    assert!(ok, "trace -o dot did not see the teardown complete:\n{dot}");
+    picture_check::run_dot("plain", &dot);
+    assert!(dot.contains("teardown complete: 3 objects gone"), "{dot}");
+    assert!(
+        !dot.contains("penwidth=3"),
+        "a blocker left in a finished teardown:\n{dot}"
+    );
+    let rank_of = |name: &str| {
+        let node = dot
+            .lines()
+            .find(|l| l.contains(&format!("\\n{ns}/{name}\\n")))
+            .unwrap_or_else(|| panic!("no {name} in:\n{dot}"));
+        let id = node.trim().split(' ').next().expect("an id").to_string();
+        dot.lines()
+            .position(|l| l.contains("rank=same") && l.contains(&format!(" {id};")))
+            .unwrap_or_else(|| panic!("{name} on no rank:\n{dot}"))
+    };
+    let xr = rank_of("pictured");
+    for i in 0..2 {
+        assert!(rank_of(&format!("pictured-{i}")) <= xr, "{dot}");
+    }
+    assert!(dot.contains("left at "), "{dot}");
 }
 
 /// A finalizer the API server refuses at first (here an admission policy

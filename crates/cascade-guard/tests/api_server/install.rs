@@ -42,7 +42,9 @@ const MANAGED: &str = "app.kubernetes.io/managed-by=cascade-guard";
 
 /// The values the cluster tests install with: the test kinds' group is
 /// protected (Convert), and composed resources (ConfigMaps here) are readable.
+/// The chart starts in Warn; these tests install it in Refuse, said here.
 const VALUES: &str = r#"
+xrdDefaultMode: Refuse
 protectedGroups: [table.cascade-guard.dev]
 composedResources:
   - apiGroups: [""]
@@ -98,7 +100,8 @@ fn the_chart_renders_the_committed_manifest_and_is_locked_down() {
         .collect();
     assert_eq!(args[0], "run");
     assert!(args.contains(&"--leader-election-namespace=cascade-guard-system"));
-    assert!(args.contains(&"--xrd-default-mode=Refuse"));
+    // A first install breaks nothing: unannotated XRDs start in Warn.
+    assert!(args.contains(&"--xrd-default-mode=Warn"));
     // cascade-guard's own user, trusted to remove its finalizer: its ServiceAccount.
     assert!(
         args.contains(
@@ -357,7 +360,7 @@ async fn cascade_guard_runs_with_exactly_the_charts_rbac() {
     let (docs, mut replicas) = install(env, VALUES, 2, "chart-rbac").await;
     let admin = &s.client;
 
-    // Refuse: the XRD annotation, and the chart's default mode for XRDs without one.
+    // Refuse: the XRD annotation, and the default mode VALUES gives XRDs without one.
     env.wait_for_protection(admin, &REFUSE.resource()).await;
     env.wait_for_protection(admin, &DEFAULTED.resource()).await;
     let refuse = REFUSE.resource();
@@ -961,13 +964,12 @@ async fn upgrade_and_uninstall_leave_nothing_stuck() {
     wait_held(admin, &convert, &ns, "idle").await;
 
     // Upgrade: another default mode, one more replica, no PDB, one more group.
-    let v2_values = format!(
-        "{VALUES}\nxrdDefaultMode: Warn\nreplicas: 3\npodDisruptionBudget:\n  enabled: false\n"
-    )
-    .replace(
-        "protectedGroups: [table.cascade-guard.dev]",
-        "protectedGroups: [table.cascade-guard.dev, extra.example.org]",
-    );
+    let v2_values = format!("{VALUES}\nreplicas: 3\npodDisruptionBudget:\n  enabled: false\n")
+        .replace("xrdDefaultMode: Refuse", "xrdDefaultMode: Warn")
+        .replace(
+            "protectedGroups: [table.cascade-guard.dev]",
+            "protectedGroups: [table.cascade-guard.dev, extra.example.org]",
+        );
     let v2 = render(&with_image(&v2_values));
     chart::apply(admin, &v2, &v1).await;
     // A rolling update: the old replica stops, a new one starts.

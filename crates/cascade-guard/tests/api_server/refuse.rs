@@ -8,9 +8,11 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use cascade_guard::policy::decision::Reason;
 use cascade_guard::policy::names::{
     DEFAULT_CROSSPLANE_USER, DEFAULT_GC_CONTROLLER_MANAGER_USER, DEFAULT_GC_SERVICE_ACCOUNT_USER,
 };
+use cascade_guard::policy::refusal::{self, Subject};
 use cascade_guard::policy::{CompileSettings, Mode, ObjectState, Shape, decide};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -221,15 +223,11 @@ async fn the_api_server_agrees_with_the_decision_table_in_every_cell() {
                         dry_run: true,
                     };
                     let got = delete(client, &resource, &s.namespace, &name, &spec).await;
-                    let expected = decide(
-                        mode,
-                        Shape::CompositeResource,
-                        &settings,
-                        &spec.as_request(
-                            r.username,
-                            ObjectState::from_object(&object, Shape::CompositeResource),
-                        ),
+                    let request = spec.as_request(
+                        r.username,
+                        ObjectState::from_object(&object, Shape::CompositeResource),
                     );
+                    let expected = decide(mode, Shape::CompositeResource, &settings, &request);
                     let cell = format!("{mode} / {state:?} / {} / {label}", r.label);
                     *counts
                         .entry(if got.allowed() { "allowed" } else { "refused" })
@@ -241,24 +239,31 @@ async fn the_api_server_agrees_with_the_decision_table_in_every_cell() {
                         ));
                         continue;
                     }
-                    if !got.allowed() {
-                        // The refusal names the object and gives the command
-                        // that works, or, mid-cascade, how to follow it.
-                        let command = if state == State::TerminatingForeground {
-                            format!(
-                                "cascade-guard trace {}.{GROUP} {name} -n {}",
-                                kind.plural, s.namespace
-                            )
-                        } else {
-                            format!(
-                                "kubectl delete {}.{GROUP} {name} -n {} --cascade=foreground",
-                                kind.plural, s.namespace
-                            )
+                    // The refusal (a warning in Warn) is the decision
+                    // table's text to the letter: the object, what was sent,
+                    // the command that works (or, mid-cascade, how to follow
+                    // it), the `cascade-guard plan` that shows its order, and
+                    // break-glass.
+                    let refused = !matches!(expected.reason, Reason::Allowed(_));
+                    if refused && mode != Mode::Off {
+                        let subject = Subject {
+                            kind: kind.kind.to_string(),
+                            name: name.clone(),
+                            resource: kind.plural.to_string(),
+                            group: GROUP.to_string(),
+                            namespace: Some(s.namespace.clone()),
                         };
-                        if got.code != 403 || !got.message.contains(&command) {
+                        let want =
+                            refusal::text(mode, Shape::CompositeResource, &request, &subject);
+                        let said = if mode == Mode::Warn {
+                            got.warnings.iter().any(|w| w.contains(&want))
+                        } else {
+                            got.code == 403 && got.message.contains(&want)
+                        };
+                        if !said {
                             mismatches.push(format!(
-                                "{cell}: refusal {} {:?} lacks {command:?}",
-                                got.code, got.message
+                                "{cell}: {} {:?} (warnings {:?}) is not {want:?}",
+                                got.code, got.message, got.warnings
                             ));
                         }
                     }

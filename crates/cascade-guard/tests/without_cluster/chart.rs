@@ -195,6 +195,12 @@ const CASES: &[Case] = &[
             );
         }),
     ),
+    // A first install breaks nothing: XRDs without the annotation in Warn.
+    case(
+        "no mode given",
+        &[],
+        Expect::Renders(|docs| assert_eq!(mode_arg(docs), "--xrd-default-mode=Warn")),
+    ),
     // The mode in any case, as the binary and the XRD annotation read it;
     // the Deployment's flag always canonical.
     case(

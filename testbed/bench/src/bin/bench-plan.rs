@@ -471,7 +471,7 @@ async fn plan_part() -> Result<()> {
         name: ROOT.into(),
         namespace: PLAN_NS.into(),
         mode: None,
-        xrd_default_mode: Mode::Refuse,
+        xrd_default_mode: Some(Mode::Refuse),
         leader_election_id: "cascade-guard".into(),
     };
     let mut in_process = Vec::new();

@@ -41,16 +41,16 @@ pub struct PlanArgs {
     /// Plan for this mode instead of the one today's policies give the kind.
     #[arg(long, ignore_case = true, value_name = "MODE", value_parser = crate::cli::values::mode())]
     pub mode: Option<Mode>,
-    /// The mode of XRDs without the annotation, as the controller runs with.
+    /// The mode of XRDs without the annotation (default: the one the running
+    /// controller publishes on its Lease; Refuse when none runs).
     #[arg(
         long,
         env = "CASCADE_GUARD_XRD_DEFAULT_MODE",
-        default_value = "Refuse",
         ignore_case = true,
         value_name = "MODE",
         value_parser = crate::cli::values::mode()
     )]
-    pub xrd_default_mode: Mode,
+    pub xrd_default_mode: Option<Mode>,
     /// text for people, json or yaml for programs, dot (Graphviz) or mermaid
     /// to draw the tree, its waves, edges, holds and hazards.
     #[arg(short, long, value_enum, default_value = "text", value_name = "FORMAT")]

@@ -10,7 +10,7 @@
 use std::fmt::Write;
 
 use super::Plan;
-use super::picture::{BLUE, Line, LineKind, Member, Picture, RED, Shape};
+use super::picture::{BLUE, DELETING_FILL, Line, LineKind, Member, ORANGE, Picture, RED, Shape};
 
 pub fn render_dot(plan: &Plan) -> String {
     dot(&Picture::of(plan))
@@ -29,8 +29,8 @@ pub fn dot(picture: &Picture) -> String {
 
     if !picture.waves.is_empty() {
         out.push_str("  node [shape=plaintext, style=\"\", fontcolor=gray40];\n");
-        for i in 0..picture.waves.len() {
-            let _ = writeln!(out, "  w{i} [label={}];", quote(&format!("wave {}", i + 1)));
+        for (i, wave) in picture.waves.iter().enumerate() {
+            let _ = writeln!(out, "  w{i} [label={}];", quote(&wave.label));
         }
         let chain: Vec<String> = (0..picture.waves.len()).map(|i| format!("w{i}")).collect();
         if chain.len() > 1 {
@@ -45,7 +45,7 @@ pub fn dot(picture: &Picture) -> String {
 
     for (i, wave) in picture.waves.iter().enumerate() {
         let mut ids = vec![format!("w{i}")];
-        ids.extend(wave.iter().map(|s| format!("n{s}")));
+        ids.extend(wave.shapes.iter().map(|s| format!("n{s}")));
         let _ = writeln!(out, "  {{ rank=same; {}; }}", ids.join("; "));
     }
 
@@ -88,16 +88,27 @@ fn write_member(out: &mut String, picture: &Picture, member: &Member, depth: usi
 
 fn shape_attributes(shape: &Shape) -> Vec<String> {
     let mut attributes = vec![format!("label={}", quote(&shape.lines.join("\n")))];
-    if shape.outside {
+    if shape.outside || shape.gone {
         attributes.push("style=\"rounded,filled,dashed\"".to_string());
     }
-    if shape.go_between {
+    // The fill says its state: gone faded, over deleting, over a
+    // go-between's grey (as the later class wins in Mermaid).
+    if shape.gone {
+        attributes.push("fillcolor=white, fontcolor=gray55".to_string());
+    } else if shape.deleting {
+        attributes.push(format!("fillcolor=\"{DELETING_FILL}\""));
+    } else if shape.go_between {
         attributes.push("fillcolor=gray96, fontcolor=gray45".to_string());
     }
     // The outline says the most important thing about the object: red for
-    // a hazard, over blue for a hold, over grey for a go-between.
+    // a hazard, over orange for what holds a teardown, over blue for a hold,
+    // over grey for a go-between or what is gone.
     if shape.hazard {
         attributes.push(format!("color=\"{RED}\", fontcolor=\"{RED}\", penwidth=2"));
+    } else if shape.blocker {
+        attributes.push(format!("color=\"{ORANGE}\", penwidth=3"));
+    } else if shape.gone {
+        attributes.push("color=gray70".to_string());
     } else if shape.held {
         attributes.push(format!("color=\"{BLUE}\", penwidth=2.5"));
     } else if shape.go_between {
@@ -115,6 +126,10 @@ fn line_attributes(line: &Line) -> Vec<String> {
         attributes.push(format!("color=\"{RED}\", fontcolor=\"{RED}\", penwidth=2"));
     } else if line.kind == LineKind::Order {
         attributes.push(format!("color=\"{BLUE}\", fontcolor=\"{BLUE}\""));
+    } else if line.kind == LineKind::Waits {
+        attributes.push(format!(
+            "color=\"{ORANGE}\", fontcolor=\"{ORANGE}\", penwidth=2"
+        ));
     }
     if !line.ranks {
         attributes.push("constraint=false".to_string());
@@ -205,6 +220,43 @@ mod tests {
                 assert!(!said.contains("dashed"), "{said}");
             }
         }
+    }
+
+    #[test]
+    fn a_traces_looks_fill_by_state_and_outline_the_blocker() {
+        // (deleting, gone, blocker, go-between): what it says, what it may not.
+        let cases = [
+            ((true, false, false, true), DELETING_FILL, "gray96"),
+            ((true, false, true, false), ORANGE, "gray70"),
+            ((false, true, false, true), "dashed", DELETING_FILL),
+            ((false, true, false, false), "fontcolor=gray55", ORANGE),
+            ((false, false, true, false), "penwidth=3", "dashed"),
+        ];
+        for ((deleting, gone, blocker, go_between), says, not) in cases {
+            let s = Shape {
+                deleting,
+                gone,
+                blocker,
+                go_between,
+                ..shape("x")
+            };
+            let said = shape_attributes(&s).join(", ");
+            assert!(said.contains(says), "{says} missing from {said}");
+            assert!(!said.contains(not), "{not} in {said}");
+        }
+        let waits = Line {
+            from: 0,
+            to: 1,
+            kind: LineKind::Waits,
+            label: "its owner waits for it".to_string(),
+            hazard: false,
+            ranks: false,
+        };
+        let said = line_attributes(&waits).join(", ");
+        assert!(
+            said.contains(ORANGE) && said.contains("constraint=false"),
+            "{said}"
+        );
     }
 
     #[test]

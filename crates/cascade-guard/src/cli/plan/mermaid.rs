@@ -10,7 +10,7 @@
 use std::fmt::Write;
 
 use super::Plan;
-use super::picture::{BLUE, Line, LineKind, Member, Picture, RED, Shape};
+use super::picture::{BLUE, DELETING_FILL, Line, LineKind, Member, ORANGE, Picture, RED, Shape};
 
 pub fn render_mermaid(plan: &Plan) -> String {
     mermaid(&Picture::of(plan))
@@ -33,7 +33,7 @@ pub fn mermaid(picture: &Picture) -> String {
 
     for line in &picture.lines {
         let arrow = match line.kind {
-            LineKind::Need => "-->",
+            LineKind::Need | LineKind::Waits => "-->",
             LineKind::Order => "-.->",
         };
         let _ = writeln!(
@@ -46,26 +46,57 @@ pub fn mermaid(picture: &Picture) -> String {
     }
 
     // Styles last: a later classDef wins where two apply, so red (a hazard)
-    // is defined after grey (a go-between).
-    out.push_str("  classDef goBetween fill:#f5f5f5,stroke:#999999,color:#707070\n");
-    out.push_str("  classDef outside stroke-dasharray: 5 4\n");
-    let _ = writeln!(out, "  classDef held stroke:{BLUE},stroke-width:3px");
-    let _ = writeln!(
-        out,
-        "  classDef hazard stroke:{RED},stroke-width:2px,color:{RED}"
-    );
+    // is defined after grey (a go-between). Only the classes some box has.
     let shapes = &picture.shapes;
-    let class = |out: &mut String, class: &str, has: &dyn Fn(&Shape) -> bool| {
-        let ids = (0..shapes.len()).filter(|&i| has(&shapes[i]));
-        let ids: Vec<String> = ids.map(|i| format!("n{i}")).collect();
-        if !ids.is_empty() {
-            let _ = writeln!(out, "  class {} {class}", ids.join(","));
-        }
+    type Has = fn(&Shape) -> bool;
+    let classes: [(&str, String, Has); 7] = [
+        (
+            "goBetween",
+            "fill:#f5f5f5,stroke:#999999,color:#707070".to_string(),
+            |s| s.go_between && !s.gone,
+        ),
+        ("deleting", format!("fill:{DELETING_FILL}"), |s| {
+            s.deleting && !s.gone
+        }),
+        (
+            "gone",
+            "fill:#ffffff,stroke:#b3b3b3,color:#8c8c8c,stroke-dasharray: 5 4".to_string(),
+            |s| s.gone,
+        ),
+        ("outside", "stroke-dasharray: 5 4".to_string(), |s| {
+            s.outside
+        }),
+        ("held", format!("stroke:{BLUE},stroke-width:3px"), |s| {
+            s.held
+        }),
+        (
+            "blocker",
+            format!("stroke:{ORANGE},stroke-width:4px"),
+            |s| s.blocker,
+        ),
+        (
+            "hazard",
+            format!("stroke:{RED},stroke-width:2px,color:{RED}"),
+            |s| s.hazard,
+        ),
+    ];
+    let members = |has: Has| -> Vec<String> {
+        (0..shapes.len())
+            .filter(|&i| has(&shapes[i]))
+            .map(|i| format!("n{i}"))
+            .collect()
     };
-    class(&mut out, "goBetween", &|s| s.go_between);
-    class(&mut out, "outside", &|s| s.outside);
-    class(&mut out, "held", &|s| s.held);
-    class(&mut out, "hazard", &|s| s.hazard);
+    for (name, style, has) in &classes {
+        if !members(*has).is_empty() {
+            let _ = writeln!(out, "  classDef {name} {style}");
+        }
+    }
+    for (name, _, has) in &classes {
+        let ids = members(*has);
+        if !ids.is_empty() {
+            let _ = writeln!(out, "  class {} {name}", ids.join(","));
+        }
+    }
     // Lines are styled by their place among the lines above (from 0).
     let lines = &picture.lines;
     let style = |out: &mut String, style: &str, has: &dyn Fn(&Line) -> bool| {
@@ -78,6 +109,11 @@ pub fn mermaid(picture: &Picture) -> String {
     style(&mut out, &format!("stroke:{BLUE},color:{BLUE}"), &|l| {
         l.kind == LineKind::Order && !l.hazard
     });
+    style(
+        &mut out,
+        &format!("stroke:{ORANGE},stroke-width:2px,color:{ORANGE}"),
+        &|l| l.kind == LineKind::Waits && !l.hazard,
+    );
     style(
         &mut out,
         &format!("stroke:{RED},stroke-width:2px,color:{RED}"),
@@ -128,6 +164,7 @@ pub fn text(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::plan::picture::Wave;
     use crate::cli::plan::test_tree::{sample_picture, shape};
 
     #[test]
@@ -191,7 +228,10 @@ flowchart TB
             title: vec!["T".to_string()],
             shapes: vec![shape("alone")],
             top: vec![Member::Shape(0)],
-            waves: vec![vec![0]],
+            waves: vec![Wave {
+                label: "wave 1".to_string(),
+                shapes: vec![0],
+            }],
             lines: Vec::new(),
         };
         let text = mermaid(&picture);

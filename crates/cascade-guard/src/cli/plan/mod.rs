@@ -54,8 +54,10 @@ pub struct Options {
     pub namespace: String,
     /// Plan for this mode instead of the one today's policies give.
     pub mode: Option<Mode>,
-    /// The controller's `--xrd-default-mode`, to resolve today's policies.
-    pub xrd_default_mode: Mode,
+    /// The controller's `--xrd-default-mode`, to resolve today's policies;
+    /// None: the one the running controller publishes (the chart runs it in
+    /// Warn unless told otherwise), else the controller's own default.
+    pub xrd_default_mode: Option<Mode>,
     /// The controller's Lease (its `--leader-election-id`), looked for in
     /// every namespace: whether it runs, and where its ConfigMap is.
     pub leader_election_id: String,
@@ -205,7 +207,13 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
     let root_uid = root.uid().ok_or(PlanError::NoUid)?;
     let (mode, mode_source) = match options.mode {
         Some(mode) => (mode, ModeSource::Flag),
-        None => mode_today(client, &root_served, &root, options.xrd_default_mode).await?,
+        None => {
+            let xrd_default_mode = match options.xrd_default_mode {
+                Some(mode) => mode,
+                None => running_xrd_default_mode(client, &options.leader_election_id).await,
+            };
+            mode_today(client, &root_served, &root, xrd_default_mode).await?
+        }
     };
 
     let usages = Usages::list(client, &kinds).await;
@@ -250,6 +258,18 @@ impl Plan {
     pub fn unsafe_now(&self) -> bool {
         !self.hazards.is_empty() || !self.unread.is_empty() || !self.not_ordered.is_empty()
     }
+}
+
+/// The `--xrd-default-mode` of the controller that runs (its Lease's
+/// settings: the live one's, else the last one's); Refuse, the controller's
+/// own default, when none has published any.
+async fn running_xrd_default_mode(client: &Client, lease_id: &str) -> Mode {
+    crate::cluster::running::find(client, lease_id)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|r| r.settings)
+        .map_or(Mode::Refuse, |s| s.xrd_default_mode)
 }
 
 /// The mode today's policies give the root: the policy of its kind whose

@@ -5,7 +5,10 @@
 //! outlined, a hazard red). [`dot`](super::dot) and
 //! [`mermaid`](super::mermaid) only spell it, so the two pictures of a plan
 //! always show the same thing, and both keep the graph's order (sorted), so
-//! the same plan always gives the same text.
+//! the same plan always gives the same text. `trace` draws a teardown as it
+//! happens in the same model ([`crate::cli::trace::picture`]): its ranks are
+//! the looks in which objects left, and its objects are gone, deleting, or
+//! what holds the rest (the blocker).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -20,6 +23,10 @@ use crate::policy::sibling::object::{ObjectRef, is_go_between};
 pub const RED: &str = "#c00000";
 /// The colour of what cascade-guard keeps: the sibling order, a hold.
 pub const BLUE: &str = "#1f5fa8";
+/// The colour of what holds a teardown now, and of what waits on it.
+pub const ORANGE: &str = "#d35400";
+/// The fill of an object being deleted.
+pub const DELETING_FILL: &str = "#fff1d6";
 
 /// One object, as drawn.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +44,20 @@ pub struct Shape {
     pub held: bool,
     /// One end of a need that this plan's teardown breaks.
     pub hazard: bool,
+    /// Being deleted (it has a deletionTimestamp).
+    pub deleting: bool,
+    /// Gone from the API (a trace): drawn faded.
+    pub gone: bool,
+    /// What holds a teardown now (a trace): it is what to look at.
+    pub blocker: bool,
+}
+
+/// A rank of the picture: the objects drawn level with its label, which
+/// heads the rank on the left.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wave {
+    pub label: String,
+    pub shapes: Vec<usize>,
 }
 
 /// A parent's subtree: the parent first, then what it owns.
@@ -58,6 +79,9 @@ pub enum LineKind {
     Need,
     /// A sibling edge: `from` must be gone before `to` goes.
     Order,
+    /// What holds a teardown up (a trace): `to` waits for `from` to go, as
+    /// a foreground cascade waits for a dependent, or a Usage for its user.
+    Waits,
 }
 
 /// A line from `from` to `to` (indices into [`Picture::shapes`]): either
@@ -87,7 +111,7 @@ pub struct Picture {
     /// outside the tree.
     pub top: Vec<Member>,
     /// The shapes of each wave, wave 0 (the first to leave) first.
-    pub waves: Vec<Vec<usize>>,
+    pub waves: Vec<Wave>,
     pub lines: Vec<Line>,
 }
 
@@ -167,6 +191,9 @@ impl Picture {
                     outside: !node.in_tree,
                     held: held_for.is_some(),
                     hazard: hazard_shapes.contains(&i),
+                    deleting: node.deleting,
+                    gone: false,
+                    blocker: false,
                 }
             })
             .collect();
@@ -179,24 +206,16 @@ impl Picture {
                 children.entry(parent).or_default().push(i);
             }
         }
-        let mut top = Vec::new();
-        let mut placed = BTreeSet::new();
-        if let Some(root) = at(&graph.root) {
-            top.push(member(root, &children, &mut placed));
-        }
-        // What no parent placed: the objects outside the tree (and, should a
-        // graph ever give an in-tree object a parent it does not know, that
-        // object too, rather than nowhere).
-        for i in 0..shapes.len() {
-            if !placed.contains(&i) {
-                top.push(member(i, &children, &mut placed));
-            }
-        }
+        let top = nest(at(&graph.root), &children, shapes.len());
 
-        let waves: Vec<Vec<usize>> = graph
+        let waves: Vec<Wave> = graph
             .waves
             .iter()
-            .map(|wave| wave.iter().filter_map(at).collect())
+            .enumerate()
+            .map(|(i, wave)| Wave {
+                label: format!("wave {}", i + 1),
+                shapes: wave.iter().filter_map(at).collect(),
+            })
             .collect();
 
         let ranks = |from: usize, to: usize| match (shapes[from].wave, shapes[to].wave) {
@@ -241,6 +260,28 @@ impl Picture {
             lines,
         }
     }
+}
+
+/// The top level of a picture of `count` shapes: the root's subtree, each
+/// shape grouped with what it owns (`children`), then what no parent placed:
+/// the objects outside the tree (and, should a graph ever give an in-tree
+/// object a parent it does not know, that object too, rather than nowhere).
+pub(crate) fn nest(
+    root: Option<usize>,
+    children: &BTreeMap<usize, Vec<usize>>,
+    count: usize,
+) -> Vec<Member> {
+    let mut top = Vec::new();
+    let mut placed = BTreeSet::new();
+    if let Some(root) = root {
+        top.push(member(root, children, &mut placed));
+    }
+    for i in 0..count {
+        if !placed.contains(&i) {
+            top.push(member(i, children, &mut placed));
+        }
+    }
+    top
 }
 
 /// A shape, or the group of its subtree when it owns anything. `placed`

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::picture::{Group, Line, LineKind, Member, Picture, Shape};
+use super::picture::{Group, Line, LineKind, Member, Picture, Shape, Wave};
 use super::{ModeSource, Plan, teardown_of};
 use crate::policy::Mode;
 use crate::policy::sibling::graph;
@@ -94,6 +94,9 @@ pub fn shape(name: &str) -> Shape {
         outside: false,
         held: false,
         hazard: false,
+        deleting: false,
+        gone: false,
+        blocker: false,
     }
 }
 
@@ -139,7 +142,16 @@ pub fn sample_picture() -> Picture {
             }),
             Member::Shape(3),
         ],
-        waves: vec![vec![1, 2], vec![0]],
+        waves: vec![
+            Wave {
+                label: "wave 1".to_string(),
+                shapes: vec![1, 2],
+            },
+            Wave {
+                label: "wave 2".to_string(),
+                shapes: vec![0],
+            },
+        ],
         lines: vec![
             line(2, 1, LineKind::Need, "spec.providerConfigRef", true, true),
             line(1, 3, LineKind::Need, "a \"quoted\" reason", false, true),

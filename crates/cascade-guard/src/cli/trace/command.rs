@@ -24,8 +24,11 @@ Examples:
   kubectl delete inferencecluster prod --wait=false
   cascade-guard trace inferencecluster prod
 
+  # A picture of a stuck teardown as it stands now (Graphviz)
+  cascade-guard trace inferencecluster prod --once -o dot | dot -Tsvg > teardown.svg
+
 Exit codes:
-  0  everything in the tree is gone
+  0  everything in the tree is gone (with --once: the tree was read)
   1  the teardown cannot be followed (the object is not there)
   2  the command line is wrong
   4  the teardown did not complete within --timeout
@@ -40,7 +43,9 @@ pub struct TraceArgs {
     #[command(flatten)]
     pub object: ObjectArgs,
     /// text: a live tree on a terminal, change lines otherwise; json: one JSON
-    /// object per change, then the summary; yaml: one YAML document each.
+    /// object per change, then the summary; yaml: one YAML document each;
+    /// dot (Graphviz) or mermaid: one picture at the end, of what left in
+    /// which order and what holds the rest.
     #[arg(short, long, value_enum, default_value = "text", value_name = "FORMAT")]
     pub output: TraceOutput,
     /// Give up after this long and summarize (90s, 10m, 1h, or seconds; 0:
@@ -58,6 +63,14 @@ pub struct TraceArgs {
         value_name = "MILLISECONDS"
     )]
     pub interval_ms: Option<u64>,
+    /// Look once at the whole tree and stop: the teardown as it stands now
+    /// (exits 0 whether or not it is complete).
+    #[arg(long)]
+    pub once: bool,
+    /// The controller's Lease name (its --leader-election-id): where a
+    /// picture reads what sibling order holds.
+    #[arg(long, default_value = "cascade-guard", value_name = "NAME")]
+    pub leader_election_id: String,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -65,6 +78,8 @@ pub enum TraceOutput {
     Text,
     Json,
     Yaml,
+    Dot,
+    Mermaid,
 }
 
 impl TraceArgs {
@@ -84,6 +99,8 @@ pub async fn run(args: TraceArgs) -> Outcome {
         TraceOutput::Json => super::Output::Json,
         TraceOutput::Yaml => super::Output::Yaml,
         TraceOutput::Text => super::Output::Text,
+        TraceOutput::Dot => super::Output::Dot,
+        TraceOutput::Mermaid => super::Output::Mermaid,
     };
     let options = super::Options {
         live: output == super::Output::Text && std::io::stdout().is_terminal(),
@@ -93,10 +110,12 @@ pub async fn run(args: TraceArgs) -> Outcome {
         output,
         interval,
         timeout: (!args.timeout.is_zero()).then_some(args.timeout),
+        once: args.once,
+        leader_election_id: args.leader_election_id,
     };
     let mut out = std::io::stdout().lock();
     let summary = super::trace(&client, &options, &mut out).await?;
-    if !summary.complete {
+    if !summary.complete && !args.once {
         eprintln!("cascade-guard trace: the teardown did not complete");
         return Ok(TRACE_INCOMPLETE);
     }

@@ -3,9 +3,11 @@
 //! each object is in and what holds it. The tree comes from Crossplane's own
 //! record of composed resources (`spec.crossplane.resourceRefs`, or
 //! `spec.resourceRefs` for legacy XRs); Usages that name an object are shown
-//! beside it. [`view`] is the pure part; this module reads the cluster.
+//! beside it. [`view`] is the pure part, [`picture`] its drawing (`-o dot`,
+//! `-o mermaid`); this module reads the cluster.
 
 pub mod command;
+pub mod picture;
 pub mod view;
 
 use std::io::Write;
@@ -17,6 +19,8 @@ use serde_json::{Value, json};
 
 use crate::cluster::kinds::{LookupError, ServedKinds};
 use crate::policy::composed_resources;
+use crate::policy::sibling::holds_record::HoldEntry;
+use crate::policy::sibling::object::ObjectRef;
 use view::{Key, Seen, State, Summary, Trace};
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +40,17 @@ pub enum Output {
     /// One YAML document per change, then the summary (a stream a YAML
     /// reader takes document by document as it comes).
     Yaml,
+    /// One Graphviz picture at the end, nothing before it.
+    Dot,
+    /// One Mermaid picture at the end, nothing before it.
+    Mermaid,
+}
+
+impl Output {
+    /// Drawn once at the end: stdout holds nothing but the picture.
+    fn picture(self) -> bool {
+        matches!(self, Output::Dot | Output::Mermaid)
+    }
 }
 
 pub struct Options {
@@ -48,6 +63,12 @@ pub struct Options {
     pub timeout: Option<Duration>,
     /// Redraw the tree in place (stdout is a terminal).
     pub live: bool,
+    /// Stop after one look at the whole tree: the teardown as it stands now.
+    pub once: bool,
+    /// The controller's Lease (its `--leader-election-id`), looked for in
+    /// every namespace: where the record of what sibling order holds is,
+    /// which a picture shows.
+    pub leader_election_id: String,
 }
 
 /// Follows the tree until it is done, printing to `out`; returns the summary.
@@ -101,12 +122,18 @@ pub async fn trace(
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     loop {
-        if trace.pending().is_empty() || options.timeout.is_some_and(|t| start.elapsed() > t) {
+        if trace.pending().is_empty()
+            || options.timeout.is_some_and(|t| start.elapsed() > t)
+            || (options.once && !trace.unread())
+        {
             break;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(options.interval) => {}
-            _ = &mut interrupted => break,
+        // Once: look again at once, until every object found has been read.
+        if !options.once {
+            tokio::select! {
+                _ = tokio::time::sleep(options.interval) => {}
+                _ = &mut interrupted => break,
+            }
         }
         let usages = usages(client, &kinds).await;
         // One time for the whole look: what it finds gone went within it.
@@ -130,6 +157,16 @@ pub async fn trace(
     }
     let summary = trace.summary(start.elapsed());
     match options.output {
+        Output::Dot | Output::Mermaid => {
+            let holds = holds(client, &options.leader_election_id).await;
+            let drawn = picture::of(&trace, summary.seconds, &holds);
+            let text = if options.output == Output::Dot {
+                crate::cli::plan::dot::dot(&drawn)
+            } else {
+                crate::cli::plan::mermaid::mermaid(&drawn)
+            };
+            write!(out, "{text}")
+        }
         Output::Json => writeln!(out, "{}", json!({ "summary": summary })),
         Output::Yaml => write!(out, "{}", yaml_document(&json!({ "summary": summary }))),
         Output::Text => {
@@ -155,6 +192,9 @@ fn emit(
     drawn_lines: &mut usize,
 ) -> Result<(), TraceError> {
     let changes = trace.observe(key, seen, at);
+    if options.output.picture() {
+        return Ok(());
+    }
     if options.live && options.output == Output::Text {
         if !changes.is_empty() {
             redraw(trace, start, out, drawn_lines)?;
@@ -165,7 +205,10 @@ fn emit(
         let line = match options.output {
             Output::Json => format!("{}\n", json!(c)),
             Output::Yaml => yaml_document(&json!(c)),
-            Output::Text => format!("[{:>6.1}s] {}: {}\n", c.at, c.object, c.what),
+            // (A picture prints no change: it returned above.)
+            Output::Text | Output::Dot | Output::Mermaid => {
+                format!("[{:>6.1}s] {}: {}\n", c.at, c.object, c.what)
+            }
         };
         write!(out, "{line}").map_err(TraceError::Output)?;
     }
@@ -245,6 +288,22 @@ async fn read(client: &Client, kinds: &ServedKinds, key: &Key, usages: &[Usage])
         children,
         used_by,
     }
+}
+
+/// What sibling order holds now, from its record in the namespace of the
+/// controller's Lease (the live one, else the last). None when no
+/// controller was ever installed, or either cannot be read: the picture then
+/// shows no hold, which is all a trace without them can say.
+async fn holds(client: &Client, lease_id: &str) -> Vec<(ObjectRef, HoldEntry)> {
+    let Ok(found) = crate::cluster::running::find(client, lease_id).await else {
+        return Vec::new();
+    };
+    let Some(running) = found.first() else {
+        return Vec::new();
+    };
+    crate::cluster::holds::read(client, &running.namespace)
+        .await
+        .unwrap_or_default()
 }
 
 /// The composed resources Crossplane recorded on an XR.

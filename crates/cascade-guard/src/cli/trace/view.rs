@@ -9,6 +9,9 @@ use serde::Serialize;
 
 use crate::policy::holders::describe_deleting;
 
+/// The state of an object found in the tree and not looked at yet.
+const NOT_READ_YET: &str = "not read yet";
+
 /// One object of the tree, by `apiVersion/kind/namespace/name`.
 #[derive(Clone, Debug, PartialEq, Eq, Ord, PartialOrd, Hash, Serialize)]
 pub struct Key {
@@ -57,7 +60,9 @@ pub struct Node {
     pub state: State,
     pub children: Vec<Key>,
     pub used_by: Vec<String>,
-    /// Seconds from the start of the trace when it started deleting / went.
+    /// Seconds from the start of the trace when it was seen to start
+    /// deleting (None when it was deleting already at its first read) /
+    /// seen gone.
     pub deleting_at: Option<f64>,
     pub gone_at: Option<f64>,
 }
@@ -135,7 +140,9 @@ impl Trace {
             let what = match &seen.state {
                 State::Live => "live".to_string(),
                 State::Deleting { finalizers } => {
-                    if n.deleting_at.is_none() {
+                    // Only a start trace saw: deleting at its first read, it
+                    // started before, at a time trace cannot know.
+                    if n.deleting_at.is_none() && n.state == State::Live {
                         n.deleting_at = Some(at);
                     }
                     describe_deleting(finalizers)
@@ -174,6 +181,13 @@ impl Trace {
             self.nodes.entry(c.clone()).or_insert_with(|| node(c));
         }
         changes
+    }
+
+    /// Some object found has not been read yet.
+    pub fn unread(&self) -> bool {
+        self.nodes
+            .values()
+            .any(|n| matches!(&n.state, State::Unknown { reason } if reason == NOT_READ_YET))
     }
 
     pub fn total(&self) -> usize {
@@ -272,7 +286,7 @@ fn node(key: Key) -> Node {
     Node {
         key,
         state: State::Unknown {
-            reason: "not read yet".into(),
+            reason: NOT_READ_YET.into(),
         },
         children: Vec::new(),
         used_by: Vec::new(),
@@ -340,10 +354,10 @@ impl Summary {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn key(kind: &str, name: &str) -> Key {
+    pub(crate) fn key(kind: &str, name: &str) -> Key {
         Key {
             api_version: "example.org/v1".into(),
             kind: kind.into(),
@@ -352,7 +366,7 @@ mod tests {
         }
     }
 
-    fn seen(state: State, children: Vec<Key>) -> Seen {
+    pub(crate) fn seen(state: State, children: Vec<Key>) -> Seen {
         Seen {
             state,
             children,
