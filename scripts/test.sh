@@ -369,7 +369,7 @@ tail -n1 "$tools_log"
 end_step
 current=""
 # What passed without being checked, said with the pass: each test that
-# reported itself skipped (tests/support/skip.rs's line, in this run's logs of
+# reported itself skipped (crates/local-cluster/src/skip.rs's line, in this run's logs of
 # the tests and of the compatibility checks), and each release left out,
 # with its reason.
 mapfile -t skipped < <(find target/test-logs target/compat -name '*.log' -newer "$tests_began" \

@@ -68,7 +68,7 @@
 //! SIGKILLed, or kube-apiserver restarted), everything started again after
 //! each (CASCADE_GUARD_REAL_ROUNDS runs more rounds). Under Refuse and Convert every
 //! tree must go in order with nothing wedged or leaked: every edge its
-//! objects state just before the deletes (`support::invariant`, read
+//! objects state just before the deletes (`cascade_guard_testkit::invariant`, read
 //! independently of cascade-guard's own graph) kept, and the hand-picked
 //! pairs of `Tree::assert_order`; under Off the broken edges are measured
 //! and printed, and the wedged trees cleaned up. CASCADE_GUARD_SEED replays a
@@ -83,11 +83,8 @@
 //! wedge, and the randomized test keeps them; the Refuse and Convert copies
 //! have shorter ones ([`SHORT_LOAD_BALANCER_SECONDS`]).
 
-#[path = "../support/audit_log.rs"]
-mod audit_log;
-#[path = "../support/install.rs"]
-#[allow(dead_code)]
-mod chart;
+use cascade_guard_testkit::audit_log;
+use cascade_guard_testkit::chart;
 #[path = "seed_real/claims.rs"]
 mod claims;
 #[path = "seed_real/consumers.rs"]
@@ -112,8 +109,6 @@ mod shapes;
 mod siblings;
 #[path = "seed_real/stack.rs"]
 mod stack;
-#[path = "../support/mod.rs"]
-mod support;
 #[path = "seed_real/tree.rs"]
 mod tree;
 
@@ -122,6 +117,7 @@ use std::path::PathBuf;
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
+use cascade_guard_testkit::invariant;
 use claims::*;
 use dropped::*;
 use fault_window::FaultWindow;
@@ -136,7 +132,6 @@ use random_trees::*;
 use seed_tree::*;
 use serde_json::{Value, json};
 use stack::*;
-use support::invariant;
 use tokio::sync::OnceCell;
 use tree::*;
 

@@ -8,8 +8,7 @@
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-#[path = "../support/skip.rs"]
-mod skip;
+use local_cluster::skip;
 
 fn script(shell: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_cascade-guard"))

@@ -137,7 +137,7 @@ pub(crate) async fn random_trees_clients_and_kills_never_lose_a_cluster_first() 
     // No read guard: each round takes the stack for writing (random_round).
     let _clock = TestClock::start();
     let stack = stack().await;
-    let mut rng = support::rng::Rng::from_env("seed_real random");
+    let mut rng = cascade_guard_testkit::rng::Rng::from_env("seed_real random");
     let trees: usize = std::env::var("CASCADE_GUARD_REAL_TREES")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -192,7 +192,7 @@ impl std::fmt::Display for Fault {
 
 /// `least` to three faults, each of a random kind at a random moment of
 /// the deletes' first minute, with a downtime of its kind's range.
-pub(crate) fn draw_faults(rng: &mut support::rng::Rng, least: u64) -> Vec<Fault> {
+pub(crate) fn draw_faults(rng: &mut cascade_guard_testkit::rng::Rng, least: u64) -> Vec<Fault> {
     let mut faults: Vec<Fault> = (0..least + rng.below(4 - least))
         .map(|_| {
             let (kind, longest) = match rng.below(5) {
@@ -336,7 +336,7 @@ pub(crate) async fn sweep_missed(trees: &[Swept<'_>], snapshots: &[Vec<Value>]) 
 
 pub(crate) async fn random_round(
     stack: &'static Stack,
-    rng: &mut support::rng::Rng,
+    rng: &mut cascade_guard_testkit::rng::Rng,
     round: usize,
     trees: usize,
 ) {
@@ -381,7 +381,7 @@ pub(crate) async fn random_round(
         }
     }
     // Each tree's objects just before the deletes: every edge they state
-    // (support::invariant) is checked after its teardown.
+    // (cascade_guard_testkit::invariant) is checked after its teardown.
     let snapshots: Vec<Vec<Value>> =
         futures::future::join_all(built.iter().map(|t| t.snapshot())).await;
     let plan: Vec<(How, Duration)> = built

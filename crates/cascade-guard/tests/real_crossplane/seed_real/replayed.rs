@@ -192,7 +192,7 @@ pub(crate) async fn a_replayed_background_delete_under_refuse_leaves_nothing_stu
     assert!(usage_gone.is_some(), "Crossplane never let the Usage go");
     let command = format!("kubectl delete {target} app -n {ns} --cascade=foreground");
     let told = wait::until(Duration::from_secs(60), || async {
-        support::events_about(&client, "app")
+        cascade_guard_testkit::events_about(&client, "app")
             .await
             .into_iter()
             .find(|(reason, note)| reason == "ReplayedDeleteRefused" && note.contains(&command))

@@ -102,7 +102,7 @@ pub(crate) async fn wait_usage_held(
         .await
         .unwrap_or_else(|e| panic!("{} {ns}/{name}: {e}", resource.kind));
     let uid = object.uid().expect("a stored object has a uid");
-    let held = support::wait_sibling_held(
+    let held = cascade_guard_testkit::wait_sibling_held(
         client,
         LEASE_NAMESPACE,
         usage,
@@ -144,7 +144,7 @@ pub(crate) fn platform_objects(tree: &Tree) -> ApiResource {
         .expect("the tree has an Object")
 }
 
-/// `objects` as they are now, for `support::invariant::edges` (a Secret's
+/// `objects` as they are now, for `cascade_guard_testkit::invariant::edges` (a Secret's
 /// data left out), and the ProviderConfigUsages in `usage_namespaces` that
 /// any of them owns. `what` names the scenario in a failure.
 pub(crate) async fn snapshot_of(

@@ -240,7 +240,11 @@ pub(crate) async fn as_installed(cp: &ControlPlane, client: &Client) {
         .collect();
     chart::apply(client, &rbac, &[]).await;
     let (user, groups) = chart::service_account_identity(&docs);
-    assert_eq!(user, support::CONTROLLER_USER, "the chart's ServiceAccount");
+    assert_eq!(
+        user,
+        cascade_guard_testkit::CONTROLLER_USER,
+        "the chart's ServiceAccount"
+    );
     let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
     cp.write_kubeconfig_as(&cp.dir().join("cascade-guard.kubeconfig"), &user, &groups)
         .expect("controller kubeconfig");

@@ -95,7 +95,7 @@ impl Tree {
     /// Waits until cascade-guard holds the EKSCluster for the ServingStack
     /// (sibling order): only once the platform carries Refuse or Convert.
     pub(crate) async fn wait_sibling_hold(&self) {
-        let held = support::wait_sibling_held(
+        let held = cascade_guard_testkit::wait_sibling_held(
             &self.client,
             LEASE_NAMESPACE,
             &self.platform.eks_clusters(),
@@ -294,7 +294,7 @@ impl Tree {
         fate_with_missed(entries, uids, &self.missed, r)
     }
 
-    /// The tree as it is now, for `support::invariant::edges`: every object
+    /// The tree as it is now, for `cascade_guard_testkit::invariant::edges`: every object
     /// of it, the kubeconfig Secret its cloud Cluster writes (its data left
     /// out) and the ProviderConfigUsages of its managed resources.
     pub(crate) async fn snapshot(&self) -> Vec<Value> {
@@ -312,7 +312,7 @@ impl Tree {
         .await
     }
 
-    /// Every edge of the tree's snapshot (`support::invariant::edges`) kept
+    /// Every edge of the tree's snapshot (`cascade_guard_testkit::invariant::edges`) kept
     /// by its teardown, each object followed by the UID the snapshot read
     /// (after a minute at most for every needer to leave): fails listing
     /// every broken edge and every edge it could not judge, each with its
@@ -473,7 +473,7 @@ pub(crate) fn assert_crossplane_never_refused(stack: &Stack, tree: &Tree, what: 
             stack.cp.garbage_collector_username(),
         ]
     } else {
-        vec![support::CONTROLLER_USER]
+        vec![cascade_guard_testkit::CONTROLLER_USER]
     };
     let deleted = events.iter().find(|e| {
         e.verb == "delete"
