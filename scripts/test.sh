@@ -300,6 +300,10 @@ if [ -n "$impure" ]; then
 fi
 echo "cascade-guard-policy: no kube client, tokio, hyper or TLS"
 
+step "sizes: files over 700 lines, functions over 120 (a report; issue #47)"
+# Printed, not yet failed on: the large files and functions are being split.
+scripts/sizes.sh || true
+
 step "the tests' build"
 cargo test --workspace --locked --no-run
 
