@@ -135,120 +135,147 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
                 .map_err(failed("hold", &name))?;
             Ok(Action::await_change())
         }
-        Step::Convert => {
-            let first = memory.conversions == 0;
-            match writes::convert(&api, &name, &uid).await {
-                Ok(Reissue::Converted) => {}
-                Ok(Reissue::Gone) => {
-                    ctx.forget(&uid);
-                    return Ok(Action::await_change());
-                }
-                Err(source) => return Err(failed("convert", &name)(source)),
-            }
-            ctx.remember(&uid, |m| {
-                *m = m.restored(marked);
-                m.conversions += 1;
-                m.last_conversion = Some(Instant::now());
-                m.restarting = false;
-            });
-            if first {
-                // Unmarked, a restart costs one more Foreground delete: worth
-                // a warning, not a retry of the conversion.
-                if !marked && let Err(e) = writes::mark_converted(&api, &name, &uid).await {
-                    tracing::warn!(kind = %ctx.label, %name, error = %e, "could not mark the object converted");
-                }
-                ctx.metrics.conversion(&ctx.label);
-                ctx.metrics.cascade_started(&ctx.label);
-                ctx.publish(
-                    object,
-                    EventType::Normal,
-                    "ForegroundCascade",
-                    "converted the delete into a foreground cascade: it stays until everything it owns is gone",
-                )
-                .await;
-                tracing::info!(kind = %ctx.label, %name, namespace = ?object.namespace(), "converted a delete into a foreground cascade");
-            } else {
-                tracing::info!(kind = %ctx.label, %name, "foregroundDeletion was cleared with dependents left, or needs confirming: converting again");
-            }
-            Ok(Action::requeue(Duration::from_secs(30)))
-        }
+        Step::Convert => convert(object, &uid, &memory, marked, ctx).await,
         Step::RestartCascade => restart(object, &uid, &memory, ctx).await,
         Step::Backoff(wait) => {
             tracing::debug!(kind = %ctx.label, %name, wait_ms = wait.as_millis(), "the cascade keeps being cut short; converting again after a pause");
             Ok(Action::requeue(wait))
         }
-        Step::LetGo(why) => {
-            let (reason, note) = match why {
-                LetGo::OutOfReach => (
-                    "Released",
-                    "no Convert policy covers it any more (its labels, or its kind's mode, changed): released cascade-guard's hold",
-                ),
-                LetGo::Orphaning => (
-                    "OrphanLeftAlone",
-                    "deleted with propagationPolicy Orphan: its dependents stay, so there is no cascade to hold it for; released",
-                ),
-                LetGo::HandedOver => (
-                    "Released",
-                    "cascade-guard is being uninstalled: the garbage collector's foreground cascade holds it until its dependents are gone",
-                ),
-            };
-            // A live object is released as seen: if it started deleting since,
-            // the newer version is decided afresh. An orphaning one is let go
-            // whatever else changed (the garbage collector dropping `orphan`),
-            // and remembered as such until it is gone.
-            let rv = match why {
-                LetGo::OutOfReach => object.resource_version(),
-                LetGo::Orphaning => {
-                    ctx.remember(&uid, |m| m.orphaned = true);
-                    None
-                }
-                LetGo::HandedOver => None,
-            };
-            let guard = rv.as_deref().map_or(ReleaseIf::Held, ReleaseIf::AtVersion);
-            writes::release(&api, object, &uid, guard)
-                .await
-                .map_err(failed("release", &name))?;
-            if why != LetGo::Orphaning {
-                ctx.forget(&uid);
-            }
-            ctx.publish(object, EventType::Normal, reason, note).await;
-            tracing::info!(kind = %ctx.label, %name, ?why, "released without a cascade");
-            Ok(Action::await_change())
+        Step::LetGo(why) => let_go(object, &uid, why, ctx).await,
+        Step::Release => release(object, &uid, &memory, ctx).await,
+    }
+}
+
+/// Reissues the delete as a foreground cascade ([`Step::Convert`]); the
+/// first conversion is marked on the object and told in an Event.
+async fn convert(
+    object: &Meta,
+    uid: &str,
+    memory: &Memory,
+    marked: bool,
+    ctx: &Context,
+) -> Result<Action, StepError> {
+    let name = object.name_any();
+    let api = ctx.api(object);
+    let first = memory.conversions == 0;
+    match writes::convert(&api, &name, uid).await {
+        Ok(Reissue::Converted) => {}
+        Ok(Reissue::Gone) => {
+            ctx.forget(uid);
+            return Ok(Action::await_change());
         }
-        Step::Release => {
-            let guard = if memory.restarts > 0 {
-                ReleaseIf::FinalizersAsSeen
-            } else {
-                ReleaseIf::Held
-            };
-            writes::release(&api, object, &uid, guard)
-                .await
-                .map_err(failed("release", &name))?;
-            ctx.forget(&uid);
-            let took = object
-                .metadata
-                .deletion_timestamp
-                .as_ref()
-                .map(|t| {
-                    let now = k8s_openapi::jiff::Timestamp::now();
-                    Duration::from_secs_f64(now.duration_since(t.0).as_secs_f64().max(0.0))
-                })
-                .unwrap_or_default();
-            ctx.metrics.cascade_finished(&ctx.label, took);
-            ctx.publish(
+        Err(source) => return Err(failed("convert", &name)(source)),
+    }
+    ctx.remember(uid, |m| {
+        *m = m.restored(marked);
+        m.conversions += 1;
+        m.last_conversion = Some(Instant::now());
+        m.restarting = false;
+    });
+    if first {
+        // Unmarked, a restart costs one more Foreground delete: worth
+        // a warning, not a retry of the conversion.
+        if !marked && let Err(e) = writes::mark_converted(&api, &name, uid).await {
+            tracing::warn!(kind = %ctx.label, %name, error = %e, "could not mark the object converted");
+        }
+        ctx.metrics.conversion(&ctx.label);
+        ctx.metrics.cascade_started(&ctx.label);
+        ctx.publish(
                 object,
                 EventType::Normal,
-                "CascadeComplete",
-                &format!(
-                    "foreground cascade complete in {:.1}s: nothing left to cascade; released",
-                    took.as_secs_f64()
-                ),
+                "ForegroundCascade",
+                "converted the delete into a foreground cascade: it stays until everything it owns is gone",
             )
             .await;
-            tracing::info!(kind = %ctx.label, %name, seconds = took.as_secs_f64(), "cascade complete; released");
-            Ok(Action::await_change())
-        }
+        tracing::info!(kind = %ctx.label, %name, namespace = ?object.namespace(), "converted a delete into a foreground cascade");
+    } else {
+        tracing::info!(kind = %ctx.label, %name, "foregroundDeletion was cleared with dependents left, or needs confirming: converting again");
     }
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+/// Lets go of an object without a cascade ([`Step::LetGo`]), saying why.
+async fn let_go(object: &Meta, uid: &str, why: LetGo, ctx: &Context) -> Result<Action, StepError> {
+    let name = object.name_any();
+    let api = ctx.api(object);
+    let (reason, note) = match why {
+        LetGo::OutOfReach => (
+            "Released",
+            "no Convert policy covers it any more (its labels, or its kind's mode, changed): released cascade-guard's hold",
+        ),
+        LetGo::Orphaning => (
+            "OrphanLeftAlone",
+            "deleted with propagationPolicy Orphan: its dependents stay, so there is no cascade to hold it for; released",
+        ),
+        LetGo::HandedOver => (
+            "Released",
+            "cascade-guard is being uninstalled: the garbage collector's foreground cascade holds it until its dependents are gone",
+        ),
+    };
+    // A live object is released as seen: if it started deleting since,
+    // the newer version is decided afresh. An orphaning one is let go
+    // whatever else changed (the garbage collector dropping `orphan`),
+    // and remembered as such until it is gone.
+    let rv = match why {
+        LetGo::OutOfReach => object.resource_version(),
+        LetGo::Orphaning => {
+            ctx.remember(uid, |m| m.orphaned = true);
+            None
+        }
+        LetGo::HandedOver => None,
+    };
+    let guard = rv.as_deref().map_or(ReleaseIf::Held, ReleaseIf::AtVersion);
+    writes::release(&api, object, uid, guard)
+        .await
+        .map_err(failed("release", &name))?;
+    if why != LetGo::Orphaning {
+        ctx.forget(uid);
+    }
+    ctx.publish(object, EventType::Normal, reason, note).await;
+    tracing::info!(kind = %ctx.label, %name, ?why, "released without a cascade");
+    Ok(Action::await_change())
+}
+
+/// Lets go of an object whose cascade is complete ([`Step::Release`]).
+async fn release(
+    object: &Meta,
+    uid: &str,
+    memory: &Memory,
+    ctx: &Context,
+) -> Result<Action, StepError> {
+    let name = object.name_any();
+    let api = ctx.api(object);
+    let guard = if memory.restarts > 0 {
+        ReleaseIf::FinalizersAsSeen
+    } else {
+        ReleaseIf::Held
+    };
+    writes::release(&api, object, uid, guard)
+        .await
+        .map_err(failed("release", &name))?;
+    ctx.forget(uid);
+    let took = object
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| {
+            let now = k8s_openapi::jiff::Timestamp::now();
+            Duration::from_secs_f64(now.duration_since(t.0).as_secs_f64().max(0.0))
+        })
+        .unwrap_or_default();
+    ctx.metrics.cascade_finished(&ctx.label, took);
+    ctx.publish(
+        object,
+        EventType::Normal,
+        "CascadeComplete",
+        &format!(
+            "foreground cascade complete in {:.1}s: nothing left to cascade; released",
+            took.as_secs_f64()
+        ),
+    )
+    .await;
+    tracing::info!(kind = %ctx.label, %name, seconds = took.as_secs_f64(), "cascade complete; released");
+    Ok(Action::await_change())
 }
 
 /// Restarts a foreground cascade the garbage collector may have lost
