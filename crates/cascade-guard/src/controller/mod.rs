@@ -12,6 +12,7 @@
 
 mod backoff;
 pub mod convert;
+pub mod events;
 pub mod leader;
 mod memory;
 pub mod sibling_order;

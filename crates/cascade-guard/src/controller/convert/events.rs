@@ -2,12 +2,12 @@
 
 use kube::Resource;
 use kube::api::ApiResource;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 
 use super::Meta;
+use crate::controller::events;
 
-/// Publishes one Event about `object`; a failure is logged, never fatal (the
-/// step it reports on is done).
+/// Publishes one Event about `object` (see [`events::publish`]).
 pub(in crate::controller) async fn publish(
     recorder: &Recorder,
     resource: &ApiResource,
@@ -17,19 +17,5 @@ pub(in crate::controller) async fn publish(
     note: &str,
 ) {
     let reference = object.object_ref(resource);
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.into()),
-        action: "Cascade".into(),
-        secondary: None,
-    };
-    match recorder.publish(&event, &reference).await {
-        Ok(()) => {}
-        // No new objects, Events included, in a namespace being deleted.
-        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("being terminated") => {
-            tracing::debug!("no event: the namespace is being deleted");
-        }
-        Err(e) => tracing::warn!(error = %e, "cannot publish event"),
-    }
+    events::publish(recorder, &reference, type_, "Cascade", reason, note).await;
 }
