@@ -6,7 +6,7 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 
-use super::sync::limits::event_note;
+use super::limits::event_note;
 
 /// What became of one Event.
 #[derive(Debug, PartialEq, Eq)]

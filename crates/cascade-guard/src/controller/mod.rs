@@ -10,9 +10,7 @@
 //! directory in step, in every replica. [`leader`] elects the one
 //! replica that runs it, and [`telemetry`] serves its metrics and probes.
 
-mod backoff;
-pub mod convert;
-pub mod events;
+use crate::cluster::{backoff, convert};
 pub mod leader;
 mod memory;
 pub mod sibling_order;

@@ -25,6 +25,7 @@ use tokio::net::TcpListener;
 use tracing::{debug, error, warn};
 
 use crate::Error;
+use crate::cluster::convert::ConvertMetrics;
 
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -219,58 +220,11 @@ impl Metrics {
         self.passes.inc();
     }
 
-    /// How many objects of `kind` (e.g. `InferenceCluster.modelplane.ai`) are protected.
-    pub fn set_protected(&self, kind: &str, n: usize) {
-        self.protected
-            .get_or_create(&kind_label(kind))
-            .set(saturate(n));
-    }
-
-    /// A delete of a `kind` object was turned into a foreground cascade.
-    pub fn conversion(&self, kind: &str) {
-        self.conversions.get_or_create(&kind_label(kind)).inc();
-    }
-
-    /// A quiet foreground cascade of a `kind` object was restarted.
-    pub fn cascade_restarted(&self, kind: &str) {
-        self.restarts.get_or_create(&kind_label(kind)).inc();
-    }
-
-    pub fn cascade_started(&self, kind: &str) {
-        self.in_progress.get_or_create(&kind_label(kind)).inc();
-    }
-
-    /// Sets the in-progress gauge from a recount (e.g. objects with a
-    /// deletionTimestamp in a cache), which also corrects counts that
-    /// started/finished pairs missed across a restart.
-    pub fn set_in_progress(&self, kind: &str, n: usize) {
-        self.in_progress
-            .get_or_create(&kind_label(kind))
-            .set(saturate(n));
-    }
-
     /// Cascades of `kind` stalled now (a recount).
     pub fn set_stalled(&self, kind: &str, n: usize) {
         self.stalled
             .get_or_create(&kind_label(kind))
             .set(saturate(n));
-    }
-
-    pub fn cascade_finished(&self, kind: &str, duration: Duration) {
-        let label = kind_label(kind);
-        self.in_progress.get_or_create(&label).dec();
-        self.durations
-            .get_or_create(&label)
-            .observe(duration.as_secs_f64());
-    }
-
-    /// An operation failed; `reason` is short CamelCase (`AddFinalizer`, `Apply`).
-    pub fn error(&self, reason: &str) {
-        self.errors
-            .get_or_create(&ReasonLabel {
-                reason: reason.to_owned(),
-            })
-            .inc();
     }
 
     /// Objects sibling order holds, and the problems it met, over every tree.
@@ -340,6 +294,52 @@ fn policy_label(policy: &str) -> PolicyLabel {
 
 fn saturate(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl ConvertMetrics for Metrics {
+    fn set_protected(&self, kind: &str, n: usize) {
+        self.protected
+            .get_or_create(&kind_label(kind))
+            .set(saturate(n));
+    }
+
+    fn conversion(&self, kind: &str) {
+        self.conversions.get_or_create(&kind_label(kind)).inc();
+    }
+
+    fn cascade_restarted(&self, kind: &str) {
+        self.restarts.get_or_create(&kind_label(kind)).inc();
+    }
+
+    fn cascade_started(&self, kind: &str) {
+        self.in_progress.get_or_create(&kind_label(kind)).inc();
+    }
+
+    fn set_in_progress(&self, kind: &str, n: usize) {
+        self.in_progress
+            .get_or_create(&kind_label(kind))
+            .set(saturate(n));
+    }
+
+    fn cascade_finished(&self, kind: &str, duration: Duration) {
+        let label = kind_label(kind);
+        self.in_progress.get_or_create(&label).dec();
+        self.durations
+            .get_or_create(&label)
+            .observe(duration.as_secs_f64());
+    }
+
+    fn error(&self, reason: &str) {
+        self.errors
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    fn set_stalled(&self, kind: &str, n: usize) {
+        Metrics::set_stalled(self, kind, n);
+    }
 }
 
 /// Liveness and readiness, shared between the controller and the endpoint.

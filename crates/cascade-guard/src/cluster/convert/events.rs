@@ -5,10 +5,10 @@ use kube::api::ApiResource;
 use kube::runtime::events::{EventType, Recorder};
 
 use super::Meta;
-use crate::controller::events;
+use crate::cluster::events;
 
 /// Publishes one Event about `object` (see [`events::publish`]).
-pub(in crate::controller) async fn publish(
+pub(crate) async fn publish(
     recorder: &Recorder,
     resource: &ApiResource,
     object: &Meta,

@@ -11,7 +11,7 @@ use kube::runtime::events::EventType;
 use super::Meta;
 use super::context::Context;
 use super::writes::{self, Reissue, ReleaseIf, Strip};
-use crate::controller::backoff::step_retry;
+use crate::cluster::backoff::step_retry;
 use crate::policy::Shape;
 use crate::policy::cascade::{Carry, Dependents, LetGo, Memory, Step, next_step};
 use crate::policy::names::CONVERTED_ANNOTATION;

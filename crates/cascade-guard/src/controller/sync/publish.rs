@@ -17,7 +17,7 @@ use super::apply::Outcome;
 use super::limits::condition_message;
 use super::type_check;
 use crate::api::{CascadePolicy, CascadePolicyStatus};
-use crate::controller::events;
+use crate::cluster::events;
 use crate::policy::{Mode, Problem, Severity, Source, Subject};
 
 pub const READY: &str = "Ready";

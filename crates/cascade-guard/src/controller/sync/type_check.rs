@@ -16,8 +16,8 @@ use kube::{Resource, ResourceExt};
 use super::limits::condition_message;
 use super::sources::WatchCache;
 use crate::api::CascadePolicy;
+use crate::cluster::events;
 use crate::cluster::type_check::{TypeCheck, TypeWarning, describe};
-use crate::controller::events;
 use crate::controller::telemetry::Metrics;
 use crate::policy::Source;
 
