@@ -1,7 +1,8 @@
-//! The one way the controller publishes an Event: its note cut to what the
-//! API server keeps, and a failure logged, never fatal (what it reports on is
-//! done). A namespace being deleted takes no new objects, Events included:
-//! its 403 is expected and not worth a warning.
+//! The one way cascade-guard publishes an Event (the controller, and Convert
+//! run by `uninstall`): its note cut to what the API server keeps, and a
+//! failure logged, never fatal (what it reports on is done). A namespace
+//! being deleted takes no new objects, Events included: its 403 is expected
+//! and not worth a warning.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
