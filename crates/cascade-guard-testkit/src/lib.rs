@@ -714,7 +714,11 @@ pub async fn merge_patch(
     send(client, request).await
 }
 
-async fn send(client: &Client, request: http::Request<kube::client::Body>) -> DeleteOutcome {
+/// Sends `request` (a delete or a patch): the API server's answer.
+pub(crate) async fn send(
+    client: &Client,
+    request: http::Request<kube::client::Body>,
+) -> DeleteOutcome {
     let response = client.send(request).await.expect("the API server answered");
     let code = response.status().as_u16();
     let warnings = response

@@ -21,7 +21,7 @@ use local_cluster::model::{self, Model, ObjectRef, usage};
 use local_cluster::process::{self, Lifetime, Process};
 use local_cluster::timeline::Timeline;
 use local_cluster::{Binaries, ControlPlane, Options, wait};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::{Notify, OnceCell};
 
 use crate::{CONTROLLER_USER, DeleteOutcome, DeleteSpec};
@@ -369,21 +369,7 @@ pub async fn delete(
         .header("Content-Type", "application/json")
         .body(kube::client::Body::from(body))
         .expect("request");
-    let response = client.send(request).await.expect("the API server answered");
-    let code = response.status().as_u16();
-    let bytes = http_body_util::BodyExt::collect(response.into_body())
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let message = serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|v| v["message"].as_str().map(str::to_string))
-        .unwrap_or_default();
-    DeleteOutcome {
-        code,
-        message,
-        warnings: Vec::new(),
-    }
+    crate::send(client, request).await
 }
 
 /// Every kind the scenarios' trees are made of.
