@@ -300,6 +300,31 @@ if [ -n "$impure" ]; then
 fi
 echo "cascade-guard-policy: no kube client, tokio, hyper or TLS"
 
+step "no module under cli/ imports controller/"
+# The commands read and write a cluster through cluster/ (Convert, which
+# uninstall runs, included); the controller's wiring is not theirs to reach
+# into. Any path to the controller in a use (grouped or not) or in code.
+python3 - crates/cascade-guard/src/cli <<'PY'
+import pathlib, re, sys
+found = []
+for path in sorted(pathlib.Path(sys.argv[1]).rglob("*.rs")):
+    text = path.read_text(encoding="utf-8")
+    code = re.sub(r"//[^\n]*", lambda m: " " * len(m.group(0)), text)
+    spans = [m.span() for m in re.finditer(r"\buse\s[^;]*;", code) if re.search(r"\bcontroller\b", m.group(0))]
+    spans += [m.span() for m in re.finditer(r"\b(crate|super|cascade_guard)(::super)*::controller\b", code)]
+    for line in sorted({text.count("\n", 0, start) for start, _ in spans}):
+        found.append(f"{path}:{line + 1}: {text.splitlines()[line].strip()}")
+if found:
+    print("modules under cli/ import controller/ (use cluster/ or the policy crate):", file=sys.stderr)
+    print("\n".join(found), file=sys.stderr)
+    sys.exit(1)
+print("cli/: no import of controller/")
+PY
+
+step "sizes: files over 700 lines, functions over 120 (a report; issue #47)"
+# Printed, not yet failed on: the large files and functions are being split.
+scripts/sizes.sh || true
+
 step "the tests' build"
 cargo test --workspace --locked --no-run
 
@@ -369,7 +394,7 @@ tail -n1 "$tools_log"
 end_step
 current=""
 # What passed without being checked, said with the pass: each test that
-# reported itself skipped (tests/support/skip.rs's line, in this run's logs of
+# reported itself skipped (crates/local-cluster/src/skip.rs's line, in this run's logs of
 # the tests and of the compatibility checks), and each release left out,
 # with its reason.
 mapfile -t skipped < <(find target/test-logs target/compat -name '*.log' -newer "$tests_began" \

@@ -18,6 +18,7 @@ pub mod model;
 mod pki;
 pub mod process;
 pub mod real_crossplane;
+pub mod skip;
 pub mod testing;
 pub mod timeline;
 pub mod wait;

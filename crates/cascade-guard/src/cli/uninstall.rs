@@ -22,12 +22,12 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
 
 use crate::Error;
+use crate::cluster::convert::{Converter, Uncounted};
 use crate::cluster::held;
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::{holds, unhold};
-use crate::controller::MANAGER;
-use crate::controller::convert::Converter;
-use crate::controller::telemetry::Metrics;
+use crate::policy::ProtectedKind;
+use crate::policy::names::FIELD_MANAGER;
 use crate::policy::names::MANAGED_BY_SELECTOR;
 use crate::policy::sibling::hold_policy::{HOLD_OBJECT_NAME, SIBLING_ORDER_LABEL};
 use crate::policy::sibling::holds_record::HOLDS;
@@ -151,36 +151,44 @@ pub async fn uninstall(
         "letting go of {} live objects; making {} deleting objects foreground cascades first",
         summary.released, summary.cascaded
     ));
+    let kinds: Vec<_> = scan.holding.into_iter().map(|h| h.kind).collect();
+    summary.left = let_go_of_held(client, &kinds, options.timeout, &progress).await;
+    Ok(summary)
+}
+
+/// Runs Convert on `kinds` until every object they hold is let go (a
+/// deleting one once its foreground cascade holds it), or `timeout` runs
+/// out; the kinds still holding objects then.
+async fn let_go_of_held(
+    client: &Client,
+    kinds: &[ProtectedKind],
+    timeout: Duration,
+    progress: impl Fn(&str),
+) -> Vec<String> {
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
-            controller: MANAGER.into(),
+            controller: FIELD_MANAGER.into(),
             instance: Some("uninstall".into()),
         },
     );
-    let mut converter =
-        Converter::for_uninstall(client.clone(), recorder, Arc::new(Metrics::new()));
-    let kinds: Vec<_> = scan.holding.into_iter().map(|h| h.kind).collect();
-    converter.update(BTreeMap::new(), &kinds, true).await;
-    let deadline = Instant::now() + options.timeout;
+    let mut converter = Converter::for_uninstall(client.clone(), recorder, Arc::new(Uncounted));
+    converter.update(BTreeMap::new(), kinds, true).await;
+    let deadline = Instant::now() + timeout;
     let mut last_said = Instant::now();
-    loop {
+    let left = loop {
         let draining = converter.draining();
-        if draining.is_empty() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            summary.left = draining;
-            break;
+        if draining.is_empty() || Instant::now() >= deadline {
+            break draining;
         }
         if last_said.elapsed() >= Duration::from_secs(10) {
             last_said = Instant::now();
             progress(&format!("waiting for: {}", draining.join(", ")));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    };
     converter.shutdown().await;
-    Ok(summary)
+    left
 }
 
 /// The holder of the leader Lease named `id` (in any namespace) while it is

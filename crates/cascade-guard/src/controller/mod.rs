@@ -10,8 +10,7 @@
 //! directory in step, in every replica. [`leader`] elects the one
 //! replica that runs it, and [`telemetry`] serves its metrics and probes.
 
-mod backoff;
-pub mod convert;
+use crate::cluster::{backoff, convert};
 pub mod leader;
 mod memory;
 pub mod process;
@@ -26,6 +25,8 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
+
+use crate::cluster::watch_tap::Taps;
 use tokio::sync::Notify;
 
 use crate::cluster::held;
@@ -125,14 +126,14 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
     let mut converter = convert::Converter::new(client.clone(), recorder.clone(), metrics.clone())
         .with_stall_after(settings.stall_after)
         .with_restarts_after(settings.restart_quiet_cascades_after)
-        .with_feed(feed.clone());
+        .with_feed(feed.clone().map(|f| Arc::new(f) as Arc<dyn Taps>));
     let mut kind_watches = watches::Watches::new(
         client.clone(),
         recorder,
         metrics.clone(),
         settings.stall_after,
     )
-    .with_feed(feed);
+    .with_feed(feed.map(|f| Arc::new(f) as Arc<dyn Taps>));
     // Objects held of kinds no policy names (found once, after the first
     // complete pass): handed to the converter to finish.
     let found: Arc<Mutex<Option<Vec<ProtectedKind>>>> = Arc::new(Mutex::new(None));

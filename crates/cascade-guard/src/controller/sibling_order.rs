@@ -14,11 +14,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kube::api::DynamicObject;
-use kube::api::PartialObjectMeta;
 use kube::core::Selector;
 use kube::runtime::events::Recorder;
-use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
 
@@ -26,6 +23,7 @@ use super::MANAGER;
 use super::telemetry::Metrics;
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::cluster::tree::Usages;
+use crate::cluster::watch_tap::{Tap as TapTrait, Taps, WatchEvent};
 use crate::policy::drift::first_difference;
 use crate::policy::sibling::gate::GatedKind;
 use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, Shape};
@@ -113,15 +111,15 @@ impl Feed {
     pub fn new() -> Self {
         Self(Arc::new(Mutex::new(Index::default())))
     }
+}
 
-    /// A tap for one watch of `kind`; dropped with the watch, it says the
-    /// watch stopped.
-    pub fn tap(&self, kind: &ProtectedKind) -> Tap {
-        Tap {
+impl Taps for Feed {
+    fn tap(&self, kind: &ProtectedKind) -> Box<dyn TapTrait> {
+        Box::new(Tap {
             index: self.0.clone(),
             key: (kind.group.clone(), kind.kind.clone()),
             feeder: index::feeder(),
-        }
+        })
     }
 }
 
@@ -132,17 +130,14 @@ impl Default for Feed {
 }
 
 /// One watch's events into the index.
-pub struct Tap {
+struct Tap {
     index: Arc<Mutex<Index>>,
     key: KindKey,
     feeder: index::Feeder,
 }
 
-impl Tap {
-    pub fn event(
-        &self,
-        event: &Result<watcher::Event<PartialObjectMeta<DynamicObject>>, watcher::Error>,
-    ) {
+impl TapTrait for Tap {
+    fn event(&self, event: &WatchEvent) {
         let change = match event {
             Ok(e) => mirror::event(e),
             Err(e) => Some(index::WatchEvent::Failed(e.to_string())),

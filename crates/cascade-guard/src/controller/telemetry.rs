@@ -20,11 +20,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::{Metric, Registry, Unit};
 use tokio::net::TcpListener;
 use tracing::{debug, error, warn};
 
 use crate::Error;
+use crate::cluster::convert::ConvertMetrics;
 
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -54,6 +55,13 @@ struct PolicyLabel {
 fn teardown_histogram() -> Histogram {
     // 0.1 s doubling to ~55 min: a teardown takes from moments to an hour.
     Histogram::new(exponential_buckets(0.1, 2.0, 16))
+}
+
+/// Registers `metric` under `name`, and gives it back: a family or a metric
+/// shares its state with its clone in the registry.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 /// cascade-guard's metrics and the registry that exposes them.
@@ -88,131 +96,117 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let protected = Family::<KindLabel, Gauge>::default();
-        let conversions = Family::<KindLabel, Counter>::default();
-        let restarts = Family::<KindLabel, Counter>::default();
-        let in_progress = Family::<KindLabel, Gauge>::default();
-        let stalled = Family::<KindLabel, Gauge>::default();
-        let durations = Family::<KindLabel, Histogram, fn() -> Histogram>::new_with_constructor(
-            teardown_histogram,
-        );
-        let errors = Family::<ReasonLabel, Counter>::default();
-        let policies = Gauge::default();
-        let leader = Gauge::default();
-        let inputs = Family::<InputLabel, Gauge>::default();
-        let type_check_warnings = Family::<PolicyLabel, Gauge>::default();
-        let sibling_holds = Gauge::default();
-        let sibling_order_problems = Gauge::default();
-        let static_policies = Gauge::default();
-        let static_loaded = Gauge::default();
-        let passes_started = Counter::default();
-        let passes = Counter::default();
-        // Families share their state with these clones.
-        registry.register(
-            "cascade_guard_protected_objects",
-            "Objects of a Convert kind that cascade-guard holds with its finalizer",
-            protected.clone(),
-        );
-        registry.register(
-            "cascade_guard_conversions",
-            "Deletes turned into foreground cascades",
-            conversions.clone(),
-        );
-        registry.register(
-            "cascade_guard_cascade_restarts",
-            "Quiet foreground cascades restarted because the garbage collector may have missed their start",
-            restarts.clone(),
-        );
-        registry.register(
-            "cascade_guard_cascades_in_progress",
-            "Foreground cascades started and not yet finished",
-            in_progress.clone(),
-        );
-        registry.register(
-            "cascade_guard_stalled_cascades",
-            "Cascades held by cascade-guard with no progress for the stall time (--stall-after)",
-            stalled.clone(),
-        );
-        registry.register_with_unit(
-            "cascade_guard_cascade_duration",
-            "Time from the start of a foreground cascade to the object's removal",
-            Unit::Seconds,
-            durations.clone(),
-        );
-        registry.register(
-            "cascade_guard_errors",
-            "Failed operations, by what failed",
-            errors.clone(),
-        );
-        registry.register(
-            "cascade_guard_admission_policies",
-            "Compiled admission policies in force",
-            policies.clone(),
-        );
-        registry.register(
-            "cascade_guard_leader",
-            "1 while this replica holds the leader lease, else 0",
-            leader.clone(),
-        );
-        registry.register(
-            "cascade_guard_input_available",
-            "1 when an API cascade-guard reads policies from is installed (input=CascadePolicy), else 0",
-            inputs.clone(),
-        );
-        registry.register(
-            "cascade_guard_admission_policy_type_check_warnings",
-            "Expressions of an admission policy that the API server could not type-check (status.typeChecking)",
-            type_check_warnings.clone(),
-        );
-        registry.register(
-            "cascade_guard_sibling_holds",
-            "Objects held (label cascade-guard.dev/hold) until a sibling that needs them is gone",
-            sibling_holds.clone(),
-        );
-        registry.register(
-            "cascade_guard_sibling_order_problems",
-            "Cycles, conflicts and unresolved references in the live trees sibling order reads: those edges are not kept",
-            sibling_order_problems.clone(),
-        );
-        registry.register(
-            "cascade_guard_static_policies",
-            "Admission policies in the static manifests file this replica writes (--static-manifests-dir)",
-            static_policies.clone(),
-        );
-        registry.register(
-            "cascade_guard_static_manifests_loaded",
-            "1 when the API server reports it loaded the static manifests directory as this replica last wrote it, else 0",
-            static_loaded.clone(),
-        );
-        registry.register(
-            "cascade_guard_sync_passes_started",
-            "Passes over every policy input (the sync loop) started; one more than the completed passes while one runs",
-            passes_started.clone(),
-        );
-        registry.register(
-            "cascade_guard_sync_passes",
-            "Passes over every policy input (the sync loop) completed",
-            passes.clone(),
-        );
+        let r = &mut registry;
+        // In the order they are exposed; the registry last, once each is in.
         Self {
+            protected: registered(
+                r,
+                "cascade_guard_protected_objects",
+                "Objects of a Convert kind that cascade-guard holds with its finalizer",
+                Default::default(),
+            ),
+            conversions: registered(
+                r,
+                "cascade_guard_conversions",
+                "Deletes turned into foreground cascades",
+                Default::default(),
+            ),
+            restarts: registered(
+                r,
+                "cascade_guard_cascade_restarts",
+                "Quiet foreground cascades restarted because the garbage collector may have missed their start",
+                Default::default(),
+            ),
+            in_progress: registered(
+                r,
+                "cascade_guard_cascades_in_progress",
+                "Foreground cascades started and not yet finished",
+                Default::default(),
+            ),
+            stalled: registered(
+                r,
+                "cascade_guard_stalled_cascades",
+                "Cascades held by cascade-guard with no progress for the stall time (--stall-after)",
+                Default::default(),
+            ),
+            durations: {
+                let durations =
+                    Family::new_with_constructor(teardown_histogram as fn() -> Histogram);
+                r.register_with_unit(
+                    "cascade_guard_cascade_duration",
+                    "Time from the start of a foreground cascade to the object's removal",
+                    Unit::Seconds,
+                    durations.clone(),
+                );
+                durations
+            },
+            errors: registered(
+                r,
+                "cascade_guard_errors",
+                "Failed operations, by what failed",
+                Default::default(),
+            ),
+            policies: registered(
+                r,
+                "cascade_guard_admission_policies",
+                "Compiled admission policies in force",
+                Default::default(),
+            ),
+            leader: registered(
+                r,
+                "cascade_guard_leader",
+                "1 while this replica holds the leader lease, else 0",
+                Default::default(),
+            ),
+            inputs: registered(
+                r,
+                "cascade_guard_input_available",
+                "1 when an API cascade-guard reads policies from is installed (input=CascadePolicy), else 0",
+                Default::default(),
+            ),
+            type_check_warnings: registered(
+                r,
+                "cascade_guard_admission_policy_type_check_warnings",
+                "Expressions of an admission policy that the API server could not type-check (status.typeChecking)",
+                Default::default(),
+            ),
+            sibling_holds: registered(
+                r,
+                "cascade_guard_sibling_holds",
+                "Objects held (label cascade-guard.dev/hold) until a sibling that needs them is gone",
+                Default::default(),
+            ),
+            sibling_order_problems: registered(
+                r,
+                "cascade_guard_sibling_order_problems",
+                "Cycles, conflicts and unresolved references in the live trees sibling order reads: those edges are not kept",
+                Default::default(),
+            ),
+            static_policies: registered(
+                r,
+                "cascade_guard_static_policies",
+                "Admission policies in the static manifests file this replica writes (--static-manifests-dir)",
+                Default::default(),
+            ),
+            static_loaded: registered(
+                r,
+                "cascade_guard_static_manifests_loaded",
+                "1 when the API server reports it loaded the static manifests directory as this replica last wrote it, else 0",
+                Default::default(),
+            ),
+            passes_started: registered(
+                r,
+                "cascade_guard_sync_passes_started",
+                "Passes over every policy input (the sync loop) started; one more than the completed passes while one runs",
+                Default::default(),
+            ),
+            passes: registered(
+                r,
+                "cascade_guard_sync_passes",
+                "Passes over every policy input (the sync loop) completed",
+                Default::default(),
+            ),
             registry,
-            protected,
-            conversions,
-            restarts,
-            in_progress,
-            stalled,
-            durations,
-            errors,
-            policies,
-            leader,
-            inputs,
-            type_check_warnings,
-            sibling_holds,
-            sibling_order_problems,
-            static_policies,
-            static_loaded,
-            passes_started,
-            passes,
         }
     }
 
@@ -226,58 +220,11 @@ impl Metrics {
         self.passes.inc();
     }
 
-    /// How many objects of `kind` (e.g. `InferenceCluster.modelplane.ai`) are protected.
-    pub fn set_protected(&self, kind: &str, n: usize) {
-        self.protected
-            .get_or_create(&kind_label(kind))
-            .set(saturate(n));
-    }
-
-    /// A delete of a `kind` object was turned into a foreground cascade.
-    pub fn conversion(&self, kind: &str) {
-        self.conversions.get_or_create(&kind_label(kind)).inc();
-    }
-
-    /// A quiet foreground cascade of a `kind` object was restarted.
-    pub fn cascade_restarted(&self, kind: &str) {
-        self.restarts.get_or_create(&kind_label(kind)).inc();
-    }
-
-    pub fn cascade_started(&self, kind: &str) {
-        self.in_progress.get_or_create(&kind_label(kind)).inc();
-    }
-
-    /// Sets the in-progress gauge from a recount (e.g. objects with a
-    /// deletionTimestamp in a cache), which also corrects counts that
-    /// started/finished pairs missed across a restart.
-    pub fn set_in_progress(&self, kind: &str, n: usize) {
-        self.in_progress
-            .get_or_create(&kind_label(kind))
-            .set(saturate(n));
-    }
-
     /// Cascades of `kind` stalled now (a recount).
     pub fn set_stalled(&self, kind: &str, n: usize) {
         self.stalled
             .get_or_create(&kind_label(kind))
             .set(saturate(n));
-    }
-
-    pub fn cascade_finished(&self, kind: &str, duration: Duration) {
-        let label = kind_label(kind);
-        self.in_progress.get_or_create(&label).dec();
-        self.durations
-            .get_or_create(&label)
-            .observe(duration.as_secs_f64());
-    }
-
-    /// An operation failed; `reason` is short CamelCase (`AddFinalizer`, `Apply`).
-    pub fn error(&self, reason: &str) {
-        self.errors
-            .get_or_create(&ReasonLabel {
-                reason: reason.to_owned(),
-            })
-            .inc();
     }
 
     /// Objects sibling order holds, and the problems it met, over every tree.
@@ -347,6 +294,52 @@ fn policy_label(policy: &str) -> PolicyLabel {
 
 fn saturate(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl ConvertMetrics for Metrics {
+    fn set_protected(&self, kind: &str, n: usize) {
+        self.protected
+            .get_or_create(&kind_label(kind))
+            .set(saturate(n));
+    }
+
+    fn conversion(&self, kind: &str) {
+        self.conversions.get_or_create(&kind_label(kind)).inc();
+    }
+
+    fn cascade_restarted(&self, kind: &str) {
+        self.restarts.get_or_create(&kind_label(kind)).inc();
+    }
+
+    fn cascade_started(&self, kind: &str) {
+        self.in_progress.get_or_create(&kind_label(kind)).inc();
+    }
+
+    fn set_in_progress(&self, kind: &str, n: usize) {
+        self.in_progress
+            .get_or_create(&kind_label(kind))
+            .set(saturate(n));
+    }
+
+    fn cascade_finished(&self, kind: &str, duration: Duration) {
+        let label = kind_label(kind);
+        self.in_progress.get_or_create(&label).dec();
+        self.durations
+            .get_or_create(&label)
+            .observe(duration.as_secs_f64());
+    }
+
+    fn error(&self, reason: &str) {
+        self.errors
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    fn set_stalled(&self, kind: &str, n: usize) {
+        Metrics::set_stalled(self, kind, n);
+    }
 }
 
 /// Liveness and readiness, shared between the controller and the endpoint.

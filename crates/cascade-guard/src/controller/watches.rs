@@ -27,9 +27,9 @@ use super::convert::dependents::Lookup;
 use super::convert::discovery::Discoveries;
 use super::convert::events::publish;
 use super::convert::{ConvertKind, Meta, kind_key};
-use super::sibling_order::{Feed, Tap};
 use super::telemetry::Metrics;
 use crate::cluster::served_resource;
+use crate::cluster::watch_tap::{Tap, Taps};
 use crate::policy::names::FOREGROUND_DELETION_FINALIZER;
 use crate::policy::replay::{REPLAY_GRACE, refused_replay, replay_note};
 use crate::policy::stall::{Clock, Turn, stalled_note};
@@ -75,7 +75,7 @@ pub struct Watches {
     stall_after: Duration,
     running: BTreeMap<String, (WatchedKind, JoinHandle<()>)>,
     /// Sibling order's index, fed by each kind's watch.
-    feed: Option<Feed>,
+    feed: Option<Arc<dyn Taps>>,
 }
 
 impl Watches {
@@ -96,7 +96,7 @@ impl Watches {
     }
 
     /// Each kind's watch also feeds sibling order's index.
-    pub fn with_feed(mut self, feed: Option<Feed>) -> Self {
+    pub fn with_feed(mut self, feed: Option<Arc<dyn Taps>>) -> Self {
         self.feed = feed;
         self
     }
@@ -149,7 +149,7 @@ struct KindWatch {
     kind: WatchedKind,
     discoveries: Discoveries,
     /// Into sibling order's index; dropped with the watch.
-    tap: Option<Tap>,
+    tap: Option<Box<dyn Tap>>,
 }
 
 /// An object in one of the states worth watching.

@@ -6,14 +6,11 @@
 //! no cascade-guard runs. fish, where installed, is driven too (its
 //! `complete -C`) and must offer what bash does.
 
-#[path = "../support/mod.rs"]
-mod support;
+use cascade_guard_testkit as support;
 
-#[path = "../support/tab.rs"]
-mod tab;
+use cascade_guard_testkit::tab;
 
-#[path = "../support/skip.rs"]
-mod skip;
+use local_cluster::skip;
 
 use std::path::{Path, PathBuf};
 

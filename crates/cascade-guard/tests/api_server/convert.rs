@@ -2,15 +2,15 @@
 //! from any client, runs as a foreground cascade. Order is asserted from watch
 //! events: the XR leaves the API only after every blocking dependent.
 
-#[path = "../support/audit_log.rs"]
-mod audit_log;
-#[path = "../support/picture.rs"]
-mod picture_check;
-#[path = "../support/mod.rs"]
-mod support;
+use cascade_guard_testkit::audit_log;
+use cascade_guard_testkit::picture as picture_check;
 
 use std::time::Duration;
 
+use cascade_guard_testkit::tree::{
+    Provider, assert_foreground, config_maps, create_tree, wait_held,
+};
+use cascade_guard_testkit::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -18,8 +18,6 @@ use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::{Binaries, audit, wait};
 use serde_json::json;
-use support::tree::{Provider, assert_foreground, config_maps, create_tree, wait_held};
-use support::*;
 
 const FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
 

@@ -5,11 +5,12 @@
 //! composed. Also: a cascade cut short again and again is converted again with
 //! backoff, and an explicitly orphaning (break-glass) delete is left alone.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
+use cascade_guard_testkit::tree::{
+    Provider, assert_foreground, config_maps, create_tree, wait_held,
+};
+use cascade_guard_testkit::*;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -19,8 +20,6 @@ use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
 use serde_json::json;
-use support::tree::{Provider, assert_foreground, config_maps, create_tree, wait_held};
-use support::*;
 use tokio::sync::Mutex;
 
 /// The tests here start and stop controllers: one at a time.

@@ -7,15 +7,15 @@
 //! registry on loopback that scripts/image.sh pushed it to, with the same args
 //! and identity.
 
-#[path = "../support/install.rs"]
-mod chart;
-#[path = "../support/image.rs"]
-mod image;
-#[path = "../support/mod.rs"]
-mod support;
+use cascade_guard_testkit::chart;
+use cascade_guard_testkit::image;
 
 use std::time::Duration;
 
+use cascade_guard_testkit::tree::{
+    Provider, assert_foreground, config_maps, create_tree, wait_held,
+};
+use cascade_guard_testkit::*;
 use chart::{Replica, cli, find, has_kind, render};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -34,8 +34,6 @@ use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::{audit, wait};
 use serde_json::{Value, json};
-use support::tree::{Provider, assert_foreground, config_maps, create_tree, wait_held};
-use support::*;
 
 const FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
 const MANAGED: &str = "app.kubernetes.io/managed-by=cascade-guard";

@@ -3,11 +3,9 @@
 //! across a controller restart, until it names a kind that exists or is
 //! deleted. Against the real control plane, with the real `cascade-guard run`.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
+use cascade_guard_testkit::*;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -17,7 +15,6 @@ use kube::{Api, Client};
 use local_cluster::testing::Scope;
 use local_cluster::wait;
 use serde_json::json;
-use support::*;
 
 fn buckets() -> ApiResource {
     ApiResource {

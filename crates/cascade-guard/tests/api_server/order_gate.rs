@@ -9,12 +9,13 @@
 //! One test, in phases: the gate is cluster-wide, so this binary has a
 //! control plane of its own, and the phases follow one another.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::process::Output;
 use std::time::Duration;
 
+use cascade_guard_testkit::tree::{
+    Provider, assert_needed_after, config_maps, create_tree, tree_timeline,
+};
+use cascade_guard_testkit::*;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
@@ -22,8 +23,6 @@ use kube::{Api, Client, ResourceExt};
 use local_cluster::testing::Scope;
 use local_cluster::wait;
 use serde_json::json;
-use support::tree::{Provider, assert_needed_after, config_maps, create_tree, tree_timeline};
-use support::*;
 
 const ORDERED_TREES: &str = "cascade-guard-ordered-trees";
 /// Where a controller outside a pod, without --leader-election-namespace,

@@ -7,9 +7,7 @@
 //! chart's ServiceMonitor (templates/servicemonitor.yaml; when it renders is
 //! tests/without_cluster/chart.rs's) likewise against the operator's ServiceMonitor CRD.
 
-#[allow(dead_code)]
-#[path = "../support/install.rs"]
-mod chart;
+use cascade_guard_testkit::chart;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

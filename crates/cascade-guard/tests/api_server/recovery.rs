@@ -5,20 +5,17 @@
 //! restart. Each test runs its own control plane, since they restart or leave
 //! out parts of it.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
 use cascade_guard::api::CascadePolicy;
+use cascade_guard_testkit::tree::{create_tree, wait_held};
+use cascade_guard_testkit::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, CustomResourceExt, ResourceExt};
 use local_cluster::testing::Scope;
 use local_cluster::wait;
 use serde_json::json;
-use support::tree::{create_tree, wait_held};
-use support::*;
 
 fn log(env: &Env) -> String {
     std::fs::read_to_string(env.cp.log_path("cascade-guard-0")).unwrap_or_default()

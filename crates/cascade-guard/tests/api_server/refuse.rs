@@ -2,9 +2,6 @@
 //! compiling XRD annotations and CascadePolicies into ValidatingAdmissionPolicies.
 //! Every assertion is about what the API server actually answered or did.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -14,6 +11,7 @@ use cascade_guard::policy::names::{
 };
 use cascade_guard::policy::refusal::{self, Subject};
 use cascade_guard::policy::{CompileSettings, Mode, ObjectState, Shape, decide};
+use cascade_guard_testkit::*;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -27,7 +25,6 @@ use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
 use serde_json::json;
-use support::*;
 
 /// Who sends a delete, as admission sees them.
 #[derive(Clone, Copy, Debug)]

@@ -3,16 +3,19 @@
 //! is down, and uninstall. Nothing is lost, nothing is orphaned, every cascade
 //! runs in the foreground. Set CASCADE_GUARD_SEED to replay a run.
 
-#[path = "../support/audit_log.rs"]
-mod audit_log;
-#[path = "../support/mod.rs"]
-mod support;
+use cascade_guard_testkit::audit_log;
 
 use std::time::Duration;
 
 use cascade_guard::policy::names::{
     CONVERTED_ANNOTATION, FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER,
 };
+use cascade_guard_testkit::rng::Rng;
+use cascade_guard_testkit::tree::{
+    Provider, assert_foreground, assert_needed_after, config_maps, create_tree, tree_timeline,
+    wait_held,
+};
+use cascade_guard_testkit::*;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -21,12 +24,6 @@ use kube::{Api, ResourceExt};
 use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
-use support::rng::Rng;
-use support::tree::{
-    Provider, assert_foreground, assert_needed_after, config_maps, create_tree, tree_timeline,
-    wait_held,
-};
-use support::*;
 use tokio::sync::Mutex;
 
 /// The tests here start and kill controllers: one at a time.
@@ -50,7 +47,7 @@ async fn delete_all(s: &Scope<'_>, n: usize, rng: &mut Rng) {
     let resource = CONVERT.resource();
     for i in 0..n {
         tokio::time::sleep(rng.millis(0, 300)).await;
-        let spec = if rng.next().is_multiple_of(2) {
+        let spec = if rng.next_u64().is_multiple_of(2) {
             DeleteSpec::propagation("Background")
         } else {
             DeleteSpec::default()
@@ -118,7 +115,7 @@ async fn sigkill_at_random_points_across_20_cascades_loses_nothing() {
         Duration::from_millis(400),
     );
 
-    let mut deleter_rng = Rng(rng.next() | 1);
+    let mut deleter_rng = Rng(rng.next_u64() | 1);
     let deleting = delete_all(&s, 20, &mut deleter_rng);
     let chaos = async {
         let mut kills = 0;
@@ -161,7 +158,7 @@ async fn the_leader_killed_while_a_second_replica_runs_loses_nothing() {
     );
     let leases: Api<Lease> = Api::namespaced(s.client.clone(), "default");
 
-    let mut deleter_rng = Rng(rng.next() | 1);
+    let mut deleter_rng = Rng(rng.next_u64() | 1);
     let deleting = delete_all(&s, 10, &mut deleter_rng);
     let leader = |holder: &str, replicas: &[usize]| {
         replicas.iter().position(|&n| {

@@ -22,14 +22,12 @@
 //! that needs it still exists. CASCADE_GUARD_SEED replays a run;
 //! CASCADE_GUARD_SEED_ROUNDS runs more rounds.
 
-#[path = "../support/mod.rs"]
-mod support;
-
-#[path = "../support/platform.rs"]
-mod platform;
+use cascade_guard_testkit::platform;
 
 use std::time::{Duration, Instant};
 
+use cascade_guard_testkit::DeleteSpec;
+use cascade_guard_testkit::rng::Rng;
 use kube::api::ApiResource;
 use local_cluster::model::composite::Node;
 use local_cluster::model::modelplane::{
@@ -37,8 +35,6 @@ use local_cluster::model::modelplane::{
 };
 use local_cluster::model::usage;
 use platform::*;
-use support::DeleteSpec;
-use support::rng::Rng;
 
 fn arg(r: &ApiResource) -> String {
     format!("{}.{}", r.plural, r.group)
@@ -338,7 +334,7 @@ async fn randomized_platforms_clients_modes_and_restarts_never_lose_a_cluster_fi
             (root.name.clone(), *who, got)
         }));
         let stop = std::sync::atomic::AtomicBool::new(false);
-        let mut chaos_rng = Rng(rng.next() | 1);
+        let mut chaos_rng = Rng(rng.next_u64() | 1);
         let chaos = async {
             let mut n = 0;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {

@@ -9,12 +9,10 @@
 //! Refuse pair, which would open a gap in every other test's kinds. They run
 //! one at a time.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use cascade_guard_testkit::*;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -27,7 +25,6 @@ use kube::{Api, Client, ResourceExt};
 use local_cluster::testing::Scope;
 use local_cluster::wait;
 use serde_json::{Value, json};
-use support::*;
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 const REFUSE_PAIR: &str = "cascade-guard-xrds-refuse-composite";

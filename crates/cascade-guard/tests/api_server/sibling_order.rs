@@ -6,22 +6,19 @@
 //! (an Off kind), the garbage collector deletes both siblings at once: the
 //! hazard, shown.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
+use cascade_guard_testkit::tree::{
+    Provider, assert_needed_after, config_maps, create_tree, gone_revision, terminating_revision,
+    tree_timeline, wait_held,
+};
+use cascade_guard_testkit::*;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
 use kube::{Api, Client};
 use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
 use serde_json::{Value, json};
-use support::tree::{
-    Provider, assert_needed_after, config_maps, create_tree, gone_revision, terminating_revision,
-    tree_timeline, wait_held,
-};
-use support::*;
 
 /// The hold policy is one object for the whole control plane: the test that
 /// weakens it has it to itself (every other test here relies on it; seen in

@@ -9,10 +9,7 @@
 //! must refuse with the minimum release named. `scripts/compat.sh` runs it per
 //! release.
 
-#[path = "../support/skip.rs"]
-mod skip;
-#[path = "../support/mod.rs"]
-mod support;
+use local_cluster::skip;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,6 +19,7 @@ use cascade_guard::cluster::static_protection::{
     StaticDirectory, directory_hash, read_server_report, records,
 };
 use cascade_guard::policy::static_manifest::{FEATURE_GATE, FILE_NAME, STATIC_SUFFIX};
+use cascade_guard_testkit::{DeleteSpec, Env, OFF, REFUSE, composite, delete, xrd_api};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -31,7 +29,6 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use local_cluster::{Binaries, wait};
 use serde_json::json;
-use support::{DeleteSpec, Env, OFF, REFUSE, composite, delete, xrd_api};
 
 /// The minor release of the control plane the tests run on.
 fn release_minor() -> u32 {
@@ -59,7 +56,7 @@ fn static_dir_of(env: &Env) -> PathBuf {
 }
 
 async fn static_env() -> Env {
-    let mut options = support::options();
+    let mut options = cascade_guard_testkit::options();
     // The directory lives in the control plane's own directory, which is
     // chosen at start: give the control plane one of ours, a scratch directory
     // that a later start removes once this test binary is gone (the control
@@ -68,7 +65,7 @@ async fn static_env() -> Env {
     options.dir = Some(dir.clone());
     options.static_manifests_dir = Some(dir.join("static-manifests"));
     options.feature_gates = vec![format!("{FEATURE_GATE}=true")];
-    support::bare_with(options).await
+    cascade_guard_testkit::bare_with(options).await
 }
 
 /// Waits until the API server reports it loaded the directory as it is now;
@@ -252,7 +249,7 @@ async fn static_protection_holds_without_the_api_objects_and_the_controller() {
             .and_then(|rows| rows.iter().find(|r| r["kind"].as_str() == Some(kind)))
             .map(|r| r["served"].clone())
     };
-    let refuse_kind = format!("{}.{}", REFUSE.kind, support::GROUP);
+    let refuse_kind = format!("{}.{}", REFUSE.kind, cascade_guard_testkit::GROUP);
     assert_eq!(
         served(&refuse_kind),
         Some(json!("Static")),
@@ -445,7 +442,7 @@ async fn too_old_releases_are_refused_by_name() {
         assert!(stderr.contains("1.36 or newer"), "{stderr}");
         return;
     }
-    let env = support::bare_with(support::options()).await;
+    let env = cascade_guard_testkit::bare_with(cascade_guard_testkit::options()).await;
     let _stop = env.controllers_stop_on_drop();
     let rendered = Command::new(binary())
         .args(["render", "--static", "--kubeconfig"])

@@ -5,15 +5,12 @@
 //! (cannot reach the cluster). `uninstall` finds a controller run without
 //! leader election.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use cascade_guard_testkit::{Env, bare_env};
 use local_cluster::wait;
 use serde_json::Value;
-use support::{Env, bare_env};
 
 fn cascade_guard(env: &Env, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cascade-guard"))

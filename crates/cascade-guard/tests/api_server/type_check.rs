@@ -4,9 +4,6 @@
 //! cascade-guard compiles type-checks cleanly, and a policy that does not is
 //! reported (Event, metric, `cascade-guard status`).
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +12,7 @@ use cascade_guard::cluster::type_check::TypeCheck;
 use cascade_guard::controller::sync::type_check;
 use cascade_guard::controller::telemetry::Metrics;
 use cascade_guard::policy::Source;
+use cascade_guard_testkit::*;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -22,7 +20,6 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
 use local_cluster::wait;
 use serde_json::json;
-use support::*;
 
 const MANAGED: &str = "app.kubernetes.io/managed-by=cascade-guard";
 

@@ -14,9 +14,6 @@
 //! is what a delete of it has to cascade; those two compose kinds that only the
 //! providers and the local cloud serve, and stay unready.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
 use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams, PropagationPolicy};
@@ -81,8 +78,12 @@ async fn start() -> Stack {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let kubeconfig = cp.dir().join("cascade-guard.kubeconfig");
-    cp.write_kubeconfig_as(&kubeconfig, support::CONTROLLER_USER, &["system:masters"])
-        .expect("controller kubeconfig");
+    cp.write_kubeconfig_as(
+        &kubeconfig,
+        cascade_guard_testkit::CONTROLLER_USER,
+        &["system:masters"],
+    )
+    .expect("controller kubeconfig");
     let controller = process::spawn(
         "cascade-guard",
         std::path::Path::new(env!("CARGO_BIN_EXE_cascade-guard")),
@@ -404,7 +405,7 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
         assert!(left.is_none(), "{} {name} outlived prod", resource.kind);
     }
     let events = wait::until(Duration::from_secs(30), || async {
-        let events = support::events_about(&s.client, "prod").await;
+        let events = cascade_guard_testkit::events_about(&s.client, "prod").await;
         let reasons: Vec<_> = events.iter().map(|(r, _)| r.as_str()).collect();
         (reasons.contains(&"ForegroundCascade") && reasons.contains(&"CascadeComplete"))
             .then_some(events)
@@ -413,6 +414,6 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
     assert!(
         events.is_some(),
         "no ForegroundCascade and CascadeComplete Events on prod: {:?}",
-        support::events_about(&s.client, "prod").await
+        cascade_guard_testkit::events_about(&s.client, "prod").await
     );
 }

@@ -4,9 +4,7 @@
 //! (ServiceMonitor, NetworkPolicy) and the overridable security contexts
 //! render. The default render is tests/api_server/install.rs's: the committed manifest.
 
-#[allow(dead_code)]
-#[path = "../support/install.rs"]
-mod chart;
+use cascade_guard_testkit::chart;
 
 use std::process::Command;
 

@@ -10,14 +10,11 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-#[path = "../support/skip.rs"]
-mod skip;
+use local_cluster::skip;
 
-#[path = "../support/tab.rs"]
-mod tab;
+use cascade_guard_testkit::tab;
 
-#[path = "../support/no_cluster.rs"]
-mod no_cluster;
+use cascade_guard_testkit::no_cluster;
 
 use tab::script;
 

@@ -11,11 +11,9 @@ use std::process::{Command, Output};
 use cascade_guard::cli::args::Cli;
 use clap::CommandFactory;
 
-#[path = "../support/skip.rs"]
-mod skip;
+use local_cluster::skip;
 
-#[path = "../support/no_cluster.rs"]
-mod no_cluster;
+use cascade_guard_testkit::no_cluster;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cascade-guard");
 

@@ -4,8 +4,7 @@
 //! wave on one rank, and every Mermaid picture keeps to the part of
 //! Mermaid's flowchart grammar it uses (the checks of `support/picture.rs`).
 
-#[path = "../support/picture.rs"]
-mod picture_check;
+use cascade_guard_testkit::picture as picture_check;
 
 use std::collections::BTreeMap;
 

@@ -18,7 +18,7 @@
 //!
 //! - cascade-guard's `tests/api_server/seed.rs` (the randomized test: three rounds of
 //!   random platforms to depth 4, five kinds of clients, cascade-guard
-//!   SIGKILLed every few seconds) and its harness `tests/support/platform.rs`:
+//!   SIGKILLed every few seconds) and its harness `cascade-guard-testkit`'s `platform.rs`:
 //!   volume in CI time. On real Crossplane one tree takes about 100 s (a
 //!   Usage's 30-second re-check, a provider's 15-second poll, the simulated
 //!   load balancer); the same dozens of trees would take most of CI's 90

@@ -39,9 +39,7 @@
 //!   a fresh tree takes that long to tear down on real providers, where the
 //!   model's providers let go at once.
 
-// The skip line's one form, shared with cascade-guard's tests.
-#[path = "../../../cascade-guard/tests/support/skip.rs"]
-mod skip;
+use local_cluster::skip;
 
 use std::time::{Duration, Instant};
 

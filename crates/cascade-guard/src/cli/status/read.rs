@@ -17,8 +17,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::report::{
-    self, Report, SettingsFrom, SiblingHold, SiblingTrees, admission_sync, cascading_objects,
-    protected,
+    self, Cascading, Report, SettingsFrom, SiblingHold, SiblingTrees, admission_sync,
+    cascading_objects, protected,
 };
 use crate::Error;
 use crate::cluster::inputs::read_once;
@@ -56,21 +56,7 @@ pub async fn status(
             None
         }
     };
-    // What the running controller compiles with, unless told otherwise.
-    let published = controller
-        .as_ref()
-        .filter(|_| !use_flags)
-        .and_then(|c| c.settings.clone());
-    let (owned, settings_from) = match published {
-        Some(s) => (
-            ControllerFlags {
-                xrd_default_mode: s.xrd_default_mode,
-                compile: s.compile(),
-            },
-            SettingsFrom::Controller,
-        ),
-        None => (flags.clone(), SettingsFrom::Flags),
-    };
+    let (owned, settings_from) = settings_in_force(controller.as_ref(), flags, use_flags);
     let settings = &owned;
     let read = read_once(client, settings.xrd_default_mode).await?;
     if !read.cascade_policy_crd {
@@ -118,11 +104,57 @@ pub async fn status(
     );
     let resolution = &pass.resolution;
     problems.extend(resolution.problems.iter().map(ToString::to_string));
-    // What the API server's type check found wrong with the live policies,
-    // sibling order's hold policy and gate included (labelled apart): one
-    // that does not type-check holds nothing, or refuses every delete it
-    // sees.
-    problems.extend(type_check::problems(&typed_policies));
+    type_check_problems(client, &typed_policies, &mut problems).await;
+    let admission = admission_sync(&pass, &live);
+
+    let (cascading, sibling_trees) = being_deleted(
+        client,
+        &resolution.policies,
+        controller.as_ref(),
+        &mut problems,
+    )
+    .await;
+
+    let mut protected = protected(&pass.plan);
+    report::mark_missing_api_objects(&mut protected, &admission);
+    let static_protection = match static_protection::records(client).await {
+        Ok(records) if records.is_empty() => None,
+        Ok(records) => {
+            let server = static_protection::read_server_report(client).await.ok();
+            report::static_protection(&mut protected, &records, server.as_ref(), &mut problems)
+        }
+        Err(e) => {
+            problems.push(format!(
+                "cannot read the static manifests records, so static protection is not shown: {e}"
+            ));
+            None
+        }
+    };
+    let sibling_holds = sibling_holds(client, controller.as_ref(), &mut problems).await;
+    Ok(Report {
+        xrd_default_mode: settings.xrd_default_mode,
+        protected,
+        admission,
+        cascading,
+        problems,
+        static_protection,
+        controller,
+        settings_from,
+        sibling_holds,
+        sibling_trees,
+    })
+}
+
+/// What the API server's type check found wrong with the live policies,
+/// sibling order's hold policy and gate included (labelled apart): one
+/// that does not type-check holds nothing, or refuses every delete it
+/// sees.
+async fn type_check_problems(
+    client: &Client,
+    typed_policies: &[ValidatingAdmissionPolicy],
+    problems: &mut Vec<String>,
+) {
+    problems.extend(type_check::problems(typed_policies));
     let sibling_order = ListParams::default().labels(&format!(
         "{}=true",
         crate::policy::sibling::hold_policy::SIBLING_ORDER_LABEL
@@ -136,27 +168,57 @@ pub async fn status(
             "cannot read sibling order's admission policies: {e}"
         )),
     }
-    let admission = admission_sync(&pass, &live);
+}
 
+/// The settings status compiles with: the running controller's, unless
+/// told to use the flags (or no controller published its own).
+fn settings_in_force(
+    controller: Option<&running::Running>,
+    flags: &ControllerFlags,
+    use_flags: bool,
+) -> (ControllerFlags, SettingsFrom) {
+    let published = controller
+        .filter(|_| !use_flags)
+        .and_then(|c| c.settings.clone());
+    match published {
+        Some(s) => (
+            ControllerFlags {
+                xrd_default_mode: s.xrd_default_mode,
+                compile: s.compile(),
+            },
+            SettingsFrom::Controller,
+        ),
+        None => (flags.clone(), SettingsFrom::Flags),
+    }
+}
+
+/// The protected objects being deleted, longest first: of the kinds the
+/// policies name, and held ones of kinds no policy names (they lost it while
+/// the controller was down: the controller finishes them when it starts);
+/// with the trees sibling order ordered, when it runs.
+async fn being_deleted(
+    client: &Client,
+    policies: &[Policy],
+    controller: Option<&running::Running>,
+    problems: &mut Vec<String>,
+) -> (Vec<Cascading>, Option<SiblingTrees>) {
     let now = Timestamp::now();
     let mut cascading = Vec::new();
-    let kinds = distinct_kinds(&resolution.policies);
-    let marks = ordered_trees(client, controller.as_ref(), &mut problems).await;
+    let kinds = distinct_kinds(policies);
+    let marks = ordered_trees(client, controller, problems).await;
     let mut sibling_trees = marks.as_ref().map(|_| SiblingTrees::default());
     for kind in &kinds {
         match deleting(client, kind).await {
             Ok(objects) => {
                 cascading.extend(cascading_objects(&kind.to_string(), &objects, now));
                 if let (Some(trees), Some(marks)) = (sibling_trees.as_mut(), marks.as_ref()) {
-                    let roots = ordered_roots(&resolution.policies, kind, &objects);
+                    let roots = ordered_roots(policies, kind, &objects);
                     trees.add(&kind.kind, &roots, marks);
                 }
             }
             Err(e) => problems.push(format!("cannot list objects of {kind}: {e}")),
         }
     }
-    // Held objects of kinds no policy names (they lost it while the
-    // controller was down): the controller finishes them when it starts.
     match held::scan(client, held::Depth::Every).await {
         Ok(scan) => {
             for holding in scan.holding {
@@ -200,24 +262,16 @@ pub async fn status(
             .cmp(&a.age_seconds)
             .then_with(|| (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name)))
     });
+    (cascading, sibling_trees)
+}
 
-    let mut protected = protected(&pass.plan);
-    report::mark_missing_api_objects(&mut protected, &admission);
-    let static_protection = match static_protection::records(client).await {
-        Ok(records) if records.is_empty() => None,
-        Ok(records) => {
-            let server = static_protection::read_server_report(client).await.ok();
-            report::static_protection(&mut protected, &records, server.as_ref(), &mut problems)
-        }
-        Err(e) => {
-            problems.push(format!(
-                "cannot read the static manifests records, so static protection is not shown: {e}"
-            ));
-            None
-        }
-    };
-    // What sibling order holds: its ConfigMap, in the controller's namespace.
-    let sibling_holds = match controller.as_ref() {
+/// What sibling order holds: its ConfigMap, in the controller's namespace.
+async fn sibling_holds(
+    client: &Client,
+    controller: Option<&running::Running>,
+    problems: &mut Vec<String>,
+) -> Vec<SiblingHold> {
+    match controller {
         None => Vec::new(),
         Some(c) => match holds::read(client, &c.namespace).await {
             Ok(held) => held
@@ -242,19 +296,7 @@ pub async fn status(
                 Vec::new()
             }
         },
-    };
-    Ok(Report {
-        xrd_default_mode: settings.xrd_default_mode,
-        protected,
-        admission,
-        cascading,
-        problems,
-        static_protection,
-        controller,
-        settings_from,
-        sibling_holds,
-        sibling_trees,
-    })
+    }
 }
 
 /// How sibling order last read each tree (its record, decoded), when a

@@ -67,6 +67,17 @@ const TREES_SHOWN: usize = 20;
 
 pub fn render_text(report: &Report) -> String {
     let mut out = String::new();
+    controller_section(&mut out, report);
+    protected_section(&mut out, report);
+    admission_section(&mut out, report);
+    sibling_order_section(&mut out, report);
+    cascading_section(&mut out, report);
+    problems_section(&mut out, report);
+    out
+}
+
+/// The controller: running or not, and which settings status compared by.
+fn controller_section(out: &mut String, report: &Report) {
     let compiled_with = match report.settings_from {
         SettingsFrom::Controller => "compared with what it compiles, by its own settings",
         SettingsFrom::Flags => "compared by status's own flags (--xrd-default-mode, --gc-*, ...)",
@@ -94,6 +105,10 @@ pub fn render_text(report: &Report) -> String {
             "CONTROLLER: NOT RUNNING: no Lease found (--leader-election-id); nothing puts the admission objects back or converts deletes; {compiled_with}\n"
         ),
     };
+}
+
+/// The protected kinds, by what, with what the API server serves statically.
+fn protected_section(out: &mut String, report: &Report) {
     let _ = writeln!(out, "PROTECTED ({})", report.protected.len());
     if report.protected.is_empty() {
         let _ = writeln!(out, "  nothing: no XRDs and no CascadePolicies");
@@ -126,12 +141,15 @@ pub fn render_text(report: &Report) -> String {
             }
             rows.push(row);
         }
-        table(&mut out, &rows);
+        table(out, &rows);
     }
     if let Some(st) = &report.static_protection {
-        static_section(&mut out, st);
+        static_section(out, st);
     }
+}
 
+/// cascade-guard's admission objects against what the policies compile to.
+fn admission_section(out: &mut String, report: &Report) {
     let sync = &report.admission;
     if sync.in_sync {
         let _ = writeln!(
@@ -167,13 +185,16 @@ pub fn render_text(report: &Report) -> String {
                 d.detail.clone().unwrap_or_default(),
             ]);
         }
-        table(&mut out, &rows);
+        table(out, &rows);
         let _ = writeln!(
             out,
             "  The controller (its leader) puts them right within a second; if it does not, check that it runs and its log."
         );
     }
+}
 
+/// What sibling order holds, and the trees it ordered or not.
+fn sibling_order_section(out: &mut String, report: &Report) {
     if !report.sibling_holds.is_empty() {
         let _ = writeln!(
             out,
@@ -187,7 +208,7 @@ pub fn render_text(report: &Report) -> String {
                 .iter()
                 .map(|h| (&h.kind, &h.namespace, &h.name, &h.waits_for)),
         );
-        table(&mut out, &rows);
+        table(out, &rows);
     }
 
     if let Some(trees) = &report.sibling_trees {
@@ -212,7 +233,7 @@ pub fn render_text(report: &Report) -> String {
                     .take(TREES_SHOWN)
                     .map(|t| (&t.kind, &t.namespace, &t.name, &t.why)),
             );
-            table(&mut out, &rows);
+            table(out, &rows);
             // A controller down with 100,000 roots would list them all:
             // the first few, then how many more, by reason (-o json has all).
             let more = trees.not_ordered.len().saturating_sub(TREES_SHOWN);
@@ -228,7 +249,10 @@ pub fn render_text(report: &Report) -> String {
             }
         }
     }
+}
 
+/// The protected objects being deleted.
+fn cascading_section(out: &mut String, report: &Report) {
     if report.cascading.is_empty() {
         let _ = writeln!(out, "\nCASCADING: no protected object is being deleted");
     } else {
@@ -257,21 +281,23 @@ pub fn render_text(report: &Report) -> String {
                 c.finalizers.join(","),
             ]);
         }
-        table(&mut out, &rows);
+        table(out, &rows);
         for c in &report.cascading {
             if let Some(note) = &c.stalled {
                 let _ = writeln!(out, "  {} {} stalled: {note}", c.kind, c.name);
             }
         }
     }
+}
 
+/// What could not be read or made sense of.
+fn problems_section(out: &mut String, report: &Report) {
     if !report.problems.is_empty() {
         let _ = writeln!(out, "\nPROBLEMS ({})", report.problems.len());
         for p in &report.problems {
             let _ = writeln!(out, "  {p}");
         }
     }
-    out
 }
 
 /// Left-aligned columns, two spaces apart, indented by two.

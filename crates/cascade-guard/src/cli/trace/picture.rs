@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::view::{Key, Node, State, Trace};
 use crate::cli::plan::picture::{self, Line, LineKind, Picture, Shape, Wave};
-use crate::policy::sibling::holds_record::HoldEntry;
 use crate::policy::holders::describe_finalizer;
 use crate::policy::names::{FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER};
+use crate::policy::sibling::holds_record::HoldEntry;
 use crate::policy::sibling::object::ObjectRef;
 
 /// What sibling order holds now, as its record says.

@@ -4,7 +4,7 @@
 //! in-process fake API server.
 
 use kube::api::{DeleteParams, DynamicObject, Preconditions, PropagationPolicy};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::{Api, Client, Resource};
 use serde_json::Value;
 
@@ -90,8 +90,8 @@ pub(super) async fn let_go_all(client: &Client, kinds: &ServedKinds, objects: &[
     }
 }
 
-/// An Event on a tree's root; one that cannot be published is only logged
-/// (at debug: the root may be leaving, its namespace terminating).
+/// An Event on a tree's root, through the one publisher (a terminating
+/// namespace's refusal expected, anything else logged).
 pub(super) async fn event(
     recorder: &Recorder,
     root: &DynamicObject,
@@ -118,16 +118,8 @@ pub(super) async fn event(
         plural: String::new(),
     };
     let reference = root.object_ref(&resource);
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(crate::controller::sync::limits::event_note(note)),
-        action: "SiblingOrder".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &reference).await {
-        tracing::debug!(error = %e, "sibling order: cannot publish event");
-    }
+    crate::cluster::events::publish(recorder, &reference, type_, "SiblingOrder", reason, note)
+        .await;
 }
 
 pub(super) fn describe(action: &Action) -> String {

@@ -7,7 +7,7 @@
 //! pure function of the inputs plus an apply.
 
 pub(crate) mod apply;
-pub(crate) mod limits;
+pub(crate) use crate::cluster::limits;
 pub(crate) mod managed;
 pub(crate) mod publish;
 pub(crate) mod sources;

@@ -9,14 +9,15 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::apply::Outcome;
-use super::limits::{condition_message, event_note};
+use super::limits::condition_message;
 use super::type_check;
 use crate::api::{CascadePolicy, CascadePolicyStatus};
+use crate::cluster::events;
 use crate::policy::{Mode, Problem, Severity, Source, Subject};
 
 pub const READY: &str = "Ready";
@@ -93,16 +94,15 @@ impl Publisher {
                 let Some(reference) = &reference else {
                     continue;
                 };
-                let event = Event {
-                    type_: EventType::Warning,
-                    reason: problem.reason.to_string(),
-                    note: Some(event_note(&problem.message)),
-                    action: "Compile".into(),
-                    secondary: None,
-                };
-                if let Err(e) = recorder.publish(&event, reference).await {
-                    tracing::warn!(%subject, error = %e, "cannot publish event");
-                }
+                events::publish(
+                    &recorder,
+                    reference,
+                    EventType::Warning,
+                    "Compile",
+                    problem.reason,
+                    &problem.message,
+                )
+                .await;
             }
         }
         self.published = now;

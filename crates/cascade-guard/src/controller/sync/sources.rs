@@ -20,8 +20,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{Mutex, Notify};
 
 use crate::api::CascadePolicy;
+use crate::cluster::backoff::{WatchBackoff, delivers, log_watch_error};
 use crate::cluster::inputs::{discover_kinds, is_not_found, xrd_resource};
-use crate::controller::backoff::{WatchBackoff, delivers, log_watch_error};
 use crate::policy::Mode;
 use crate::policy::plan::Known;
 use crate::policy::resolve::{CascadePolicyInput, Inputs, XrdInput};

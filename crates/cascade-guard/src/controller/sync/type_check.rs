@@ -10,12 +10,13 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::{Resource, ResourceExt};
 
-use super::limits::{condition_message, event_note};
+use super::limits::condition_message;
 use super::sources::WatchCache;
 use crate::api::CascadePolicy;
+use crate::cluster::events;
 use crate::cluster::type_check::{TypeCheck, TypeWarning, describe};
 use crate::controller::telemetry::Metrics;
 use crate::policy::Source;
@@ -142,16 +143,15 @@ impl Reporting {
                         .map(|p| p.object_ref(&())),
                 };
                 if let Some(reference) = reference {
-                    let event = Event {
-                        type_: EventType::Warning,
-                        reason: REASON.into(),
-                        note: Some(event_note(&message)),
-                        action: "TypeCheck".into(),
-                        secondary: None,
-                    };
-                    if let Err(e) = self.recorder.publish(&event, &reference).await {
-                        tracing::warn!(%source, error = %e, "cannot publish event");
-                    }
+                    events::publish(
+                        &self.recorder,
+                        &reference,
+                        EventType::Warning,
+                        "TypeCheck",
+                        REASON,
+                        &message,
+                    )
+                    .await;
                 }
             }
             now.insert(policy.clone(), warnings);

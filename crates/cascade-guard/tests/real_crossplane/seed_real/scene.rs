@@ -151,7 +151,7 @@ impl Scene {
     /// Waits until sibling order holds the object (an entry in its
     /// ConfigMap), within the bound of [`Scene::wait_labelled`].
     pub(crate) async fn wait_held(&self, resource: &ApiResource, ns: Option<&str>, name: &str) {
-        let held = support::wait_sibling_held(
+        let held = cascade_guard_testkit::wait_sibling_held(
             &self.client,
             LEASE_NAMESPACE,
             resource,

@@ -1,5 +1,5 @@
 //! Random shapes of real-Crossplane trees, torn down by random clients, with
-//! the invariant over every edge (`support::invariant`) checked for each.
+//! the invariant over every edge (`cascade_guard_testkit::invariant`) checked for each.
 //!
 //! The randomized test above draws one shape (the seed's tree, with or
 //! without its Usage) and kills parts of the stack; this one draws the
@@ -84,7 +84,7 @@ enum Shape {
 }
 
 impl Shape {
-    fn draw(rng: &mut support::rng::Rng) -> Self {
+    fn draw(rng: &mut cascade_guard_testkit::rng::Rng) -> Self {
         match rng.below(6) {
             0 => Shape::Seed {
                 usage: rng.chance(2),
@@ -131,7 +131,7 @@ impl How {
     /// claims are not guarded); a namespace deletion only of a namespace
     /// without managed resources, under Convert or Off (Refuse refuses the
     /// namespace controller's Background deletes, by design).
-    fn draw(rng: &mut support::rng::Rng, shape: Shape, mode: Mode) -> Self {
+    fn draw(rng: &mut cascade_guard_testkit::rng::Rng, shape: Shape, mode: Mode) -> Self {
         let mut clients = vec![
             How::KubectlPlain,
             How::KubectlForeground,
@@ -176,7 +176,12 @@ struct Plan {
 impl Plan {
     /// Tree `i` of round `round` (of `rounds`): its shape, mode, client,
     /// delay and, when guarded, its guards' releases.
-    fn draw(rng: &mut support::rng::Rng, round: usize, rounds: usize, i: usize) -> Self {
+    fn draw(
+        rng: &mut cascade_guard_testkit::rng::Rng,
+        round: usize,
+        rounds: usize,
+        i: usize,
+    ) -> Self {
         let shape = Shape::draw(rng);
         // Off now and then: its broken edges are the seed's failure,
         // measured (and its wedges cost minutes).
@@ -345,7 +350,7 @@ async fn wait_ready(client: &Client, target: &Target, what: &str) -> DynamicObje
 async fn wait_sibling_hold(client: &Client, target: &Target, mode: Mode, what: &str) {
     if mode != Mode::Off {
         // The bound of a hold that never comes, as the scene's (240 s).
-        let held = crate::support::wait_sibling_held(
+        let held = cascade_guard_testkit::wait_sibling_held(
             client,
             crate::LEASE_NAMESPACE,
             &target.resource,
@@ -854,7 +859,7 @@ impl Built {
         states_of(&self.client, &self.objects).await
     }
 
-    /// The tree as it is now, for `support::invariant::edges`: every
+    /// The tree as it is now, for `cascade_guard_testkit::invariant::edges`: every
     /// object, the kubeconfig Secret of each cloud cluster (data left out)
     /// and the ProviderConfigUsages of its managed resources.
     async fn snapshot(&self) -> Vec<Value> {
@@ -1683,7 +1688,7 @@ fn assert_crossplane_never_refused(stack: &Stack, built: &Built) {
 async fn random_shapes_keep_every_edge() {
     let _clock = TestClock::start();
     let stack = stack().await;
-    let mut rng = support::rng::Rng::from_env("seed_real random shapes");
+    let mut rng = cascade_guard_testkit::rng::Rng::from_env("seed_real random shapes");
     let seed = rng.0;
     let trees: usize = env_number("CASCADE_GUARD_REAL_SHAPES").unwrap_or(6);
     // scripts/soak.sh runs many rounds, each with faults.
@@ -1760,7 +1765,7 @@ async fn random_shapes_keep_every_edge() {
             None
         };
         // Each tree's objects before the first delete and the first fault:
-        // every edge they state (support::invariant) is checked after its
+        // every edge they state (cascade_guard_testkit::invariant) is checked after its
         // teardown.
         let snapshots: Vec<Vec<Value>> =
             futures::future::join_all(built.iter().map(Built::snapshot)).await;

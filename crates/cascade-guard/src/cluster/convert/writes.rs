@@ -9,7 +9,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use super::Meta;
-use crate::controller::MANAGER;
+use crate::policy::names::FIELD_MANAGER as MANAGER;
 use crate::policy::names::{
     CONVERTED_ANNOTATION, FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER,
 };

@@ -17,7 +17,7 @@ use crate::policy::{ComposedResource, composed_resources};
 const LOOKUPS_AT_ONCE: usize = 8;
 
 /// Where the lookups go: the XR's kind, and its composed kinds' discovery.
-pub(in crate::controller) struct Lookup<'a> {
+pub(crate) struct Lookup<'a> {
     pub client: &'a Client,
     pub resource: &'a ApiResource,
     pub discoveries: &'a Discoveries,
@@ -26,11 +26,7 @@ pub(in crate::controller) struct Lookup<'a> {
 impl Lookup<'_> {
     /// The XR's blocking dependents, counted for the decision and described
     /// for the stall clock.
-    pub(in crate::controller) async fn dependents(
-        &self,
-        object: &Meta,
-        uid: &str,
-    ) -> (Dependents, Vec<Left>) {
+    pub(crate) async fn dependents(&self, object: &Meta, uid: &str) -> (Dependents, Vec<Left>) {
         let namespace = object.namespace();
         let full: Api<DynamicObject> = match &namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, self.resource),

@@ -471,7 +471,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub fn is_broken(&self) -> bool {
+    fn is_broken(&self) -> bool {
         matches!(self, Verdict::Broken { .. })
     }
 }
@@ -568,10 +568,7 @@ pub fn judge(edge: &Edge, fate: impl Fn(&ObjectRef) -> Option<Fate>) -> Verdict 
 }
 
 /// Every edge with its verdict.
-pub fn judge_all(
-    edges: &[Edge],
-    fate: impl Fn(&ObjectRef) -> Option<Fate>,
-) -> Vec<(&Edge, Verdict)> {
+fn judge_all(edges: &[Edge], fate: impl Fn(&ObjectRef) -> Option<Fate>) -> Vec<(&Edge, Verdict)> {
     edges.iter().map(|e| (e, judge(e, &fate))).collect()
 }
 
@@ -654,8 +651,7 @@ pub fn tally(verdicts: &[(&Edge, Verdict)]) -> String {
 }
 
 /// The rules and the checker on a small InferenceCluster-shaped snapshot.
-/// A `#[test]` of the support module, so it runs in every test binary that
-/// includes it: it touches nothing but memory.
+/// A unit test of the testkit: it touches nothing but memory.
 #[test]
 fn invariant_edges_and_verdicts_table() {
     let ns = Some("mp");

@@ -1,9 +1,14 @@
-//! Shared by cascade-guard's integration tests: one real control plane per test
-//! binary, with Crossplane's XRD CRD, cascade-guard's CascadePolicy CRD and the
-//! test kinds installed before the garbage collector starts, and the real
-//! `cascade-guard run` process against it.
-#![allow(dead_code)]
+//! What cascade-guard's integration tests share (a dev-dependency, never
+//! published): one real control plane per test binary, with Crossplane's XRD
+//! CRD, cascade-guard's CascadePolicy CRD and the test kinds installed before
+//! the garbage collector starts, and the real `cascade-guard run` process
+//! against it (here); the platform on real Crossplane (`platform`), trees and
+//! their timelines (`tree`), the invariant over every edge (`invariant`), the
+//! chart and the image (`chart`, `image`), the API server's audit log checked
+//! before it is read (`audit_log`), and a seeded random source whose seed every
+//! failure prints (`rng`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use cascade_guard::api::CascadePolicy;
@@ -16,9 +21,39 @@ use local_cluster::{ControlPlane, Options, crossplane, wait};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
+pub mod audit_log;
+pub mod chart;
+pub mod image;
 pub mod invariant;
+pub mod no_cluster;
+pub mod picture;
+pub mod platform;
 pub mod rng;
+pub mod tab;
 pub mod tree;
+
+/// The `cascade-guard` binary the running test was built with. Cargo builds
+/// a package's binaries for its integration tests, beside the directory of
+/// the test executables (`target/<profile>/deps/`); the path it compiles
+/// into a test (`CARGO_BIN_EXE_cascade-guard`) is not given to a library, so
+/// it is found from the test's own path.
+pub fn binary() -> PathBuf {
+    let test = std::env::current_exe().expect("the running test's path");
+    let deps = test.parent().expect("a test executable is in a directory");
+    let profile = if deps.ends_with("deps") {
+        deps.parent().unwrap_or(deps)
+    } else {
+        deps
+    };
+    let binary = profile.join(format!("cascade-guard{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.is_file(),
+        "no cascade-guard binary at {} (beside the test {}): run the tests through cargo test -p cascade-guard, which builds it",
+        binary.display(),
+        test.display()
+    );
+    binary
+}
 
 pub const GROUP: &str = "table.cascade-guard.dev";
 /// A finalizer no controller handles: tests remove it to let an object go.
@@ -304,7 +339,7 @@ impl Env {
     /// Starts `cascade-guard run` (as [`CONTROLLER_USER`]) with `extra` flags;
     /// returns its index for [`Env::kill_controller`].
     pub fn start_controller(&self, extra: &[&str]) -> usize {
-        let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_cascade-guard"));
+        let binary = binary();
         let mut args = vec![
             "run".to_string(),
             format!(
@@ -682,7 +717,11 @@ pub async fn merge_patch(
     send(client, request).await
 }
 
-async fn send(client: &Client, request: http::Request<kube::client::Body>) -> DeleteOutcome {
+/// Sends `request` (a delete or a patch): the API server's answer.
+pub(crate) async fn send(
+    client: &Client,
+    request: http::Request<kube::client::Body>,
+) -> DeleteOutcome {
     let response = client.send(request).await.expect("the API server answered");
     let code = response.status().as_u16();
     let warnings = response

@@ -4,8 +4,8 @@
 //!
 //! `cascade-guard-test: SKIPPED <test>: <reason>`
 //!
-//! Included by `#[path]` wherever a test can skip, the harness crate's tests
-//! too, so that the form is written in one place.
+//! Here, in the harness both crates' tests use, so that the form is written
+//! in one place.
 
 use std::io::Write;
 

@@ -17,8 +17,8 @@ use super::discovery::Discoveries;
 use super::events;
 use super::intake::Census;
 use super::kinds::ConvertKind;
+use super::metrics::ConvertMetrics;
 use super::writes::object_api;
-use crate::controller::telemetry::Metrics;
 use crate::policy::Shape;
 use crate::policy::cascade::{Carry, Memory, Observed, Reach};
 use crate::policy::stall::Clock;
@@ -32,7 +32,7 @@ pub(super) struct Context {
     pub stall_after: Duration,
     pub label: String,
     pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<dyn ConvertMetrics>,
     /// Each cascade's progress, by UID.
     pub clocks: Mutex<HashMap<String, Clock>>,
     memory: Mutex<HashMap<String, Memory>>,
@@ -51,7 +51,7 @@ pub(super) struct Setting {
     pub carry: Carry,
     pub stall_after: Duration,
     pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<dyn ConvertMetrics>,
 }
 
 impl Context {
@@ -93,7 +93,7 @@ impl Context {
                 restart_after: Some(crate::policy::cascade::RESTART_AFTER),
             },
             stall_after,
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(super::metrics::Uncounted),
         };
         let kind = ConvertKind {
             kind: crate::policy::ProtectedKind {

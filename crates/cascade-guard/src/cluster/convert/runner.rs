@@ -19,12 +19,13 @@ use super::Meta;
 use super::context::{Context, Setting};
 use super::intake;
 use super::kinds::{ConvertKind, is_served, kind_key};
+use super::metrics::ConvertMetrics;
 use super::steps::{error_policy, reconcile};
 use super::writes::{self, changed_since, is_stale};
+use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::served_resource;
-use crate::controller::backoff::WatchBackoff;
-use crate::controller::sibling_order::Feed;
-use crate::controller::telemetry::Metrics;
+// Sibling order's index, fed by Convert's watches: still the controller's.
+use crate::cluster::watch_tap::Taps;
 use crate::policy::ProtectedKind;
 use crate::policy::cascade::{Carry, Reach};
 use crate::policy::names::{CONVERTED_ANNOTATION, FOREGROUND_CASCADE_FINALIZER};
@@ -54,20 +55,20 @@ const LIST_PAGE_SIZE: u32 = 100;
 pub struct Converter {
     client: Client,
     recorder: Recorder,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn ConvertMetrics>,
     running: BTreeMap<String, Running>,
     holds: Arc<Semaphore>,
     carry: Carry,
     stall_after: Duration,
     /// Sibling order's index, fed by each kind's watch.
-    feed: Option<Feed>,
+    feed: Option<Arc<dyn Taps>>,
 }
 
 /// How long a cascade may make no progress before it is reported stalled.
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(600);
 
 impl Converter {
-    pub fn new(client: Client, recorder: Recorder, metrics: Arc<Metrics>) -> Self {
+    pub fn new(client: Client, recorder: Recorder, metrics: Arc<dyn ConvertMetrics>) -> Self {
         Self {
             client,
             recorder,
@@ -83,7 +84,7 @@ impl Converter {
     }
 
     /// Each kind's watch also feeds sibling order's index.
-    pub fn with_feed(mut self, feed: Option<Feed>) -> Self {
+    pub fn with_feed(mut self, feed: Option<Arc<dyn Taps>>) -> Self {
         self.feed = feed;
         self
     }
@@ -105,7 +106,11 @@ impl Converter {
 
     /// For `uninstall`: deleting objects are let go once the garbage
     /// collector's foreground cascade holds them.
-    pub fn for_uninstall(client: Client, recorder: Recorder, metrics: Arc<Metrics>) -> Self {
+    pub fn for_uninstall(
+        client: Client,
+        recorder: Recorder,
+        metrics: Arc<dyn ConvertMetrics>,
+    ) -> Self {
         Self {
             carry: Carry::ToTheGarbageCollector,
             ..Self::new(client, recorder, metrics)

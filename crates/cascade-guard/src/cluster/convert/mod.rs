@@ -14,20 +14,22 @@
 //! [`Reach`]: crate::policy::cascade::Reach
 
 mod context;
-pub(super) mod dependents;
-pub(super) mod discovery;
-pub(super) mod events;
+pub(crate) mod dependents;
+pub(crate) mod discovery;
+pub(crate) mod events;
 mod intake;
 mod kinds;
+mod metrics;
 mod progress;
 mod runner;
 mod steps;
 mod writes;
 
 pub use kinds::{ConvertKind, convert_kinds, kind_key};
+pub use metrics::{ConvertMetrics, Uncounted};
 pub use runner::{Converter, DEFAULT_STALL_AFTER};
 
 use kube::api::{DynamicObject, PartialObjectMeta};
 
 /// Convert reads and writes objects by their metadata alone.
-pub(super) type Meta = PartialObjectMeta<DynamicObject>;
+pub(crate) type Meta = PartialObjectMeta<DynamicObject>;

@@ -26,7 +26,7 @@ const REDISCOVER_AFTER: Duration = Duration::from_secs(60);
 
 /// The composed kinds discovered so far, by (apiVersion, kind).
 #[derive(Default)]
-pub(in crate::controller) struct Discoveries {
+pub(crate) struct Discoveries {
     known: Mutex<HashMap<(String, String), Discovery>>,
 }
 

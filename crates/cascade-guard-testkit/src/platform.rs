@@ -6,7 +6,6 @@
 //! The deletion policy of the six XR kinds is cluster-wide (an annotation on
 //! each XRD), so tests take a [`Gate`] for the modes they need: tests that need
 //! the same modes run together, others wait.
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex as StdMutex;
@@ -22,10 +21,10 @@ use local_cluster::model::{self, Model, ObjectRef, usage};
 use local_cluster::process::{self, Lifetime, Process};
 use local_cluster::timeline::Timeline;
 use local_cluster::{Binaries, ControlPlane, Options, wait};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::{Notify, OnceCell};
 
-use crate::support::{CONTROLLER_USER, DeleteOutcome, DeleteSpec};
+use crate::{CONTROLLER_USER, DeleteOutcome, DeleteSpec};
 
 pub const POLICY_ANNOTATION: &str = "cascade-guard.dev/deletion-policy";
 pub const HOLD_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
@@ -81,10 +80,10 @@ async fn start() -> Platform {
     for ns in [SYSTEM_NAMESPACE, PROBES] {
         create_namespace(&client, ns).await;
     }
-    let xrds = crate::support::xrd_api(&client);
+    let xrds = crate::xrd_api(&client);
     for mut xrd in modelplane::xrds().expect("XRD fixtures") {
         xrd["metadata"]["annotations"] = json!({ POLICY_ANNOTATION: "Off" });
-        crate::support::create(&xrds, xrd).await;
+        crate::create(&xrds, xrd).await;
     }
     for (i, kind) in modelplane::xr_kinds().iter().enumerate() {
         let mut probe = DynamicObject::new("probe", kind).data(json!({
@@ -168,7 +167,7 @@ impl Platform {
         ];
         let process = process::spawn(
             &format!("cascade-guard-{n}"),
-            std::path::Path::new(env!("CARGO_BIN_EXE_cascade-guard")),
+            &crate::binary(),
             &args,
             &self.cp.log_path(&format!("cascade-guard-{n}")),
             Lifetime::Owned,
@@ -249,7 +248,7 @@ impl Platform {
 
     async fn apply(&self, modes: Modes) {
         let client = self.admin().await;
-        let xrds = crate::support::xrd_api(&client);
+        let xrds = crate::xrd_api(&client);
         for (kind, mode) in modelplane::xr_kinds().iter().zip(modes) {
             let name = format!("{}.{}", kind.plural, kind.group);
             xrds.patch(
@@ -370,25 +369,11 @@ pub async fn delete(
         .header("Content-Type", "application/json")
         .body(kube::client::Body::from(body))
         .expect("request");
-    let response = client.send(request).await.expect("the API server answered");
-    let code = response.status().as_u16();
-    let bytes = http_body_util::BodyExt::collect(response.into_body())
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let message = serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|v| v["message"].as_str().map(str::to_string))
-        .unwrap_or_default();
-    DeleteOutcome {
-        code,
-        message,
-        warnings: Vec::new(),
-    }
+    crate::send(client, request).await
 }
 
 /// Every kind the scenarios' trees are made of.
-pub fn watched_kinds() -> Vec<ApiResource> {
+fn watched_kinds() -> Vec<ApiResource> {
     let mut kinds = modelplane::xr_kinds().to_vec();
     kinds.extend([usage::usages(), usage::cluster_usages()]);
     kinds.extend(ProviderKind::all().into_iter().map(|p| p.resource));

@@ -10,8 +10,6 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-const BIN: &str = env!("CARGO_BIN_EXE_cascade-guard");
-
 /// `shell`'s script in a file of its own: tests run at once, and one must
 /// not read another's half-written script.
 fn script_file(shell: &str) -> std::path::PathBuf {
@@ -27,7 +25,7 @@ fn script_file(shell: &str) -> std::path::PathBuf {
 }
 
 pub fn script(shell: &str) -> String {
-    let out = Command::new(BIN)
+    let out = Command::new(crate::binary())
         .args(["completion", shell])
         .output()
         .expect("cascade-guard runs");
@@ -81,7 +79,8 @@ pub fn fish(line: &str, env: &[(&str, &Path)]) -> Vec<String> {
 /// Runs a shell with the binary first on PATH, `env` set and KUBECONFIG
 /// only as `env` gives it; its stdout's lines.
 fn run(mut command: Command, env: &[(&str, &Path)]) -> Vec<String> {
-    let bin_dir = Path::new(BIN).parent().expect("the binary's directory");
+    let bin = crate::binary();
+    let bin_dir = bin.parent().expect("the binary's directory");
     command
         .env(
             "PATH",

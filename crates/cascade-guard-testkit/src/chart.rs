@@ -1,9 +1,9 @@
-//! The Helm chart on the real control plane, for tests/api_server/install.rs: render it
+//! The Helm chart on the real control plane, for cascade-guard's tests/api_server/install.rs: render it
 //! with the pinned helm (HELM_BIN, installed by scripts/test.sh), apply what it
 //! renders as `helm install` and `helm upgrade` would (server-side apply, then
 //! removing what the new render no longer has), delete it as `helm uninstall`
 //! would, and run `cascade-guard run` exactly as the chart's Deployment would:
-//! the binary of its image (tests/support/image.rs takes it out), its args,
+//! the binary of its image ([`crate::image`] takes it out), its args,
 //! its environment, its ServiceAccount's identity and nothing more.
 
 use std::collections::BTreeSet;
@@ -341,7 +341,7 @@ impl Drop for Replica {
 /// Runs the cascade-guard CLI as the admin (`status`, `uninstall`), as an
 /// operator would from their workstation.
 pub fn cli(cp: &ControlPlane, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_cascade-guard"))
+    let out = Command::new(crate::binary())
         .args(args)
         .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
         .output()
