@@ -60,6 +60,67 @@ pub struct CelPolicy {
 /// finalizer rule; only composite resources get the nothing-to-cascade rule.
 pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelPolicy {
     let rules = rules(mode, shape);
+    let variables = variables(mode, shape, settings);
+
+    // The same rules with the garbage collector's first: it reads only the
+    // username, and its deletes are the commonest allowed ones. The API
+    // server converts the DeleteOptions (`request.options`) and the stored
+    // object (`oldObject`) for the first expression that reads each, tens of
+    // µs apiece (BENCHMARKS.md, run 8), so the GC's deletes are decided
+    // without either (under the controller-manager's identity it still needs
+    // the UID precondition); the rest keep rule order, which reads the
+    // options before the object. `||` in CEL is commutative, errors included,
+    // so the order changes no verdict, only what is evaluated before the
+    // first true rule.
+    let validation = garbage_collector_first(&rules)
+        .map(|(_, cond)| wrap(cond))
+        .collect::<Vec<_>>()
+        .join(" || ");
+    let refusal_condition = format!("!({})", inline_variables(&validation, &variables));
+
+    // Nested conditionals in rule order, so the annotation names the same
+    // rule the decision table reports.
+    let mut decision_expression = String::new();
+    for (reason, cond) in &rules {
+        let _ = write!(
+            decision_expression,
+            "{} ? 'allowed: {}' : ",
+            wrap(cond),
+            reason.as_str()
+        );
+    }
+    decision_expression.push_str("'refused: ' + variables.sent");
+
+    let what_it_leaves = what_it_leaves(shape);
+    // The fixed message, for when the expression cannot be evaluated.
+    let fix = match shape {
+        Shape::Claim => "set the claim's spec.compositeDeletePolicy to Foreground, then delete it",
+        _ => "use kubectl delete --cascade=foreground",
+    };
+    let message_expression = refusal::message_expression(mode, shape);
+    let message = match mode {
+        Mode::Warn => format!(
+            "cascade-guard warning: this delete does not cascade in the foreground and can leave {what_it_leaves} to wedge; {fix}"
+        ),
+        _ => format!(
+            "cascade-guard refused this delete: it would not cascade in the foreground and could leave {what_it_leaves} to wedge: {fix}, or set the annotation {BREAK_GLASS_ANNOTATION} to a reason to abandon the object on purpose"
+        ),
+    };
+
+    CelPolicy {
+        variables,
+        validation,
+        refusal_condition,
+        message_expression,
+        message,
+        reason: REFUSAL_REASON,
+        decision_expression,
+    }
+}
+
+/// The variables the rules of one mode and shape read, in the order they
+/// are defined (each may read those before it).
+fn variables(mode: Mode, shape: Shape, settings: &CompileSettings) -> Vec<CelVariable> {
     // Optional fields (`a.?b.orValue(x)`, CEL since Kubernetes 1.28) where
     // `has(a.b) ? a.b : x` would resolve the path twice: the match condition
     // reads these on every protected delete (BENCHMARKS.md, run 9).
@@ -152,61 +213,7 @@ pub fn compile_cel(mode: Mode, shape: Shape, settings: &CompileSettings) -> CelP
             "request.resource.resource + (request.resource.group == '' ? '' : '.' + request.resource.group) + ' ' + oldObject.metadata.name + (variables.objectNamespace == '' ? '' : ' -n ' + variables.objectNamespace)",
         ),
     ]);
-
-    // The same rules with the garbage collector's first: it reads only the
-    // username, and its deletes are the commonest allowed ones. The API
-    // server converts the DeleteOptions (`request.options`) and the stored
-    // object (`oldObject`) for the first expression that reads each, tens of
-    // µs apiece (BENCHMARKS.md, run 8), so the GC's deletes are decided
-    // without either (under the controller-manager's identity it still needs
-    // the UID precondition); the rest keep rule order, which reads the
-    // options before the object. `||` in CEL is commutative, errors included,
-    // so the order changes no verdict, only what is evaluated before the
-    // first true rule.
-    let validation = garbage_collector_first(&rules)
-        .map(|(_, cond)| wrap(cond))
-        .collect::<Vec<_>>()
-        .join(" || ");
-    let refusal_condition = format!("!({})", inline_variables(&validation, &variables));
-
-    // Nested conditionals in rule order, so the annotation names the same
-    // rule the decision table reports.
-    let mut decision_expression = String::new();
-    for (reason, cond) in &rules {
-        let _ = write!(
-            decision_expression,
-            "{} ? 'allowed: {}' : ",
-            wrap(cond),
-            reason.as_str()
-        );
-    }
-    decision_expression.push_str("'refused: ' + variables.sent");
-
-    let what_it_leaves = what_it_leaves(shape);
-    // The fixed message, for when the expression cannot be evaluated.
-    let fix = match shape {
-        Shape::Claim => "set the claim's spec.compositeDeletePolicy to Foreground, then delete it",
-        _ => "use kubectl delete --cascade=foreground",
-    };
-    let message_expression = refusal::message_expression(mode, shape);
-    let message = match mode {
-        Mode::Warn => format!(
-            "cascade-guard warning: this delete does not cascade in the foreground and can leave {what_it_leaves} to wedge; {fix}"
-        ),
-        _ => format!(
-            "cascade-guard refused this delete: it would not cascade in the foreground and could leave {what_it_leaves} to wedge: {fix}, or set the annotation {BREAK_GLASS_ANNOTATION} to a reason to abandon the object on purpose"
-        ),
-    };
-
-    CelPolicy {
-        variables,
-        validation,
-        refusal_condition,
-        message_expression,
-        message,
-        reason: REFUSAL_REASON,
-        decision_expression,
-    }
+    variables
 }
 
 /// One validation of an UPDATE policy: true when the update is allowed.

@@ -85,21 +85,18 @@ impl Default for Settings {
     }
 }
 
-/// Runs until the process is stopped. Only the leader may call this: it writes.
-pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, health: Health) {
-    let notify = Arc::new(Notify::new());
-    let sources = Sources::start(client.clone(), notify.clone()).await;
-    let managed = Managed::start(client.clone(), notify.clone());
-    watch_crds(client.clone(), notify.clone());
-    let reporter = Reporter {
-        controller: MANAGER.into(),
-        instance: std::env::var("POD_NAME").ok(),
-    };
-    let recorder = Recorder::new(client.clone(), reporter.clone());
-    let mut publisher = publish::Publisher::new(client.clone(), reporter);
-    let mut type_checks = type_check::Reporting::new(recorder.clone(), metrics.clone());
-    // One watch per kind: Convert's and the admission-only kinds' watches
-    // feed sibling order's index.
+/// Where `run` tells sibling order the ordered kinds, after each complete pass.
+type KindsSender = tokio::sync::watch::Sender<Option<sibling_order::OrderedKinds>>;
+
+/// Sibling order's loop and the feed the other watches give it (one watch
+/// per kind: Convert's and the admission-only kinds' watches feed its
+/// index); with `--sibling-order off`, neither, and every hold let go.
+fn start_sibling_order(
+    client: &Client,
+    settings: &Settings,
+    recorder: &Recorder,
+    metrics: &Arc<Metrics>,
+) -> (Option<sibling_order::Feed>, Option<KindsSender>) {
     let feed = settings.sibling_order.then(sibling_order::Feed::new);
     let ordering = feed.clone().map(|feed| {
         sibling_order::start(
@@ -123,6 +120,23 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
             settings.home_namespace.clone(),
         ));
     }
+    (feed, ordering)
+}
+
+/// Runs until the process is stopped. Only the leader may call this: it writes.
+pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, health: Health) {
+    let notify = Arc::new(Notify::new());
+    let sources = Sources::start(client.clone(), notify.clone()).await;
+    let managed = Managed::start(client.clone(), notify.clone());
+    watch_crds(client.clone(), notify.clone());
+    let reporter = Reporter {
+        controller: MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let recorder = Recorder::new(client.clone(), reporter.clone());
+    let mut publisher = publish::Publisher::new(client.clone(), reporter);
+    let mut type_checks = type_check::Reporting::new(recorder.clone(), metrics.clone());
+    let (feed, ordering) = start_sibling_order(&client, &settings, &recorder, &metrics);
     let mut converter = convert::Converter::new(client.clone(), recorder.clone(), metrics.clone())
         .with_stall_after(settings.stall_after)
         .with_restarts_after(settings.restart_quiet_cascades_after)

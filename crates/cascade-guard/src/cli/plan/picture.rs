@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::Plan;
 use crate::policy::Mode;
-use crate::policy::sibling::graph::Relation;
+use crate::policy::sibling::graph::{Node, Relation};
 use crate::policy::sibling::hazards::Teardown;
 use crate::policy::sibling::hold::{self, Action};
 use crate::policy::sibling::object::{ObjectRef, is_go_between};
@@ -164,38 +164,7 @@ impl Picture {
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, node)| {
-                let said = node.object.to_string();
-                // `Kind[.group] [namespace/]name`: the kind on a line of its own.
-                let (kind, name) = said.split_once(' ').unwrap_or((said.as_str(), ""));
-                let mut lines = vec![kind.to_string(), name.to_string()];
-                let mut status = match node.wave {
-                    Some(w) if node.in_tree => format!("wave {}", w + 1),
-                    _ => "outside the tree".to_string(),
-                };
-                if node.cycle.is_some() {
-                    status.push_str(", in a cycle");
-                }
-                if node.deleting {
-                    status.push_str(", deleting");
-                }
-                lines.push(status);
-                let held_for = held.get(&node.object);
-                if let Some(by) = held_for {
-                    lines.push(format!("held until {by} is gone"));
-                }
-                Shape {
-                    lines,
-                    wave: node.wave.filter(|_| node.in_tree),
-                    go_between: is_go_between(&node.object),
-                    outside: !node.in_tree,
-                    held: held_for.is_some(),
-                    hazard: hazard_shapes.contains(&i),
-                    deleting: node.deleting,
-                    gone: false,
-                    blocker: false,
-                }
-            })
+            .map(|(i, node)| shape_of(node, held.get(&node.object), hazard_shapes.contains(&i)))
             .collect();
 
         let mut children: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -259,6 +228,40 @@ impl Picture {
             waves,
             lines,
         }
+    }
+}
+
+/// One object's box: its kind on a line of its own, its name, its wave and
+/// state, and what it is held for.
+fn shape_of(node: &Node, held_for: Option<&String>, hazard: bool) -> Shape {
+    let said = node.object.to_string();
+    // `Kind[.group] [namespace/]name`: the kind on a line of its own.
+    let (kind, name) = said.split_once(' ').unwrap_or((said.as_str(), ""));
+    let mut lines = vec![kind.to_string(), name.to_string()];
+    let mut status = match node.wave {
+        Some(w) if node.in_tree => format!("wave {}", w + 1),
+        _ => "outside the tree".to_string(),
+    };
+    if node.cycle.is_some() {
+        status.push_str(", in a cycle");
+    }
+    if node.deleting {
+        status.push_str(", deleting");
+    }
+    lines.push(status);
+    if let Some(by) = held_for {
+        lines.push(format!("held until {by} is gone"));
+    }
+    Shape {
+        lines,
+        wave: node.wave.filter(|_| node.in_tree),
+        go_between: is_go_between(&node.object),
+        outside: !node.in_tree,
+        held: held_for.is_some(),
+        hazard,
+        deleting: node.deleting,
+        gone: false,
+        blocker: false,
     }
 }
 

@@ -10,6 +10,16 @@ use crate::policy::sibling::hazards::Teardown;
 
 pub fn render_text(plan: &Plan) -> String {
     let mut out = String::new();
+    write_order(&mut out, plan);
+    write_sibling_order(&mut out, plan);
+    write_held(&mut out, plan);
+    write_edges_and_problems(&mut out, plan);
+    write_verdict(&mut out, plan);
+    out
+}
+
+/// The root, its mode, and the waves.
+fn write_order(out: &mut String, plan: &Plan) {
     let graph = &plan.graph;
     let _ = writeln!(out, "{}: {}", plan.root, plan.mode_said());
     let _ = writeln!(
@@ -32,7 +42,11 @@ pub fn render_text(plan: &Plan) -> String {
         let names: Vec<String> = wave.iter().map(ToString::to_string).collect();
         let _ = writeln!(out, "  {:>2}. {}", i + 1, names.join(", "));
     }
+}
 
+/// What sibling order orders that a foreground cascade would not.
+fn write_sibling_order(out: &mut String, plan: &Plan) {
+    let graph = &plan.graph;
     if !graph.sibling_edges.is_empty() {
         let _ = writeln!(
             out,
@@ -58,7 +72,11 @@ pub fn render_text(plan: &Plan) -> String {
             }
         }
     }
+}
 
+/// Standalone Usages, and users outside the tree.
+fn write_held(out: &mut String, plan: &Plan) {
+    let graph = &plan.graph;
     let standalone = graph.standalone_usages();
     if !standalone.is_empty() {
         let held = plan.teardown == Teardown::Ordered;
@@ -92,7 +110,11 @@ pub fn render_text(plan: &Plan) -> String {
             let _ = writeln!(out, "  {need}: {} {what}", need.needs);
         }
     }
+}
 
+/// The edges, cycles and what could not be read.
+fn write_edges_and_problems(out: &mut String, plan: &Plan) {
+    let graph = &plan.graph;
     if !graph.edges.is_empty() {
         let _ = writeln!(out, "\nEdges (A needs B: B must stay until A is gone):");
         for edge in &graph.edges {
@@ -125,7 +147,10 @@ pub fn render_text(plan: &Plan) -> String {
             let _ = writeln!(out, "  {p}");
         }
     }
+}
 
+/// Whether sibling order is in force, and the hazards.
+fn write_verdict(out: &mut String, plan: &Plan) {
     if !plan.not_ordered.is_empty() {
         let _ = writeln!(
             out,
@@ -162,7 +187,6 @@ pub fn render_text(plan: &Plan) -> String {
             let _ = writeln!(out, "  {hazard}");
         }
     }
-    out
 }
 
 fn describe(mode: Mode, teardown: Teardown) -> &'static str {

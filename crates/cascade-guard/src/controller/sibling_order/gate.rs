@@ -268,3 +268,41 @@ pub(super) async fn remove_all(client: &Client, namespace: &str) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::fake_api_server::{Exchange, against, says};
+
+    /// `--sibling-order off`: each gate policy's binding, then the policy,
+    /// then both records, deleted; one gone already is no error, and
+    /// nothing else is sent.
+    #[tokio::test]
+    async fn off_removes_every_gate_policy_then_both_records() {
+        const VAP: &str = "/apis/admissionregistration.k8s.io/v1";
+        let delete =
+            |path: String| Exchange::delete(&format!("{path}?")).body_containing(json!({}));
+        let mut script = Vec::new();
+        for (i, name) in gate_names().into_iter().enumerate() {
+            let binding = delete(format!("{VAP}/validatingadmissionpolicybindings/{name}"));
+            let policy = delete(format!("{VAP}/validatingadmissionpolicies/{name}"));
+            // The first pair gone already.
+            if i == 0 {
+                script.push(binding.fails(says::NOT_FOUND, "gone"));
+                script.push(policy.fails(says::NOT_FOUND, "gone"));
+            } else {
+                script.push(binding.ok(json!({"kind": "Status", "status": "Success"})));
+                script.push(policy.ok(json!({"kind": "Status", "status": "Success"})));
+            }
+        }
+        for name in [ORDERED_TREES, HOLDS] {
+            script.push(
+                delete(format!("/api/v1/namespaces/home/configmaps/{name}"))
+                    .ok(json!({"kind": "Status", "status": "Success"})),
+            );
+        }
+        against(script, async |c| remove_all(&c, "home").await).await;
+    }
+}

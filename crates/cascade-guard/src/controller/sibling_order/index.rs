@@ -11,7 +11,6 @@
 //! kind), and tests push objects in the same way.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -126,33 +125,9 @@ struct Read {
 #[derive(Debug)]
 struct Object {
     kind: Arc<KindKey>,
-    meta: Stored,
+    meta: stored::Stored,
     /// Selected by one of its kind's policies.
     selected: bool,
-}
-
-/// What the index keeps of an object's [`Meta`]: with 100,000 objects
-/// every byte counts (kinds and namespaces shared, the resourceVersion a
-/// number, no owners: only a Usage's are read).
-#[derive(Debug, PartialEq)]
-struct Stored {
-    rv: u64,
-    namespace: Option<Arc<str>>,
-    name: Box<str>,
-    deleting: bool,
-    labels: BTreeMap<String, String>,
-    controllers: Box<[(Arc<KindKey>, Box<str>)]>,
-}
-
-/// A resourceVersion as a number to compare: the API server's are numbers
-/// (opaque by contract, so anything else is hashed: only "the same or not"
-/// is asked of it).
-pub(crate) fn version(rv: &str) -> u64 {
-    rv.parse().unwrap_or_else(|_| {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        rv.hash(&mut h);
-        h.finish()
-    })
 }
 
 #[derive(Debug)]
@@ -451,40 +426,6 @@ impl Index {
         self.dirty.insert(uid);
     }
 
-    /// `kind`, kept once.
-    fn kind_name(&mut self, kind: &KindKey) -> Arc<KindKey> {
-        if let Some(k) = self.kind_names.get(kind) {
-            return k.clone();
-        }
-        let k = Arc::new(kind.clone());
-        self.kind_names.insert(k.clone());
-        k
-    }
-
-    fn store(&mut self, meta: Meta) -> Stored {
-        let namespace = meta.namespace.map(|ns| {
-            if let Some(n) = self.namespaces.get(ns.as_str()) {
-                return n.clone();
-            }
-            let n: Arc<str> = Arc::from(ns);
-            self.namespaces.insert(n.clone());
-            n
-        });
-        let controllers = meta
-            .controllers
-            .into_iter()
-            .map(|(kind, uid)| (self.kind_name(&kind), uid.into_boxed_str()))
-            .collect();
-        Stored {
-            rv: version(&meta.rv),
-            namespace,
-            name: meta.name.into_boxed_str(),
-            deleting: meta.deleting,
-            labels: meta.labels,
-            controllers,
-        }
-    }
-
     fn remove(&mut self, uid: &str) {
         let Some(old) = self.objects.remove(uid) else {
             return;
@@ -741,5 +682,6 @@ fn selects(selectors: &[Selector], labels: &BTreeMap<String, String>) -> bool {
             .any(|s| s.selects_all() || s.matches(labels))
 }
 
+mod stored;
 #[cfg(test)]
 mod tests;
