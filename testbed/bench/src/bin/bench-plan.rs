@@ -434,11 +434,16 @@ async fn plan_part() -> Result<()> {
     let mut all_kinds: Vec<ApiResource> = kinds.iter().map(|k| res(*k)).collect();
     all_kinds.push(ApiResource::erase::<ConfigMap>(&()));
     all_kinds.push(ApiResource::erase::<Secret>(&()));
-    let secs = wait_for("labelled", holds, Duration::from_secs(120), || {
+    match wait_for("labelled", holds, Duration::from_secs(120), || {
         labelled(&admin, PLAN_NS, &all_kinds)
     })
-    .await?;
-    println!("   the controller (enforce) labelled the {holds} in {secs:.1} s");
+    .await
+    {
+        Ok(secs) => println!("   the controller (enforce) labelled the {holds} in {secs:.1} s"),
+        // A tree this large may hold more than the holds record takes: plan
+        // is measured all the same (it then says the tree is not ordered).
+        Err(e) => println!("   the controller (enforce) did not hold them all: {e}"),
+    }
     // Its loop re-reads this tree every tick while it is young (two
     // minutes): measure plan beside that, then alone.
     tokio::time::sleep(Duration::from_secs(5)).await;
