@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use kube::core::Selector;
 use kube::runtime::events::Recorder;
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
 
@@ -138,13 +139,22 @@ struct Tap {
 
 impl TapTrait for Tap {
     fn event(&self, event: &WatchEvent) {
-        let change = match event {
-            Ok(e) => mirror::event(e),
-            Err(e) => Some(index::WatchEvent::Failed(e.to_string())),
-        };
-        if let (Some(change), Ok(mut index)) = (change, self.index.lock()) {
+        if let (Some(change), Ok(mut index)) = (tapped(event), self.index.lock()) {
             index.apply(&self.key, self.feeder, change);
         }
+    }
+}
+
+/// What a tapped watch's event tells the index. Only a failed list makes
+/// the kind unknown: any other error the watch resumes from where it was
+/// (its resourceVersion: no event lost), or lists again (a 410), which the
+/// index sees as a list. Taken as failures, they left a kind failing for
+/// good after an API server restart, which the watch resumes from.
+fn tapped(event: &WatchEvent) -> Option<index::WatchEvent> {
+    match event {
+        Ok(e) => mirror::event(e),
+        Err(watcher::Error::InitialListFailed(e)) => Some(index::WatchEvent::Failed(e.to_string())),
+        Err(_) => None,
     }
 }
 
@@ -512,4 +522,52 @@ where
     serde_json::to_value(&live)
         .map(|live| first_difference(&desired, &live).is_some())
         .unwrap_or(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A watch that resumes after an error (an API server restart) keeps its
+    /// kind known; only a failed list makes it unknown.
+    #[test]
+    fn only_a_failed_list_makes_a_tapped_kind_unknown() {
+        let refused = || {
+            kube::Error::Api(Box::new(kube::core::Status::failure(
+                "refused",
+                "ServiceUnavailable",
+            )))
+        };
+        let cases: Vec<(&str, WatchEvent, bool)> = vec![
+            (
+                "the list failed",
+                Err(watcher::Error::InitialListFailed(refused())),
+                true,
+            ),
+            (
+                "the watch could not start again",
+                Err(watcher::Error::WatchStartFailed(refused())),
+                false,
+            ),
+            (
+                "the watch stream broke",
+                Err(watcher::Error::WatchFailed(refused())),
+                false,
+            ),
+            (
+                "no resourceVersion",
+                Err(watcher::Error::NoResourceVersion),
+                false,
+            ),
+        ];
+        for (what, event, failed) in cases {
+            let got = tapped(&event);
+            assert_eq!(
+                matches!(got, Some(index::WatchEvent::Failed(_))),
+                failed,
+                "{what}: {got:?}"
+            );
+            assert!(failed || got.is_none(), "{what}: {got:?}");
+        }
+    }
 }

@@ -133,6 +133,37 @@ async fn watches_recover_within_seconds_of_an_api_server_restart() {
         env.cp.log_tails(80)
     );
     let held_after = back.elapsed();
+    // Sibling order too: its index is fed by Convert's watch, which resumes
+    // where it was after the restart (no list): the kind stays known and a
+    // new tree's need is held.
+    create_tree(&client, &resource, ns, "needy", 2).await;
+    let maps: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &cascade_guard_testkit::tree::config_maps(),
+    );
+    maps.patch(
+        "needy-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {
+            "cascade-guard.dev/needs": "ConfigMap/needy-1"}}})),
+    )
+    .await
+    .expect("annotate the needer");
+    let needed_held = wait_sibling_held(
+        &client,
+        CONTROLLER_HOME,
+        &cascade_guard_testkit::tree::config_maps(),
+        Some(ns),
+        "needy-1",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        needed_held,
+        "sibling order never held needy-1 after the API server restart:\n{}",
+        env.cp.log_tails(80)
+    );
     if let Ok(dump) = std::env::var("RECOVERY_LOG_DUMP") {
         let _ = std::fs::copy(env.cp.log_path("cascade-guard-0"), dump);
     }
