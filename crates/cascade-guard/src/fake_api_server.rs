@@ -69,6 +69,15 @@ impl Exchange {
         Self::new(Method::PUT, uri)
     }
 
+    /// A server-side apply of `object` to `path`, forced, as cascade-guard's
+    /// field manager: how the controller writes its admission policies.
+    pub fn apply(path: &str, object: &impl serde::Serialize) -> Self {
+        let object = serde_json::to_value(object).expect("the object serialises");
+        Self::patch(&format!("{path}?&force=true&fieldManager=cascade-guard"))
+            .header("content-type", "application/apply-patch+yaml")
+            .body(object)
+    }
+
     pub fn header(mut self, name: &'static str, value: &'static str) -> Self {
         self.headers.push((name, value));
         self
@@ -212,6 +221,12 @@ fn contains(sent: &Value, want: &Value) -> bool {
         _ => sent == want,
     }
 }
+
+/// Where the admission policies are.
+pub const POLICIES: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies";
+/// Where their bindings are.
+pub const BINDINGS: &str =
+    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings";
 
 /// A failure Status's words, as the API server gives them.
 pub mod says {

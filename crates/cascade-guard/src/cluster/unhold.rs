@@ -137,7 +137,8 @@ fn unblock_patch(owners: &[OwnerReference], owner_uid: &str) -> Option<json_patc
 /// Takes the old hold label (and its annotation) off every object that
 /// carries it, whatever its value: it holds nothing since the holds are kept
 /// in a ConfigMap. Returns how many; what cannot be listed or written is said
-/// through `progress` and left (a label alone is harmless).
+/// through `progress` and left (a label alone is harmless); an object gone
+/// since it was listed, or another of its name (its uid), is no error.
 pub async fn strip_old_labels(
     client: &Client,
     kinds: &ServedKinds,
@@ -148,7 +149,13 @@ pub async fn strip_old_labels(
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
     };
-    for (served, object) in holds::labelled(client, kinds).await.objects {
+    let found = holds::labelled(client, kinds).await;
+    for kind in &found.unreadable {
+        progress(&format!(
+            "cannot list {kind} to take the old hold label off: left as it is"
+        ));
+    }
+    for (served, object) in found.objects {
         let api = ServedKinds::api(client, served, object.namespace().as_deref());
         let patch = json!({"metadata": {
             "uid": object.uid(),
@@ -160,6 +167,8 @@ pub async fn strip_old_labels(
             .await
         {
             Ok(_) => count += 1,
+            // The uid in the patch is a precondition: 409 when it changed.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => progress(&format!(
                 "cannot take the old hold label off {} {}: {e}",
                 served.0.kind,
@@ -207,6 +216,8 @@ mod tests {
     use serde_json::Value;
 
     const OWNER: &str = "/apis/example.org/v1/namespaces/team-a/xdatabases/owner";
+    /// What a list of metadata only asks for.
+    const METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
 
     fn kinds() -> ServedKinds {
         ServedKinds::of(vec![(resource(), true)])
@@ -349,6 +360,104 @@ mod tests {
         })
         .await;
         assert_eq!(got.map_err(|e| e.to_string()), Ok(false));
+    }
+
+    /// A cluster-scoped kind beside the test's namespaced one.
+    fn network() -> kube::api::ApiResource {
+        kube::api::ApiResource {
+            kind: "XNetwork".into(),
+            plural: "xnetworks".into(),
+            ..resource()
+        }
+    }
+
+    /// `name` (uid `uid`) in team-a, as a list of metadata gives it.
+    fn labelled_db(name: &str, uid: &str) -> Value {
+        json!({
+            "metadata": {
+                "name": name, "namespace": "team-a", "uid": uid,
+                "labels": {HOLD_LABEL: "root-uid"},
+                "annotations": {HELD_FOR_ANNOTATION: "its user"},
+            },
+        })
+    }
+
+    /// Stripping: every listable kind listed across namespaces by the old
+    /// label (whatever its value), metadata only; each object found sent
+    /// one merge patch that nulls the label and its annotation, its uid a
+    /// precondition; only what was patched counts, and only a refusal is
+    /// said (a kind that cannot be listed too), not an object gone or
+    /// replaced since.
+    #[tokio::test]
+    async fn stripping_lists_by_the_old_label_and_patches_each_object_found() {
+        let list = |path: &str| {
+            Exchange::get(&format!("{path}?&labelSelector=cascade-guard.dev%2Fhold"))
+                .header("accept", METADATA_LIST)
+        };
+        let patch = |name: &str, uid: &str| {
+            Exchange::patch(&format!(
+                "/apis/example.org/v1/namespaces/team-a/xdatabases/{name}?&fieldManager=cascade-guard"
+            ))
+            .header("content-type", "application/merge-patch+json")
+            .body(json!({"metadata": {
+                "uid": uid,
+                "labels": {"cascade-guard.dev/hold": null},
+                "annotations": {"cascade-guard.dev/held-for": null},
+            }}))
+        };
+        let script = vec![
+            list("/apis/example.org/v1/xdatabases").ok(json!({
+                "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                "metadata": {},
+                "items": [
+                    labelled_db("a", "ua"), labelled_db("b", "ub"),
+                    labelled_db("c", "uc"), labelled_db("d", "ud"),
+                ],
+            })),
+            list("/apis/example.org/v1/xnetworks").fails(says::FORBIDDEN, "no list"),
+            patch("a", "ua").ok(labelled_db("a", "ua")),
+            patch("b", "ub").fails(says::NOT_FOUND, "gone"),
+            patch("c", "uc").fails(says::CONFLICT, "Precondition failed: UID in precondition"),
+            patch("d", "ud").fails(says::FORBIDDEN, "no patch"),
+        ];
+        let kinds = ServedKinds::of(vec![(resource(), true), (network(), false)]);
+        let said = std::sync::Mutex::new(Vec::new());
+        let stripped = against(script, async |c| {
+            strip_old_labels(&c, &kinds, |line| {
+                said.lock().expect("not poisoned").push(line.to_string())
+            })
+            .await
+        })
+        .await;
+        assert_eq!(stripped, 1);
+        let said = said.into_inner().expect("not poisoned");
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert!(
+            said[0].starts_with("cannot list xnetworks.example.org"),
+            "{said:?}"
+        );
+        assert!(
+            said[1].starts_with("cannot take the old hold label off XDatabase d"),
+            "{said:?}"
+        );
+    }
+
+    /// Nothing labelled: the lists only, nothing counted or said.
+    #[tokio::test]
+    async fn stripping_with_nothing_labelled_sends_only_the_list() {
+        let empty = json!({"apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadataList", "metadata": {}, "items": []});
+        let script = vec![
+            Exchange::get(
+                "/apis/example.org/v1/xdatabases?&labelSelector=cascade-guard.dev%2Fhold",
+            )
+            .ok(empty),
+        ];
+        let stripped = against(script, async |c| {
+            strip_old_labels(&c, &kinds(), |line| panic!("said {line}")).await
+        })
+        .await;
+        assert_eq!(stripped, 0);
     }
 
     fn owner(uid: &str, block: Option<bool>) -> OwnerReference {

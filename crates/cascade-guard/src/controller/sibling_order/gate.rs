@@ -271,10 +271,13 @@ pub(super) async fn remove_all(client: &Client, namespace: &str) {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
-    use crate::fake_api_server::{Exchange, against, says};
+    use crate::fake_api_server::{BINDINGS, Exchange, POLICIES, against, says};
+    use crate::policy::Shape;
+    use crate::policy::admission::Compiled;
+    use crate::policy::sibling::gate::gate_name;
 
     /// `--sibling-order off`: each gate policy's binding, then the policy,
     /// then both records, deleted; one gone already is no error, and
@@ -304,5 +307,188 @@ mod tests {
             );
         }
         against(script, async |c| remove_all(&c, "home").await).await;
+    }
+
+    const RECORD: &str = "/api/v1/namespaces/home/configmaps/cascade-guard-ordered-trees";
+
+    fn gated(plural: &str, shape: Shape) -> GatedKind {
+        GatedKind {
+            group: "example.org".into(),
+            plural: plural.into(),
+            shape,
+        }
+    }
+
+    fn gate(client: Client, enforce: bool) -> Gate {
+        Gate::new(client, "home".into(), enforce, CompileSettings::default())
+    }
+
+    /// The record as the API server gives it.
+    fn record(data: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": ORDERED_TREES, "namespace": "home"}, "data": data})
+    }
+
+    /// The merge patch that sends what changed in the record.
+    fn record_patch(data: Value) -> Exchange {
+        Exchange::patch(&format!("{RECORD}?&fieldManager=cascade-guard"))
+            .header("content-type", "application/merge-patch+json")
+            .body(json!({ "data": data }))
+    }
+
+    /// Each shape's policy, then its binding, applied for `kinds`.
+    fn applies(kinds: &[GatedKind]) -> Vec<Exchange> {
+        compile_gate(kinds, &CompileSettings::default(), "home")
+            .into_iter()
+            .flat_map(|c| {
+                let name = c.policy.metadata.name.clone().unwrap_or_default();
+                [
+                    Exchange::apply(&format!("{POLICIES}/{name}"), &c.policy).echoes(),
+                    Exchange::apply(&format!("{BINDINGS}/{name}"), &c.binding).echoes(),
+                ]
+            })
+            .collect()
+    }
+
+    /// The binding, then the policy, of the gate's pair for `shape`
+    /// deleted (gone already: 404).
+    fn removed(shape: Shape) -> Vec<Exchange> {
+        let name = gate_name(shape);
+        [BINDINGS, POLICIES]
+            .into_iter()
+            .map(|collection| {
+                Exchange::delete(&format!("{collection}/{name}?"))
+                    .body(json!({}))
+                    .fails(says::NOT_FOUND, "gone")
+            })
+            .collect()
+    }
+
+    /// A write: the record read, what changed in it sent, then the pair of
+    /// each shape gated applied (forced, as cascade-guard), and the pairs of
+    /// the other shapes removed; a write soon after with nothing changed
+    /// sends nothing.
+    #[tokio::test]
+    async fn a_write_sends_the_record_then_applies_each_shapes_pair() {
+        let kinds = vec![gated("xdatabases", Shape::CompositeResource)];
+        let mut script = vec![
+            Exchange::get(RECORD).ok(record(json!({}))),
+            record_patch(json!({"ordered": " u1=3 ", "u2": "cannot order: why"}))
+                .ok(record(json!({}))),
+        ];
+        script.extend(applies(&kinds));
+        script.extend(removed(Shape::Claim));
+        script.extend(removed(Shape::Other));
+        against(script, async |c| {
+            let mut g = gate(c, true);
+            g.mark("u1", "3".into(), false);
+            g.mark("u2", "cannot order: why".into(), false);
+            g.write(&kinds, Duration::from_secs(3600)).await;
+            assert_eq!(g.policies.as_ref().map(|(k, _)| k), Some(&kinds));
+            g.write(&kinds, Duration::from_secs(3600)).await;
+        })
+        .await;
+    }
+
+    /// The record first: one that cannot be read or written writes no
+    /// policy (they would refuse every delete of a gated kind without it).
+    #[tokio::test]
+    async fn no_policy_is_written_before_the_record() {
+        let kinds = vec![gated("xdatabases", Shape::CompositeResource)];
+        let unreadable = vec![Exchange::get(RECORD).fails(says::FORBIDDEN, "no get")];
+        let unwritable = vec![
+            Exchange::get(RECORD).ok(record(json!({}))),
+            record_patch(json!({"ordered": " u1=3 "})).fails(says::INTERNAL, "etcd"),
+        ];
+        for script in [unreadable, unwritable] {
+            against(script, async |c| {
+                let mut g = gate(c, true);
+                g.mark("u1", "3".into(), false);
+                g.write(&kinds, Duration::from_secs(3600)).await;
+                assert!(g.policies.is_none());
+            })
+            .await;
+        }
+    }
+
+    /// A pair that could not be applied is applied again at the next
+    /// write, however soon.
+    #[tokio::test]
+    async fn a_failed_apply_is_tried_again_at_the_next_write() {
+        let kinds = vec![gated("xclaims", Shape::Claim)];
+        let mut script = vec![Exchange::get(RECORD).ok(record(json!({"ordered": " "})))];
+        let mut first = applies(&kinds);
+        let binding = first.pop().expect("a binding");
+        first.push(binding.fails(says::INTERNAL, "etcd"));
+        script.extend(first);
+        script.extend(removed(Shape::CompositeResource));
+        script.extend(removed(Shape::Other));
+        script.extend(applies(&kinds));
+        script.extend(removed(Shape::CompositeResource));
+        script.extend(removed(Shape::Other));
+        against(script, async |c| {
+            let mut g = gate(c, true);
+            g.write(&kinds, Duration::from_secs(3600)).await;
+            assert!(g.policies.is_none());
+            g.write(&kinds, Duration::from_secs(3600)).await;
+            assert!(g.policies.is_some());
+        })
+        .await;
+    }
+
+    /// Not enforced (`--unordered-deletes` not refuse): the record only,
+    /// and every gate pair removed, none applied.
+    #[tokio::test]
+    async fn not_enforced_writes_the_record_and_removes_every_pair() {
+        let kinds = vec![gated("xdatabases", Shape::CompositeResource)];
+        let mut script = vec![
+            Exchange::get(RECORD).ok(record(json!({}))),
+            record_patch(json!({"ordered": " u1=3 "})).ok(record(json!({}))),
+        ];
+        for shape in [Shape::CompositeResource, Shape::Claim, Shape::Other] {
+            script.extend(removed(shape));
+        }
+        against(script, async |c| {
+            let mut g = gate(c, false);
+            g.mark("u1", "3".into(), false);
+            g.write(&kinds, Duration::from_secs(3600)).await;
+        })
+        .await;
+    }
+
+    /// Every while, each pair is read back: one as written is left, one
+    /// edited is applied again, policy and binding.
+    #[tokio::test]
+    async fn an_edited_pair_is_put_back_when_read_back() {
+        let kinds = vec![
+            gated("xdatabases", Shape::CompositeResource),
+            gated("xclaims", Shape::Claim),
+        ];
+        let compiled = compile_gate(&kinds, &CompileSettings::default(), "home");
+        let (composites, claims) = (&compiled[0], &compiled[1]);
+        let name = |c: &Compiled| c.policy.metadata.name.clone().unwrap_or_default();
+        let mut edited = serde_json::to_value(&claims.binding).expect("serialises");
+        edited["spec"]["validationActions"] = json!(["Warn"]);
+        let mut script = vec![Exchange::get(RECORD).ok(record(json!({"ordered": " "})))];
+        script.extend(applies(&kinds));
+        script.extend(removed(Shape::Other));
+        script.extend([
+            Exchange::get(&format!("{POLICIES}/{}", name(composites)))
+                .ok(serde_json::to_value(&composites.policy).expect("serialises")),
+            Exchange::get(&format!("{BINDINGS}/{}", name(composites)))
+                .ok(serde_json::to_value(&composites.binding).expect("serialises")),
+            Exchange::get(&format!("{POLICIES}/{}", name(claims)))
+                .ok(serde_json::to_value(&claims.policy).expect("serialises")),
+            Exchange::get(&format!("{BINDINGS}/{}", name(claims))).ok(edited),
+            Exchange::apply(&format!("{POLICIES}/{}", name(claims)), &claims.policy).echoes(),
+            Exchange::apply(&format!("{BINDINGS}/{}", name(claims)), &claims.binding).echoes(),
+        ]);
+        against(script, async |c| {
+            let mut g = gate(c, true);
+            g.write(&kinds, Duration::from_secs(3600)).await;
+            g.checked = Instant::now().checked_sub(CHECK_EVERY * 2);
+            g.write(&kinds, Duration::from_secs(3600)).await;
+        })
+        .await;
     }
 }

@@ -378,3 +378,6 @@ fn held_kind(object: &ObjectRef, kinds: &ServedKinds) -> Option<HeldKind> {
     let served = kinds.of_kind(Some(&object.group), &object.kind).next()?;
     Some((served.0.group.clone(), served.0.plural.clone()))
 }
+
+#[cfg(test)]
+mod tests;

@@ -21,7 +21,7 @@ use crate::Error;
 use crate::controller::MANAGER;
 use crate::policy::Source;
 use crate::policy::drift::first_difference;
-use crate::policy::plan::{Drift, ObjectKind, Plan, may_write};
+use crate::policy::plan::{AdmissionPlan, Drift, ObjectKind, may_write};
 use crate::policy::sync::Pass;
 
 /// Makes the pass's changes, in its order. Returns the sources whose
@@ -80,7 +80,7 @@ pub(crate) async fn make(
 async fn write(
     policies: &Api<ValidatingAdmissionPolicy>,
     bindings: &Api<ValidatingAdmissionPolicyBinding>,
-    plan: &Plan,
+    plan: &AdmissionPlan,
     kind: ObjectKind,
     name: &str,
 ) -> Result<(), Error> {
@@ -165,16 +165,11 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::fake_api_server::{Exchange, against, says};
+    use crate::fake_api_server::{BINDINGS, Exchange, POLICIES, against, says};
     use crate::policy::last_good::LastGood;
     use crate::policy::plan::{Known, Live, plan};
     use crate::policy::sync::{Seen, pass};
     use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, Resolution, Scope, Shape};
-
-    const POLICIES: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies";
-    const BINDINGS: &str =
-        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings";
-    const APPLY_PATCH: &str = "application/apply-patch+yaml";
 
     /// CascadePolicy `buckets`: a DELETE and an UPDATE pair of its own.
     const DELETE_PAIR: &str = "cascade-guard-policy-buckets";
@@ -280,12 +275,7 @@ mod tests {
     /// A server-side apply of `object`, forced, as field manager cascade-guard.
     fn apply(kind: ObjectKind, object: &Value) -> Exchange {
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        Exchange::patch(&format!(
-            "{}?&force=true&fieldManager=cascade-guard",
-            path(kind, name)
-        ))
-        .header("content-type", APPLY_PATCH)
-        .body(object.clone())
+        Exchange::apply(&path(kind, name), object)
     }
 
     /// A replace of `object` at the resourceVersion read, 7.
