@@ -215,7 +215,7 @@ pub enum LetGo {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Add cascade-guard's finalizer.
-    Hold,
+    AddFinalizer,
     /// Nothing to do until the object changes.
     Wait,
     /// Issue a Foreground DELETE with a UID precondition.
@@ -257,7 +257,7 @@ pub fn restart_interval(restarts: u32) -> Duration {
 /// What to do with a live object: only holding and letting go apply.
 pub fn live_step(observed: Observed) -> Step {
     match (observed.held, observed.in_reach) {
-        (false, true) => Step::Hold,
+        (false, true) => Step::AddFinalizer,
         (true, false) => Step::LetGo(LetGo::OutOfReach),
         _ => Step::Wait,
     }
@@ -404,12 +404,20 @@ mod tests {
         };
         // (deleting, held, foreground, shape, conversions, dependents) -> step
         let cases = [
-            // Live objects: hold them, once.
-            (false, false, false, CompositeResource, 0, NotLookedUp, Hold),
+            // Live objects: the finalizer added, once.
+            (
+                false,
+                false,
+                false,
+                CompositeResource,
+                0,
+                NotLookedUp,
+                AddFinalizer,
+            ),
             (false, true, false, CompositeResource, 0, NotLookedUp, Wait),
-            (false, false, false, Other, 0, NotLookedUp, Hold),
-            // A live object that somehow carries foregroundDeletion is still just held.
-            (false, false, true, Other, 0, NotLookedUp, Hold),
+            (false, false, false, Other, 0, NotLookedUp, AddFinalizer),
+            // A live object that somehow carries foregroundDeletion still just gets it.
+            (false, false, true, Other, 0, NotLookedUp, AddFinalizer),
             // Deleting, not held (from before installation, or released): not ours.
             (true, false, false, CompositeResource, 0, NotLookedUp, Wait),
             (true, false, true, CompositeResource, 3, Remaining(2), Wait),
@@ -821,7 +829,7 @@ mod tests {
         let step = |o, m, d| next_step(o, m, d, now, TO_THE_END);
         assert_eq!(
             step(xr(false, false, false), memory, Dependents::NotLookedUp),
-            Step::Hold
+            Step::AddFinalizer
         );
         // Someone deletes it with Background: terminating, held, no foregroundDeletion.
         assert_eq!(

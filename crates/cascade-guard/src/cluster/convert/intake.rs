@@ -25,17 +25,18 @@ pub struct Sorted<K> {
     /// The event for the controller's cache (None: the cache has no use for it).
     pub pass: Option<Event<K>>,
     /// A live object that still needs cascade-guard's finalizer.
-    pub hold: Option<Hold<K>>,
+    pub needs_finalizer: Option<NeedsFinalizer<K>>,
 }
 
-/// A live object to hold, and where it goes if that fails.
+/// A live object to add cascade-guard's finalizer to, and where it goes if
+/// that fails.
 #[derive(Debug, PartialEq)]
-pub struct Hold<K> {
+pub struct NeedsFinalizer<K> {
     pub object: K,
     during_relist: bool,
 }
 
-impl<K> Hold<K> {
+impl<K> NeedsFinalizer<K> {
     /// When the finalizer could not be added: the object goes to the
     /// controller (in the same phase of the watch), which retries with backoff.
     pub fn failed(self) -> Event<K> {
@@ -55,32 +56,32 @@ pub fn sort<K: Clone>(event: Event<K>, observe: impl Fn(&K) -> Observed) -> Sort
     };
     match event {
         Event::Apply(o) => match live_step(&o) {
-            Some(Step::Hold) => Sorted {
-                hold: Some(Hold {
+            Some(Step::AddFinalizer) => Sorted {
+                needs_finalizer: Some(NeedsFinalizer {
                     object: o.clone(),
                     during_relist: false,
                 }),
-                // Out of the cache, in case a failed hold had put it there.
+                // Out of the cache, in case a failed add had put it there.
                 pass: Some(Event::Delete(o)),
             },
             // Letting go is rare (a relabel, a kind leaving Convert): the
             // controller does it, with its retries.
             Some(Step::LetGo(_)) => Sorted {
                 pass: Some(Event::Apply(o)),
-                hold: None,
+                needs_finalizer: None,
             },
             Some(_) => Sorted {
                 pass: Some(Event::Delete(o)),
-                hold: None,
+                needs_finalizer: None,
             },
             None => Sorted {
                 pass: Some(Event::Apply(o)),
-                hold: None,
+                needs_finalizer: None,
             },
         },
         Event::InitApply(o) => match live_step(&o) {
-            Some(Step::Hold) => Sorted {
-                hold: Some(Hold {
+            Some(Step::AddFinalizer) => Sorted {
+                needs_finalizer: Some(NeedsFinalizer {
                     object: o,
                     during_relist: true,
                 }),
@@ -88,16 +89,16 @@ pub fn sort<K: Clone>(event: Event<K>, observe: impl Fn(&K) -> Observed) -> Sort
             },
             Some(Step::LetGo(_)) | None => Sorted {
                 pass: Some(Event::InitApply(o)),
-                hold: None,
+                needs_finalizer: None,
             },
             Some(_) => Sorted {
                 pass: None,
-                hold: None,
+                needs_finalizer: None,
             },
         },
         other => Sorted {
             pass: Some(other),
-            hold: None,
+            needs_finalizer: None,
         },
     }
 }
@@ -190,7 +191,7 @@ mod tests {
 
     /// (name, deleting, held, in reach)
     type Obj = (&'static str, bool, bool, bool);
-    /// (event in, event passed on, object to hold)
+    /// (event in, event passed on, object that needs the finalizer)
     type Case = (Event<Obj>, Option<Event<Obj>>, Option<Obj>);
 
     fn observe(o: &Obj) -> Observed {
@@ -269,21 +270,25 @@ mod tests {
             (Event::Init, Some(Event::Init), None),
             (Event::InitDone, Some(Event::InitDone), None),
         ];
-        for (event, pass, hold) in cases {
+        for (event, pass, needs_finalizer) in cases {
             let label = format!("{event:?}");
             let sorted = sort(event, observe);
             // watcher::Event has no PartialEq; its Debug form says all.
             assert_eq!(format!("{:?}", sorted.pass), format!("{pass:?}"), "{label}");
-            assert_eq!(sorted.hold.map(|h| h.object), hold, "{label}");
+            assert_eq!(
+                sorted.needs_finalizer.map(|h| h.object),
+                needs_finalizer,
+                "{label}"
+            );
         }
     }
 
     #[test]
-    fn a_failed_hold_goes_to_the_controller_in_the_same_phase() {
+    fn a_failed_finalizer_add_goes_to_the_controller_in_the_same_phase() {
         let o: Obj = ("a", false, false, true);
         let failed = |e: Event<Obj>| {
-            let hold = sort(e, observe).hold.map(Hold::failed);
-            format!("{:?}", hold.expect("a live unheld object is held"))
+            let failed = sort(e, observe).needs_finalizer.map(NeedsFinalizer::failed);
+            format!("{:?}", failed.expect("a live object without it needs it"))
         };
         assert_eq!(failed(Event::Apply(o)), format!("{:?}", Event::Apply(o)));
         assert_eq!(
@@ -304,7 +309,7 @@ mod tests {
     }
 
     #[test]
-    fn census_follows_holds_deletes_and_relists() {
+    fn census_follows_finalizer_adds_deletes_and_relists() {
         let a = ("0b4c9f7e-3d6a-4f0e-9a53-3c1f0c2e8d11", true);
         let b = ("1b4c9f7e-3d6a-4f0e-9a53-3c1f0c2e8d11", true);
         let c = ("not-a-uuid", true);

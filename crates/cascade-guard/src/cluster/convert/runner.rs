@@ -1,6 +1,7 @@
 //! The Convert controllers that run, one per kind, started and stopped as
 //! policies change; each fed by its kind's watch through the intake, which
-//! holds live objects straight from the watch and passes deletions on.
+//! adds the finalizer to live objects straight from the watch and passes
+//! deletions on.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -46,7 +47,7 @@ impl Running {
 
 /// Finalizers being added at once, across all kinds: bounds the connections
 /// and memory of a start-up that holds thousands of existing objects.
-const HOLDS_AT_ONCE: usize = 16;
+const FINALIZER_ADDS_AT_ONCE: usize = 16;
 
 /// Objects per page of a Convert kind's list.
 const LIST_PAGE_SIZE: u32 = 100;
@@ -57,7 +58,7 @@ pub struct Converter {
     recorder: Recorder,
     metrics: Arc<dyn ConvertMetrics>,
     running: BTreeMap<String, Running>,
-    holds: Arc<Semaphore>,
+    finalizer_adds: Arc<Semaphore>,
     carry: Carry,
     stall_after: Duration,
     /// Sibling order's index, fed by each kind's watch.
@@ -74,7 +75,7 @@ impl Converter {
             recorder,
             metrics,
             running: BTreeMap::new(),
-            holds: Arc::new(Semaphore::new(HOLDS_AT_ONCE)),
+            finalizer_adds: Arc::new(Semaphore::new(FINALIZER_ADDS_AT_ONCE)),
             carry: Carry::ToTheEnd {
                 restart_after: Some(crate::policy::cascade::RESTART_AFTER),
             },
@@ -237,7 +238,7 @@ impl Converter {
         let writer = Writer::new(resource.clone());
         let store = writer.as_reader();
         let intake_ctx = context.clone();
-        let holds = self.holds.clone();
+        let finalizer_adds = self.finalizer_adds.clone();
         // The controller backs off this stream's errors (trigger_backoff
         // below): a backoff here as well would double the wait.
         let tap = self.feed.as_ref().map(|f| f.tap(&kind.kind));
@@ -249,9 +250,9 @@ impl Converter {
                 }
             })
             .modify(slim)
-            .map_ok(move |event| take_in(intake_ctx.clone(), holds.clone(), event))
+            .map_ok(move |event| take_in(intake_ctx.clone(), finalizer_adds.clone(), event))
             // In order, so that the cache sees each object's events as sent.
-            .try_buffered(HOLDS_AT_ONCE)
+            .try_buffered(FINALIZER_ADDS_AT_ONCE)
             .try_filter_map(|pass| future::ready(Ok(pass)))
             .reflect(writer)
             .applied_objects();
@@ -313,12 +314,13 @@ fn slim(object: &mut Meta) {
     meta.generate_name = None;
 }
 
-/// One watch event in: counted, held straight away if it is a live object
-/// without the finalizer, and passed on to the controller's cache if it is a
-/// deletion (or a hold that failed, for the controller to retry).
+/// One watch event in: counted, given the finalizer straight away if it is a
+/// live object without it, and passed on to the controller's cache if it is
+/// a deletion (or an add of the finalizer that failed, for the controller to
+/// retry).
 async fn take_in(
     ctx: Arc<Context>,
-    holds: Arc<Semaphore>,
+    finalizer_adds: Arc<Semaphore>,
     event: watcher::Event<Meta>,
 ) -> Result<Option<watcher::Event<Meta>>, watcher::Error> {
     if let Ok(mut census) = ctx.census.lock() {
@@ -338,30 +340,30 @@ async fn take_in(
         }
     }
     let sorted = intake::sort(event, |o: &Meta| ctx.observe(o));
-    let Some(hold_it) = sorted.hold else {
+    let Some(unfinalized) = sorted.needs_finalizer else {
         return Ok(sorted.pass);
     };
-    let Some(uid) = hold_it.object.uid() else {
+    let Some(uid) = unfinalized.object.uid() else {
         return Ok(sorted.pass);
     };
-    // A closed semaphore cannot happen (it is never closed); holding anyway
-    // is the safe side.
-    let _permit = holds.acquire().await.ok();
-    let api = ctx.api(&hold_it.object);
-    match writes::hold(&api, &hold_it.object, &uid).await {
+    // A closed semaphore cannot happen (it is never closed); adding the
+    // finalizer anyway is the safe side.
+    let _permit = finalizer_adds.acquire().await.ok();
+    let api = ctx.api(&unfinalized.object);
+    match writes::add_finalizer(&api, &unfinalized.object, &uid).await {
         Ok(()) => Ok(sorted.pass),
         // The object changed or went since this event: the watch brings the
         // newer version (or its deletion), which is sorted afresh.
-        Err(e) if is_stale(&e) && changed_since(&api, &hold_it.object).await => {
-            tracing::debug!(kind = %ctx.label, name = %hold_it.object.name_any(), "changed since seen; holding the newer version");
+        Err(e) if is_stale(&e) && changed_since(&api, &unfinalized.object).await => {
+            tracing::debug!(kind = %ctx.label, name = %unfinalized.object.name_any(), "changed since seen; adding the finalizer to the newer version");
             Ok(sorted.pass)
         }
         // Any other failure goes to the controller, which retries from its
         // cache with backoff.
         Err(e) => {
             ctx.metrics.error("AddFinalizer");
-            tracing::warn!(kind = %ctx.label, name = %hold_it.object.name_any(), error = %e, "cannot add the finalizer; retrying");
-            Ok(Some(hold_it.failed()))
+            tracing::warn!(kind = %ctx.label, name = %unfinalized.object.name_any(), error = %e, "cannot add the finalizer; retrying");
+            Ok(Some(unfinalized.failed()))
         }
     }
 }
@@ -374,11 +376,11 @@ mod tests {
     use crate::fake_api_server::{Exchange, OBJECT, against, metadata, object, says};
     use crate::policy::Shape;
 
-    const HOLD: &str =
+    const ADD_FINALIZER: &str =
         "/apis/example.org/v1/namespaces/team-a/xdatabases/db?&fieldManager=cascade-guard";
 
-    fn hold() -> Exchange {
-        Exchange::patch(HOLD).body(json!([
+    fn add_finalizer() -> Exchange {
+        Exchange::patch(ADD_FINALIZER).body(json!([
             {"op": "test", "path": "/metadata/uid", "value": "u1"},
             {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
             {"op": "add", "path": "/metadata/finalizers", "value": [FOREGROUND_CASCADE_FINALIZER]},
@@ -402,13 +404,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_live_object_is_held_from_the_watch_and_kept_out_of_the_cache() {
+    async fn a_live_object_gets_the_finalizer_from_the_watch_and_stays_out_of_the_cache() {
         let live = object("u1", "7", &[], false);
-        let held = hold().ok(metadata("u1", "8", &[FOREGROUND_CASCADE_FINALIZER], false));
+        let held = add_finalizer().ok(metadata("u1", "8", &[FOREGROUND_CASCADE_FINALIZER], false));
         // Refused because the object changed: the watch brings the newer
-        // version, which is held in turn.
+        // version, which gets it in turn.
         let changed = vec![
-            hold().fails(
+            add_finalizer().fails(
                 says::INVALID,
                 "the server rejected our request due to an error in our request",
             ),
@@ -422,9 +424,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_hold_that_fails_otherwise_goes_to_the_controller_to_retry() {
+    async fn a_finalizer_add_that_fails_otherwise_goes_to_the_controller_to_retry() {
         let live = object("u1", "7", &[], false);
-        let script = vec![hold().fails(says::INTERNAL, "etcdserver: request timed out")];
+        let script = vec![add_finalizer().fails(says::INTERNAL, "etcdserver: request timed out")];
         let passed = take_in_once(script, watcher::Event::InitApply(live.clone())).await;
         assert_eq!(
             passed,

@@ -47,7 +47,7 @@ pub(super) async fn reconcile(object: Arc<Meta>, ctx: Arc<Context>) -> Result<Ac
 pub(super) fn error_policy(object: Arc<Meta>, error: &StepError, ctx: Arc<Context>) -> Action {
     let StepError::Api { step, .. } = error;
     ctx.metrics.error(match *step {
-        "hold" => "AddFinalizer",
+        "add-finalizer" => "AddFinalizer",
         "convert" => "Reissue",
         "restart" => "RestartCascade",
         _ => "RemoveFinalizer",
@@ -129,10 +129,10 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
         } else {
             Action::await_change()
         }),
-        Step::Hold => {
-            writes::hold(&api, object, &uid)
+        Step::AddFinalizer => {
+            writes::add_finalizer(&api, object, &uid)
                 .await
-                .map_err(failed("hold", &name))?;
+                .map_err(failed("add-finalizer", &name))?;
             Ok(Action::await_change())
         }
         Step::Convert => convert(object, &uid, &memory, marked, ctx).await,
@@ -201,7 +201,7 @@ async fn let_go(object: &Meta, uid: &str, why: LetGo, ctx: &Context) -> Result<A
     let (reason, note) = match why {
         LetGo::OutOfReach => (
             "Released",
-            "no Convert policy covers it any more (its labels, or its kind's mode, changed): released cascade-guard's hold",
+            "no Convert policy covers it any more (its labels, or its kind's mode, changed): removed cascade-guard's finalizer",
         ),
         LetGo::Orphaning => (
             "OrphanLeftAlone",

@@ -25,11 +25,15 @@ pub(super) fn object_api(client: &Client, resource: &ApiResource, object: &Meta)
 /// Adds the finalizer in cascade-guard's own request (its own field manager,
 /// so no applier removes it), only to the object as seen: the patch tests the
 /// UID and resourceVersion first. Gone is done.
-pub(super) async fn hold(api: &Api<Meta>, object: &Meta, uid: &str) -> Result<(), kube::Error> {
-    send_patch(api, &object.name_any(), hold_patch(object, uid)).await
+pub(super) async fn add_finalizer(
+    api: &Api<Meta>,
+    object: &Meta,
+    uid: &str,
+) -> Result<(), kube::Error> {
+    send_patch(api, &object.name_any(), add_finalizer_patch(object, uid)).await
 }
 
-fn hold_patch(object: &Meta, uid: &str) -> json_patch::Patch {
+fn add_finalizer_patch(object: &Meta, uid: &str) -> json_patch::Patch {
     let rv = object.resource_version().unwrap_or_default();
     let add = if object.metadata.finalizers.is_some() {
         AddOperation {
@@ -167,7 +171,7 @@ async fn send_patch(
     let params = own_field_manager();
     match api.patch(name, &params, &Patch::<()>::Json(patch)).await {
         Ok(_) => Ok(()),
-        // Gone: nothing to hold or release.
+        // Gone: no finalizer to add or remove.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e),
     }
@@ -260,15 +264,15 @@ mod tests {
         object_api(client, &resource(), seen)
     }
 
-    fn hold_request(ops: serde_json::Value) -> Exchange {
+    fn add_finalizer_request(ops: serde_json::Value) -> Exchange {
         Exchange::patch(PATCHED)
             .header(JSON_PATCH.0, JSON_PATCH.1)
             .body(ops)
     }
 
-    /// The hold of `db` at resourceVersion 7, with no finalizers yet.
-    fn hold_unheld() -> Exchange {
-        hold_request(json!([
+    /// The finalizer added to `db` at resourceVersion 7, with no finalizers yet.
+    fn add_to_unfinalized() -> Exchange {
+        add_finalizer_request(json!([
             {"op": "test", "path": "/metadata/uid", "value": "u1"},
             {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
             {"op": "add", "path": "/metadata/finalizers", "value": [HELD]},
@@ -276,34 +280,44 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn hold_tests_uid_and_resource_version_then_adds_the_finalizer() {
+    async fn adding_the_finalizer_tests_uid_and_resource_version_first() {
         let seen = object("u1", "7", &[], false);
-        let script = vec![hold_unheld().ok(metadata("u1", "8", &[HELD], false))];
-        let out = against(script, async |c| hold(&api(&c, &seen), &seen, "u1").await).await;
+        let script = vec![add_to_unfinalized().ok(metadata("u1", "8", &[HELD], false))];
+        let out = against(script, async |c| {
+            add_finalizer(&api(&c, &seen), &seen, "u1").await
+        })
+        .await;
         assert!(out.is_ok(), "{out:?}");
     }
 
     #[tokio::test]
-    async fn hold_appends_to_finalizers_already_there() {
+    async fn the_finalizer_is_appended_to_those_already_there() {
         let seen = object("u1", "7", &["other.io/keep"], false);
         let script = vec![
-            hold_request(json!([
+            add_finalizer_request(json!([
                 {"op": "test", "path": "/metadata/uid", "value": "u1"},
                 {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
                 {"op": "add", "path": "/metadata/finalizers/-", "value": HELD},
             ]))
             .ok(metadata("u1", "8", &["other.io/keep", HELD], false)),
         ];
-        let out = against(script, async |c| hold(&api(&c, &seen), &seen, "u1").await).await;
+        let out = against(script, async |c| {
+            add_finalizer(&api(&c, &seen), &seen, "u1").await
+        })
+        .await;
         assert!(out.is_ok(), "{out:?}");
     }
 
     #[tokio::test]
-    async fn holding_an_object_that_is_gone_is_done() {
+    async fn adding_the_finalizer_to_an_object_that_is_gone_is_done() {
         let seen = object("u1", "7", &[], false);
-        let script =
-            vec![hold_unheld().fails(says::NOT_FOUND, "xdatabases.example.org \"db\" not found")];
-        let out = against(script, async |c| hold(&api(&c, &seen), &seen, "u1").await).await;
+        let script = vec![
+            add_to_unfinalized().fails(says::NOT_FOUND, "xdatabases.example.org \"db\" not found"),
+        ];
+        let out = against(script, async |c| {
+            add_finalizer(&api(&c, &seen), &seen, "u1").await
+        })
+        .await;
         assert!(out.is_ok(), "{out:?}");
     }
 
@@ -326,7 +340,7 @@ mod tests {
             .iter()
             .flat_map(|(says, message, now_at)| {
                 [
-                    hold_unheld().fails(*says, message),
+                    add_to_unfinalized().fails(*says, message),
                     Exchange::get(OBJECT)
                         .header(AS_METADATA.0, AS_METADATA.1)
                         .ok(metadata("u1", now_at, &[], false)),
@@ -337,7 +351,7 @@ mod tests {
             let api = api(&c, &seen);
             let mut changed = Vec::new();
             for _ in refusals {
-                let refused = hold(&api, &seen, "u1").await;
+                let refused = add_finalizer(&api, &seen, "u1").await;
                 assert!(refused.as_ref().is_err_and(is_stale), "{refused:?}");
                 changed.push(changed_since(&api, &seen).await);
             }
@@ -369,11 +383,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn other_refusals_of_a_hold_are_not_stale() {
+    async fn other_refusals_of_a_finalizer_add_are_not_stale() {
         let seen = object("u1", "7", &[], false);
-        let script =
-            vec![hold_unheld().fails(says::FORBIDDEN, "admission webhook denied the request")];
-        let out = against(script, async |c| hold(&api(&c, &seen), &seen, "u1").await).await;
+        let script = vec![
+            add_to_unfinalized().fails(says::FORBIDDEN, "admission webhook denied the request"),
+        ];
+        let out = against(script, async |c| {
+            add_finalizer(&api(&c, &seen), &seen, "u1").await
+        })
+        .await;
         assert!(out.as_ref().is_err_and(|e| !is_stale(e)), "{out:?}");
     }
 
@@ -381,13 +399,13 @@ mod tests {
     async fn release_tests_the_finalizer_where_seen_and_removes_it() {
         let seen = object("u1", "7", &["other.io/keep", HELD], true);
         let script = vec![
-            hold_request(json!([
+            add_finalizer_request(json!([
                 {"op": "test", "path": "/metadata/uid", "value": "u1"},
                 {"op": "test", "path": "/metadata/finalizers/1", "value": HELD},
                 {"op": "remove", "path": "/metadata/finalizers/1"},
             ]))
             .ok(metadata("u1", "8", &["other.io/keep"], true)),
-            hold_request(json!([
+            add_finalizer_request(json!([
                 {"op": "test", "path": "/metadata/uid", "value": "u1"},
                 {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
                 {"op": "test", "path": "/metadata/finalizers/1", "value": HELD},
@@ -413,7 +431,7 @@ mod tests {
         let seen = object("u1", "9", &["other.io/keep", HELD], true);
         let script =
             vec![
-            hold_request(json!([
+            add_finalizer_request(json!([
                 {"op": "test", "path": "/metadata/uid", "value": "u1"},
                 {"op": "test", "path": "/metadata/finalizers", "value": ["other.io/keep", HELD]},
                 {"op": "test", "path": "/metadata/finalizers/1", "value": HELD},
@@ -433,7 +451,7 @@ mod tests {
     async fn stripping_foreground_deletion_tests_it_where_seen_and_takes_refusals_as_changes() {
         let seen = object("u1", "9", &[HELD, "foregroundDeletion"], true);
         let strip = || {
-            hold_request(json!([
+            add_finalizer_request(json!([
                 {"op": "test", "path": "/metadata/uid", "value": "u1"},
                 {"op": "test", "path": "/metadata/finalizers/1", "value": "foregroundDeletion"},
                 {"op": "remove", "path": "/metadata/finalizers/1"},

@@ -320,7 +320,7 @@ async fn a_let_go_refused_as_no_longer_as_seen_is_retried() {
 }
 
 #[tokio::test]
-async fn holding_an_object_that_went_waits_for_a_change() {
+async fn adding_the_finalizer_to_an_object_that_went_waits_for_a_change() {
     let live = object("u1", "7", &[], false);
     let script = vec![
         Exchange::patch(PATCHED)
