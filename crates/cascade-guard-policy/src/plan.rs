@@ -57,9 +57,10 @@ impl Planned {
     }
 }
 
-/// What the cluster should contain.
+/// The admission plan: the policies and bindings the cluster should contain
+/// (the teardown plan of one tree is `cascade-guard plan`'s, `cli::plan::Plan`).
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Plan {
+pub struct AdmissionPlan {
     pub planned: Vec<Planned>,
     /// Every pair the policies compile to, in policy order.
     pub objects: Vec<Compiled>,
@@ -69,9 +70,13 @@ pub struct Plan {
 }
 
 /// Compiles every policy in force.
-pub fn plan(resolution: &Resolution, settings: &CompileSettings, kept: BTreeSet<String>) -> Plan {
+pub fn plan(
+    resolution: &Resolution,
+    settings: &CompileSettings,
+    kept: BTreeSet<String>,
+) -> AdmissionPlan {
     let (objects, names) = compile_with_names(&resolution.policies, settings);
-    Plan {
+    AdmissionPlan {
         planned: resolution
             .policies
             .iter()
@@ -86,7 +91,7 @@ pub fn plan(resolution: &Resolution, settings: &CompileSettings, kept: BTreeSet<
     }
 }
 
-impl Plan {
+impl AdmissionPlan {
     /// Every name the plan wants, kept ones included.
     pub fn wanted_names(&self) -> BTreeSet<String> {
         let mut names = self.kept.clone();
@@ -204,7 +209,7 @@ impl Live {
 /// kind before those that stop (a kind moving from one shared pair to another,
 /// when its XRD changes mode, is never in neither); then the extra bindings
 /// before the extra policies (so no binding is left pointing at nothing).
-pub fn diff(plan: &Plan, live: &Live, known: Known) -> Vec<Difference> {
+pub fn diff(plan: &AdmissionPlan, live: &Live, known: Known) -> Vec<Difference> {
     let mut gaining = Vec::new();
     let mut others = Vec::new();
     for compiled in &plan.objects {
@@ -435,7 +440,7 @@ mod tests {
     };
 
     /// The cluster as the API server would hold the plan's objects.
-    fn live_of(plan: &Plan) -> Live {
+    fn live_of(plan: &AdmissionPlan) -> Live {
         let mut live = Live::default();
         for c in &plan.objects {
             let name = c.policy.metadata.name.clone().unwrap_or_default();
@@ -450,7 +455,7 @@ mod tests {
     }
 
     /// The plan for one XRD under Refuse.
-    fn one_refuse_xrd(settings: &CompileSettings) -> Plan {
+    fn one_refuse_xrd(settings: &CompileSettings) -> AdmissionPlan {
         plan(
             &resolution(vec![policy("A", Mode::Refuse, xrd("as.example.org"))]),
             settings,

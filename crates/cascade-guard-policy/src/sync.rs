@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::last_good::{LastGood, keep_last_good, recall};
 use crate::naming::object_name;
-use crate::plan::{Difference, Known, Live, Plan, diff, plan};
+use crate::plan::{AdmissionPlan, Difference, Known, Live, diff, plan};
 use crate::resolve::{Resolution, Source};
 use crate::settings::CompileSettings;
 
@@ -34,7 +34,7 @@ pub struct Pass {
     /// each CascadePolicy that names a kind no CRD defines (its problem
     /// says so).
     pub resolution: Resolution,
-    pub plan: Plan,
+    pub plan: AdmissionPlan,
     /// The changes, in the order to make them (see [`diff`]).
     pub changes: Vec<Difference>,
 }

@@ -22,7 +22,7 @@ use crate::policy::sibling::object::ObjectRef;
 
 /// What became of an object let go.
 #[derive(Debug, PartialEq, Eq)]
-pub enum LetGo {
+pub enum Unheld {
     /// Deleted: an owner of it is leaving.
     Deleted,
     /// Left as it is: nothing wants it gone, it is gone, or being deleted.
@@ -38,18 +38,18 @@ pub async fn let_go(
     client: &Client,
     kinds: &ServedKinds,
     object: &ObjectRef,
-) -> Result<LetGo, kube::Error> {
+) -> Result<Unheld, kube::Error> {
     let Some(api) = api_of(client, kinds, object) else {
-        return Ok(LetGo::Left);
+        return Ok(Unheld::Left);
     };
     let meta = match api.get_metadata_opt(&object.name).await {
         Ok(Some(meta)) => meta,
-        Ok(None) => return Ok(LetGo::Left),
-        Err(kube::Error::Api(s)) if s.code == 403 => return Ok(LetGo::LeftToItsDeleter),
+        Ok(None) => return Ok(Unheld::Left),
+        Err(kube::Error::Api(s)) if s.code == 403 => return Ok(Unheld::LeftToItsDeleter),
         Err(e) => return Err(e),
     };
     if meta.metadata.deletion_timestamp.is_some() || !owner_leaving(client, kinds, &meta).await {
-        return Ok(LetGo::Left);
+        return Ok(Unheld::Left);
     }
     // Only this object: a newer one of the same name is not touched.
     let params = DeleteParams {
@@ -61,9 +61,9 @@ pub async fn let_go(
         ..DeleteParams::default()
     };
     match api.delete(&object.name, &params).await {
-        Ok(_) => Ok(LetGo::Deleted),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(LetGo::Left),
-        Err(kube::Error::Api(s)) if s.code == 403 => Ok(LetGo::LeftToItsDeleter),
+        Ok(_) => Ok(Unheld::Deleted),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Unheld::Left),
+        Err(kube::Error::Api(s)) if s.code == 403 => Ok(Unheld::LeftToItsDeleter),
         Err(e) => Err(e),
     }
 }
@@ -263,7 +263,7 @@ mod tests {
                 "preconditions": {"uid": "u1"},
             }))
         };
-        let cases: Vec<(&str, Vec<Exchange>, LetGo)> = vec![
+        let cases: Vec<(&str, Vec<Exchange>, Unheld)> = vec![
             (
                 "owner deleting",
                 vec![
@@ -271,7 +271,7 @@ mod tests {
                     Exchange::get(OWNER).ok(owner_object(true)),
                     delete().ok(owned_db()),
                 ],
-                LetGo::Deleted,
+                Unheld::Deleted,
             ),
             (
                 "owner staying",
@@ -279,7 +279,7 @@ mod tests {
                     Exchange::get(OBJECT).ok(owned_db()),
                     Exchange::get(OWNER).ok(owner_object(false)),
                 ],
-                LetGo::Left,
+                Unheld::Left,
             ),
             (
                 "owner gone, the delete refused by a webhook",
@@ -288,17 +288,17 @@ mod tests {
                     Exchange::get(OWNER).fails(says::NOT_FOUND, "gone"),
                     delete().fails(says::CONFLICT, "in use"),
                 ],
-                LetGo::Left,
+                Unheld::Left,
             ),
             (
                 "gone already",
                 vec![Exchange::get(OBJECT).fails(says::NOT_FOUND, "gone")],
-                LetGo::Left,
+                Unheld::Left,
             ),
             (
                 "not readable",
                 vec![Exchange::get(OBJECT).fails(says::FORBIDDEN, "no")],
-                LetGo::LeftToItsDeleter,
+                Unheld::LeftToItsDeleter,
             ),
             (
                 "not deletable",
@@ -307,7 +307,7 @@ mod tests {
                     Exchange::get(OWNER).ok(owner_object(true)),
                     delete().fails(says::FORBIDDEN, "no"),
                 ],
-                LetGo::LeftToItsDeleter,
+                Unheld::LeftToItsDeleter,
             ),
         ];
         for (what, script, want) in cases {

@@ -105,7 +105,7 @@ impl LeaseSettings {
 pub async fn acquire(client: Client, settings: LeaseSettings) -> Result<Leadership, Error> {
     settings.validate()?;
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
-    let mut observed: Option<Observed> = None;
+    let mut observed: Option<LeaseSeen> = None;
     let mut waiting_for: Option<String> = None;
     loop {
         match try_acquire(&api, &settings, &mut observed).await {
@@ -313,7 +313,7 @@ impl Drop for Leading {
 
 /// A Lease spec as we last saw it change, and when, by our clock.
 #[derive(Debug)]
-struct Observed {
+struct LeaseSeen {
     spec: LeaseSpec,
     at: Instant,
 }
@@ -334,7 +334,7 @@ enum Attempt {
 async fn try_acquire(
     api: &Api<Lease>,
     settings: &LeaseSettings,
-    observed: &mut Option<Observed>,
+    observed: &mut Option<LeaseSeen>,
 ) -> Result<Attempt, kube::Error> {
     let Some(current) = api.get_opt(&settings.name).await? else {
         let lease = Lease {
@@ -368,7 +368,7 @@ async fn try_acquire(
     let seen_at = match observed {
         Some(o) if o.spec == spec => o.at,
         _ => {
-            *observed = Some(Observed {
+            *observed = Some(LeaseSeen {
                 spec: spec.clone(),
                 at: seen,
             });

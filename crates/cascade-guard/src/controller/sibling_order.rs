@@ -23,7 +23,7 @@ use super::MANAGER;
 use super::telemetry::Metrics;
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::cluster::tree::Usages;
-use crate::cluster::watch_tap::{Tap as TapTrait, Taps, WatchEvent};
+use crate::cluster::watch_tap::{Tap, Taps, WatchEvent};
 use crate::policy::drift::first_difference;
 use crate::policy::sibling::gate::GatedKind;
 use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, Shape};
@@ -114,8 +114,8 @@ impl Feed {
 }
 
 impl Taps for Feed {
-    fn tap(&self, kind: &ProtectedKind) -> Box<dyn TapTrait> {
-        Box::new(Tap {
+    fn tap(&self, kind: &ProtectedKind) -> Box<dyn Tap> {
+        Box::new(IndexTap {
             index: self.0.clone(),
             key: (kind.group.clone(), kind.kind.clone()),
             feeder: index::feeder(),
@@ -130,13 +130,13 @@ impl Default for Feed {
 }
 
 /// One watch's events into the index.
-struct Tap {
+struct IndexTap {
     index: Arc<Mutex<Index>>,
     key: KindKey,
     feeder: index::Feeder,
 }
 
-impl TapTrait for Tap {
+impl Tap for IndexTap {
     fn event(&self, event: &WatchEvent) {
         if let (Some(change), Ok(mut index)) = (tapped(event), self.index.lock()) {
             index.apply(&self.key, self.feeder, change);
@@ -148,17 +148,17 @@ impl TapTrait for Tap {
 /// unknown until the watch lists it again (a resumed watch after an API
 /// server restart lists again: `recovery` shows a new tree's need held after
 /// one).
-fn tapped(event: &WatchEvent) -> Option<index::WatchEvent> {
+fn tapped(event: &WatchEvent) -> Option<index::IndexEvent> {
     match event {
         Ok(e) => mirror::event(e),
-        Err(e) => Some(index::WatchEvent::Failed(e.to_string())),
+        Err(e) => Some(index::IndexEvent::Failed(e.to_string())),
     }
 }
 
-impl Drop for Tap {
+impl Drop for IndexTap {
     fn drop(&mut self) {
         if let Ok(mut index) = self.index.lock() {
-            index.apply(&self.key, self.feeder, index::WatchEvent::Stopped);
+            index.apply(&self.key, self.feeder, index::IndexEvent::Stopped);
         }
     }
 }
@@ -193,7 +193,7 @@ pub fn start(
         resync,
     } = setup;
     let (tx, mut rx) = watch::channel(None::<OrderedKinds>);
-    let mut order = SiblingOrder {
+    let mut order = OrderLoop {
         gate: Gate::new(
             client.clone(),
             namespace.clone(),
@@ -234,7 +234,8 @@ pub fn start(
     tx
 }
 
-struct SiblingOrder {
+/// The loop's state, kept across looks.
+struct OrderLoop {
     client: Client,
     /// Says, for the admission gate, how each root's tree stands.
     gate: Gate,
@@ -280,7 +281,7 @@ struct Watched {
     gated: Vec<GatedKind>,
 }
 
-impl SiblingOrder {
+impl OrderLoop {
     /// One look: the kinds watched, the due trees read and reconciled, the
     /// roots that left let go of, the records written.
     async fn tick(&mut self, ordered: &OrderedKinds) {
@@ -545,11 +546,11 @@ mod tests {
         ];
         for e in errors {
             let got = tapped(&Err(e));
-            assert!(matches!(got, Some(index::WatchEvent::Failed(_))), "{got:?}");
+            assert!(matches!(got, Some(index::IndexEvent::Failed(_))), "{got:?}");
         }
         assert_eq!(
             tapped(&Ok(watcher::Event::Init)),
-            Some(index::WatchEvent::Listing)
+            Some(index::IndexEvent::Listing)
         );
     }
 }

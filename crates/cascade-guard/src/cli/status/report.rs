@@ -16,7 +16,7 @@ use crate::policy::names::{
     FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER, MODE_ANNOTATION,
     PROTECTED_KINDS_ANNOTATION,
 };
-use crate::policy::plan::{self, Live, Plan};
+use crate::policy::plan::{self, AdmissionPlan, Live};
 use crate::policy::selector::query_string;
 use crate::policy::split_yaml_documents;
 use crate::policy::static_manifest::{FEATURE_GATE, ServerReport, protected_kinds};
@@ -141,7 +141,7 @@ impl Report {
             || self
                 .protected
                 .iter()
-                .any(|p| p.served == Some(Served::Unguarded));
+                .any(|p| p.served == Some(ServedFrom::Unguarded));
         if unguarded {
             UNGUARDED_EXIT
         } else if !self.controller.as_ref().is_some_and(|c| c.live) {
@@ -182,7 +182,7 @@ pub struct StaticWriter {
 
 /// Where a kind's protection is served from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum Served {
+pub enum ServedFrom {
     /// ValidatingAdmissionPolicies in the API (the controller keeps them).
     Api,
     /// Its API objects are missing, and no static file carries it.
@@ -197,15 +197,15 @@ pub enum Served {
     StaticStale,
 }
 
-impl Served {
+impl ServedFrom {
     pub fn as_str(self) -> &'static str {
         match self {
-            Served::Api => "API",
-            Served::Unguarded => "nothing (its API objects are missing)",
-            Served::Static => "static (its API objects are missing)",
-            Served::StaticAndApi => "static + API",
-            Served::NotInStaticFile => "API (missing from the static file)",
-            Served::StaticStale => "API (static file not loaded)",
+            ServedFrom::Api => "API",
+            ServedFrom::Unguarded => "nothing (its API objects are missing)",
+            ServedFrom::Static => "static (its API objects are missing)",
+            ServedFrom::StaticAndApi => "static + API",
+            ServedFrom::NotInStaticFile => "API (missing from the static file)",
+            ServedFrom::StaticStale => "API (static file not loaded)",
         }
     }
 }
@@ -230,7 +230,7 @@ pub struct Protected {
     pub admission_objects: Option<String>,
     /// Where its protection is served from (None for Off).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub served: Option<Served>,
+    pub served: Option<ServedFrom>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -310,7 +310,7 @@ impl Cascading {
 }
 
 /// One row per policy.
-pub(super) fn protected(plan: &Plan) -> Vec<Protected> {
+pub(super) fn protected(plan: &AdmissionPlan) -> Vec<Protected> {
     plan.planned
         .iter()
         .map(|planned| {
@@ -339,7 +339,7 @@ pub(super) fn protected(plan: &Plan) -> Vec<Protected> {
                     .as_ref()
                     .map(|s| query_string(s).unwrap_or_else(|e| format!("(invalid: {e})"))),
                 admission_objects: Some(planned.names().join(", ")).filter(|n| !n.is_empty()),
-                served: (p.mode != Mode::Off).then_some(Served::Api),
+                served: (p.mode != Mode::Off).then_some(ServedFrom::Api),
             }
         })
         .collect()
@@ -357,7 +357,7 @@ pub(super) fn mark_missing_api_objects(protected: &mut [Protected], admission: &
     for row in protected.iter_mut() {
         let names = row.admission_objects.as_deref().unwrap_or_default();
         if row.served.is_some() && names.split(", ").any(|n| missing.contains(&n)) {
-            row.served = Some(Served::Unguarded);
+            row.served = Some(ServedFrom::Unguarded);
         }
     }
 }
@@ -415,7 +415,7 @@ pub(super) fn static_protection(
             .filter(|w| !w.kinds.contains(&row.kind))
             .map(|w| w.writer.as_str())
             .collect();
-        let api = row.served == Some(Served::Api);
+        let api = row.served == Some(ServedFrom::Api);
         row.served = Some(if !missing.is_empty() {
             problems.push(format!(
                 "{} is not in the static file of {}: only its API objects protect it (is that writer running and reading the same policies?)",
@@ -423,20 +423,20 @@ pub(super) fn static_protection(
                 missing.join(", ")
             ));
             if api {
-                Served::NotInStaticFile
+                ServedFrom::NotInStaticFile
             } else {
-                Served::Unguarded
+                ServedFrom::Unguarded
             }
         } else if any_loaded {
             if api {
-                Served::StaticAndApi
+                ServedFrom::StaticAndApi
             } else {
-                Served::Static
+                ServedFrom::Static
             }
         } else if api {
-            Served::StaticStale
+            ServedFrom::StaticStale
         } else {
-            Served::Unguarded
+            ServedFrom::Unguarded
         });
     }
     Some(StaticProtection {
@@ -518,7 +518,7 @@ pub(super) fn admission_sync(pass: &Pass, live: &Live) -> AdmissionSync {
 
 /// The kinds a wanted object guards, so that a missing shared object shows
 /// the whole gap (None for an object of one CascadePolicy, named by itself).
-fn guards(plan: &Plan, name: &str) -> Option<String> {
+fn guards(plan: &AdmissionPlan, name: &str) -> Option<String> {
     let kinds: Vec<String> = plan
         .carried_by(name)
         .filter(|p| matches!(p.source, Source::Xrd { .. }))
@@ -544,7 +544,7 @@ fn guards(plan: &Plan, name: &str) -> Option<String> {
 /// An extra shared object of another mode that carries kinds the plan has
 /// from XRDs without the annotation: the controller probably runs with
 /// another default mode than status was given.
-fn other_mode_detail(plan: &Plan, live: &Value) -> Option<String> {
+fn other_mode_detail(plan: &AdmissionPlan, live: &Value) -> Option<String> {
     let annotations = live.pointer("/metadata/annotations")?;
     let live_mode = annotations.get(MODE_ANNOTATION)?.as_str()?;
     let carried: BTreeMap<String, Value> =

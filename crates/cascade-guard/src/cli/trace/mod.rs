@@ -21,7 +21,7 @@ use crate::cluster::kinds::{LookupError, ServedKinds};
 use crate::policy::composed_resources;
 use crate::policy::sibling::holds_record::HoldEntry;
 use crate::policy::sibling::object::ObjectRef;
-use view::{Key, Seen, State, Summary, Trace};
+use view::{Key, Phase, Seen, Summary, Trace};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
@@ -98,7 +98,7 @@ pub async fn trace(
         name: options.name.clone(),
     };
     let first = read(client, &kinds, &root, &[]).await;
-    if first.state == State::Gone {
+    if first.state == Phase::Gone {
         return Err(LookupError::NotFound {
             resource: options.resource.clone(),
             name: options.name.clone(),
@@ -243,7 +243,7 @@ fn redraw(
 /// Reads one object: its state, its composed resources, the Usages on it.
 async fn read(client: &Client, kinds: &ServedKinds, key: &Key, usages: &[Usage]) -> Seen {
     let unknown = |reason: String| Seen {
-        state: State::Unknown { reason },
+        state: Phase::Unknown { reason },
         children: Vec::new(),
         used_by: Vec::new(),
     };
@@ -259,7 +259,7 @@ async fn read(client: &Client, kinds: &ServedKinds, key: &Key, usages: &[Usage])
         Ok(Some(o)) => o,
         Ok(None) => {
             return Seen {
-                state: State::Gone,
+                state: Phase::Gone,
                 children: Vec::new(),
                 used_by: Vec::new(),
             };
@@ -267,11 +267,11 @@ async fn read(client: &Client, kinds: &ServedKinds, key: &Key, usages: &[Usage])
         Err(e) => return unknown(e.to_string()),
     };
     let state = if object.metadata.deletion_timestamp.is_some() {
-        State::Deleting {
+        Phase::Deleting {
             finalizers: object.finalizers().to_vec(),
         }
     } else {
-        State::Live
+        Phase::Live
     };
     let children = composed(&object, key);
     let used_by = usages

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::view::{Key, Node, State, Trace};
+use super::view::{Key, Node, Phase, Trace};
 use crate::cli::plan::picture::{self, Line, LineKind, Picture, Shape, Wave};
 use crate::policy::holders::describe_finalizer;
 use crate::policy::names::{FOREGROUND_CASCADE_FINALIZER, FOREGROUND_DELETION_FINALIZER};
@@ -40,7 +40,7 @@ fn held_for<'a>(key: &Key, holds: &'a Holds) -> Option<&'a str> {
 /// A deleting object that waits for its dependents: the API server's
 /// foreground cascade, or cascade-guard's hold until nothing is left.
 fn waits_for_dependents(node: &Node) -> bool {
-    matches!(&node.state, State::Deleting { finalizers } if finalizers
+    matches!(&node.state, Phase::Deleting { finalizers } if finalizers
         .iter()
         .any(|f| f == FOREGROUND_DELETION_FINALIZER || f == FOREGROUND_CASCADE_FINALIZER))
 }
@@ -53,7 +53,7 @@ fn seconds(at: f64) -> String {
 pub fn of(trace: &Trace, elapsed: f64, holds: &Holds) -> Picture {
     let keys: Vec<&Key> = trace.nodes.keys().collect();
     let at: BTreeMap<&Key, usize> = keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
-    let present = |k: &Key| trace.nodes.get(k).is_some_and(|n| n.state != State::Gone);
+    let present = |k: &Key| trace.nodes.get(k).is_some_and(|n| n.state != Phase::Gone);
 
     // Each object's first parent (the tree as trace first read it).
     let mut parent: BTreeMap<usize, usize> = BTreeMap::new();
@@ -74,7 +74,7 @@ pub fn of(trace: &Trace, elapsed: f64, holds: &Holds) -> Picture {
     let in_teardown = |mut i: usize| {
         let mut seen = BTreeSet::new();
         loop {
-            if matches!(trace.nodes[keys[i]].state, State::Deleting { .. }) {
+            if matches!(trace.nodes[keys[i]].state, Phase::Deleting { .. }) {
                 return true;
             }
             match parent.get(&i) {
@@ -88,7 +88,7 @@ pub fn of(trace: &Trace, elapsed: f64, holds: &Holds) -> Picture {
     // sibling-order hold, or not deleted yet).
     let blocker = |i: usize| {
         let node = &trace.nodes[keys[i]];
-        node.state != State::Gone
+        node.state != Phase::Gone
             && in_teardown(i)
             && !node
                 .children
@@ -120,7 +120,7 @@ pub fn of(trace: &Trace, elapsed: f64, holds: &Holds) -> Picture {
         .enumerate()
         .map(|(i, key)| {
             let node = &trace.nodes[*key];
-            let held = held_for(key, holds).filter(|_| node.state != State::Gone);
+            let held = held_for(key, holds).filter(|_| node.state != Phase::Gone);
             Shape {
                 lines: lines(node, held),
                 wave: rank_of(node),
@@ -133,8 +133,8 @@ pub fn of(trace: &Trace, elapsed: f64, holds: &Holds) -> Picture {
                 outside: false,
                 held: held.is_some(),
                 hazard: false,
-                deleting: matches!(node.state, State::Deleting { .. }),
-                gone: node.state == State::Gone,
+                deleting: matches!(node.state, Phase::Deleting { .. }),
+                gone: node.state == Phase::Gone,
                 blocker: blocker(i),
             }
         })
@@ -175,21 +175,21 @@ fn lines(node: &Node, held_for: Option<&str>) -> Vec<String> {
     };
     let mut lines = vec![key.kind.clone(), name];
     match &node.state {
-        State::Unknown { reason } => lines.push(format!("cannot read: {reason}")),
-        State::Live => lines.push("present".to_string()),
-        State::Deleting { finalizers } => {
+        Phase::Unknown { reason } => lines.push(format!("cannot read: {reason}")),
+        Phase::Live => lines.push("present".to_string()),
+        Phase::Deleting { finalizers } => {
             lines.push(match node.deleting_at {
                 Some(at) => format!("deleting since {}", seconds(at)),
                 None => "deleting (before trace looked)".to_string(),
             });
             lines.extend(finalizers.iter().map(|f| describe_finalizer(f)));
         }
-        State::Gone => lines.push(format!(
+        Phase::Gone => lines.push(format!(
             "gone at {}",
             seconds(node.gone_at.unwrap_or_default())
         )),
     }
-    if node.state != State::Gone {
+    if node.state != Phase::Gone {
         lines.extend(node.used_by.iter().map(|u| format!("in use: {u}")));
     }
     if let Some(by) = held_for {
@@ -229,8 +229,8 @@ mod tests {
     use crate::cli::plan::{dot, mermaid};
     use crate::cli::trace::view::tests::{key, seen};
 
-    fn deleting(finalizers: &[&str]) -> State {
-        State::Deleting {
+    fn deleting(finalizers: &[&str]) -> Phase {
+        Phase::Deleting {
             finalizers: finalizers.iter().map(|f| f.to_string()).collect(),
         }
     }
@@ -245,14 +245,14 @@ mod tests {
         let cluster = key("Cluster", "prod");
         let mut t = Trace::new(root.clone());
         let children = vec![gone.clone(), held.clone(), stack.clone()];
-        t.observe(&root, seen(State::Live, children), 0.0);
-        t.observe(&stack, seen(State::Live, vec![cluster.clone()]), 0.0);
+        t.observe(&root, seen(Phase::Live, children), 0.0);
+        t.observe(&stack, seen(Phase::Live, vec![cluster.clone()]), 0.0);
         for k in [&gone, &held, &cluster] {
-            t.observe(k, seen(State::Live, vec![]), 0.0);
+            t.observe(k, seen(Phase::Live, vec![]), 0.0);
         }
         let foreground = || deleting(&[FOREGROUND_DELETION_FINALIZER]);
         t.observe(&root, seen(foreground(), vec![]), 1.0);
-        t.observe(&gone, seen(State::Gone, vec![]), 1.5);
+        t.observe(&gone, seen(Phase::Gone, vec![]), 1.5);
         let provider = deleting(&["finalizer.managedresource.crossplane.io"]);
         t.observe(&held, seen(provider, vec![]), 1.5);
         t.observe(&stack, seen(foreground(), vec![]), 1.5);
@@ -343,10 +343,10 @@ mod tests {
     #[test]
     fn a_finished_teardown_ranks_what_left_by_the_look_that_saw_it_gone() {
         let (mut trace, [root, _, held, stack, cluster]) = wedged();
-        trace.observe(&held, seen(State::Gone, vec![]), 3.0);
-        trace.observe(&cluster, seen(State::Gone, vec![]), 4.0);
-        trace.observe(&stack, seen(State::Gone, vec![]), 4.0);
-        trace.observe(&root, seen(State::Gone, vec![]), 5.0);
+        trace.observe(&held, seen(Phase::Gone, vec![]), 3.0);
+        trace.observe(&cluster, seen(Phase::Gone, vec![]), 4.0);
+        trace.observe(&stack, seen(Phase::Gone, vec![]), 4.0);
+        trace.observe(&root, seen(Phase::Gone, vec![]), 5.0);
         let p = of(&trace, 5.0, &[]);
         let ranks: Vec<(String, Vec<String>)> = p
             .waves
@@ -381,8 +381,8 @@ mod tests {
         let root = key("XR", "root");
         let child = key("ConfigMap", "c");
         let mut t = Trace::new(root.clone());
-        t.observe(&root, seen(State::Live, vec![child.clone()]), 0.0);
-        t.observe(&child, seen(State::Live, vec![]), 0.0);
+        t.observe(&root, seen(Phase::Live, vec![child.clone()]), 0.0);
+        t.observe(&child, seen(Phase::Live, vec![]), 0.0);
         let p = of(&t, 0.0, &[]);
         assert!(p.shapes.iter().all(|s| !s.blocker && !s.gone));
         assert!(p.waves.is_empty() && p.lines.is_empty());

@@ -30,9 +30,11 @@ impl Key {
     }
 }
 
+/// Where one object is in its life, as a poll found it (`-o json` calls it
+/// its `state`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase", tag = "state")]
-pub enum State {
+pub enum Phase {
     /// Not looked at yet, or it could not be read (`reason` says why).
     Unknown {
         reason: String,
@@ -47,7 +49,7 @@ pub enum State {
 /// What a poll found of one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seen {
-    pub state: State,
+    pub state: Phase,
     pub children: Vec<Key>,
     /// Usages that name it as `of`, described ("Usage u: in use by ServingStack s").
     pub used_by: Vec<String>,
@@ -57,7 +59,7 @@ pub struct Seen {
 #[serde(rename_all = "camelCase")]
 pub struct Node {
     pub key: Key,
-    pub state: State,
+    pub state: Phase,
     pub children: Vec<Key>,
     pub used_by: Vec<String>,
     /// Seconds from the start of the trace when it was seen to start
@@ -100,7 +102,7 @@ impl Trace {
         let mut keys: Vec<(usize, Key)> = self
             .nodes
             .values()
-            .filter(|n| n.state != State::Gone)
+            .filter(|n| n.state != Phase::Gone)
             .map(|n| (depths.get(&n.key).copied().unwrap_or(0), n.key.clone()))
             .collect();
         keys.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
@@ -138,20 +140,20 @@ impl Trace {
         };
         if n.state != seen.state {
             let what = match &seen.state {
-                State::Live => "live".to_string(),
-                State::Deleting { finalizers } => {
+                Phase::Live => "live".to_string(),
+                Phase::Deleting { finalizers } => {
                     // Only a start trace saw: deleting at its first read, it
                     // started before, at a time trace cannot know.
-                    if n.deleting_at.is_none() && n.state == State::Live {
+                    if n.deleting_at.is_none() && n.state == Phase::Live {
                         n.deleting_at = Some(at);
                     }
                     describe_deleting(finalizers)
                 }
-                State::Gone => {
+                Phase::Gone => {
                     n.gone_at = Some(at);
                     "gone".to_string()
                 }
-                State::Unknown { reason } => format!("cannot read: {reason}"),
+                Phase::Unknown { reason } => format!("cannot read: {reason}"),
             };
             changes.push(Change {
                 at,
@@ -167,7 +169,7 @@ impl Trace {
                 what: seen.used_by.join("; "),
             });
         }
-        if !seen.used_by.is_empty() || n.state != State::Gone {
+        if !seen.used_by.is_empty() || n.state != Phase::Gone {
             n.used_by = seen.used_by;
         }
         let mut new_children = Vec::new();
@@ -187,7 +189,7 @@ impl Trace {
     pub fn unread(&self) -> bool {
         self.nodes
             .values()
-            .any(|n| matches!(&n.state, State::Unknown { reason } if reason == NOT_READ_YET))
+            .any(|n| matches!(&n.state, Phase::Unknown { reason } if reason == NOT_READ_YET))
     }
 
     pub fn total(&self) -> usize {
@@ -197,7 +199,7 @@ impl Trace {
     pub fn gone(&self) -> usize {
         self.nodes
             .values()
-            .filter(|n| n.state == State::Gone)
+            .filter(|n| n.state == Phase::Gone)
             .count()
     }
 
@@ -205,7 +207,7 @@ impl Trace {
         self.root
             .as_ref()
             .and_then(|r| self.nodes.get(r))
-            .is_some_and(|n| n.state == State::Gone)
+            .is_some_and(|n| n.state == Phase::Gone)
     }
 
     /// The tree as indented lines, the root first.
@@ -231,17 +233,17 @@ impl Trace {
         }
         let indent = "  ".repeat(depth);
         let (mark, state) = match &n.state {
-            State::Unknown { reason } => ("?", format!("unknown ({reason})")),
-            State::Live => ("·", "live".to_string()),
-            State::Deleting { finalizers } => ("~", describe_deleting(finalizers)),
-            State::Gone => (
+            Phase::Unknown { reason } => ("?", format!("unknown ({reason})")),
+            Phase::Live => ("·", "live".to_string()),
+            Phase::Deleting { finalizers } => ("~", describe_deleting(finalizers)),
+            Phase::Gone => (
                 "✓",
                 format!("gone at {:.1}s", n.gone_at.unwrap_or_default()),
             ),
         };
         let _ = writeln!(out, "{indent}{mark} {}  {state}", key.label());
         for u in &n.used_by {
-            if n.state != State::Gone {
+            if n.state != Phase::Gone {
                 let _ = writeln!(out, "{indent}    in use: {u}");
             }
         }
@@ -268,7 +270,7 @@ impl Trace {
         let left: Vec<String> = self
             .nodes
             .values()
-            .filter(|n| n.state != State::Gone)
+            .filter(|n| n.state != Phase::Gone)
             .map(|n| n.key.label())
             .collect();
         Summary {
@@ -285,7 +287,7 @@ impl Trace {
 fn node(key: Key) -> Node {
     Node {
         key,
-        state: State::Unknown {
+        state: Phase::Unknown {
             reason: NOT_READ_YET.into(),
         },
         children: Vec::new(),
@@ -366,7 +368,7 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn seen(state: State, children: Vec<Key>) -> Seen {
+    pub(crate) fn seen(state: Phase, children: Vec<Key>) -> Seen {
         Seen {
             state,
             children,
@@ -382,17 +384,17 @@ pub(crate) mod tests {
         let mut t = Trace::new(root.clone());
         let c = t.observe(
             &root,
-            seen(State::Live, vec![cluster.clone(), stack.clone()]),
+            seen(Phase::Live, vec![cluster.clone(), stack.clone()]),
             0.0,
         );
         assert_eq!(c.len(), 1);
         assert_eq!(t.total(), 3);
         assert_eq!(t.pending().len(), 3);
-        t.observe(&cluster, seen(State::Live, vec![]), 0.0);
+        t.observe(&cluster, seen(Phase::Live, vec![]), 0.0);
         let c = t.observe(
             &stack,
             Seen {
-                state: State::Live,
+                state: Phase::Live,
                 children: vec![],
                 used_by: vec![],
             },
@@ -402,7 +404,7 @@ pub(crate) mod tests {
         let c = t.observe(
             &root,
             seen(
-                State::Deleting {
+                Phase::Deleting {
                     finalizers: vec!["foregroundDeletion".into()],
                 },
                 vec![],
@@ -413,7 +415,7 @@ pub(crate) mod tests {
         let c = t.observe(
             &cluster,
             Seen {
-                state: State::Live,
+                state: Phase::Live,
                 children: vec![],
                 used_by: vec!["Usage u: in use by ServingStack prod-stack".into()],
             },
@@ -421,10 +423,10 @@ pub(crate) mod tests {
         );
         assert_eq!(c.len(), 1);
         assert!(t.render(Duration::from_secs(2)).contains("in use: Usage u"));
-        t.observe(&stack, seen(State::Gone, vec![]), 3.0);
-        t.observe(&cluster, seen(State::Gone, vec![]), 4.0);
+        t.observe(&stack, seen(Phase::Gone, vec![]), 3.0);
+        t.observe(&cluster, seen(Phase::Gone, vec![]), 4.0);
         assert!(!t.done());
-        t.observe(&root, seen(State::Gone, vec![]), 4.5);
+        t.observe(&root, seen(Phase::Gone, vec![]), 4.5);
         assert!(t.done());
         let s = t.summary(Duration::from_secs_f64(4.5));
         assert!(s.complete);
@@ -446,10 +448,10 @@ pub(crate) mod tests {
         let a = key("A", "a");
         let b = key("B", "b");
         let mut t = Trace::new(a.clone());
-        t.observe(&a, seen(State::Live, vec![b.clone()]), 0.0);
+        t.observe(&a, seen(Phase::Live, vec![b.clone()]), 0.0);
         // a cycle (b claims a as a child) must not loop the renderer
-        t.observe(&b, seen(State::Live, vec![a.clone()]), 0.0);
-        t.observe(&a, seen(State::Gone, vec![]), 1.0);
+        t.observe(&b, seen(Phase::Live, vec![a.clone()]), 0.0);
+        t.observe(&a, seen(Phase::Gone, vec![]), 1.0);
         assert_eq!(t.nodes[&a].children, vec![b.clone()]);
         let text = t.render(Duration::from_secs(1));
         assert_eq!(text.lines().count(), 3, "{text}");
@@ -463,12 +465,12 @@ pub(crate) mod tests {
     fn the_deepest_objects_are_looked_at_first() {
         let (a, b, c) = (key("A", "a"), key("B", "b"), key("C", "c"));
         let mut t = Trace::new(a.clone());
-        t.observe(&a, seen(State::Live, vec![b.clone()]), 0.0);
-        t.observe(&b, seen(State::Live, vec![c.clone()]), 0.0);
+        t.observe(&a, seen(Phase::Live, vec![b.clone()]), 0.0);
+        t.observe(&b, seen(Phase::Live, vec![c.clone()]), 0.0);
         assert_eq!(t.pending(), vec![c.clone(), b.clone(), a.clone()]);
         // Seen gone in one look: same time, and the summary says so.
         for k in [&c, &b, &a] {
-            t.observe(k, seen(State::Gone, vec![]), 2.0);
+            t.observe(k, seen(Phase::Gone, vec![]), 2.0);
         }
         let text = t.summary(Duration::from_secs(2)).render();
         assert_eq!(text.matches("(same look)").count(), 2, "{text}");

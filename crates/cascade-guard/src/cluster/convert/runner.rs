@@ -31,14 +31,15 @@ use crate::policy::ProtectedKind;
 use crate::policy::cascade::{Carry, Reach};
 use crate::policy::names::{CONVERTED_ANNOTATION, FOREGROUND_CASCADE_FINALIZER};
 
-struct Running {
+/// One kind's Convert controller, running.
+struct RunningKind {
     kind: ConvertKind,
     context: Arc<Context>,
     stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
 }
 
-impl Running {
+impl RunningKind {
     async fn stop(self) {
         let _ = self.stop.send(());
         let _ = self.task.await;
@@ -57,7 +58,7 @@ pub struct Converter {
     client: Client,
     recorder: Recorder,
     metrics: Arc<dyn ConvertMetrics>,
-    running: BTreeMap<String, Running>,
+    running: BTreeMap<String, RunningKind>,
     finalizer_adds: Arc<Semaphore>,
     carry: Carry,
     stall_after: Duration,
@@ -215,7 +216,7 @@ impl Converter {
         }
     }
 
-    async fn start(&self, kind: ConvertKind) -> Result<Running, kube::Error> {
+    async fn start(&self, kind: ConvertKind) -> Result<RunningKind, kube::Error> {
         let resource = served_resource(&self.client, &kind.kind).await?;
         let api: Api<Meta> = Api::all_with(self.client.clone(), &resource);
         // Small pages: the start-up list of every kind at once is the peak of
@@ -291,7 +292,7 @@ impl Converter {
                 tracing::info!(kind = %kind.kind, ?reach, "converting deletes to foreground cascades")
             }
         }
-        Ok(Running {
+        Ok(RunningKind {
             kind,
             context,
             stop,

@@ -42,7 +42,7 @@ pub(crate) struct Meta {
 
 /// What a watch of one kind tells.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum WatchEvent {
+pub(crate) enum IndexEvent {
     /// A list from the start begins: what it does not bring again is gone.
     Listing,
     /// One object of that list.
@@ -112,7 +112,7 @@ pub(crate) struct Look {
 
 /// How a root's tree was last read.
 #[derive(Clone, Debug)]
-struct Read {
+struct LastRead {
     kind: Arc<KindKey>,
     rv: u64,
     at: Instant,
@@ -156,7 +156,7 @@ pub(crate) struct Index {
     usage_kinds: HashMap<KindKey, Kind>,
     usages: HashMap<String, (KindKey, String, Vec<String>)>,
     /// Each root read, and how.
-    reads: HashMap<String, Read>,
+    reads: HashMap<String, LastRead>,
     /// The roots whose trees are active (read every look).
     active: HashSet<String>,
     /// A member of a read tree to its root, for a Usage whose user is
@@ -248,7 +248,7 @@ impl Index {
     /// Takes in one watch event of `kind` from `feeder` (a kind not set yet
     /// is kept, not ordered, until [`Index::set_kinds`] says; events of a
     /// feeder that is not the kind's last to list are dropped).
-    pub fn apply(&mut self, kind: &KindKey, feeder: Feeder, event: WatchEvent) {
+    pub fn apply(&mut self, kind: &KindKey, feeder: Feeder, event: IndexEvent) {
         if self.usage_kinds.contains_key(kind) {
             self.apply_usage(kind, event);
             return;
@@ -257,14 +257,14 @@ impl Index {
             .kinds
             .entry(kind.clone())
             .or_insert_with(|| Kind::new(false, Vec::new()));
-        if event == WatchEvent::Listing {
+        if event == IndexEvent::Listing {
             k.feeder = Some(feeder);
         } else if k.feeder != Some(feeder) {
             return;
         }
         match event {
-            WatchEvent::Listing => k.listing = Some(HashSet::new()),
-            WatchEvent::Stopped => {
+            IndexEvent::Listing => k.listing = Some(HashSet::new()),
+            IndexEvent::Stopped => {
                 k.feeder = None;
                 k.listing = None;
                 let was_listed = k.sync == Sync::Listed;
@@ -273,13 +273,13 @@ impl Index {
                     self.controlled_by_kind_changed(kind);
                 }
             }
-            WatchEvent::Listed(meta) => {
+            IndexEvent::Listed(meta) => {
                 if let Some(listing) = k.listing.as_mut() {
                     listing.insert(meta.uid.clone());
                 }
                 self.put(kind, meta);
             }
-            WatchEvent::ListDone => {
+            IndexEvent::ListDone => {
                 let listed = k.listing.take().unwrap_or_default();
                 let was_listed = k.sync == Sync::Listed;
                 k.sync = Sync::Listed;
@@ -296,9 +296,9 @@ impl Index {
                     self.controlled_by_kind_changed(kind);
                 }
             }
-            WatchEvent::Applied(meta) => self.put(kind, meta),
-            WatchEvent::Deleted(uid) => self.remove(&uid),
-            WatchEvent::Failed(e) => {
+            IndexEvent::Applied(meta) => self.put(kind, meta),
+            IndexEvent::Deleted(uid) => self.remove(&uid),
+            IndexEvent::Failed(e) => {
                 k.listing = None;
                 let was_listed = k.sync == Sync::Listed;
                 k.sync = Sync::Failing(e);
@@ -309,30 +309,30 @@ impl Index {
         }
     }
 
-    fn apply_usage(&mut self, kind: &KindKey, event: WatchEvent) {
+    fn apply_usage(&mut self, kind: &KindKey, event: IndexEvent) {
         let Some(k) = self.usage_kinds.get_mut(kind) else {
             return;
         };
         match event {
-            WatchEvent::Listing => k.listing = Some(HashSet::new()),
-            WatchEvent::ListDone => {
+            IndexEvent::Listing => k.listing = Some(HashSet::new()),
+            IndexEvent::ListDone => {
                 let listed = k.listing.take().unwrap_or_default();
                 k.sync = Sync::Listed;
                 self.usages
                     .retain(|uid, (k, _, _)| k != kind || listed.contains(uid));
             }
-            WatchEvent::Failed(e) => {
+            IndexEvent::Failed(e) => {
                 k.listing = None;
                 k.sync = Sync::Failing(e);
             }
-            WatchEvent::Stopped => {
+            IndexEvent::Stopped => {
                 k.listing = None;
                 k.sync = Sync::Pending;
             }
-            WatchEvent::Deleted(uid) => {
+            IndexEvent::Deleted(uid) => {
                 self.usages.remove(&uid);
             }
-            WatchEvent::Listed(meta) | WatchEvent::Applied(meta) => {
+            IndexEvent::Listed(meta) | IndexEvent::Applied(meta) => {
                 if let Some(listing) = k.listing.as_mut() {
                     listing.insert(meta.uid.clone());
                 }
@@ -506,7 +506,7 @@ impl Index {
         }
         self.reads.insert(
             root.to_string(),
-            Read {
+            LastRead {
                 kind,
                 rv,
                 at,

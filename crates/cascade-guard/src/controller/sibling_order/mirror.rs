@@ -14,7 +14,7 @@ use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
-use super::index::{Feeder, Index, KindKey, Meta, WatchEvent, feeder};
+use super::index::{Feeder, Index, IndexEvent, KindKey, Meta, feeder};
 use crate::cluster::kinds::Served;
 
 /// Objects per page of the watch's lists.
@@ -36,7 +36,7 @@ impl Drop for Mirror {
         self.task.abort();
         let key = (self.served.0.group.clone(), self.served.0.kind.clone());
         if let Ok(mut index) = self.index.lock() {
-            index.apply(&key, self.feeder, WatchEvent::Stopped);
+            index.apply(&key, self.feeder, IndexEvent::Stopped);
         }
     }
 }
@@ -85,13 +85,13 @@ pub(super) fn meta(object: &PartialObjectMeta<DynamicObject>) -> Option<Meta> {
 }
 
 /// The index's event for a watcher's, if any.
-pub(super) fn event(event: &Event<PartialObjectMeta<DynamicObject>>) -> Option<WatchEvent> {
+pub(super) fn event(event: &Event<PartialObjectMeta<DynamicObject>>) -> Option<IndexEvent> {
     Some(match event {
-        Event::Init => WatchEvent::Listing,
-        Event::InitApply(object) => WatchEvent::Listed(meta(object)?),
-        Event::InitDone => WatchEvent::ListDone,
-        Event::Apply(object) => WatchEvent::Applied(meta(object)?),
-        Event::Delete(object) => WatchEvent::Deleted(object.uid()?),
+        Event::Init => IndexEvent::Listing,
+        Event::InitApply(object) => IndexEvent::Listed(meta(object)?),
+        Event::InitDone => IndexEvent::ListDone,
+        Event::Apply(object) => IndexEvent::Applied(meta(object)?),
+        Event::Delete(object) => IndexEvent::Deleted(object.uid()?),
     })
 }
 
@@ -111,9 +111,9 @@ async fn watch(
             let listed = matches!(next, Ok(Event::InitDone));
             let change = match next {
                 Ok(e) => event(&e),
-                Err(e) => Some(WatchEvent::Failed(e.to_string())),
+                Err(e) => Some(IndexEvent::Failed(e.to_string())),
             };
-            let failed = matches!(change, Some(WatchEvent::Failed(_)));
+            let failed = matches!(change, Some(IndexEvent::Failed(_)));
             if let Some(change) = change {
                 let Ok(mut index) = index.lock() else { return };
                 index.apply(&key, id, change);

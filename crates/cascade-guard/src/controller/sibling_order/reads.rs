@@ -13,7 +13,7 @@ use kube::api::{DynamicObject, ListParams};
 
 use super::index::DueRoot;
 use super::schedule::{FETCHES_PER_LOOK, LIST_FROM, READ_BATCH, READS_AT_ONCE};
-use super::{SiblingOrder, Watched};
+use super::{OrderLoop, Watched};
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::cluster::tree::{TreeRead, Usages, read_tree};
 use crate::policy::sibling::object::ObjectRef;
@@ -24,7 +24,7 @@ const PAGE: u32 = 500;
 /// A root as fetched (None: gone), or why it could not be.
 type Fetched = Result<Option<DynamicObject>, String>;
 
-impl SiblingOrder {
+impl OrderLoop {
     /// Reads and reconciles the due trees: the kinds with many due roots by
     /// list, the others a root at a time, at most FETCHES_PER_LOOK of those
     /// (the rest stay due); true when some were left for the next look.

@@ -9,7 +9,7 @@ use kube::api::DynamicObject;
 use kube::runtime::events::EventType;
 use serde_json::Value;
 
-use super::SiblingOrder;
+use super::OrderLoop;
 use super::index::TreeState;
 use super::schedule::SETTLING_SECS;
 use super::writes::{self, Deleted, describe};
@@ -151,7 +151,7 @@ fn order_of(root: &DynamicObject, mut unordered: Vec<String>) -> TreeOrder {
     }
 }
 
-impl SiblingOrder {
+impl OrderLoop {
     /// Brings one tree's holds to what its graph says, and tells the gate
     /// how it stands; its state for the next read (active while anything in
     /// it is being deleted or was just changed, or the tree is young).

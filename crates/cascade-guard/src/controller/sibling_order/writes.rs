@@ -9,7 +9,7 @@ use kube::{Api, Client, Resource};
 use serde_json::Value;
 
 use crate::cluster::kinds::ServedKinds;
-use crate::cluster::unhold::{self, LetGo};
+use crate::cluster::unhold::{self, Unheld};
 use crate::policy::sibling::hold::Action;
 use crate::policy::sibling::object::ObjectRef;
 
@@ -78,11 +78,11 @@ async fn delete_this_one(
 pub(super) async fn let_go_all(client: &Client, kinds: &ServedKinds, objects: &[ObjectRef]) {
     for object in objects {
         match unhold::let_go(client, kinds, object).await {
-            Ok(LetGo::Deleted) => {
+            Ok(Unheld::Deleted) => {
                 tracing::info!(%object, "sibling order: deleted what it held, as its owner is leaving");
             }
-            Ok(LetGo::Left) => {}
-            Ok(LetGo::LeftToItsDeleter) => {
+            Ok(Unheld::Left) => {}
+            Ok(Unheld::LeftToItsDeleter) => {
                 tracing::info!(%object, "sibling order: let go; cascade-guard may not delete it, so its deleter's next try does");
             }
             Err(e) => tracing::warn!(%object, error = %e, "sibling order: cannot let go"),

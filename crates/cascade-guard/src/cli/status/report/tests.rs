@@ -91,7 +91,7 @@ fn protected_says_where_each_policy_comes_from() {
                 from: from.into(),
                 selector: selector.map(str::to_string),
                 admission_objects: objects.map(str::to_string),
-                served: (mode != Mode::Off).then_some(Served::Api),
+                served: (mode != Mode::Off).then_some(ServedFrom::Api),
             }
         };
     let want = [
@@ -375,7 +375,7 @@ fn static_protection_marks_each_kind_and_says_what_is_wrong() {
     .unwrap();
     assert!(st.writers[0].loaded);
     for row in &rows {
-        let want = (row.mode != Mode::Off).then_some(Served::StaticAndApi);
+        let want = (row.mode != Mode::Off).then_some(ServedFrom::StaticAndApi);
         assert_eq!(row.served, want, "{}", row.kind);
     }
     assert!(problems.is_empty(), "{problems:?}");
@@ -383,7 +383,7 @@ fn static_protection_marks_each_kind_and_says_what_is_wrong() {
     // Its API objects gone: static alone.
     let mut rows = protected(&p);
     for row in rows.iter_mut().filter(|r| r.served.is_some()) {
-        row.served = Some(Served::Unguarded);
+        row.served = Some(ServedFrom::Unguarded);
     }
     static_protection(
         &mut rows,
@@ -394,7 +394,7 @@ fn static_protection_marks_each_kind_and_says_what_is_wrong() {
     assert!(
         rows.iter()
             .filter(|r| r.mode != Mode::Off)
-            .all(|r| r.served == Some(Served::Static))
+            .all(|r| r.served == Some(ServedFrom::Static))
     );
 
     // A second writer whose file lacks kinds: those kinds say so.
@@ -410,7 +410,7 @@ fn static_protection_marks_each_kind_and_says_what_is_wrong() {
     );
     assert!(
         rows.iter()
-            .any(|r| r.served == Some(Served::NotInStaticFile))
+            .any(|r| r.served == Some(ServedFrom::NotInStaticFile))
     );
     assert!(
         problems
@@ -436,7 +436,7 @@ fn static_protection_marks_each_kind_and_says_what_is_wrong() {
     assert!(
         rows.iter()
             .filter(|r| r.mode != Mode::Off)
-            .all(|r| r.served == Some(Served::StaticStale))
+            .all(|r| r.served == Some(ServedFrom::StaticStale))
     );
     assert!(problems[0].contains("has not loaded"), "{problems:?}");
     assert!(problems[0].contains("2 failed"), "{problems:?}");
@@ -485,6 +485,6 @@ fn the_exit_code_says_unguarded_before_no_controller() {
     assert_eq!(report(true, None).exit_code(), NO_CONTROLLER_EXIT);
     assert_eq!(report(false, None).exit_code(), UNGUARDED_EXIT);
     let mut unguarded = report(true, Some(running(true)));
-    unguarded.protected[0].served = Some(Served::Unguarded);
+    unguarded.protected[0].served = Some(ServedFrom::Unguarded);
     assert_eq!(unguarded.exit_code(), UNGUARDED_EXIT);
 }

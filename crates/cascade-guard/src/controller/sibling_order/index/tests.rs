@@ -34,13 +34,13 @@ fn controlled(uid: &str, rv: &str, by: &str) -> Meta {
 fn listed(objects: Vec<Meta>) -> Index {
     let mut index = Index::default();
     index.set_kinds(&[(xr(), Vec::new())], &[usage_kind()]);
-    index.apply(&xr(), 1, WatchEvent::Listing);
+    index.apply(&xr(), 1, IndexEvent::Listing);
     for o in objects {
-        index.apply(&xr(), 1, WatchEvent::Listed(o));
+        index.apply(&xr(), 1, IndexEvent::Listed(o));
     }
-    index.apply(&xr(), 1, WatchEvent::ListDone);
-    index.apply(&usage_kind(), 1, WatchEvent::Listing);
-    index.apply(&usage_kind(), 1, WatchEvent::ListDone);
+    index.apply(&xr(), 1, IndexEvent::ListDone);
+    index.apply(&usage_kind(), 1, IndexEvent::Listing);
+    index.apply(&usage_kind(), 1, IndexEvent::ListDone);
     index
 }
 
@@ -74,16 +74,16 @@ fn a_new_root_is_due_once_and_again_only_when_it_changes() {
     assert_eq!(due(&index.look(now, RESYNC)), []);
     assert!(!index.busy());
     // The same object again (a relist): nothing due.
-    index.apply(&xr(), 1, WatchEvent::Applied(object("a", "1")));
+    index.apply(&xr(), 1, IndexEvent::Applied(object("a", "1")));
     assert_eq!(due(&index.look(now, RESYNC)), []);
-    index.apply(&xr(), 1, WatchEvent::Applied(object("a", "2")));
+    index.apply(&xr(), 1, IndexEvent::Applied(object("a", "2")));
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
     let deleting = Meta {
         deleting: true,
         ..object("a", "3")
     };
     index.read("a", 2, now, tree(false, &[]));
-    index.apply(&xr(), 1, WatchEvent::Applied(deleting));
+    index.apply(&xr(), 1, IndexEvent::Applied(deleting));
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 0)]);
 }
 
@@ -95,7 +95,7 @@ fn what_a_root_controls_is_no_root_until_its_controller_is_gone() {
     assert!(!index.is_root("nested"));
     index.read("root", 1, now, tree(false, &["nested"]));
     // An orphan delete of the root: what it controlled begins a tree.
-    index.apply(&xr(), 1, WatchEvent::Deleted("root".into()));
+    index.apply(&xr(), 1, IndexEvent::Deleted("root".into()));
     let look = index.look(now, RESYNC);
     assert_eq!(due(&look), [("nested", 1)]);
     assert_eq!(look.left, ["root"]);
@@ -116,17 +116,17 @@ fn nothing_is_due_or_left_until_every_kind_is_listed() {
     let now = Instant::now();
     let mut index = Index::default();
     index.set_kinds(&[(xr(), Vec::new())], &[]);
-    index.apply(&xr(), 1, WatchEvent::Listing);
-    index.apply(&xr(), 1, WatchEvent::Listed(object("a", "1")));
+    index.apply(&xr(), 1, IndexEvent::Listing);
+    index.apply(&xr(), 1, IndexEvent::Listed(object("a", "1")));
     let look = index.look(now, RESYNC);
     assert_eq!(due(&look), []);
     assert!(!look.listed_all);
-    index.apply(&xr(), 1, WatchEvent::ListDone);
+    index.apply(&xr(), 1, IndexEvent::ListDone);
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 1)]);
     index.read("a", 1, now, tree(false, &[]));
     // The watch fails: the root is neither due nor left.
-    index.apply(&xr(), 1, WatchEvent::Failed("forbidden".into()));
-    index.apply(&xr(), 1, WatchEvent::Applied(object("a", "2")));
+    index.apply(&xr(), 1, IndexEvent::Failed("forbidden".into()));
+    index.apply(&xr(), 1, IndexEvent::Applied(object("a", "2")));
     let look = index.look(now, RESYNC);
     assert_eq!(
         (due(&look), look.left.len(), look.listed_all),
@@ -134,9 +134,9 @@ fn nothing_is_due_or_left_until_every_kind_is_listed() {
     );
     assert!(matches!(index.sync_of(&xr()), Some(Sync::Failing(_))));
     // Listed again, without it: it left; its change was never lost.
-    index.apply(&xr(), 1, WatchEvent::Listing);
-    index.apply(&xr(), 1, WatchEvent::Listed(object("b", "1")));
-    index.apply(&xr(), 1, WatchEvent::ListDone);
+    index.apply(&xr(), 1, IndexEvent::Listing);
+    index.apply(&xr(), 1, IndexEvent::Listed(object("b", "1")));
+    index.apply(&xr(), 1, IndexEvent::ListDone);
     let look = index.look(now, RESYNC);
     assert_eq!(due(&look), [("b", 1)]);
     assert_eq!(look.left, ["a"]);
@@ -153,18 +153,18 @@ fn a_root_relabelled_out_of_its_policy_leaves_and_back_in_is_due() {
         labels: [("team".to_string(), team.to_string())].into(),
         ..object("a", rv)
     };
-    index.apply(&xr(), 1, WatchEvent::Listing);
-    index.apply(&xr(), 1, WatchEvent::Listed(labelled("1", "a")));
-    index.apply(&xr(), 1, WatchEvent::ListDone);
+    index.apply(&xr(), 1, IndexEvent::Listing);
+    index.apply(&xr(), 1, IndexEvent::Listed(labelled("1", "a")));
+    index.apply(&xr(), 1, IndexEvent::ListDone);
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 1)]);
     index.read("a", 1, now, tree(false, &[]));
-    index.apply(&xr(), 1, WatchEvent::Applied(labelled("2", "b")));
+    index.apply(&xr(), 1, IndexEvent::Applied(labelled("2", "b")));
     let look = index.look(now, RESYNC);
     assert_eq!(
         (due(&look), look.left.clone()),
         (vec![], vec!["a".to_string()])
     );
-    index.apply(&xr(), 1, WatchEvent::Applied(labelled("3", "a")));
+    index.apply(&xr(), 1, IndexEvent::Applied(labelled("3", "a")));
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 1)]);
     // The kind's policy changes its selector: selected again at once.
     index.read("a", 3, now, tree(false, &[]));
@@ -205,7 +205,7 @@ fn a_new_or_changed_usage_makes_its_users_tree_due() {
         ("9", &["gateway", "stack"], &["cluster", "gateway"]),
     ];
     for (rv, owners, want) in cases {
-        index.apply(&usage_kind(), 1, WatchEvent::Applied(usage(rv, owners)));
+        index.apply(&usage_kind(), 1, IndexEvent::Applied(usage(rv, owners)));
         let look = index.look(now, RESYNC);
         let got: Vec<&str> = look.due.iter().map(|d| d.uid.as_str()).collect();
         assert_eq!(got, want, "{rv} {owners:?}");
@@ -224,7 +224,7 @@ fn an_active_tree_is_read_every_look_and_a_failed_read_again() {
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
     index.read("a", 1, now, tree(false, &["m"]));
     assert_eq!(due(&index.look(now, RESYNC)), []);
-    index.apply(&xr(), 1, WatchEvent::Applied(object("a", "2")));
+    index.apply(&xr(), 1, IndexEvent::Applied(object("a", "2")));
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
     index.not_read("a");
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
@@ -270,12 +270,12 @@ fn a_look_reads_a_bounded_number_and_leaves_the_rest_due() {
     index.apply(
         &xr(),
         1,
-        WatchEvent::Applied(Meta {
+        IndexEvent::Applied(Meta {
             deleting: true,
             ..object("r0999", "2")
         }),
     );
-    index.apply(&xr(), 1, WatchEvent::Applied(object("zzz", "1")));
+    index.apply(&xr(), 1, IndexEvent::Applied(object("zzz", "1")));
     assert_eq!(due(&index.look(now, RESYNC)), [("r0999", 0), ("zzz", 1)]);
 }
 
@@ -284,9 +284,9 @@ fn objects_of_a_kind_only_watched_begin_trees_once_it_is_ordered() {
     let now = Instant::now();
     let thing: KindKey = ("other.org".into(), "Thing".into());
     let mut index = listed(vec![]);
-    index.apply(&thing, 7, WatchEvent::Listing);
-    index.apply(&thing, 7, WatchEvent::Listed(object("t", "1")));
-    index.apply(&thing, 7, WatchEvent::ListDone);
+    index.apply(&thing, 7, IndexEvent::Listing);
+    index.apply(&thing, 7, IndexEvent::Listed(object("t", "1")));
+    index.apply(&thing, 7, IndexEvent::ListDone);
     assert!(!index.is_root("t"));
     let look = index.look(now, RESYNC);
     assert_eq!((due(&look), look.listed_all), (vec![], true));
@@ -298,7 +298,7 @@ fn objects_of_a_kind_only_watched_begin_trees_once_it_is_ordered() {
     index.set_kinds(&[(xr(), Vec::new())], &[]);
     assert_eq!(index.look(now, RESYNC).left, ["t"]);
     // Its watch stopped, and the kind not ordered: forgotten.
-    index.apply(&thing, 7, WatchEvent::Stopped);
+    index.apply(&thing, 7, IndexEvent::Stopped);
     index.set_kinds(&[(xr(), Vec::new())], &[]);
     index.set_kinds(&[(xr(), Vec::new()), (thing, Vec::new())], &[]);
     let look = index.look(now, RESYNC);
@@ -314,21 +314,21 @@ fn a_kind_that_changes_hands_keeps_its_trees() {
     index.read("a", 1, now, tree(false, &["m"]));
     index.read("b", 1, now, tree(false, &["m"]));
     // Convert now: its watch (2) lists while the old one still sends.
-    index.apply(&xr(), 2, WatchEvent::Listing);
-    index.apply(&xr(), 2, WatchEvent::Listed(object("a", "1")));
-    index.apply(&xr(), 1, WatchEvent::Deleted("a".into()));
-    index.apply(&xr(), 1, WatchEvent::Stopped);
+    index.apply(&xr(), 2, IndexEvent::Listing);
+    index.apply(&xr(), 2, IndexEvent::Listed(object("a", "1")));
+    index.apply(&xr(), 1, IndexEvent::Deleted("a".into()));
+    index.apply(&xr(), 1, IndexEvent::Stopped);
     assert!(
         index.is_root("a"),
         "the old watch's last events count for nothing"
     );
-    index.apply(&xr(), 2, WatchEvent::Listed(object("b", "1")));
-    index.apply(&xr(), 2, WatchEvent::ListDone);
+    index.apply(&xr(), 2, IndexEvent::Listed(object("b", "1")));
+    index.apply(&xr(), 2, IndexEvent::ListDone);
     let look = index.look(now, RESYNC);
     assert_eq!((due(&look), look.left.len()), (vec![], 0));
     // The new watch stops with nothing after it: unknown, never left.
-    index.apply(&xr(), 2, WatchEvent::Stopped);
-    index.apply(&xr(), 2, WatchEvent::Applied(object("a", "2")));
+    index.apply(&xr(), 2, IndexEvent::Stopped);
+    index.apply(&xr(), 2, IndexEvent::Applied(object("a", "2")));
     let look = index.look(now, RESYNC);
     assert_eq!(
         (due(&look), look.left.len(), look.listed_all),
