@@ -50,16 +50,18 @@ use std::fmt;
 use local_cluster::timeline::{Change, Entry};
 use serde_json::{Value, json};
 
-/// One object: API group (`""` for the core group), kind, namespace, name.
+/// One object's identity: API group (`""` for the core group), kind,
+/// namespace, name. A type of the kit's own, not the policy crate's
+/// `ObjectRef`: the invariant shares nothing with what it checks.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectRef {
+pub struct ObjectId {
     pub group: String,
     pub kind: String,
     pub namespace: Option<String>,
     pub name: String,
 }
 
-impl ObjectRef {
+impl ObjectId {
     pub fn new(group: &str, kind: &str, namespace: Option<&str>, name: &str) -> Self {
         Self {
             group: group.to_string(),
@@ -81,7 +83,7 @@ impl ObjectRef {
     }
 }
 
-impl fmt::Display for ObjectRef {
+impl fmt::Display for ObjectId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.kind)?;
         if !self.group.is_empty() {
@@ -107,8 +109,8 @@ pub enum Rule {
 /// `needer` must be gone before `needed` leaves the API.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Edge {
-    pub needer: ObjectRef,
-    pub needed: ObjectRef,
+    pub needer: ObjectId,
+    pub needed: ObjectId,
     pub rule: Rule,
     /// What the rule read, in words.
     pub why: String,
@@ -130,8 +132,8 @@ fn str_at<'a>(object: &'a Value, pointer: &str) -> Option<&'a str> {
 }
 
 /// The object a Usage's `spec.by` or `spec.of` names.
-fn usage_target(target: &Value, usage: &ObjectRef) -> Option<ObjectRef> {
-    Some(ObjectRef {
+fn usage_target(target: &Value, usage: &ObjectId) -> Option<ObjectId> {
+    Some(ObjectId {
         group: group_of(target.get("apiVersion")?.as_str()?).to_string(),
         kind: target.get("kind")?.as_str()?.to_string(),
         namespace: str_at(target, "/resourceRef/namespace")
@@ -142,12 +144,12 @@ fn usage_target(target: &Value, usage: &ObjectRef) -> Option<ObjectRef> {
 }
 
 /// The ProviderConfig a `providerConfigRef` of `user` names.
-fn provider_config(reference: &Value, user: &ObjectRef) -> Option<ObjectRef> {
+fn provider_config(reference: &Value, user: &ObjectId) -> Option<ObjectId> {
     let kind = reference
         .get("kind")
         .and_then(Value::as_str)
         .unwrap_or("ProviderConfig");
-    Some(ObjectRef {
+    Some(ObjectId {
         group: user.group.clone(),
         kind: kind.to_string(),
         namespace: if kind.starts_with("Cluster") {
@@ -160,8 +162,8 @@ fn provider_config(reference: &Value, user: &ObjectRef) -> Option<ObjectRef> {
 }
 
 /// A Secret a reference (`name`, maybe `namespace`) of `from` names.
-fn secret(reference: &Value, from: &ObjectRef) -> Option<ObjectRef> {
-    Some(ObjectRef {
+fn secret(reference: &Value, from: &ObjectId) -> Option<ObjectId> {
+    Some(ObjectId {
         group: String::new(),
         kind: "Secret".to_string(),
         namespace: reference
@@ -173,7 +175,7 @@ fn secret(reference: &Value, from: &ObjectRef) -> Option<ObjectRef> {
     })
 }
 
-fn is_provider_config(object: &ObjectRef) -> bool {
+fn is_provider_config(object: &ObjectId) -> bool {
     object.kind == "ProviderConfig" || object.kind == "ClusterProviderConfig"
 }
 
@@ -181,16 +183,16 @@ fn is_provider_config(object: &ObjectRef) -> bool {
 /// once. An edge may name an object that is not in the snapshot (an owner
 /// outside it); [`judge`] says so ([`Verdict::Unseen`]).
 pub fn edges(snapshot: &[Value]) -> Vec<Edge> {
-    let objects: Vec<(ObjectRef, &Value)> = snapshot
+    let objects: Vec<(ObjectId, &Value)> = snapshot
         .iter()
-        .filter_map(|o| Some((ObjectRef::of(o)?, o)))
+        .filter_map(|o| Some((ObjectId::of(o)?, o)))
         .collect();
-    let by_uid: BTreeMap<&str, &ObjectRef> = objects
+    let by_uid: BTreeMap<&str, &ObjectId> = objects
         .iter()
         .filter_map(|(r, o)| Some((str_at(o, "/metadata/uid")?, r)))
         .collect();
     let mut edges = Vec::new();
-    let mut add = |needer: &ObjectRef, needed: ObjectRef, rule: Rule, why: String| {
+    let mut add = |needer: &ObjectId, needed: ObjectId, rule: Rule, why: String| {
         edges.push(Edge {
             needer: needer.clone(),
             needed,
@@ -199,8 +201,8 @@ pub fn edges(snapshot: &[Value]) -> Vec<Edge> {
         })
     };
     // Secret → what writes it; ProviderConfig → the Secret it reads.
-    let mut writers: BTreeMap<ObjectRef, ObjectRef> = BTreeMap::new();
-    let mut credentials: BTreeMap<ObjectRef, ObjectRef> = BTreeMap::new();
+    let mut writers: BTreeMap<ObjectId, ObjectId> = BTreeMap::new();
+    let mut credentials: BTreeMap<ObjectId, ObjectId> = BTreeMap::new();
     for (me, o) in &objects {
         if let Some(s) = o
             .pointer("/spec/writeConnectionSecretToRef")
@@ -231,7 +233,7 @@ pub fn edges(snapshot: &[Value]) -> Vec<Edge> {
                 .and_then(|uid| by_uid.get(uid))
                 .map(|r| (*r).clone());
             let named = || {
-                Some(ObjectRef {
+                Some(ObjectId {
                     group: group_of(owner.get("apiVersion")?.as_str()?).to_string(),
                     kind: owner.get("kind")?.as_str()?.to_string(),
                     namespace: me.namespace.clone(),
@@ -361,16 +363,16 @@ pub struct Missed {
 
 /// The UID of each object of a snapshot, so that [`fate`] follows that
 /// object and not a later one of the same name.
-pub fn uids(snapshot: &[Value]) -> BTreeMap<ObjectRef, String> {
+pub fn uids(snapshot: &[Value]) -> BTreeMap<ObjectId, String> {
     snapshot
         .iter()
-        .filter_map(|o| Some((ObjectRef::of(o)?, str_at(o, "/metadata/uid")?.to_string())))
+        .filter_map(|o| Some((ObjectId::of(o)?, str_at(o, "/metadata/uid")?.to_string())))
         .collect()
 }
 
 /// What `entries` saw of `object` (of that UID, when given: the object the
 /// snapshot read); `None` if nothing (not watched, or never there).
-pub fn fate(entries: &[Entry], object: &ObjectRef, uid: Option<&str>) -> Option<Fate> {
+pub fn fate(entries: &[Entry], object: &ObjectId, uid: Option<&str>) -> Option<Fate> {
     let named = entries.iter().filter(|e| {
         e.group == object.group
             && e.kind == object.kind
@@ -422,7 +424,7 @@ pub fn fate(entries: &[Entry], object: &ObjectRef, uid: Option<&str>) -> Option<
 /// last saw still there: the watch's own record wins when it has one.
 pub fn fate_with(
     entries: &[Entry],
-    object: &ObjectRef,
+    object: &ObjectId,
     uid: Option<&str>,
     missed: Option<Missed>,
 ) -> Option<Fate> {
@@ -460,7 +462,7 @@ pub enum Verdict {
     /// The needed left while the needer was still there: broken.
     Broken { needer: Option<Mark>, needed: Mark },
     /// The timeline never saw one of them: nothing checked.
-    Unseen(ObjectRef),
+    Unseen(ObjectId),
     /// Both left, and the watch missed when one of them did ([`Missed`]):
     /// the revisions within which each left overlap, so the order is not
     /// known. Nothing checked.
@@ -518,7 +520,7 @@ impl fmt::Display for Verdict {
 }
 
 /// One edge's verdict, from what `fate` says of its two ends.
-pub fn judge(edge: &Edge, fate: impl Fn(&ObjectRef) -> Option<Fate>) -> Verdict {
+pub fn judge(edge: &Edge, fate: impl Fn(&ObjectId) -> Option<Fate>) -> Verdict {
     let Some(needer) = fate(&edge.needer) else {
         return Verdict::Unseen(edge.needer.clone());
     };
@@ -568,13 +570,13 @@ pub fn judge(edge: &Edge, fate: impl Fn(&ObjectRef) -> Option<Fate>) -> Verdict 
 }
 
 /// Every edge with its verdict.
-fn judge_all(edges: &[Edge], fate: impl Fn(&ObjectRef) -> Option<Fate>) -> Vec<(&Edge, Verdict)> {
+fn judge_all(edges: &[Edge], fate: impl Fn(&ObjectId) -> Option<Fate>) -> Vec<(&Edge, Verdict)> {
     edges.iter().map(|e| (e, judge(e, &fate))).collect()
 }
 
 /// The broken edges only: what a run under Off would list (and one under
 /// Refuse or Convert must not have).
-pub fn broken(edges: &[Edge], fate: impl Fn(&ObjectRef) -> Option<Fate>) -> Vec<(&Edge, Verdict)> {
+pub fn broken(edges: &[Edge], fate: impl Fn(&ObjectId) -> Option<Fate>) -> Vec<(&Edge, Verdict)> {
     judge_all(edges, fate)
         .into_iter()
         .filter(|(_, v)| v.is_broken())
@@ -585,7 +587,7 @@ pub fn broken(edges: &[Edge], fate: impl Fn(&ObjectRef) -> Option<Fate>) -> Vec<
 /// tally, or what was broken and what could not be judged, listed.
 pub fn all_kept(
     edges: &[Edge],
-    fate: impl Fn(&ObjectRef) -> Option<Fate>,
+    fate: impl Fn(&ObjectId) -> Option<Fate>,
 ) -> Result<String, String> {
     let verdicts = judge_all(edges, &fate);
     let broken: Vec<_> = verdicts.iter().filter(|(_, v)| v.is_broken()).collect();
@@ -620,7 +622,7 @@ pub fn all_kept(
 /// How many verdicts of each sort, e.g. `in order 24, kept 2`.
 /// Every edge judged as things stand (Off: what a teardown without
 /// cascade-guard did): each broken one with its verdict, and the tally.
-pub fn measure(edges: &[Edge], fate: impl Fn(&ObjectRef) -> Option<Fate>) -> (Vec<String>, String) {
+pub fn measure(edges: &[Edge], fate: impl Fn(&ObjectId) -> Option<Fate>) -> (Vec<String>, String) {
     let verdicts = judge_all(edges, fate);
     let broken = verdicts
         .iter()
@@ -720,8 +722,8 @@ fn invariant_edges_and_verdicts_table() {
         reason,
         secret,
     ];
-    let o = |group: &str, kind: &str, name: &str| ObjectRef::new(group, kind, ns, name);
-    let top = ObjectRef::new("x.io", "Top", None, "t");
+    let o = |group: &str, kind: &str, name: &str| ObjectId::new(group, kind, ns, name);
+    let top = ObjectId::new("x.io", "Top", None, "t");
     let (eks, stack) = (o("x.io", "EKS", "t"), o("x.io", "Stack", "s"));
     let cluster = o("cloud.io", "Cluster", "t");
     let (helm_pc, k8s_pc) = (
@@ -733,7 +735,7 @@ fn invariant_edges_and_verdicts_table() {
         o("k8s.io", "Object", "s-gateway"),
     );
     let secret = o("", "Secret", "t-kubeconfig");
-    let got: Vec<(ObjectRef, ObjectRef, Rule)> = edges(&snapshot)
+    let got: Vec<(ObjectId, ObjectId, Rule)> = edges(&snapshot)
         .into_iter()
         .map(|e| (e.needer, e.needed, e.rule))
         .collect();
@@ -757,7 +759,7 @@ fn invariant_edges_and_verdicts_table() {
         (object.clone(), k8s_pc.clone(), Rule::ProviderConfig),
         (
             o("k8s.io", "Object", "other"),
-            ObjectRef::new("k8s.io", "ClusterProviderConfig", None, "shared"),
+            ObjectId::new("k8s.io", "ClusterProviderConfig", None, "shared"),
             Rule::ProviderConfig,
         ),
         (
@@ -822,8 +824,8 @@ fn invariant_edges_and_verdicts_table() {
         entry(10, "helm.io", "ProviderConfigUsage", "u-release", true, 12),
         entry(11, "helm.io", "ProviderConfig", "t-kubeconfig", true, 13),
     ];
-    let fate_of = |r: &ObjectRef| fate(&entries, r, None);
-    let edge = |needer: &ObjectRef, needed: &ObjectRef| Edge {
+    let fate_of = |r: &ObjectId| fate(&entries, r, None);
+    let edge = |needer: &ObjectId, needed: &ObjectId| Edge {
         needer: needer.clone(),
         needed: needed.clone(),
         rule: Rule::Owner,
@@ -863,7 +865,7 @@ fn invariant_edges_and_verdicts_table() {
         }
     );
     // Followed by UID, the snapshot's ProviderConfigUsage left first.
-    let by_uid = |r: &ObjectRef| fate(&entries, r, (r == &pcu).then_some("u-pcu"));
+    let by_uid = |r: &ObjectId| fate(&entries, r, (r == &pcu).then_some("u-pcu"));
     assert_eq!(
         judge(&edge(&pcu, &release), by_uid),
         Verdict::InOrder {
@@ -907,7 +909,7 @@ fn invariant_edges_and_verdicts_table() {
     // and surely after the Release (rev 10) had it been seen at rev 10.
     let (entries_ref, object_ref) = (&entries, &object);
     let missed = |after, by| {
-        move |r: &ObjectRef| {
+        move |r: &ObjectId| {
             fate_with(
                 entries_ref,
                 r,
@@ -955,13 +957,13 @@ fn invariant_edges_and_verdicts_table() {
     };
     let (at_9, unknown) = (relisted(Some(9)), relisted(None));
     assert!(matches!(
-        judge(&edge(&object, &cluster), |r: &ObjectRef| fate(
+        judge(&edge(&object, &cluster), |r: &ObjectId| fate(
             &at_9, r, None
         )),
         Verdict::InOrder { .. }
     ));
     assert!(matches!(
-        judge(&edge(&object, &cluster), |r: &ObjectRef| fate(
+        judge(&edge(&object, &cluster), |r: &ObjectId| fate(
             &unknown, r, None
         )),
         Verdict::Unsure { .. }

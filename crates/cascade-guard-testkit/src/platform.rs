@@ -17,7 +17,7 @@ use kube::{Api, Client, ResourceExt};
 use local_cluster::model::composite::Node;
 use local_cluster::model::modelplane::{self, SYSTEM_NAMESPACE};
 use local_cluster::model::provider::ProviderKind;
-use local_cluster::model::{self, Model, ObjectRef, usage};
+use local_cluster::model::{self, Model, ResourceRef, usage};
 use local_cluster::process::{self, Lifetime, Process};
 use local_cluster::timeline::Timeline;
 use local_cluster::{Binaries, ControlPlane, Options, wait};
@@ -412,7 +412,7 @@ impl Run {
             if let Some(target) = node
                 .body
                 .pointer("/spec/model/target")
-                .and_then(|t| serde_json::from_value::<ObjectRef>(t.clone()).ok())
+                .and_then(|t| serde_json::from_value::<ResourceRef>(t.clone()).ok())
             {
                 self.needs.push((
                     (node.resource.kind.clone(), node.name.clone()),

@@ -15,7 +15,7 @@ pub struct Event {
     #[serde(default)]
     pub impersonated_user: Option<User>,
     #[serde(default)]
-    pub object_ref: Option<ObjectRef>,
+    pub object_ref: Option<AuditObjectRef>,
     /// For deletes: the DeleteOptions as sent.
     #[serde(default)]
     pub request_object: Option<Value>,
@@ -33,9 +33,10 @@ pub struct User {
     pub groups: Vec<String>,
 }
 
+/// The object an audited request is for (the event's `objectRef`).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ObjectRef {
+pub struct AuditObjectRef {
     #[serde(default)]
     pub resource: String,
     #[serde(default)]

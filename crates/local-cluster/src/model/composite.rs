@@ -28,7 +28,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::{ModelError, ObjectRef, add_finalizer, remove_finalizer};
+use super::{ModelError, ResourceRef, add_finalizer, remove_finalizer};
 
 pub const FINALIZER: &str = "composite.apiextensions.crossplane.io";
 pub const COMPOSITE_LABEL: &str = "crossplane.io/composite";
@@ -144,8 +144,8 @@ impl Node {
         self
     }
 
-    pub fn reference(&self) -> ObjectRef {
-        ObjectRef::new(&self.resource, self.namespace.as_deref(), &self.name)
+    pub fn reference(&self) -> ResourceRef {
+        ResourceRef::new(&self.resource, self.namespace.as_deref(), &self.name)
     }
 
     /// This node and every node below it, parents first.

@@ -109,7 +109,7 @@ pub enum ModelError {
 /// providers write them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ObjectRef {
+pub struct ResourceRef {
     pub api_version: String,
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -117,7 +117,7 @@ pub struct ObjectRef {
     pub name: String,
 }
 
-impl ObjectRef {
+impl ResourceRef {
     pub fn new(resource: &ApiResource, namespace: Option<&str>, name: &str) -> Self {
         Self {
             api_version: resource.api_version.clone(),
@@ -389,7 +389,7 @@ impl Kinds {
     /// gets `default_namespace`.
     pub async fn api_for(
         &self,
-        r: &ObjectRef,
+        r: &ResourceRef,
         default_namespace: Option<&str>,
     ) -> Result<Api<DynamicObject>, ModelError> {
         let (resource, namespaced) = self.resolve(&r.api_version, &r.kind).await?;

@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 use super::composite::{COMPOSITE_LABEL, Node};
 use super::provider::ProviderKind;
 use super::usage::{self, Spec};
-use super::{ModelError, ObjectRef};
+use super::{ModelError, ResourceRef};
 use crate::crossplane;
 
 pub const SYSTEM_NAMESPACE: &str = "modelplane-system";
@@ -203,8 +203,8 @@ impl InferenceCluster {
             SYSTEM_NAMESPACE,
             &format!("{n}-usage-eks-by-backend"),
             &Spec {
-                of: ObjectRef::new(&eks_clusters(), Some(SYSTEM_NAMESPACE), n),
-                by: Some(ObjectRef::new(&serving_stacks(), None, &stack_name)),
+                of: ResourceRef::new(&eks_clusters(), Some(SYSTEM_NAMESPACE), n),
+                by: Some(ResourceRef::new(&serving_stacks(), None, &stack_name)),
                 reason: None,
                 replay_deletion: true,
             },
@@ -223,8 +223,8 @@ impl InferenceCluster {
 }
 
 /// The cloud cluster of InferenceCluster `name`.
-pub fn cluster_of(name: &str) -> ObjectRef {
-    ObjectRef::new(
+pub fn cluster_of(name: &str) -> ResourceRef {
+    ResourceRef::new(
         &ProviderKind::eks_cluster().resource,
         Some(SYSTEM_NAMESPACE),
         name,
@@ -449,7 +449,7 @@ impl Guard {
                     let node = usage::cluster_usage(
                         &guard,
                         &Spec {
-                            of: ObjectRef::new(&inference_clusters(), None, &name),
+                            of: ResourceRef::new(&inference_clusters(), None, &name),
                             by: None,
                             reason: Some(GUARD_REASON.to_string()),
                             replay_deletion: true,

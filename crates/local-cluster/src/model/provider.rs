@@ -34,7 +34,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use super::composite::Node;
-use super::{Kinds, ObjectRef, add_finalizer, remove_finalizer};
+use super::{Kinds, ResourceRef, add_finalizer, remove_finalizer};
 
 pub const MANAGED_FINALIZER: &str = "finalizer.managedresource.crossplane.io";
 
@@ -139,7 +139,7 @@ impl ProviderKind {
         namespace: &str,
         name: &str,
         for_provider: Value,
-        target: Option<&ObjectRef>,
+        target: Option<&ResourceRef>,
         delete_after: Duration,
     ) -> Node {
         let mut model = json!({"deleteAfterMillis": delete_after.as_millis() as u64});
@@ -158,7 +158,7 @@ impl ProviderKind {
 }
 
 /// What a managed resource says it needs.
-pub fn target_of(object: &DynamicObject) -> Option<ObjectRef> {
+pub fn target_of(object: &DynamicObject) -> Option<ResourceRef> {
     serde_json::from_value(object.data.pointer("/spec/model/target")?.clone()).ok()
 }
 

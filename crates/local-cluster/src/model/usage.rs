@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 
 use super::composite::{COMPOSITE_LABEL, Node};
 use super::webhook::DELETION_ATTEMPT_ANNOTATION;
-use super::{Kinds, ModelError, ObjectRef, add_finalizer, remove_finalizer, text};
+use super::{Kinds, ModelError, ResourceRef, add_finalizer, remove_finalizer, text};
 
 pub const GROUP: &str = "protection.crossplane.io";
 pub const API_VERSION: &str = "protection.crossplane.io/v1beta1";
@@ -62,9 +62,9 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
 #[derive(Clone, Debug)]
 pub struct Spec {
     /// The used resource (`of`); its namespace defaults to the Usage's.
-    pub of: ObjectRef,
+    pub of: ResourceRef,
     /// The using resource (`by`), in the Usage's namespace or cluster-scoped.
-    pub by: Option<ObjectRef>,
+    pub by: Option<ResourceRef>,
     pub reason: Option<String>,
     pub replay_deletion: bool,
 }
@@ -344,8 +344,8 @@ impl Controller {
 
 /// `of` or `by` as a reference, when it names its resource; a missing
 /// namespace is `default_namespace`.
-fn reference(v: &Value, default_namespace: Option<String>) -> Option<ObjectRef> {
-    Some(ObjectRef {
+fn reference(v: &Value, default_namespace: Option<String>) -> Option<ResourceRef> {
+    Some(ResourceRef {
         api_version: text(v, "/apiVersion")?.to_string(),
         kind: text(v, "/kind")?.to_string(),
         namespace: text(v, "/resourceRef/namespace")

@@ -303,7 +303,7 @@ pub(crate) async fn sweep_missed(trees: &[Swept<'_>], snapshots: &[Vec<Value>]) 
             let entries = tree.timeline.entries();
             for o in snapshot {
                 let (Some(me), Some(uid)) = (
-                    invariant::ObjectRef::of(o),
+                    invariant::ObjectId::of(o),
                     o.pointer("/metadata/uid").and_then(Value::as_str),
                 ) else {
                     continue;
@@ -500,10 +500,7 @@ pub(crate) async fn edges_kept(
     timeline: &Timeline,
     snapshot: &[Value],
     edges: &[invariant::Edge],
-    fate_in: impl Fn(
-        &[local_cluster::timeline::Entry],
-        &invariant::ObjectRef,
-    ) -> Option<invariant::Fate>,
+    fate_in: impl Fn(&[local_cluster::timeline::Entry], &invariant::ObjectId) -> Option<invariant::Fate>,
 ) -> Result<String, String> {
     if edges.is_empty() {
         return Err(format!(
@@ -520,7 +517,7 @@ pub(crate) async fn edges_kept(
     })
     .await;
     let entries = timeline.entries();
-    let fate = |r: &invariant::ObjectRef| fate_in(&entries, r);
+    let fate = |r: &invariant::ObjectId| fate_in(&entries, r);
     let mut tally = invariant::all_kept(edges, fate)?;
     // Said, not failed: what came back under a snapshotted name (a
     // ProviderConfigUsage its provider wrote again) is not the object the

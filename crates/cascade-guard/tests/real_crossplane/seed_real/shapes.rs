@@ -248,8 +248,8 @@ impl Target {
     }
 
     /// The object, as the invariant's edges name it.
-    fn object_ref(&self) -> invariant::ObjectRef {
-        invariant::ObjectRef::new(
+    fn object_ref(&self) -> invariant::ObjectId {
+        invariant::ObjectId::new(
             &self.resource.group,
             &self.resource.kind,
             self.ns.as_deref(),
@@ -1017,10 +1017,10 @@ impl Built {
     async fn clean_up_in_order(&self, snapshot: &[Value]) {
         let what = self.what();
         let edges = invariant::edges(snapshot);
-        let refs: Vec<(invariant::ObjectRef, String, Option<String>)> = snapshot
+        let refs: Vec<(invariant::ObjectId, String, Option<String>)> = snapshot
             .iter()
             .filter_map(|o| {
-                let me = invariant::ObjectRef::of(o)?;
+                let me = invariant::ObjectId::of(o)?;
                 let uid = o.pointer("/metadata/uid")?.as_str()?.to_string();
                 let parent = o
                     .pointer("/metadata/ownerReferences")
@@ -1034,7 +1034,7 @@ impl Built {
                 Some((me, uid, parent))
             })
             .collect();
-        let subtree = |root_uid: &str| -> BTreeSet<invariant::ObjectRef> {
+        let subtree = |root_uid: &str| -> BTreeSet<invariant::ObjectId> {
             let mut uids: BTreeSet<String> = [root_uid.to_string()].into();
             loop {
                 let before = uids.len();
@@ -1055,7 +1055,7 @@ impl Built {
         let uids = invariant::uids(snapshot);
         let gone = wait::until(SHAPE_TEARDOWN_TIMEOUT, || async {
             let entries = self.timeline.entries();
-            let alive = |r: &invariant::ObjectRef| {
+            let alive = |r: &invariant::ObjectId| {
                 fate_with_missed(&entries, &uids, &self.missed, r).is_some_and(|f| f.still_there)
             };
             for (r, ns, n) in &self.objects {

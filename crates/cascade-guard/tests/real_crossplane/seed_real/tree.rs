@@ -25,9 +25,9 @@ pub(crate) type MissedRemovals = StdMutex<BTreeMap<String, (String, String, inva
 /// watch missed.
 pub(crate) fn fate_with_missed(
     entries: &[local_cluster::timeline::Entry],
-    uids: &BTreeMap<invariant::ObjectRef, String>,
+    uids: &BTreeMap<invariant::ObjectId, String>,
     missed: &MissedRemovals,
-    r: &invariant::ObjectRef,
+    r: &invariant::ObjectId,
 ) -> Option<invariant::Fate> {
     let uid = uids.get(r).map(String::as_str);
     let missed = uid.and_then(|u| {
@@ -288,8 +288,8 @@ impl Tree {
     pub(crate) fn fate_of(
         &self,
         entries: &[local_cluster::timeline::Entry],
-        uids: &BTreeMap<invariant::ObjectRef, String>,
-        r: &invariant::ObjectRef,
+        uids: &BTreeMap<invariant::ObjectId, String>,
+        r: &invariant::ObjectId,
     ) -> Option<invariant::Fate> {
         fate_with_missed(entries, uids, &self.missed, r)
     }
