@@ -80,6 +80,11 @@ pub struct Provider(JoinHandle<()>);
 
 impl Provider {
     pub fn start(client: Client, ns: String, delay: Duration) -> Self {
+        Self::start_polling(client, ns, delay, Duration::from_millis(50))
+    }
+
+    /// The same, looking at the ConfigMaps every `every`.
+    pub fn start_polling(client: Client, ns: String, delay: Duration, every: Duration) -> Self {
         Provider(tokio::spawn(async move {
             let maps: Api<ConfigMap> = Api::namespaced(client, &ns);
             let mut seen: std::collections::HashMap<String, std::time::Instant> =
@@ -112,7 +117,7 @@ impl Provider {
                         }
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(every).await;
             }
         }))
     }

@@ -19,14 +19,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use cascade_guard_bench::{percentile, resource, start_controller, start_plane};
+use cascade_guard_testkit::tree::{config_maps, create_tree};
 use futures::StreamExt;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 
 use super::{
-    AT_ONCE, FirstSeen, HeldCounter, cpu_ticks, create_many, make_tree, print_latencies,
-    rest_usage, status_kib, xrd,
+    AT_ONCE, FirstSeen, HeldCounter, cpu_ticks, create_many, print_latencies, rest_usage,
+    status_kib, xrd,
 };
 
 /// The page size of cascade-guard's lists of a Convert kind (convert/runner.rs).
@@ -57,7 +58,7 @@ pub async fn run() -> Result<()> {
     // resource each (an object with nothing to cascade is not converted).
     for ns in ["single", "at-once", "floor"] {
         for i in 0..SINGLE.max(AT_ONCE) {
-            make_tree(&admin, &tree, ns, &format!("t-{i}"), 1).await?;
+            create_tree(&admin, &tree, ns, &format!("t-{i}"), 1).await;
         }
     }
     // Sibling order's work: trees across the kinds, each holding a need.
@@ -242,8 +243,8 @@ const HOME: &str = "default";
 /// A root of `kind` composing ConfigMaps `<name>-0` and `<name>-1`, the
 /// first needing the second (`cascade-guard.dev/needs`).
 async fn make_needy_tree(client: &Client, kind: &ApiResource, ns: &str, name: &str) -> Result<()> {
-    make_tree(client, kind, ns, name, 2).await?;
-    let maps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &super::config_maps());
+    create_tree(client, kind, ns, name, 2).await;
+    let maps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &config_maps());
     maps.patch(
         &format!("{name}-0"),
         &PatchParams::default(),

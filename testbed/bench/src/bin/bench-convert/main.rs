@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject, PartialObjectMeta, PostParams};
 use kube::runtime::watcher::{self, Event};
@@ -34,7 +34,6 @@ const AT_ONCE: usize = 100;
 const FRESH: usize = 100;
 const PAIRS: usize = 20;
 const PROVIDER_DELAY: Duration = Duration::from_millis(1000);
-const HOLD: &str = "bench.cascade-guard.dev/provider";
 const FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
 
 fn xrd(kind: &str, plural: &str, mode: Option<&str>) -> Value {
@@ -52,18 +51,10 @@ fn xrd(kind: &str, plural: &str, mode: Option<&str>) -> Value {
     x
 }
 
-fn config_maps() -> ApiResource {
-    ApiResource {
-        group: String::new(),
-        version: "v1".into(),
-        api_version: "v1".into(),
-        kind: "ConfigMap".into(),
-        plural: "configmaps".into(),
-    }
-}
-
 mod convert_scale;
 use cascade_guard_bench::{GROUP, percentile, resource, start_controller};
+use cascade_guard_testkit::HOLD;
+use cascade_guard_testkit::tree::{Provider, config_maps, create_tree};
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -328,7 +319,7 @@ async fn create_to_held(admin: &Client, tree: &ApiResource) -> Result<Vec<f64>> 
     for i in 0..FRESH {
         let name = format!("f-{i}");
         let at = Instant::now();
-        make_tree(admin, tree, ns, &name, 0).await?;
+        create_tree(admin, tree, ns, &name, 0).await;
         sent.push((name, at));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -339,7 +330,7 @@ async fn delete_to_foreground(admin: &Client, tree: &ApiResource) -> Result<Vec<
     let ns = "latency";
     let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, tree);
     for i in 0..AT_ONCE {
-        make_tree(admin, tree, ns, &format!("t-{i}"), 1).await?;
+        create_tree(admin, tree, ns, &format!("t-{i}"), 1).await;
     }
     wait_all_held(&api, AT_ONCE).await?;
     // When foregroundDeletion first appears on each.
@@ -370,11 +361,18 @@ async fn teardown_pairs(
     let ns = "teardown";
     let trees: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, tree);
     for i in 0..PAIRS {
-        make_tree(admin, tree, ns, &format!("c-{i}"), 3).await?;
-        make_tree(admin, native, ns, &format!("n-{i}"), 3).await?;
+        create_tree(admin, tree, ns, &format!("c-{i}"), 3).await;
+        create_tree(admin, native, ns, &format!("n-{i}"), 3).await;
     }
     wait_all_held(&trees, PAIRS).await?;
-    let provider = tokio::spawn(provider(admin.clone(), ns.to_string()));
+    // It looks every 20 ms, not the kit's 50: its wait is part of the
+    // teardown measured.
+    let provider = Provider::start_polling(
+        admin.clone(),
+        ns.to_string(),
+        PROVIDER_DELAY,
+        Duration::from_millis(20),
+    );
     let mut convert = Vec::new();
     let mut nat = Vec::new();
     let mut per_pair = Vec::new();
@@ -391,7 +389,7 @@ async fn teardown_pairs(
         nat.push(n);
         per_pair.push(c - n);
     }
-    provider.abort();
+    drop(provider);
     convert.sort_by(f64::total_cmp);
     nat.sort_by(f64::total_cmp);
     Ok((convert, nat, per_pair))
@@ -415,37 +413,6 @@ async fn teardown(
     }
 }
 
-async fn make_tree(
-    client: &Client,
-    r: &ApiResource,
-    ns: &str,
-    name: &str,
-    dependents: usize,
-) -> Result<()> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, r);
-    let refs: Vec<Value> = (0..dependents)
-        .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": format!("{name}-{i}")}))
-        .collect();
-    let xr = api
-        .create(
-            &PostParams::default(),
-            &DynamicObject::new(name, r)
-                .data(json!({"spec": {"crossplane": {"resourceRefs": refs}}})),
-        )
-        .await?;
-    let maps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &config_maps());
-    for i in 0..dependents {
-        let cm: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": format!("{name}-{i}"), "finalizers": [HOLD],
-                "ownerReferences": [{"apiVersion": r.api_version, "kind": r.kind, "name": name,
-                    "uid": xr.uid().context("uid")?, "controller": true, "blockOwnerDeletion": true}]}
-        }))?;
-        maps.create(&PostParams::default(), &cm).await?;
-    }
-    Ok(())
-}
-
 async fn wait_all_held(api: &Api<DynamicObject>, n: usize) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -463,37 +430,6 @@ async fn wait_all_held(api: &Api<DynamicObject>, n: usize) -> Result<()> {
             bail!("only {held} of {n} held");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A provider: each deleted ConfigMap finishes PROVIDER_DELAY after its delete.
-async fn provider(client: Client, ns: String) {
-    let maps: Api<DynamicObject> = Api::namespaced_with(client, &ns, &config_maps());
-    let mut first_seen: HashMap<String, Instant> = HashMap::new();
-    loop {
-        if let Ok(list) = maps.list(&Default::default()).await {
-            for cm in list.items {
-                if cm.metadata.deletion_timestamp.is_none()
-                    || !cm.finalizers().iter().any(|f| f == HOLD)
-                {
-                    continue;
-                }
-                let at = *first_seen
-                    .entry(cm.uid().unwrap_or_default())
-                    .or_insert_with(Instant::now);
-                if at.elapsed() >= PROVIDER_DELAY {
-                    let patch = json!({"metadata": {"finalizers": cm.finalizers().iter().filter(|f| *f != HOLD).collect::<Vec<_>>()}});
-                    let _ = maps
-                        .patch(
-                            &cm.name_any(),
-                            &Default::default(),
-                            &kube::api::Patch::Merge(patch),
-                        )
-                        .await;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
