@@ -55,6 +55,11 @@
 //! would wedge on crossplane-runtime#1150, and sibling order holds the
 //! engine's ProviderConfigUsage until its provider is done (see the test).
 //!
+//! A reference the provider resolves (Upjet's `<field>Ref`), in each mode: the
+//! local cloud's LoadBalancer selects its Cluster, nothing else ties them;
+//! Off leaks the load balancer, Refuse and Convert keep the Cluster until it
+//! is gone (seed_real/references.rs).
+//!
 //! A Background delete that a Usage held, recorded under Warn and replayed by
 //! Crossplane under Refuse: refused, nothing stuck, the refusal with the
 //! command that works in Crossplane's log.
@@ -97,6 +102,8 @@ mod fault_window;
 mod guard;
 #[path = "seed_real/random_trees.rs"]
 mod random_trees;
+#[path = "seed_real/references.rs"]
+mod references;
 #[path = "seed_real/replayed.rs"]
 mod replayed;
 #[path = "seed_real/scene.rs"]

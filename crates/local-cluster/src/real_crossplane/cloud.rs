@@ -18,6 +18,7 @@ use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, Post
 use kube::{Api, Client, Config};
 use serde_json::{Value, json};
 
+use super::cloud_load_balancer::{self, BalancerView, Candidate, CloudClients};
 use super::load_balancer;
 use super::manifest;
 use super::stack::Forwarding;
@@ -172,7 +173,7 @@ impl LocalCloud {
     ) -> Result<Self, Error> {
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let client = cp.admin().await?;
-        manifest::apply_crds(&client, &[crd()?]).await?;
+        manifest::apply_crds(&client, &[crd()?, cloud_load_balancer::crd()?]).await?;
         let config = cp.admin_config().await?;
         let clusters = Arc::new(Mutex::new(BTreeMap::new()));
         let controller = Controller {
@@ -181,6 +182,7 @@ impl LocalCloud {
             options,
             forwarding,
             clusters: clusters.clone(),
+            clouds: CloudClients::default(),
             log: cp.log_path("local-cloud"),
         };
         runtime.spawn(controller.run());
@@ -209,6 +211,9 @@ struct Controller {
     options: CloudOptions,
     forwarding: Forwarding,
     clusters: Arc<Mutex<BTreeMap<String, Entry>>>,
+    /// The running cloud clusters' clients, by `namespace/name`: what the
+    /// load balancers are made through, until a cluster stops.
+    clouds: CloudClients,
     log: PathBuf,
 }
 
@@ -232,10 +237,36 @@ impl Controller {
                             self.reconcile(&client, view).await;
                         }
                     }
+                    self.reconcile_load_balancers(&client, &list.items).await;
                 }
                 Err(e) => self.note(&format!("cannot list Clusters: {e}")),
             }
             tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Each LoadBalancer, its reference resolved among `clusters`.
+    async fn reconcile_load_balancers(&self, client: &Client, clusters: &[DynamicObject]) {
+        let api: Api<DynamicObject> =
+            Api::all_with(client.clone(), &cloud_load_balancer::load_balancers());
+        let list = match api.list(&ListParams::default()).await {
+            Ok(list) => list,
+            Err(e) => return self.note(&format!("cannot list LoadBalancers: {e}")),
+        };
+        for object in &list.items {
+            let Some(view) = BalancerView::of(object) else {
+                continue;
+            };
+            let candidates: Vec<Candidate> = clusters
+                .iter()
+                .filter(|c| c.metadata.namespace.as_deref() == Some(view.namespace.as_str()))
+                .filter_map(Candidate::of)
+                .collect();
+            let said =
+                cloud_load_balancer::reconcile(client, &self.clouds, &view, &candidates).await;
+            if let Some(line) = said {
+                self.note(&line);
+            }
         }
     }
 
@@ -322,6 +353,9 @@ impl Controller {
         self.note(&format!("{key}: cloud cluster up at {server}"));
         let load_balancers = match cp.admin().await {
             Ok(cloud) => {
+                if let Ok(mut clouds) = self.clouds.lock() {
+                    clouds.insert(format!("{}/{}", view.namespace, view.name), cloud.clone());
+                }
                 let this = self.clone();
                 tokio::spawn(load_balancer::run(cloud, view.name.clone(), move |line| {
                     this.note(line)
@@ -339,6 +373,9 @@ impl Controller {
     async fn delete(self, client: Client, view: ClusterView, entry: Option<Entry>) {
         let key = Self::key(&view);
         tokio::time::sleep(view.deletion_time.unwrap_or(self.options.deletion_time)).await;
+        if let Ok(mut clouds) = self.clouds.lock() {
+            clouds.remove(&format!("{}/{}", view.namespace, view.name));
+        }
         if let Some(Entry::Running(mut cp, load_balancers)) = entry {
             load_balancers.abort();
             // What a cloud leaks when a cluster goes before its load balancers.

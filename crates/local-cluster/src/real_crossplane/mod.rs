@@ -4,7 +4,8 @@
 //! (`testbed/crossplane/build.sh`) and run as a plain process, plus a *local cloud*:
 //! the one simulated part, a `Cluster` kind whose controller starts a real
 //! second control plane for every Cluster and stops it when the Cluster is
-//! deleted.
+//! deleted, and a `LoadBalancer` kind made in a Cluster it references as
+//! Upjet's resources reference theirs.
 //!
 //! [`Crossplane::start`] brings the stack up against a running
 //! [`ControlPlane`](crate::ControlPlane). Its in-process parts (the port
@@ -14,6 +15,7 @@
 
 mod binaries;
 pub mod cloud;
+pub mod cloud_load_balancer;
 mod crossplane_core;
 mod function;
 pub mod load_balancer;

@@ -252,12 +252,12 @@ impl Scene {
         assert!(leaked.is_empty(), "{}: leaked {leaked:?}", self.what);
     }
 
-    /// Takes the providers' finalizer off every Release and Object of the
-    /// scene that is being deleted (an operator's way out of a wedge) and
-    /// waits for everything to go.
+    /// Takes the providers' finalizer off every Release, Object and cloud
+    /// LoadBalancer of the scene that is being deleted (an operator's way
+    /// out of a wedge) and waits for everything to go.
     pub(crate) async fn clean_up(&self) {
         for (r, ns, n) in &self.objects {
-            if r.kind != "Release" && r.kind != "Object" {
+            if !matches!(r.kind.as_str(), "Release" | "Object" | "LoadBalancer") {
                 continue;
             }
             let objects = api(&self.client, r, ns.as_deref());

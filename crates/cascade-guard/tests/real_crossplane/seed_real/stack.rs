@@ -211,6 +211,7 @@ pub(crate) fn chart_values() -> String {
     }
     for mode in ["off", "warn", "refuse", "convert"] {
         groups.push(format!("{mode}.fleet.local-cluster.dev"));
+        groups.push(super::references::exposed_group(mode));
     }
     groups.push(CLAIM_GROUP.to_string());
     groups.push(DROP_GROUP.to_string());
