@@ -195,16 +195,18 @@ impl Gate {
             {
                 continue;
             }
-            // The policy first: a binding to a missing policy is an error in
-            // the API server's log, not a refusal.
-            let written = policies
-                .patch(&name, &apply, &Patch::Apply(&c.policy))
-                .await
-                .and(
-                    bindings
-                        .patch(&name, &apply, &Patch::Apply(&c.binding))
-                        .await,
-                );
+            // The policy first, and its binding only once it is written: a
+            // binding to a missing policy is an error in the API server's
+            // log, not a refusal.
+            let written = async {
+                policies
+                    .patch(&name, &apply, &Patch::Apply(&c.policy))
+                    .await?;
+                bindings
+                    .patch(&name, &apply, &Patch::Apply(&c.binding))
+                    .await
+            }
+            .await;
             if let Err(e) = written {
                 ok = false;
                 tracing::error!(error = %e, %name, "sibling order: cannot write the gate policy; deletes of unordered trees of these kinds go through");
@@ -432,6 +434,25 @@ mod tests {
             assert!(g.policies.is_none());
             g.write(&kinds, Duration::from_secs(3600)).await;
             assert!(g.policies.is_some());
+        })
+        .await;
+    }
+
+    /// A policy that could not be applied gets no binding after it.
+    #[tokio::test]
+    async fn a_failed_policy_apply_sends_no_binding() {
+        let kinds = vec![gated("xclaims", Shape::Claim)];
+        let mut script = vec![Exchange::get(RECORD).ok(record(json!({"ordered": " "})))];
+        let mut pair = applies(&kinds);
+        pair.truncate(1);
+        let policy = pair.pop().expect("a policy");
+        script.push(policy.fails(says::INTERNAL, "etcd"));
+        script.extend(removed(Shape::CompositeResource));
+        script.extend(removed(Shape::Other));
+        against(script, async |c| {
+            let mut g = gate(c, true);
+            g.write(&kinds, Duration::from_secs(3600)).await;
+            assert!(g.policies.is_none());
         })
         .await;
     }

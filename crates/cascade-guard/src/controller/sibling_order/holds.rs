@@ -249,24 +249,23 @@ impl Holds {
         let compiled = compile_hold(&self.settings, self.record.namespace(), &wanted);
         let guard = compile_record_guard(&self.settings, self.record.namespace());
         let params = PatchParams::apply(MANAGER).force();
-        let written = policies
-            .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.policy))
-            .await
-            .and(
-                bindings
-                    .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.binding))
-                    .await,
-            )
-            .and(
-                policies
-                    .patch(RECORD_GUARD_NAME, &params, &Patch::Apply(&guard.policy))
-                    .await,
-            )
-            .and(
-                bindings
-                    .patch(RECORD_GUARD_NAME, &params, &Patch::Apply(&guard.binding))
-                    .await,
-            );
+        // In order, each only once the one before it is written: a binding
+        // to a policy that failed to change would bind the old one.
+        let written = async {
+            policies
+                .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.policy))
+                .await?;
+            bindings
+                .patch(HOLD_OBJECT_NAME, &params, &Patch::Apply(&compiled.binding))
+                .await?;
+            policies
+                .patch(RECORD_GUARD_NAME, &params, &Patch::Apply(&guard.policy))
+                .await?;
+            bindings
+                .patch(RECORD_GUARD_NAME, &params, &Patch::Apply(&guard.binding))
+                .await
+        }
+        .await;
         match written {
             Ok(_) => {
                 self.policy_written = Some(Instant::now());

@@ -112,30 +112,34 @@ async fn the_hold_policy_names_the_kinds_held_now_applied_forced() {
     .await;
 }
 
-/// Any of the four applies failing: the policy is not in place (trees are
-/// not ordered), what it names is left as it was, and the old labels are
-/// not touched.
+/// Any of the four applies failing: nothing after it is sent (a binding to
+/// a policy that failed to change would bind the old one), the policy is not
+/// in place (trees are not ordered), what it names is left as it was, and
+/// the old labels are not touched.
 #[tokio::test]
-async fn a_failed_apply_leaves_nothing_in_place() {
-    let mut script = the_four_applies(&["xcaches", "xdatabases"]);
-    let last = script.pop().expect("four applies");
-    script.push(last.fails(says::INTERNAL, "etcdserver: request timed out"));
-    against(script, async |c| {
-        let mut h = holds(c);
-        hold(&mut h, &held("XDatabase", "db"));
-        hold(&mut h, &held("XCache", "cache"));
-        h.policy_written = Some(long_ago());
-        h.named = BTreeMap::from([(plural("xdatabases"), long_ago())]);
-        h.strip_old = true;
-        h.write_policy(&kinds()).await;
-        assert!(!h.in_place());
-        assert_eq!(
-            h.named.keys().cloned().collect::<Vec<_>>(),
-            vec![plural("xdatabases")]
-        );
-        assert!(h.strip_old, "the old labels wait for a policy in place");
-    })
-    .await;
+async fn a_failed_apply_sends_nothing_after_it_and_leaves_nothing_in_place() {
+    for failing in 0..4 {
+        let mut script = the_four_applies(&["xcaches", "xdatabases"]);
+        script.truncate(failing + 1);
+        let last = script.pop().expect("the failing apply");
+        script.push(last.fails(says::INTERNAL, "etcdserver: request timed out"));
+        against(script, async |c| {
+            let mut h = holds(c);
+            hold(&mut h, &held("XDatabase", "db"));
+            hold(&mut h, &held("XCache", "cache"));
+            h.policy_written = Some(long_ago());
+            h.named = BTreeMap::from([(plural("xdatabases"), long_ago())]);
+            h.strip_old = true;
+            h.write_policy(&kinds()).await;
+            assert!(!h.in_place(), "apply {failing} failed");
+            assert_eq!(
+                h.named.keys().cloned().collect::<Vec<_>>(),
+                vec![plural("xdatabases")]
+            );
+            assert!(h.strip_old, "the old labels wait for a policy in place");
+        })
+        .await;
+    }
 }
 
 /// The old labels are taken off once, after the first write that puts the
