@@ -379,12 +379,21 @@ impl Controller {
         if let Some(Entry::Running(mut cp, load_balancers)) = entry {
             load_balancers.abort();
             // What a cloud leaks when a cluster goes before its load balancers.
-            if let Ok(cloud) = cp.admin().await {
-                for service in load_balancer::live(&cloud).await {
-                    self.note(&format!(
-                        "{key}: leaked the load balancer of Service {service}"
-                    ));
+            let live = match cp.admin().await {
+                Ok(cloud) => load_balancer::live(&cloud).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match live {
+                Ok(services) => {
+                    for service in services {
+                        self.note(&format!(
+                            "{key}: leaked the load balancer of Service {service}"
+                        ));
+                    }
                 }
+                Err(e) => self.note(&format!(
+                    "{key}: cannot tell which load balancers leaked: {e}"
+                )),
             }
             let port = super::stack::port_of(cp.server());
             let stopped = tokio::task::spawn_blocking(move || cp.stop()).await;

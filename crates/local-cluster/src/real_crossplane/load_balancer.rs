@@ -119,24 +119,23 @@ pub async fn run(client: Client, cluster: String, note: impl Fn(&str) + Send + '
 }
 
 /// The load balancers of a cluster that still exist: `namespace/name` of each
-/// Service holding one.
-pub async fn live(client: &Client) -> Vec<String> {
+/// Service holding one; an error when the cluster cannot say (read as none,
+/// it would say that nothing leaked).
+pub async fn live(client: &Client) -> Result<Vec<String>, kube::Error> {
     let api: Api<Service> = Api::all(client.clone());
-    match api.list(&ListParams::default()).await {
-        Ok(list) => list
-            .items
-            .iter()
-            .filter(|s| {
-                s.metadata
-                    .finalizers
-                    .iter()
-                    .flatten()
-                    .any(|f| f == CLEANUP_FINALIZER)
-            })
-            .map(key)
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|s| {
+            s.metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == CLEANUP_FINALIZER)
+        })
+        .map(key)
+        .collect())
 }
 
 async fn provision(client: &Client, service: &Service, cluster: &str) -> Result<(), kube::Error> {
