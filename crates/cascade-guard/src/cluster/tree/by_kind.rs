@@ -9,11 +9,15 @@ use std::collections::BTreeMap;
 /// From this many objects of one kind in one namespace (or spread over
 /// several), a list; below it, a GET each.
 pub(super) const LIST_FROM: usize = 8;
-/// How many objects a list may bring per object wanted before GETs of the
-/// rest would have cost less.
-pub(super) const LIST_PAYS: usize = 8;
-/// The most objects a page of a list brings.
-pub(super) const PAGE: usize = 500;
+/// How many objects a list may bring per object wanted before the GETs of
+/// the rest: a list of 2,000 ConfigMaps took as long as 30 to 70 GETs 16 at
+/// once (BENCHMARKS.md, "plan of 4,904 objects read by kind"), so a list
+/// that brings its whole budget in vain costs less than half the GETs that
+/// follow it; 8 wanted bring one page of 128 at most.
+pub(super) const LIST_PAYS: usize = 16;
+/// The most objects a page of a list brings: a page is held whole while it
+/// is read, and pages of 250 took as long as pages of 500.
+pub(super) const PAGE: usize = 250;
 
 /// One object wanted: its kind (any identity), whether the kind is
 /// namespaced, the namespace to look in (None for a cluster-scoped kind, or

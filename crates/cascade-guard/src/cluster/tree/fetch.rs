@@ -17,12 +17,17 @@ use std::collections::{HashMap, HashSet};
 use futures::StreamExt;
 use kube::api::{DynamicObject, ListParams, TypeMeta};
 use kube::{Client, ResourceExt};
+use tokio::sync::Semaphore;
 
 use super::by_kind::{self, Read, Wanted};
 use crate::cluster::kinds::{Served, ServedKinds};
 
 /// How many requests are in flight at once while a tree is read.
 const FETCHES_AT_ONCE: usize = 16;
+/// List pages in flight at once in the process, whatever the trees read at
+/// once (the controller reads 8): each holds up to a page of objects in
+/// memory, which a crowded namespace fills with others.
+static PAGES_AT_ONCE: Semaphore = Semaphore::const_new(4);
 
 /// An object as fetched: there, gone, or why not.
 pub(super) type Fetched = Result<Option<DynamicObject>, kube::Error>;
@@ -184,6 +189,7 @@ async fn list(
     let mut listed = 0;
     let mut first = true;
     loop {
+        let permit = PAGES_AT_ONCE.acquire().await;
         let page = match api.list(&params).await {
             Ok(page) => page,
             Err(e) if first => return Err(e),
@@ -210,6 +216,7 @@ async fn list(
                 found.insert(at, object);
             }
         }
+        drop(permit);
         let next = page.metadata.continue_.filter(|c| !c.is_empty());
         match next {
             None => return Ok(Listed { found, whole: true }),
