@@ -7,6 +7,9 @@
 //! tree that use its ProviderConfigs (their ProviderConfigUsages). What cannot be read is said, never
 //! guessed.
 
+mod by_kind;
+mod fetch;
+
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use futures::StreamExt;
@@ -18,14 +21,13 @@ use crate::cluster::kinds::{Served, ServedKinds};
 use crate::policy::composed_resources;
 use crate::policy::sibling::object::ObjectRef;
 use crate::policy::sibling::references::{Reference, references};
+use fetch::{Fetched, Fetcher, Request};
 
 /// A tree larger than this is cut, and the reader says so: a composition
 /// does not reach it, a loop in resourceRefs would.
 const MAX_OBJECTS: usize = 5_000;
-/// How many objects are fetched at once while a tree is read.
-const FETCHES_AT_ONCE: usize = 16;
-/// An object as fetched: there, gone, or why not.
-type Fetched = Result<Option<DynamicObject>, kube::Error>;
+/// How many ProviderConfigs' usages are listed at once.
+const LISTS_AT_ONCE: usize = 16;
 /// How many times references are followed from what was found the time
 /// before (a Release's ProviderConfig, then its credentials Secret, then
 /// that Secret's writer is three).
@@ -57,15 +59,16 @@ impl Usages {
             .collect()
     }
 
+    /// Lists each kind, all at once.
     pub async fn list(client: &Client, kinds: &ServedKinds) -> Self {
-        let mut lists = Vec::new();
-        for s in Self::kinds(kinds) {
+        let lists = futures::future::join_all(Self::kinds(kinds).into_iter().map(|s| async move {
             let list = ServedKinds::api(client, &s, None)
                 .list(&ListParams::default())
                 .await
                 .map(|l| l.items);
-            lists.push((s.0.kind.clone(), list));
-        }
+            (s.0.kind.clone(), list)
+        }))
+        .await;
         Self { lists }
     }
 }
@@ -109,6 +112,7 @@ type Key = (String, String, Option<String>, String);
 struct Reading<'a> {
     client: &'a Client,
     kinds: &'a ServedKinds,
+    fetcher: Fetcher<'a>,
     objects: Vec<(Key, Value)>,
     seen: HashSet<Key>,
     /// Group, kind, namespace and name of every object read: a reference
@@ -130,6 +134,7 @@ impl<'a> Reading<'a> {
         Self {
             client,
             kinds,
+            fetcher: Fetcher::new(client),
             objects: Vec::new(),
             seen: HashSet::new(),
             refs: HashSet::new(),
@@ -186,9 +191,9 @@ impl<'a> Reading<'a> {
     /// Reads every queued composed resource, and what they compose.
     async fn expand(&mut self) {
         while !self.queue.is_empty() {
-            // A wave at a time, FETCHES_AT_ONCE in flight: one GET after
-            // another, `plan` of 5,000 objects took seven seconds. Taken in
-            // the order queued, as one at a time would.
+            // A wave at a time, by kind (`fetch`), taken in the order
+            // queued, as one at a time would: the same objects, and the same
+            // cut at MAX_OBJECTS.
             let mut wave: Vec<Key> = Vec::new();
             let mut in_wave = HashSet::new();
             for key in self.queue.drain(..) {
@@ -196,24 +201,23 @@ impl<'a> Reading<'a> {
                     wave.push(key);
                 }
             }
-            let (client, kinds) = (self.client, self.kinds);
-            let fetched: Vec<(Key, Option<Fetched>)> =
-                futures::stream::iter(wave.into_iter().map(|key| async move {
-                    let fetched = match kinds.get(&key.0, &key.1) {
-                        Some(served) => Some(
-                            ServedKinds::api(client, served, key.2.as_deref())
-                                .get_opt(&key.3)
-                                .await,
-                        ),
-                        None => None,
-                    };
-                    (key, fetched)
-                }))
-                .buffered(FETCHES_AT_ONCE)
-                .collect()
-                .await;
-            for (key, fetched) in fetched {
-                self.take_fetched(key, fetched);
+            let kinds = self.kinds;
+            let served: Vec<Option<&Served>> = wave.iter().map(|k| kinds.get(&k.0, &k.1)).collect();
+            let requests: Vec<Request> = wave
+                .iter()
+                .zip(&served)
+                .filter_map(|((_, _, namespace, name), served)| {
+                    served.map(|served| Request {
+                        served,
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                    })
+                })
+                .collect();
+            let mut fetched = self.fetcher.fetch(&requests).await.into_iter();
+            for (key, served) in wave.into_iter().zip(served) {
+                let got = served.and_then(|_| fetched.next());
+                self.take_fetched(key, got);
             }
         }
     }
@@ -246,29 +250,28 @@ impl<'a> Reading<'a> {
             .flat_map(|(_, v)| references(v))
             .collect();
         // Every served kind a reference may name, not read yet.
+        let kinds = self.kinds;
         let mut gets = Vec::new();
-        for r in wanted {
-            for s in self.kinds.of_kind(r.group.as_deref(), &r.kind) {
+        for r in &wanted {
+            for s in kinds.of_kind(r.group.as_deref(), &r.kind) {
                 let namespace = if s.1 { r.namespace.clone() } else { None };
                 let known = ObjectRef::new(&s.0.group, &r.kind, namespace.as_deref(), &r.name);
                 if !self.refs.contains(&known) {
-                    gets.push((r.clone(), s.clone(), namespace));
+                    gets.push((r.clone(), s, namespace));
                 }
             }
         }
-        let client = self.client;
-        let fetched: Vec<_> =
-            futures::stream::iter(gets.into_iter().map(|(r, s, namespace)| async move {
-                let got = ServedKinds::api(client, &s, namespace.as_deref())
-                    .get_opt(&r.name)
-                    .await;
-                (r, s, namespace, got)
-            }))
-            .buffered(FETCHES_AT_ONCE)
-            .collect()
-            .await;
+        let requests: Vec<Request> = gets
+            .iter()
+            .map(|(r, served, namespace)| Request {
+                served,
+                namespace: namespace.clone(),
+                name: r.name.clone(),
+            })
+            .collect();
+        let fetched = self.fetcher.fetch(&requests).await;
         let mut found = false;
-        for (r, s, namespace, got) in fetched {
+        for ((r, s, namespace), got) in gets.into_iter().zip(fetched) {
             match got {
                 Ok(Some(object)) => {
                     if let Some(key) = key_of(&object) {
@@ -301,77 +304,97 @@ impl<'a> Reading<'a> {
             .filter_map(|(_, v)| ObjectRef::of_object(v))
             .filter(|r| matches!(r.kind.as_str(), "ProviderConfig" | "ClusterProviderConfig"))
             .collect();
-        for config in configs {
-            let Some(served) = self
-                .kinds
-                .of_kind(Some(config.group.as_str()), USAGE_KIND)
-                .next()
-                .cloned()
-            else {
-                continue;
-            };
-            // A ProviderConfig's users are in its namespace; a
-            // ClusterProviderConfig's anywhere.
-            let namespace = match (served.1, config.kind.as_str()) {
-                (true, "ProviderConfig") => config.namespace.as_deref(),
-                _ => None,
-            };
-            let selector = format!("{PROVIDER_CONFIG_LABEL}={}", config.name);
-            let listed = ServedKinds::api(self.client, &served, namespace)
-                .list(&ListParams::default().labels(&selector))
-                .await;
-            let usages = match listed {
-                Ok(list) => list.items,
-                Err(e) => {
-                    self.unread
-                        .push(format!("the ProviderConfigUsages of {config}: {e}"));
-                    continue;
+        // Each config's usages listed, LISTS_AT_ONCE at once; then what they
+        // name, fetched together, taken in the order one config after
+        // another would have taken them.
+        let (client, kinds) = (self.client, self.kinds);
+        let lists: Vec<_> = futures::stream::iter(configs.into_iter().map(|config| async move {
+            let listed = usages_of(client, kinds, &config).await;
+            (config, listed)
+        }))
+        .buffered(LISTS_AT_ONCE)
+        .collect()
+        .await;
+        let mut steps = Vec::new();
+        for (config, listed) in lists {
+            match listed {
+                None => {}
+                Some(Err(e)) => {
+                    steps.push(Err(format!("the ProviderConfigUsages of {config}: {e}")))
                 }
-            };
-            for usage in usages {
-                let value = serde_value(&usage);
-                let kind_named = value
-                    .pointer("/providerConfigRef/kind")
-                    .and_then(Value::as_str)
-                    .unwrap_or("ProviderConfig");
-                let text = |p: &str| value.pointer(p).and_then(Value::as_str);
-                let (Some(api_version), Some(kind), Some(name)) = (
-                    text("/resourceRef/apiVersion"),
-                    text("/resourceRef/kind"),
-                    text("/resourceRef/name"),
-                ) else {
-                    continue;
-                };
-                if kind_named != config.kind {
-                    continue;
-                }
-                let Some(user_kind) = self.kinds.get(api_version, kind).cloned() else {
-                    continue;
-                };
-                let user_namespace = usage.namespace();
-                let at = if user_kind.1 {
-                    user_namespace.as_deref()
-                } else {
-                    None
-                };
-                let known = ObjectRef::new(&user_kind.0.group, kind, at, name);
-                if self.refs.contains(&known) {
-                    continue;
-                }
-                match ServedKinds::api(self.client, &user_kind, at)
-                    .get_opt(name)
-                    .await
-                {
-                    Ok(Some(object)) => {
-                        if let Some(key) = key_of(&object) {
-                            self.take(key, &object);
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => self.unread.push(format!("{kind} {name}: {e}")),
-                }
+                Some(Ok(usages)) => steps.extend(
+                    usages
+                        .iter()
+                        .filter_map(|u| self.user_of(&config, u))
+                        .filter(|user| !self.refs.contains(&user.known))
+                        .map(Ok),
+                ),
             }
         }
+        let requests: Vec<Request> = steps
+            .iter()
+            .flatten()
+            .map(|user| Request {
+                served: user.served,
+                namespace: user.namespace.clone(),
+                name: user.name.clone(),
+            })
+            .collect();
+        let mut fetched = self.fetcher.fetch(&requests).await.into_iter();
+        for step in steps {
+            let user = match step {
+                Err(unread) => {
+                    self.unread.push(unread);
+                    continue;
+                }
+                Ok(user) => user,
+            };
+            let Some(got) = fetched.next() else { break };
+            // Taken by an earlier usage naming it too.
+            if self.refs.contains(&user.known) {
+                continue;
+            }
+            match got {
+                Ok(Some(object)) => {
+                    if let Some(key) = key_of(&object) {
+                        self.take(key, &object);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => self
+                    .unread
+                    .push(format!("{} {}: {e}", user.served.0.kind, user.name)),
+            }
+        }
+    }
+
+    /// The managed resource a ProviderConfigUsage of `config` names, where
+    /// its kind is served; None for a usage of another kind of config.
+    fn user_of(&self, config: &ObjectRef, usage: &DynamicObject) -> Option<ConfigUser<'a>> {
+        let value = serde_value(usage);
+        let kind_named = value
+            .pointer("/providerConfigRef/kind")
+            .and_then(Value::as_str)
+            .unwrap_or("ProviderConfig");
+        let text = |p: &str| value.pointer(p).and_then(Value::as_str);
+        let (Some(api_version), Some(kind), Some(name)) = (
+            text("/resourceRef/apiVersion"),
+            text("/resourceRef/kind"),
+            text("/resourceRef/name"),
+        ) else {
+            return None;
+        };
+        if kind_named != config.kind {
+            return None;
+        }
+        let served = self.kinds.get(api_version, kind)?;
+        let namespace = usage.namespace().filter(|_| served.1);
+        Some(ConfigUser {
+            served,
+            known: ObjectRef::new(&served.0.group, kind, namespace.as_deref(), name),
+            namespace,
+            name: name.to_string(),
+        })
     }
 
     /// An object of a kind that references nothing (a Secret, a ConfigMap)
@@ -436,6 +459,39 @@ impl<'a> Reading<'a> {
             }
         }
     }
+}
+
+/// A managed resource that a ProviderConfigUsage names: its kind, where it
+/// is, and how the reading knows it.
+struct ConfigUser<'k> {
+    served: &'k Served,
+    namespace: Option<String>,
+    name: String,
+    known: ObjectRef,
+}
+
+/// The ProviderConfigUsages of `config` (by its label), in its namespace
+/// for a ProviderConfig, anywhere for a ClusterProviderConfig; None where
+/// its group serves no ProviderConfigUsage.
+async fn usages_of(
+    client: &Client,
+    kinds: &ServedKinds,
+    config: &ObjectRef,
+) -> Option<Result<Vec<DynamicObject>, kube::Error>> {
+    let served = kinds
+        .of_kind(Some(config.group.as_str()), USAGE_KIND)
+        .next()?;
+    let namespace = match (served.1, config.kind.as_str()) {
+        (true, "ProviderConfig") => config.namespace.as_deref(),
+        _ => None,
+    };
+    let selector = format!("{PROVIDER_CONFIG_LABEL}={}", config.name);
+    Some(
+        ServedKinds::api(client, served, namespace)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map(|list| list.items),
+    )
 }
 
 /// A provider's record of a managed resource's use of a ProviderConfig.

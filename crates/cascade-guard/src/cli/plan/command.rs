@@ -27,7 +27,9 @@ Exit codes:
   0  the delete has no hazard
   1  no plan could be made (the object is not there, the cluster refused a read)
   2  the command line is wrong
-  3  the delete has a hazard: two objects that need each other go at once
+  3  the delete is not shown safe: a hazard (two objects that need each other go at once),
+     sibling order not in force for the tree, or the tree read only in part (cut at 5,000
+     objects, or objects it may not read)
   5  the cluster cannot be reached, or no kubeconfig can be found
 ";
 

@@ -205,24 +205,34 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
             namespace: namespace.map(str::to_string),
         })?;
     let root_uid = root.uid().ok_or(PlanError::NoUid)?;
-    let (mode, mode_source) = match options.mode {
-        Some(mode) => (mode, ModeSource::Flag),
-        None => {
-            let xrd_default_mode = match options.xrd_default_mode {
-                Some(mode) => mode,
-                None => running_xrd_default_mode(client, &options.leader_election_id).await,
-            };
-            mode_today(client, &root_served, &root, xrd_default_mode).await?
+    let mode = async {
+        match options.mode {
+            Some(mode) => Ok((mode, ModeSource::Flag)),
+            None => {
+                let xrd_default_mode = match options.xrd_default_mode {
+                    Some(mode) => mode,
+                    None => running_xrd_default_mode(client, &options.leader_election_id).await,
+                };
+                mode_today(client, &root_served, &root, xrd_default_mode).await
+            }
         }
     };
-
-    let usages = Usages::list(client, &kinds).await;
-    let read = read_tree(client, &kinds, &root, &usages, &Default::default()).await;
+    let read = async {
+        let usages = Usages::list(client, &kinds).await;
+        read_tree(client, &kinds, &root, &usages, &Default::default()).await
+    };
+    // All three at once: each waits on the API server. Whether sibling
+    // order is in force is asked before the mode is known, and used only
+    // in Refuse and Convert.
+    let (mode, read, why_not) = tokio::join!(
+        mode,
+        read,
+        not_ordered(client, &root, &options.leader_election_id)
+    );
+    let (mode, mode_source) = mode?;
     let graph = graph::graph(&read.objects, &root_uid).map_err(|_| PlanError::NoUid)?;
     let not_ordered = match mode {
-        Mode::Refuse | Mode::Convert => {
-            not_ordered(client, &root, &options.leader_election_id).await
-        }
+        Mode::Refuse | Mode::Convert => why_not,
         Mode::Off | Mode::Warn => Vec::new(),
     };
     let sibling_order = not_ordered.is_empty();
