@@ -174,6 +174,10 @@ fn footprint_of_100_000_roots() {
     );
     // 593 bytes a root before uids were kept in 16 bytes, the reads in
     // the index's objects and the marks compact; 130 after.
-    assert!(per_root(fitted - start) <= 160, "{} B", per_root(fitted - start));
+    assert!(
+        per_root(fitted - start) <= 160,
+        "{} B",
+        per_root(fitted - start)
+    );
     drop((index, marks));
 }
