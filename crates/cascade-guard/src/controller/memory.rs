@@ -20,16 +20,20 @@ pub fn give_back() {
 pub fn give_back() {}
 
 /// Makes glibc's allocator serve every thread from one arena, before any
-/// thread but the main one starts. By default each thread that allocates
-/// gets an arena of its own (here the main thread and the runtime's two
-/// workers), and each keeps what its own bursts left: at 100,000 objects
-/// the controller sat at 61.5 MiB at rest with three arenas, 52.8 MiB with
-/// one (BENCHMARKS.md); the threads take turns for it only when both
-/// allocate at once, and each keeps a small cache of its own. Elsewhere
-/// nothing: musl's allocator has no arenas.
+/// thread but the main one starts, unless `MALLOC_ARENA_MAX` says
+/// otherwise. By default each thread that allocates gets an arena of its
+/// own (here the main thread and the runtime's two workers), and each keeps
+/// what its own bursts left: at 100,000 objects the controller sat at 61.5
+/// MiB at rest with three arenas, 52.8 MiB with one (BENCHMARKS.md); the
+/// threads take turns for it only when both allocate at once, and each
+/// keeps a small cache of its own. Elsewhere nothing: musl's allocator has
+/// no arenas.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 pub fn one_arena() {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+        return;
+    }
     // SAFETY: mallopt only sets a parameter of the allocator, under its
     // own lock; it takes no pointer.
     unsafe {
