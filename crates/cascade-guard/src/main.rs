@@ -10,8 +10,16 @@ use cascade_guard::cli::exit::{CommandError, FAILED, UNREACHABLE};
 use cascade_guard::controller::Settings;
 use cascade_guard::controller::process::{self, LeaderElection, Process, ProcessError};
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    // Before the runtime starts its threads.
+    cascade_guard::controller::memory::one_arena();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(command())
+}
+
+async fn command() -> Result<()> {
     let cli = parse();
     let outcome = match cli.command {
         Command::Run(args) => return run(args).await,

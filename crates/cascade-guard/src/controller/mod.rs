@@ -12,7 +12,7 @@
 
 use crate::cluster::{backoff, convert};
 pub mod leader;
-mod memory;
+pub mod memory;
 pub mod process;
 pub mod sibling_order;
 pub mod static_writer;

@@ -29,6 +29,8 @@ use crate::policy::sibling::gate::GatedKind;
 use crate::policy::{CompileSettings, Mode, Policy, ProtectedKind, Shape};
 
 mod entries;
+#[cfg(test)]
+mod footprint;
 mod gate;
 mod holds;
 mod index;
@@ -38,6 +40,7 @@ mod reads;
 mod reconcile;
 mod record;
 mod schedule;
+mod uid;
 mod writes;
 use gate::Gate;
 use holds::Holds;
@@ -427,7 +430,7 @@ impl OrderLoop {
                 roots = index.roots_read(),
                 "sibling order: every tree read once"
             );
-            self.gate.forget_others(|uid| index.is_root(uid));
+            self.gate.forget_others(|uid| index.begins_tree(uid));
             // The first read's lists were the process's peak: give back what
             // it no longer uses.
             super::memory::give_back();

@@ -4,7 +4,7 @@
 //! not ordered is refused. The record is written before the policies,
 //! which refuse every delete of a gated kind while it is missing.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -16,11 +16,11 @@ use kube::{Api, Client};
 
 use super::MANAGER;
 use super::record::{MAX_BYTES, Record};
+use super::uid::Uid;
 use crate::policy::CompileSettings;
-use crate::policy::sibling::gate::{
-    GatedKind, ORDERED_TREES, compile_gate, decode_marks, encode_marks, gate_names,
-};
+use crate::policy::sibling::gate::{GatedKind, ORDERED_TREES, compile_gate, gate_names};
 use crate::policy::sibling::holds_record::HOLDS;
+use marks::Marks;
 
 /// How often the gate's policies are read back, to put back an edit.
 const CHECK_EVERY: Duration = Duration::from_secs(10);
@@ -31,15 +31,12 @@ pub(super) struct Gate {
     /// record, which `plan` reads, and no policy.
     enforce: bool,
     settings: CompileSettings,
-    /// A root's uid to its `TreeOrder` value.
-    marks: BTreeMap<String, String>,
-    /// The record they are written to, encoded ([`encode_marks`]).
+    /// How each root's tree stands.
+    marks: Marks,
+    /// The record they are written to, encoded ([`Marks::encode`]).
     record: Record,
     /// What the record held at the start was taken into `marks`.
     taken_in: bool,
-    /// Roots read alone (nothing composed or referenced): left out first
-    /// when the record would grow past its size.
-    alone: HashSet<String>,
     /// The record's reads when the marks were last encoded into it, unless
     /// they changed since: encoding 100,000 marks every look was most of a
     /// look at rest.
@@ -57,7 +54,7 @@ impl Gate {
         settings: CompileSettings,
     ) -> Self {
         Self {
-            marks: BTreeMap::new(),
+            marks: Marks::default(),
             taken_in: false,
             record: Record::new(
                 client.clone(),
@@ -68,7 +65,6 @@ impl Gate {
             client,
             enforce,
             settings,
-            alone: HashSet::new(),
             encoded: None,
             policies: None,
             checked: None,
@@ -77,33 +73,23 @@ impl Gate {
 
     /// Records how a root's tree stands after its read.
     pub fn mark(&mut self, root: &str, value: String, alone: bool) {
-        let alone_changed = if alone {
-            self.alone.insert(root.to_string())
-        } else {
-            self.alone.remove(root)
-        };
-        if alone_changed || self.marks.get(root) != Some(&value) {
+        if self.marks.mark(root, &value, alone) {
             self.encoded = None;
-            self.marks.insert(root.to_string(), value);
         }
     }
 
     /// Forgets a root that left (gone, or no longer ordered).
     pub fn forget(&mut self, root: &str) {
-        if self.marks.remove(root).is_some() {
+        if self.marks.forget(root) {
             self.encoded = None;
         }
-        self.alone.remove(root);
     }
 
     /// Forgets the roots `keep` does not name (gone, or no longer ordered).
     /// Called only once every tree was read since the start: until then the
     /// marks a restart found stay in force.
-    pub fn forget_others(&mut self, keep: impl Fn(&str) -> bool) {
-        let before = self.marks.len();
-        self.marks.retain(|uid, _| keep(uid));
-        self.alone.retain(|uid| keep(uid));
-        if self.marks.len() != before {
+    pub fn forget_others(&mut self, keep: impl Fn(&Uid) -> bool) {
+        if self.marks.forget_others(keep) {
             self.encoded = None;
         }
     }
@@ -116,15 +102,13 @@ impl Gate {
         // What a controller before this one wrote stays until this one reads
         // those trees again, or has read every tree.
         if !std::mem::replace(&mut self.taken_in, true) {
-            for (uid, value) in decode_marks(&self.record.wanted) {
-                self.marks.entry(uid).or_insert(value);
-            }
+            self.marks.take_in(&self.record.wanted);
             self.encoded = None;
         }
         let reads = Some(self.record.reads());
         if self.encoded != reads {
             self.fit();
-            self.record.wanted = encode_marks(&self.marks);
+            self.record.wanted = self.marks.encode();
             self.encoded = reads;
         }
         if !self.record.write().await {
@@ -137,31 +121,13 @@ impl Gate {
     /// first (a composite with nothing composed is never gated), then any.
     /// A root left out is refused until there is room: never let through.
     fn fit(&mut self) {
-        let size = |uid: &str, v: &str| uid.len() + v.len() + 8;
-        let mut total: usize = self.marks.iter().map(|(u, v)| size(u, v)).sum();
-        if total <= MAX_BYTES {
-            return;
+        let left_out = self.marks.fit(MAX_BYTES);
+        if left_out > 0 {
+            tracing::warn!(
+                left_out,
+                "sibling order: more ordered trees than the record {ORDERED_TREES} can hold; the deletes of those left out are refused as not ordered"
+            );
         }
-        let before = self.marks.len();
-        let alone: Vec<String> = self.alone.iter().cloned().collect();
-        for uid in alone {
-            if total <= MAX_BYTES {
-                break;
-            }
-            if let Some(v) = self.marks.remove(&uid) {
-                total -= size(&uid, &v);
-            }
-        }
-        while total > MAX_BYTES {
-            let Some((uid, v)) = self.marks.pop_last() else {
-                break;
-            };
-            total -= size(&uid, &v);
-        }
-        tracing::warn!(
-            left_out = before - self.marks.len(),
-            "sibling order: more ordered trees than the record {ORDERED_TREES} can hold; the deletes of those left out are refused as not ordered"
-        );
     }
 
     async fn write_policies(&mut self, kinds: &[GatedKind], resync: Duration) {
@@ -270,6 +236,8 @@ pub(super) async fn remove_all(client: &Client, namespace: &str) {
         }
     }
 }
+
+pub(super) mod marks;
 
 #[cfg(test)]
 mod tests {

@@ -11,13 +11,13 @@
 //! kind), and tests push objects in the same way.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kube::core::{Selector, SelectorExt};
 
-use super::schedule::{self, Last};
+use super::uid::Uid;
+use stored::{LastRead, Object, Table};
 
 /// A kind by its group and kind.
 pub(crate) type KindKey = (String, String);
@@ -85,7 +85,7 @@ pub(crate) enum Sync {
 /// A root whose tree this look reads.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct DueRoot {
-    /// See [`schedule::rank`].
+    /// See [`rank`](super::schedule::rank).
     pub rank: u8,
     pub uid: String,
     /// Its resourceVersion as the index keeps it ([`version`]).
@@ -110,26 +110,6 @@ pub(crate) struct Look {
     pub left: Vec<String>,
 }
 
-/// How a root's tree was last read.
-#[derive(Clone, Debug)]
-struct LastRead {
-    kind: Arc<KindKey>,
-    rv: u64,
-    at: Instant,
-    /// Read every look: being deleted, young, with writes still to make.
-    active: bool,
-    /// The other objects read in its tree.
-    members: Vec<String>,
-}
-
-#[derive(Debug)]
-struct Object {
-    kind: Arc<KindKey>,
-    meta: stored::Stored,
-    /// Selected by one of its kind's policies.
-    selected: bool,
-}
-
 #[derive(Debug)]
 struct Kind {
     /// A Refuse or Convert kind: its objects may begin trees. A kind only
@@ -138,7 +118,7 @@ struct Kind {
     selectors: Vec<Selector>,
     sync: Sync,
     /// The uids a list from the start brought so far.
-    listing: Option<HashSet<String>>,
+    listing: Option<HashSet<Uid>>,
     /// The watch whose events count (the one that listed last).
     feeder: Option<Feeder>,
 }
@@ -148,37 +128,43 @@ struct Kind {
 pub(crate) struct Index {
     /// The ordered kinds, each with its policies' selectors.
     kinds: HashMap<KindKey, Kind>,
-    objects: HashMap<String, Object>,
+    objects: HashMap<Uid, Object>,
     /// A controller's uid to the objects it controls.
-    children: HashMap<String, HashSet<String>>,
-    /// The Usage kinds watched, and their Usages: uid to resourceVersion
-    /// and owners.
+    children: HashMap<Uid, HashSet<Uid>>,
+    /// The Usage kinds watched, and their Usages: uid to kind and
+    /// resourceVersion ([`version`](stored::version)).
     usage_kinds: HashMap<KindKey, Kind>,
-    usages: HashMap<String, (KindKey, String, Vec<String>)>,
-    /// Each root read, and how.
-    reads: HashMap<String, LastRead>,
+    usages: HashMap<Uid, (u32, u64)>,
+    /// The reads of roots no longer among `objects` (deleted, or not
+    /// listed again), with their kind, until a look tells them left or they
+    /// come back.
+    unseen_reads: HashMap<Uid, (u32, LastRead)>,
+    /// The other objects read in each tree that has any.
+    trees: HashMap<Uid, Box<[Uid]>>,
     /// The roots whose trees are active (read every look).
-    active: HashSet<String>,
+    active: HashSet<Uid>,
     /// A member of a read tree to its root, for a Usage whose user is
     /// inside a tree.
-    members: HashMap<String, String>,
+    members: HashMap<Uid, Uid>,
     /// Objects changed since they were last taken into a look (their tree,
     /// or their leaving, is due).
-    dirty: HashSet<String>,
+    dirty: HashSet<Uid>,
     /// Roots a Usage made or changed names (their trees are due though the
     /// root did not change).
-    poked: HashSet<String>,
-    /// Roots read, oldest read first, for resyncs; an entry whose root was
-    /// read again since is skipped.
-    resyncs: VecDeque<(Instant, String)>,
+    poked: HashSet<Uid>,
+    /// Roots read, oldest read first, for resyncs, each with its read's
+    /// number; an entry whose root was read again since is skipped.
+    resyncs: VecDeque<(Instant, Uid, u32)>,
     /// When the last look took resyncs.
     resynced: Option<Instant>,
+    /// The number of the last read.
+    last_read: u32,
     /// Roots read that have left, not yet told (told when every kind is
     /// listed).
-    left: HashSet<String>,
-    /// Kinds and namespaces, each kept once.
-    kind_names: HashSet<Arc<KindKey>>,
-    namespaces: HashSet<Arc<str>>,
+    left: HashSet<Uid>,
+    /// Kinds and namespaces, each kept once, by number.
+    kind_names: Table<KindKey>,
+    namespaces: Table<Box<str>>,
 }
 
 impl Index {
@@ -200,10 +186,11 @@ impl Index {
                 k.ordered = now;
                 k.feeder.is_some()
             });
-            let uids: Vec<String> = self
+            let number = self.kind_names.find(&key);
+            let uids: Vec<Uid> = self
                 .objects
                 .iter()
-                .filter(|(_, o)| *o.kind == key)
+                .filter(|(_, o)| Some(o.kind) == number)
                 .map(|(uid, _)| uid.clone())
                 .collect();
             if !now && !fed {
@@ -222,8 +209,10 @@ impl Index {
                 Some(kind) => {
                     kind.selectors = selectors.clone();
                     let selectors = kind.selectors.clone();
-                    for (uid, o) in self.objects.iter_mut().filter(|(_, o)| *o.kind == *key) {
-                        let selected = selects(&selectors, &o.meta.labels);
+                    let number = self.kind_names.find(key);
+                    let of_kind = |o: &&mut Object| Some(o.kind) == number;
+                    for (uid, o) in self.objects.iter_mut().filter(|(_, o)| of_kind(o)) {
+                        let selected = selects(&selectors, o.labels());
                         if selected != o.selected {
                             o.selected = selected;
                             self.dirty.insert(uid.clone());
@@ -237,7 +226,9 @@ impl Index {
             }
         }
         self.usage_kinds.retain(|k, _| usage_kinds.contains(k));
-        self.usages.retain(|_, (k, _, _)| usage_kinds.contains(k));
+        let names = &self.kind_names;
+        self.usages
+            .retain(|_, (k, _)| names.get(*k).is_some_and(|k| usage_kinds.contains(k)));
         for key in usage_kinds {
             self.usage_kinds
                 .entry(key.clone())
@@ -275,7 +266,7 @@ impl Index {
             }
             IndexEvent::Listed(meta) => {
                 if let Some(listing) = k.listing.as_mut() {
-                    listing.insert(meta.uid.clone());
+                    listing.insert(Uid::new(&meta.uid));
                 }
                 self.put(kind, meta);
             }
@@ -283,10 +274,11 @@ impl Index {
                 let listed = k.listing.take().unwrap_or_default();
                 let was_listed = k.sync == Sync::Listed;
                 k.sync = Sync::Listed;
-                let gone: Vec<String> = self
+                let number = self.kind_names.find(kind);
+                let gone: Vec<Uid> = self
                     .objects
                     .iter()
-                    .filter(|(uid, o)| *o.kind == *kind && !listed.contains(*uid))
+                    .filter(|(uid, o)| Some(o.kind) == number && !listed.contains(*uid))
                     .map(|(uid, _)| uid.clone())
                     .collect();
                 for uid in gone {
@@ -297,7 +289,7 @@ impl Index {
                 }
             }
             IndexEvent::Applied(meta) => self.put(kind, meta),
-            IndexEvent::Deleted(uid) => self.remove(&uid),
+            IndexEvent::Deleted(uid) => self.remove(&Uid::new(&uid)),
             IndexEvent::Failed(e) => {
                 k.listing = None;
                 let was_listed = k.sync == Sync::Listed;
@@ -318,8 +310,9 @@ impl Index {
             IndexEvent::ListDone => {
                 let listed = k.listing.take().unwrap_or_default();
                 k.sync = Sync::Listed;
+                let number = self.kind_names.find(kind);
                 self.usages
-                    .retain(|uid, (k, _, _)| k != kind || listed.contains(uid));
+                    .retain(|uid, (k, _)| Some(*k) != number || listed.contains(uid));
             }
             IndexEvent::Failed(e) => {
                 k.listing = None;
@@ -330,29 +323,28 @@ impl Index {
                 k.sync = Sync::Pending;
             }
             IndexEvent::Deleted(uid) => {
-                self.usages.remove(&uid);
+                self.usages.remove(&Uid::new(&uid));
             }
             IndexEvent::Listed(meta) | IndexEvent::Applied(meta) => {
+                let uid = Uid::new(&meta.uid);
                 if let Some(listing) = k.listing.as_mut() {
-                    listing.insert(meta.uid.clone());
+                    listing.insert(uid.clone());
                 }
-                let same = self
-                    .usages
-                    .get(&meta.uid)
-                    .is_some_and(|(_, rv, _)| *rv == meta.rv);
+                let rv = stored::version(&meta.rv);
+                let same = self.usages.get(&uid).is_some_and(|(_, v)| *v == rv);
                 if !same {
                     // Crossplane makes the user the Usage's owner: its tree,
                     // or the tree it was read in, is due.
-                    for owner in &meta.owners {
-                        if self.reads.contains_key(owner) {
-                            self.poked.insert(owner.clone());
-                        } else if let Some(root) = self.members.get(owner) {
+                    for owner in meta.owners.iter().map(Uid::from) {
+                        if self.read_of(&owner).is_some() {
+                            self.poked.insert(owner);
+                        } else if let Some(root) = self.members.get(&owner) {
                             self.poked.insert(root.clone());
                         }
                     }
                 }
-                self.usages
-                    .insert(meta.uid, (kind.clone(), meta.rv, meta.owners));
+                let kind = self.kind_names.number(kind);
+                self.usages.insert(uid, (kind, rv));
             }
         }
     }
@@ -368,11 +360,6 @@ impl Index {
             .iter()
             .filter(|(_, kind)| kind.ordered)
             .map(|(k, kind)| (k, &kind.sync))
-    }
-
-    /// A tree taken into a look could not be read: due again at the next.
-    pub fn not_read(&mut self, root: &str) {
-        self.dirty.insert(root.to_string());
     }
 
     /// How far one ordered kind is known.
@@ -392,65 +379,68 @@ impl Index {
         let selected = self
             .kinds
             .get(kind)
-            .is_some_and(|k| selects(&k.selectors, &meta.labels));
-        let uid = meta.uid.clone();
-        let stored = self.store(meta);
-        if let Some(old) = self.objects.get(&uid) {
-            if old.meta == stored && old.selected == selected {
-                return;
-            }
-            for (_, controller) in old.meta.controllers.iter() {
-                if let Some(children) = self.children.get_mut(&**controller) {
-                    children.remove(&uid);
-                    if children.is_empty() {
-                        self.children.remove(&**controller);
-                    }
-                }
-            }
+            .is_some_and(|k| selects(&k.selectors, Some(&meta.labels)));
+        let uid = Uid::new(&meta.uid);
+        let mut object = self.store(kind, meta, selected);
+        if self.objects.get(&uid).is_some_and(|old| old.same(&object)) {
+            return;
         }
-        for (_, controller) in stored.controllers.iter() {
+        let read = match self.objects.remove(&uid) {
+            Some(old) => {
+                for (_, controller) in old.controllers() {
+                    self.unchild(controller, &uid);
+                }
+                old.last_read()
+            }
+            // Back in sight (listed again): as it was read.
+            None => self.unseen_reads.remove(&uid).map(|(_, read)| read),
+        };
+        object.set_read(read);
+        for (_, controller) in object.controllers() {
             self.children
-                .entry(controller.to_string())
+                .entry(controller.clone())
                 .or_default()
                 .insert(uid.clone());
         }
-        let kind = self.kind_name(kind);
-        self.objects.insert(
-            uid.clone(),
-            Object {
-                kind,
-                meta: stored,
-                selected,
-            },
-        );
+        self.objects.insert(uid.clone(), object);
         self.dirty.insert(uid);
     }
 
-    fn remove(&mut self, uid: &str) {
+    fn remove(&mut self, uid: &Uid) {
         let Some(old) = self.objects.remove(uid) else {
             return;
         };
-        for (_, controller) in old.meta.controllers.iter() {
-            if let Some(children) = self.children.get_mut(&**controller) {
-                children.remove(uid);
-                if children.is_empty() {
-                    self.children.remove(&**controller);
-                }
-            }
+        for (_, controller) in old.controllers() {
+            self.unchild(controller, uid);
+        }
+        // Its read stays until a look tells it left.
+        if let Some(read) = old.last_read() {
+            self.unseen_reads.insert(uid.clone(), (old.kind, read));
         }
         // What it controlled may begin trees of their own now (what an
         // orphan delete leaves).
         if let Some(children) = self.children.get(uid) {
             self.dirty.extend(children.iter().cloned());
         }
-        self.dirty.insert(uid.to_string());
+        self.dirty.insert(uid.clone());
+    }
+
+    /// `uid` is no longer among what `controller` controls.
+    fn unchild(&mut self, controller: &Uid, uid: &Uid) {
+        if let Some(children) = self.children.get_mut(controller) {
+            children.remove(uid);
+            if children.is_empty() {
+                self.children.remove(controller);
+            }
+        }
     }
 
     /// A kind became listed or stopped being: whether an object it controls
     /// begins a tree may have changed.
     fn controlled_by_kind_changed(&mut self, kind: &KindKey) {
+        let number = self.kind_names.find(kind);
         for (uid, o) in &self.objects {
-            if o.meta.controllers.iter().any(|(k, _)| **k == *kind) {
+            if o.controllers().iter().any(|(k, _)| Some(*k) == number) {
                 self.dirty.insert(uid.clone());
             }
         }
@@ -460,16 +450,24 @@ impl Index {
     /// listed, selected by one of its kind's policies, whose controllers are
     /// all gone (none, or of a listed ordered kind and not there).
     pub fn is_root(&self, uid: &str) -> bool {
+        self.begins_tree(&Uid::new(uid))
+    }
+
+    /// [`Index::is_root`] of a uid as the index keeps it.
+    pub fn begins_tree(&self, uid: &Uid) -> bool {
         let Some(o) = self.objects.get(uid) else {
             return false;
         };
-        let listed = |kind: &KindKey| self.kind_is_listed(kind);
+        let listed = |kind: u32| {
+            self.kind_names
+                .get(kind)
+                .is_some_and(|k| self.kind_is_listed(k))
+        };
         o.selected
-            && listed(&o.kind)
-            && o.meta
-                .controllers
+            && listed(o.kind)
+            && o.controllers()
                 .iter()
-                .all(|(kind, controller)| listed(kind) && !self.objects.contains_key(&**controller))
+                .all(|(kind, controller)| listed(*kind) && !self.objects.contains_key(controller))
     }
 
     /// The ordered kinds listed in full, each as `Kind.group`.
@@ -481,174 +479,11 @@ impl Index {
             .collect()
     }
 
-    /// Records a read of `root`'s tree.
-    pub fn read(&mut self, root: &str, rv: u64, at: Instant, state: TreeState) {
-        let Some(kind) = self.objects.get(root).map(|o| o.kind.clone()) else {
-            return;
-        };
-        if let Some(before) = self.reads.get(root) {
-            for member in &before.members {
-                if self.members.get(member).is_some_and(|r| r == root) {
-                    self.members.remove(member);
-                }
-            }
-        }
-        for member in &state.members {
-            self.members.insert(member.clone(), root.to_string());
-        }
-        if !state.alone {
-            self.resyncs.push_back((at, root.to_string()));
-        }
-        if state.active {
-            self.active.insert(root.to_string());
-        } else {
-            self.active.remove(root);
-        }
-        self.reads.insert(
-            root.to_string(),
-            LastRead {
-                kind,
-                rv,
-                at,
-                active: state.active,
-                members: state.members,
-            },
-        );
-    }
-
-    /// The trees this look reads, in rank (see [`schedule::rank`]), at most
-    /// [`schedule::READS_PER_LOOK`]; what is left stays due. Resyncs are
-    /// taken at most every [`schedule::QUIET_LOOK`], and never of a root
-    /// read alone.
-    pub fn look(&mut self, now: Instant, resync: Duration) -> Look {
-        let mut candidates: HashSet<String> = self.dirty.iter().cloned().collect();
-        candidates.extend(self.poked.iter().cloned());
-        candidates.extend(self.active.iter().cloned());
-        let resync_now = self
-            .resynced
-            .is_none_or(|at| now.duration_since(at) >= schedule::QUIET_LOOK);
-        let mut resync_due = HashSet::new();
-        if resync_now {
-            while let Some((at, uid)) = self.resyncs.front() {
-                if now.duration_since(*at) < resync
-                    || resync_due.len() >= schedule::RESYNCS_PER_LOOK
-                {
-                    break;
-                }
-                let (at, uid) = (*at, uid.clone());
-                self.resyncs.pop_front();
-                // Read again since: its newer entry stands.
-                if self.reads.get(&uid).is_some_and(|r| r.at == at) {
-                    resync_due.insert(uid);
-                }
-            }
-            if !resync_due.is_empty() {
-                self.resynced = Some(now);
-            }
-        }
-        candidates.extend(resync_due.iter().cloned());
-        let mut due = Vec::new();
-        for uid in candidates {
-            if !self.is_root(&uid) {
-                // Its kind not listed now (or the read root's kind, gone
-                // from sight with its watch): due again once it is.
-                let kind = match (self.objects.get(&uid), self.reads.get(&uid)) {
-                    (Some(o), _) => Some(&o.kind),
-                    (None, Some(r)) => Some(&r.kind),
-                    (None, None) => None,
-                };
-                if kind.is_some_and(|k| {
-                    self.kinds.get(&**k).is_some_and(|k| k.ordered) && !self.kind_is_listed(k)
-                }) {
-                    continue;
-                }
-                if self.reads.remove(&uid).is_some() {
-                    self.active.remove(&uid);
-                    self.left.insert(uid.clone());
-                }
-                self.dirty.remove(&uid);
-                self.poked.remove(&uid);
-                continue;
-            }
-            let Some(o) = self.objects.get(&uid) else {
-                continue;
-            };
-            let last = self.reads.get(&uid).map(|r| Last {
-                changed: r.rv != o.meta.rv || self.poked.contains(&uid),
-                active: r.active,
-                resync_due: resync_due.contains(&uid),
-            });
-            match schedule::rank(o.meta.deleting, last) {
-                Some(rank) => due.push(DueRoot {
-                    rank,
-                    uid: uid.clone(),
-                    rv: o.meta.rv,
-                    kind: (*o.kind).clone(),
-                    namespace: o.meta.namespace.as_deref().map(str::to_string),
-                    name: o.meta.name.to_string(),
-                }),
-                None => {
-                    self.dirty.remove(&uid);
-                    self.poked.remove(&uid);
-                }
-            }
-        }
-        // Rank, then kind, then uid: the same look for the same state, and a
-        // look's trees of few kinds, each listed once (spread over every
-        // kind, each look of a start listed all 100,000 objects).
-        due.sort_by(|a, b| (a.rank, &a.kind, &a.uid).cmp(&(b.rank, &b.kind, &b.uid)));
-        let urgent = |due: &[DueRoot]| due.iter().filter(|d| d.rank < 3).count();
-        let urgent_due = urgent(&due);
-        schedule::take_this_look(&mut due, |d| d.rank);
-        for d in &due {
-            self.dirty.remove(&d.uid);
-            self.poked.remove(&d.uid);
-        }
-        let listed_all = self.listed_all();
-        let left = if listed_all {
-            let mut left: Vec<String> = self.left.drain().collect();
-            left.sort();
-            left
-        } else {
-            Vec::new()
-        };
-        Look {
-            backlog: urgent(&due) < urgent_due,
-            due,
-            listed_all,
-            left,
-        }
-    }
-
     /// An ordered kind listed in full.
     fn kind_is_listed(&self, kind: &KindKey) -> bool {
         self.kinds
             .get(kind)
             .is_some_and(|k| k.ordered && k.sync == Sync::Listed)
-    }
-
-    /// Roots never read yet that begin a tree now: none once every tree was
-    /// read since the start.
-    pub fn unread_roots(&self) -> usize {
-        self.dirty
-            .iter()
-            .filter(|uid| !self.reads.contains_key(*uid) && self.is_root(uid))
-            .count()
-    }
-
-    /// How many roots were read and still begin trees.
-    pub fn roots_read(&self) -> usize {
-        self.reads.len()
-    }
-
-    /// Something is due at the next look without any new event: an active
-    /// tree, a change not taken yet, or a root left to tell.
-    #[cfg(test)]
-    pub fn busy(&self) -> bool {
-        !self.dirty.is_empty()
-            || !self.poked.is_empty()
-            || !self.left.is_empty()
-            || !self.active.is_empty()
     }
 }
 
@@ -674,14 +509,17 @@ impl Kind {
     }
 }
 
-/// No selector: every object.
-fn selects(selectors: &[Selector], labels: &BTreeMap<String, String>) -> bool {
+/// No selector: every object (`labels` None: it has none).
+fn selects(selectors: &[Selector], labels: Option<&BTreeMap<String, String>>) -> bool {
+    let none = BTreeMap::new();
+    let labels = labels.unwrap_or(&none);
     selectors.is_empty()
         || selectors
             .iter()
             .any(|s| s.selects_all() || s.matches(labels))
 }
 
+mod look;
 mod stored;
 #[cfg(test)]
 mod tests;

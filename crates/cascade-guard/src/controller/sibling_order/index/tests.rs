@@ -1,6 +1,9 @@
 //! The index driven as the watches drive it: objects pushed in, the looks
 //! asserted.
 
+use std::time::Duration;
+
+use super::super::schedule;
 use super::*;
 
 fn xr() -> KindKey {
