@@ -1081,7 +1081,7 @@ impl Built {
                 let blocked = edges.iter().any(|e| {
                     mine.contains(&e.needed) && !mine.contains(&e.needer) && alive(&e.needer)
                 });
-                if !blocked {
+                if !blocked && read_as_a_root(&self.client, &o).await {
                     // Refused while a hold lets go: the next pass.
                     let _ = objects.delete(n, &DeleteParams::foreground()).await;
                 }
@@ -1101,6 +1101,43 @@ impl Built {
             self.timeline.describe()
         );
     }
+}
+
+/// Whether cascade-guard has read `o`'s tree as a root, at its generation
+/// now, when it is a composite with something to cascade; true for anything
+/// else. The product's gate (`--unordered-deletes=refuse`) refuses a root's
+/// delete until then; the seed's stack runs with `allow` (stack.rs), so the
+/// clean-up waits for it as an operator would with `cascade-guard plan`. An
+/// XR orphaned a moment ago is a root new to cascade-guard, and under CI's
+/// load a look took 82 s: deleted before its first read, its tree went in no
+/// order, the holds its old root made let go when that root left (seed
+/// 1796532554310620919, a Fleet deleted 5 s after its Region's orphaning
+/// delete: its InferenceCluster went while the Releases that install onto
+/// its cluster were still uninstalling).
+async fn read_as_a_root(client: &Client, o: &DynamicObject) -> bool {
+    let refs = |pointer: &str| {
+        o.data
+            .pointer(pointer)
+            .and_then(Value::as_array)
+            .is_some_and(|refs| !refs.is_empty())
+    };
+    if !refs("/spec/crossplane/resourceRefs") && !refs("/spec/resourceRefs") {
+        return true;
+    }
+    let (Some(uid), generation) = (o.metadata.uid.as_deref(), o.metadata.generation) else {
+        return true;
+    };
+    let records: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), LEASE_NAMESPACE);
+    let Ok(Some(record)) = records
+        .get_opt(cascade_guard::policy::sibling::gate::ORDERED_TREES)
+        .await
+    else {
+        return false;
+    };
+    let marks =
+        cascade_guard::policy::sibling::gate::decode_marks(&record.data.unwrap_or_default());
+    marks.get(uid).map(String::as_str) == Some(generation.unwrap_or(0).to_string().as_str())
 }
 
 /// What a delete came to.
