@@ -193,6 +193,17 @@ impl Index {
             }) {
                 return Due::Later;
             }
+            // What it held stays held until the trees it leaves behind are
+            // read: an orphaning delete makes roots of what it controlled,
+            // and their first reads hold again what they need. Let go of
+            // before, what the old root held could go in no order (a Fleet
+            // deleted as its Region left lost its InferenceCluster's hold
+            // while its Releases still needed the cluster, CI's load making
+            // a look 82 s).
+            if self.leaves_unread_roots(uid) {
+                self.dirty.insert(uid.clone());
+                return Due::Later;
+            }
             if self.forget_read(uid) {
                 self.active.remove(uid);
                 self.left.insert(uid.clone());
@@ -211,6 +222,18 @@ impl Index {
             Some(rank) => Due::Now(rank, o.kind),
             None => Due::Not,
         }
+    }
+
+    /// Whether a member of `root`'s last read tree now begins a tree of its
+    /// own and was never read as one.
+    fn leaves_unread_roots(&self, root: &Uid) -> bool {
+        self.trees.get(root).is_some_and(|members| {
+            members.iter().any(|m| {
+                m != root
+                    && self.begins_tree(m)
+                    && self.objects.get(m).is_some_and(|o| o.last_read().is_none())
+            })
+        })
     }
 
     /// What a look hands out for a root it takes.

@@ -97,10 +97,34 @@ fn what_a_root_controls_is_no_root_until_its_controller_is_gone() {
     assert_eq!(due(&index.look(now, RESYNC)), [("root", 1)]);
     assert!(!index.is_root("nested"));
     index.read("root", 1, now, tree(false, &["nested"]));
-    // An orphan delete of the root: what it controlled begins a tree.
+    // An orphan delete of the root: what it controlled begins a tree. The
+    // root is told left (and what it held let go) only once that tree was
+    // read, which holds again what it needs.
     index.apply(&xr(), 1, IndexEvent::Deleted("root".into()));
     let look = index.look(now, RESYNC);
     assert_eq!(due(&look), [("nested", 1)]);
+    assert!(look.left.is_empty());
+    let look = index.look(now, RESYNC);
+    assert!(
+        look.left.is_empty(),
+        "told left before the nested tree was read"
+    );
+    index.read("nested", 1, now, tree(false, &[]));
+    let look = index.look(now, RESYNC);
+    assert_eq!(look.left, ["root"]);
+    assert_eq!(due(&look), []);
+}
+
+#[test]
+fn a_root_that_leaves_no_unread_tree_behind_is_told_left_at_once() {
+    let now = Instant::now();
+    let mut index = listed(vec![object("root", "1"), controlled("nested", "1", "root")]);
+    index.look(now, RESYNC);
+    index.read("root", 1, now, tree(false, &["nested"]));
+    // A foreground cascade: the nested object goes before its root.
+    index.apply(&xr(), 1, IndexEvent::Deleted("nested".into()));
+    index.apply(&xr(), 1, IndexEvent::Deleted("root".into()));
+    let look = index.look(now, RESYNC);
     assert_eq!(look.left, ["root"]);
 }
 
