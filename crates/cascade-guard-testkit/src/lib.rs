@@ -823,10 +823,22 @@ pub async fn wait_for_sync_pass(client: &Client, port: u16) {
 /// The reason and note of every Event (events.k8s.io) regarding an object named `name`.
 pub async fn events_about(client: &Client, name: &str) -> Vec<(String, String)> {
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
-    events
-        .list(&kube::api::ListParams::default())
-        .await
-        .expect("events")
+    // A connection the API server closed under load (hyper's
+    // IncompleteMessage, seen in CI's recovery test) is asked again; an
+    // error that lasts fails the test rather than read as no Events.
+    let mut tries = 0;
+    let listed = loop {
+        match events.list(&kube::api::ListParams::default()).await {
+            Ok(listed) => break listed,
+            Err(e) if tries < 5 => {
+                tries += 1;
+                eprintln!("events: {e}; asking again ({tries} of 5)");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Err(e) => panic!("events: {e}"),
+        }
+    };
+    listed
         .items
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
