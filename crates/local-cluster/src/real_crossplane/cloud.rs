@@ -61,34 +61,58 @@ pub fn clusters() -> ApiResource {
 /// deletion takes in its spec, and Crossplane-style conditions in its status
 /// (function-patch-and-transform's default readiness check reads `Ready`).
 pub fn crd() -> Result<CustomResourceDefinition, Error> {
+    managed_crd(
+        "Cluster",
+        &[("SERVER", ".status.server")],
+        json!({
+            "deletionSeconds": {"type": "integer", "minimum": 0},
+            "writeConnectionSecretToRef": {"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string"},
+            }},
+        }),
+    )
+}
+
+/// The CRD of one of the local cloud's managed-resource kinds (`kind`, its
+/// plural and singular its lowercase with and without an `s`): namespaced,
+/// in category `managed`, with a status subresource that keeps whatever
+/// the controller writes, a `READY` column from the `Ready` condition, then
+/// `columns` (name, JSON path of a string), and `spec` of `spec_properties`.
+pub(super) fn managed_crd(
+    kind: &str,
+    columns: &[(&str, &str)],
+    spec_properties: serde_json::Value,
+) -> Result<CustomResourceDefinition, Error> {
+    let singular = kind.to_lowercase();
+    let plural = format!("{singular}s");
+    let mut printer_columns = vec![json!(
+        {"name": "READY", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Ready')].status"}
+    )];
+    printer_columns.extend(
+        columns
+            .iter()
+            .map(|(name, path)| json!({"name": name, "type": "string", "jsonPath": path})),
+    );
     serde_json::from_value(json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("clusters.{GROUP}")},
+        "metadata": {"name": format!("{plural}.{GROUP}")},
         "spec": {
             "group": GROUP,
-            "names": {"kind": "Cluster", "plural": "clusters", "singular": "cluster", "listKind": "ClusterList", "categories": ["managed"]},
+            "names": {"kind": kind, "plural": plural, "singular": singular, "listKind": format!("{kind}List"), "categories": ["managed"]},
             "scope": "Namespaced",
             "versions": [{
                 "name": VERSION, "served": true, "storage": true,
                 "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    {"name": "READY", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Ready')].status"},
-                    {"name": "SERVER", "type": "string", "jsonPath": ".status.server"},
-                ],
+                "additionalPrinterColumns": printer_columns,
                 "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {
-                        "deletionSeconds": {"type": "integer", "minimum": 0},
-                        "writeConnectionSecretToRef": {"type": "object", "required": ["name"], "properties": {
-                            "name": {"type": "string"},
-                        }},
-                    }},
+                    "spec": {"type": "object", "properties": spec_properties},
                     "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
                 }}},
             }],
         },
     }))
-    .map_err(|e| Error::Io(format!("the Cluster CRD: {e}")))
+    .map_err(|e| Error::Io(format!("the {kind} CRD: {e}")))
 }
 
 /// What the controller reads from a Cluster.

@@ -49,40 +49,24 @@ pub fn crd() -> Result<CustomResourceDefinition, Error> {
         "matchControllerRef": {"type": "boolean"},
         "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
     }});
-    serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("loadbalancers.{GROUP}")},
-        "spec": {
-            "group": GROUP,
-            "names": {"kind": "LoadBalancer", "plural": "loadbalancers", "singular": "loadbalancer", "listKind": "LoadBalancerList", "categories": ["managed"]},
-            "scope": "Namespaced",
-            "versions": [{
-                "name": VERSION, "served": true, "storage": true,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    {"name": "READY", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Ready')].status"},
-                    {"name": "CLUSTER", "type": "string", "jsonPath": ".spec.forProvider.clusterName"},
-                    {"name": "ADDRESS", "type": "string", "jsonPath": ".status.atProvider.address"},
-                ],
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {
-                        "deletionSeconds": {"type": "integer", "minimum": 0},
-                        "forProvider": {"type": "object", "properties": {
-                            "port": {"type": "integer", "minimum": 1, "maximum": 65535},
-                            "clusterName": {"type": "string"},
-                            "clusterNameRef": {"type": "object", "required": ["name"], "properties": {
-                                "name": {"type": "string"},
-                            }},
-                            "clusterNameSelector": selector,
-                        }},
-                    }},
-                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                }}},
-            }],
-        },
-    }))
-    .map_err(|e| Error::Io(format!("the LoadBalancer CRD: {e}")))
+    super::cloud::managed_crd(
+        "LoadBalancer",
+        &[
+            ("CLUSTER", ".spec.forProvider.clusterName"),
+            ("ADDRESS", ".status.atProvider.address"),
+        ],
+        json!({
+            "deletionSeconds": {"type": "integer", "minimum": 0},
+            "forProvider": {"type": "object", "properties": {
+                "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                "clusterName": {"type": "string"},
+                "clusterNameRef": {"type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string"},
+                }},
+                "clusterNameSelector": selector,
+            }},
+        }),
+    )
 }
 
 /// A `clusterNameSelector`.
