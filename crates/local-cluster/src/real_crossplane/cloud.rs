@@ -242,6 +242,10 @@ struct Controller {
 }
 
 const POLL: Duration = Duration::from_millis(500);
+/// How often, and how far apart, a new cloud cluster's Secret and Ready
+/// status are tried: a minute in all.
+const PUBLISH_ATTEMPTS: u32 = 30;
+const PUBLISH_RETRY: Duration = Duration::from_secs(2);
 
 impl Controller {
     async fn run(self) {
@@ -362,17 +366,33 @@ impl Controller {
             }
         };
         let server = cp.server().to_string();
-        let outcome = async {
-            let port = super::stack::port_of(&server)?;
-            self.forwarding.forward(port)?;
-            if let Some(secret) = &view.secret_name {
-                write_connection_secret(&client, &view.namespace, secret, &cp).await?;
-            }
-            set_ready(&client, &view, &server).await
-        }
-        .await;
-        if let Err(e) = outcome {
+        let forwarded = super::stack::port_of(&server).and_then(|p| self.forwarding.forward(p));
+        if let Err(e) = forwarded {
             self.note(&format!("{key}: {e}"));
+        }
+        // Published until it sticks: a request lost to a closed connection
+        // under load must not leave the Cluster without its Secret for good
+        // (the next poll sees it known and does nothing more).
+        for attempt in 1..=PUBLISH_ATTEMPTS {
+            let outcome = async {
+                if let Some(secret) = &view.secret_name {
+                    write_connection_secret(&client, &view.namespace, secret, &cp).await?;
+                }
+                set_ready(&client, &view, &server).await
+            }
+            .await;
+            match outcome {
+                Ok(()) => break,
+                // The Cluster went meanwhile: its delete takes over.
+                Err(Error::Api {
+                    source: kube::Error::Api(ref status),
+                    ..
+                }) if status.code == 404 => break,
+                Err(e) => {
+                    self.note(&format!("{key}: attempt {attempt}: {e}"));
+                    tokio::time::sleep(PUBLISH_RETRY).await;
+                }
+            }
         }
         self.note(&format!("{key}: cloud cluster up at {server}"));
         let load_balancers = match cp.admin().await {
