@@ -58,7 +58,7 @@ pub(super) fn error_policy(object: Arc<Meta>, error: &StepError, ctx: Arc<Contex
     Action::requeue(wait)
 }
 
-async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
+async fn step(object: &Meta, ctx: &Arc<Context>) -> Result<Action, StepError> {
     let Some(uid) = object.uid() else {
         return Ok(Action::await_change());
     };
@@ -92,7 +92,12 @@ async fn step(object: &Meta, ctx: &Context) -> Result<Action, StepError> {
     // A cascade cascade-guard holds: what it waits for, for the stall clock
     // (and for the decision, when that needs it).
     let in_cascade = observed.deleting && observed.held && !observed.orphaning;
-    if step == Step::LookUpDependents || (in_cascade && ctx.shape == Shape::CompositeResource) {
+    // Not before a conversion: it is what the delete waits for, and the
+    // decision does not need the lookup; the look its watch event brings
+    // (`foregroundDeletion` added) starts the stall clock.
+    let for_the_clock =
+        in_cascade && ctx.shape == Shape::CompositeResource && step != Step::Convert;
+    if step == Step::LookUpDependents || for_the_clock {
         let (dependents, left) = ctx.lookup().dependents(object, &uid).await;
         memory = memory.seen(observed, dependents, now);
         if step == Step::LookUpDependents {
@@ -153,7 +158,7 @@ async fn convert(
     uid: &str,
     memory: &Memory,
     marked: bool,
-    ctx: &Context,
+    ctx: &Arc<Context>,
 ) -> Result<Action, StepError> {
     let name = object.name_any();
     let api = ctx.api(object);
@@ -173,25 +178,37 @@ async fn convert(
         m.restarting = false;
     });
     if first {
-        // Unmarked, a restart costs one more Foreground delete: worth
-        // a warning, not a retry of the conversion.
-        if !marked && let Err(e) = writes::mark_converted(&api, &name, uid).await {
-            tracing::warn!(kind = %ctx.label, %name, error = %e, "could not mark the object converted");
-        }
         ctx.metrics.conversion(&ctx.label);
         ctx.metrics.cascade_started(&ctx.label);
-        ctx.publish(
-                object,
-                EventType::Normal,
-                "ForegroundCascade",
-                "converted the delete into a foreground cascade: it stays until everything it owns is gone",
-            )
-            .await;
         tracing::info!(kind = %ctx.label, %name, namespace = ?object.namespace(), "converted a delete into a foreground cascade");
+        // The mark and the Event outside the kind's reconcile slots: with
+        // 100 deletes at once, two more requests each in a slot held the
+        // next deletes' conversions back (#46).
+        let (ctx, object, uid) = (Arc::clone(ctx), object.clone(), uid.to_string());
+        tokio::spawn(async move { tell_converted(&object, &uid, marked, &ctx).await });
     } else {
         tracing::info!(kind = %ctx.label, %name, "foregroundDeletion was cleared with dependents left, or needs confirming: converting again");
     }
     Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+/// Marks a first conversion on the object and tells it in an Event.
+async fn tell_converted(object: &Meta, uid: &str, marked: bool, ctx: &Context) {
+    // Unmarked, a restart costs one more Foreground delete: worth a
+    // warning, not a retry of the conversion.
+    if !marked {
+        let name = object.name_any();
+        if let Err(e) = writes::mark_converted(&ctx.api(object), &name, uid).await {
+            tracing::warn!(kind = %ctx.label, %name, error = %e, "could not mark the object converted");
+        }
+    }
+    ctx.publish(
+        object,
+        EventType::Normal,
+        "ForegroundCascade",
+        "converted the delete into a foreground cascade: it stays until everything it owns is gone",
+    )
+    .await;
 }
 
 /// Lets go of an object without a cascade ([`Step::LetGo`]), saying why.
