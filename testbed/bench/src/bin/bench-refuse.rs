@@ -383,8 +383,10 @@ mod scale {
         protected_by_user_us: f64,
     }
 
-    /// The plugin's (seconds, requests) so far for allowed DELETEs.
-    async fn plugin_so_far(admin: &Client) -> Result<(f64, f64)> {
+    /// The plugin's (seconds, requests) so far for allowed requests of
+    /// `operation` (DELETE, UPDATE).
+    async fn plugin_so_far(admin: &Client, operation: &str) -> Result<(f64, f64)> {
+        let operation = format!(r#"operation="{operation}""#);
         let metrics = admin
             .request_text(http::Request::get("/metrics").body(Vec::new())?)
             .await?;
@@ -395,7 +397,7 @@ mod scale {
             };
             let ours = [
                 r#"name="ValidatingAdmissionPolicy""#,
-                r#"operation="DELETE""#,
+                &operation,
                 r#"rejected="false""#,
                 r#"type="validate""#,
             ]
@@ -442,11 +444,11 @@ mod scale {
                 .iter_mut()
                 .zip([(admin, true), (gc, true), (gc, false)])
         {
-            let (s0, n0) = plugin_so_far(admin).await?;
+            let (s0, n0) = plugin_so_far(admin, "DELETE").await?;
             for (name, uid) in &objects {
                 delete_as_gc(client, ns, r, name, uid, FOREGROUND, dry_run).await?;
             }
-            let (s1, n1) = plugin_so_far(admin).await?;
+            let (s1, n1) = plugin_so_far(admin, "DELETE").await?;
             if n1 - n0 < PLUGIN_DELETES as f64 {
                 bail!(
                     "{PLUGIN_METRIC}: {} allowed DELETEs counted for {PLUGIN_DELETES} sent",
@@ -853,20 +855,25 @@ mod scale {
     }
 
     /// The series `alternated` samples: what is deleted, and by whom.
-    const SERIES: [&str; 5] = [
+    const SERIES: [&str; 6] = [
         "unprotected, same group (GC)",
         "unprotected, another group (GC)",
         "protected (the GC's)",
         "protected (a person's)",
         "protected, last in the rule (GC)",
+        "UPDATE, unprotected, another group (a person's)",
     ];
-    const VARIANTS: [&str; 5] = [
+    const VARIANTS: [&str; 6] = [
         "no policy",
         "the seed's policy",
         "cascade-guard",
         "the hold policy",
         "the gate",
+        "cascade-guard and the hold policy",
     ];
+    /// The variants whose difference is the hold policy's own cost in an
+    /// installed cascade-guard: (with it, without it).
+    const HOLD_BESIDE_OURS: (usize, usize) = (5, 2);
     /// Entries in the holds ConfigMap while the hold policy is measured
     /// (BENCH_HOLD_ENTRIES): by default a platform with 1,000 trees holding
     /// a few objects each.
@@ -985,32 +992,34 @@ mod scale {
             .collect::<Result<_>>()?;
         remove_ours(&admin, ns, &protected).await?;
 
+        let other_object = create_xr(&admin, ns, &other, "alt", false).await?;
         let targets = [
             (
                 &gc,
                 &plain,
                 create_xr(&admin, ns, &plain, "alt", false).await?,
+                Op::Delete,
             ),
-            (
-                &gc,
-                &other,
-                create_xr(&admin, ns, &other, "alt", false).await?,
-            ),
+            (&gc, &other, other_object.clone(), Op::Delete),
             (
                 &gc,
                 &protected,
                 create_xr(&admin, ns, &protected, "alt-gc", true).await?,
+                Op::Delete,
             ),
             (
                 &admin,
                 &protected,
                 create_xr(&admin, ns, &protected, "alt-person", true).await?,
+                Op::Delete,
             ),
             (
                 &gc,
                 &last,
                 create_xr(&admin, ns, &last, "alt-last", true).await?,
+                Op::Delete,
             ),
+            (&admin, &other, other_object, Op::Update),
         ];
         // The gate on the protected kinds, reading BENCH_HOLD_ENTRIES trees
         // marked ordered, the targets among them (so their deletes are let
@@ -1029,7 +1038,7 @@ mod scale {
         let mut marks: std::collections::BTreeMap<String, String> = (0..hold_entries().max(1))
             .map(|i| (format!("00000000-0000-4000-9000-{i:012}"), "1".to_string()))
             .collect();
-        for (_, _, (_, uid)) in &targets[2..] {
+        for (_, _, (_, uid), _) in &targets[2..5] {
             marks.insert(uid.clone(), "1".to_string());
         }
         Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(admin.clone(), "default")
@@ -1061,7 +1070,7 @@ mod scale {
                         install_seed_policy(&admin).await?;
                         wait_refused(&admin, ns, &protected, true, "the seed's policy").await?;
                     }
-                    2 => {
+                    2 | 5 => {
                         for p in &our_policies {
                             vaps.create(&PostParams::default(), p).await?;
                         }
@@ -1070,7 +1079,10 @@ mod scale {
                         }
                         wait_refused(&admin, ns, &protected, true, "cascade-guard's").await?;
                     }
-                    3 => {
+                    _ => {}
+                }
+                match v {
+                    3 | 5 => {
                         vaps.create(&PostParams::default(), &hold.policy).await?;
                         bindings
                             .create(&PostParams::default(), &hold.binding)
@@ -1086,8 +1098,8 @@ mod scale {
                     }
                     _ => {}
                 }
-                for (sample, (client, r, (name, uid))) in per_series.iter_mut().zip(&targets) {
-                    *sample = dry_run_sample(&admin, client, ns, r, name, uid).await?;
+                for (sample, (client, r, (name, uid), op)) in per_series.iter_mut().zip(&targets) {
+                    *sample = dry_run_sample(&admin, client, (ns, r), (name, uid), *op).await?;
                 }
                 println!(
                     "   cycle {cycle} {:<18} {}",
@@ -1103,20 +1115,22 @@ mod scale {
                         remove_seed_policy(&admin).await?;
                         wait_refused(&admin, ns, &protected, false, "the seed's removed").await?;
                     }
-                    2 => remove_ours(&admin, ns, &protected).await?,
-                    3 | 4 => {
+                    3..=5 => {
                         bindings
                             .delete_collection(&Default::default(), &sibling)
                             .await?;
                         vaps.delete_collection(&Default::default(), &sibling)
                             .await?;
-                        if v == 3 {
-                            wait_holding_gone(&admin).await?;
-                        } else {
+                        if v == 4 {
                             gate_refuses(&admin, ns, &protected, &gate_probe.0, false).await?;
+                        } else {
+                            wait_holding_gone(&admin).await?;
                         }
                     }
                     _ => {}
+                }
+                if v == 2 || v == 5 {
+                    remove_ours(&admin, ns, &protected).await?;
                 }
             }
         }
@@ -1143,6 +1157,24 @@ mod scale {
         println!(
             "   (medians over the cycles; the added columns are the median of each cycle's own difference)"
         );
+        // The hold policy as installed: beside cascade-guard's own policies,
+        // which every install has (what any policy object costs a request
+        // is in theirs already).
+        let (with, without) = HOLD_BESIDE_OURS;
+        println!(
+            "\n   the hold policy beside cascade-guard's policies: {} minus {}",
+            VARIANTS[with], VARIANTS[without]
+        );
+        println!("   | series | plugin added µs | request p50 added ms |");
+        println!("   |---|---|---|");
+        for (i, series) in SERIES.iter().enumerate() {
+            let of = |f: &dyn Fn(&Cycle) -> f64| median(samples.iter().map(f).collect());
+            println!(
+                "   | {series} | {:+.1} | {:+.3} |",
+                of(&|c| c[with][i].0 - c[without][i].0),
+                of(&|c| c[with][i].1 - c[without][i].1),
+            );
+        }
         Ok(())
     }
 
@@ -1229,30 +1261,74 @@ mod scale {
         .await
     }
 
-    /// PLUGIN_DELETES dry-run deletes of one object by `client`: the plugin's
-    /// mean µs and the request's p50 ms.
+    /// What a series sends, always as a dry run.
+    #[derive(Clone, Copy)]
+    enum Op {
+        /// A Foreground DELETE with a UID precondition.
+        Delete,
+        /// A merge patch of a label (an UPDATE to admission), each a new value.
+        Update,
+    }
+
+    impl Op {
+        fn operation(self) -> &'static str {
+            match self {
+                Op::Delete => "DELETE",
+                Op::Update => "UPDATE",
+            }
+        }
+    }
+
+    /// PLUGIN_DELETES dry-run requests (`op`) on one object by `client`: the
+    /// plugin's mean µs and the request's p50 ms.
     async fn dry_run_sample(
         admin: &Client,
         client: &Client,
-        ns: &str,
-        r: &ApiResource,
-        name: &str,
-        uid: &str,
+        (ns, r): (&str, &ApiResource),
+        (name, uid): (&str, &str),
+        op: Op,
     ) -> Result<(f64, f64)> {
-        let (s0, n0) = plugin_so_far(admin).await?;
+        let operation = op.operation();
+        let (s0, n0) = plugin_so_far(admin, operation).await?;
         let mut ms = Vec::with_capacity(PLUGIN_DELETES);
-        for _ in 0..PLUGIN_DELETES {
-            ms.push(delete_as_gc(client, ns, r, name, uid, FOREGROUND, true).await?);
+        for i in 0..PLUGIN_DELETES {
+            ms.push(match op {
+                Op::Delete => delete_as_gc(client, ns, r, name, uid, FOREGROUND, true).await?,
+                Op::Update => relabel_dry_run(client, ns, r, name, i).await?,
+            });
         }
-        let (s1, n1) = plugin_so_far(admin).await?;
+        let (s1, n1) = plugin_so_far(admin, operation).await?;
         if n1 - n0 < PLUGIN_DELETES as f64 {
             bail!(
-                "{PLUGIN_METRIC}: {} allowed DELETEs counted for {PLUGIN_DELETES} sent",
+                "{PLUGIN_METRIC}: {} allowed {operation}s counted for {PLUGIN_DELETES} sent",
                 n1 - n0
             );
         }
         ms.sort_by(f64::total_cmp);
         Ok(((s1 - s0) / (n1 - n0) * 1e6, percentile(&ms, 50.0)))
+    }
+
+    /// One dry-run merge patch of a label on `name`: the request's ms.
+    async fn relabel_dry_run(
+        client: &Client,
+        ns: &str,
+        r: &ApiResource,
+        name: &str,
+        round: usize,
+    ) -> Result<f64> {
+        let body = serde_json::to_vec(&json!({"metadata": {"labels": {"bench-round": round.to_string()}}}))?;
+        let request = http::Request::patch(format!(
+            "/apis/{}/namespaces/{ns}/{}/{name}?dryRun=All",
+            r.api_version, r.plural
+        ))
+        .header("Content-Type", "application/merge-patch+json")
+        .body(body)?;
+        let start = Instant::now();
+        client
+            .request_text(request)
+            .await
+            .with_context(|| format!("relabel {name}"))?;
+        Ok(start.elapsed().as_secs_f64() * 1000.0)
     }
 
     fn table(phases: &[Phase]) {
