@@ -34,6 +34,7 @@ mod footprint;
 mod gate;
 mod holds;
 mod index;
+mod left_roots;
 mod mirror;
 mod off;
 mod reads;
@@ -45,9 +46,10 @@ mod writes;
 use gate::Gate;
 use holds::Holds;
 use index::{Index, KindKey, Look, Sync};
+use left_roots::{Sight, stays_held};
 use mirror::Mirror;
 pub use off::let_go_of_everything;
-use schedule::{DISCOVERY_EVERY, SLOW_LOOK, pause};
+use schedule::{DISCOVERY_EVERY, FIRST_READS_KEEP_HOLDS, SLOW_LOOK, pause};
 
 /// One kind whose trees are ordered.
 #[derive(Clone, Debug, PartialEq)]
@@ -216,6 +218,8 @@ pub fn start(
         warned: BTreeSet::new(),
         swept: None,
         read_every_tree: false,
+        started: Instant::now(),
+        kept_for_first_reads: false,
         tearing_down: false,
         released: None,
         backlog: false,
@@ -265,6 +269,11 @@ struct OrderLoop {
     swept: Option<Instant>,
     /// Every root has been read once since the start (said once, in the log).
     read_every_tree: bool,
+    /// When the loop started.
+    started: Instant,
+    /// Holds of roots that left were kept for the first reads (said once
+    /// when that ends).
+    kept_for_first_reads: bool,
     /// A tree read in the last look is being deleted while something in it
     /// is held.
     tearing_down: bool,
@@ -441,8 +450,8 @@ impl OrderLoop {
     /// A root that left (gone, relabelled out, its kind no longer ordered)
     /// leaves what it held: let go. Told by the root's own kind, so that a
     /// kind that cannot be listed keeps only its own roots' holds; and not
-    /// before a first whole look after the start, so that a start lets go of
-    /// nothing it has not looked at.
+    /// before every tree was read once after the start, so that a start lets
+    /// go of nothing it has not looked at (see [`left_roots`]).
     async fn let_go_of_left(
         &mut self,
         ordered: &OrderedKinds,
@@ -472,10 +481,22 @@ impl OrderLoop {
         let quiet = self.released.as_ref().is_some_and(|(at, before)| {
             *before == kinds_now && at.elapsed() < schedule::QUIET_LOOK
         });
+        // Kept through the first reads, looked over again each look.
+        let first_reads = left_roots::first_reads(self.read_every_tree, self.started.elapsed());
+        if first_reads {
+            self.kept_for_first_reads = true;
+        } else if std::mem::take(&mut self.kept_for_first_reads) && !self.read_every_tree {
+            tracing::warn!(
+                minutes = FIRST_READS_KEEP_HOLDS.as_secs() / 60,
+                "sibling order: not every tree was read since the start; letting go of what roots that left held anyway"
+            );
+        }
         if left.is_empty() && quiet {
             return;
         }
-        self.released = Some((Instant::now(), kinds_now));
+        if !first_reads {
+            self.released = Some((Instant::now(), kinds_now));
+        }
         let is_root: HashSet<String> = match self.index.lock() {
             Ok(index) => self
                 .holds
@@ -485,16 +506,14 @@ impl OrderLoop {
                 .collect(),
             Err(_) => return,
         };
+        let sight = Sight {
+            ordered: &ordered_kinds,
+            listed: &listed_kinds,
+            listed_all,
+            first_reads,
+        };
         let released = self.holds.release_roots_but(|root, root_kind| {
-            let gone = if root_kind.is_empty() {
-                // Taken in from an old label: its kind is not known.
-                listed_all
-            } else if !ordered_kinds.contains(root_kind) {
-                true
-            } else {
-                listed_kinds.contains(root_kind)
-            };
-            is_root.contains(root) || !gone
+            stays_held(&sight, is_root.contains(root), root_kind)
         });
         if !released.is_empty() {
             tracing::info!(

@@ -17,6 +17,10 @@ pub(crate) const QUIET_LOOK: Duration = Duration::from_secs(10);
 pub(crate) const SETTLING_SECS: i64 = 120;
 /// Discovery (which kinds exist, in which versions) is read again this often.
 pub(crate) const DISCOVERY_EVERY: Duration = Duration::from_secs(30);
+/// After a start, what a root that has left held stays held until every
+/// tree was read once, but no longer than this: a tree that cannot be read
+/// must not keep another's holds for ever.
+pub(crate) const FIRST_READS_KEEP_HOLDS: Duration = Duration::from_secs(600);
 /// A look that takes longer than this is logged.
 pub(crate) const SLOW_LOOK: Duration = Duration::from_secs(10);
 /// How many trees are read at once in a look.
