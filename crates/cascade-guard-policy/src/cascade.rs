@@ -145,6 +145,12 @@ impl Memory {
         }
     }
 
+    /// The last conversion was less than [`JUST_CONVERTED`] before `now`.
+    pub fn just_converted(&self, now: Instant) -> bool {
+        self.last_conversion
+            .is_some_and(|at| now.saturating_duration_since(at) < JUST_CONVERTED)
+    }
+
     /// When a quiet foreground cascade is due to be restarted: `after` a
     /// quiet spell starts, then after growing waits from the last restart
     /// ([`restart_interval`]).
@@ -247,6 +253,13 @@ pub enum Step {
 /// going when it has seen the cascade start.
 pub const RESTART_AFTER: Duration = Duration::from_secs(30);
 
+/// How long a cascade just converted is left to the garbage collector
+/// before an XR's composed resources are looked at: no restart can be due so
+/// soon (its quiet clock starts after the conversion, and restarts wait
+/// longer), and with many deletes at once the lookups of those converted
+/// first held back the conversions of the rest.
+pub const JUST_CONVERTED: Duration = Duration::from_secs(5);
+
 /// The least time between restart `restarts` and the next: 1 min doubling to
 /// 16 min. A kind whose dependents cascade-guard cannot see is restarted
 /// through a long cascade too; each restart is two requests.
@@ -342,6 +355,7 @@ fn in_foreground_step(
 ) -> Step {
     if shape == Shape::CompositeResource {
         match dependents {
+            Dependents::NotLookedUp if memory.just_converted(now) => return Step::Wait,
             Dependents::NotLookedUp => return Step::LookUpDependents,
             Dependents::Remaining(_) => return Step::Wait,
             Dependents::None | Dependents::Unknowable => {}
@@ -558,6 +572,40 @@ mod tests {
         );
         assert_eq!(from_start(0).cascades(), 1);
         assert_eq!(Memory::default().cascades(), 0);
+    }
+
+    /// Right after a conversion an XR's cascade is left to the garbage
+    /// collector, nothing asked: no lookup could make a restart due so soon.
+    /// From JUST_CONVERTED on, its composed resources are looked at again.
+    #[test]
+    fn a_cascade_just_converted_waits_without_a_lookup() {
+        let converted = Instant::now();
+        let memory = Memory {
+            conversions: 1,
+            last_conversion: Some(converted),
+            ..Memory::default()
+        };
+        let running = obs(true, true, true, Shape::CompositeResource);
+        let step = |now| next_step(running, memory, Dependents::NotLookedUp, now, TO_THE_END);
+        assert!(memory.just_converted(converted));
+        assert_eq!(step(converted), Step::Wait);
+        assert_eq!(step(converted + JUST_CONVERTED / 2), Step::Wait);
+        assert!(!memory.just_converted(converted + JUST_CONVERTED));
+        assert_eq!(step(converted + JUST_CONVERTED), Step::LookUpDependents);
+        // Other kinds were never looked up: unchanged.
+        let other = obs(true, true, true, Shape::Other);
+        assert_eq!(
+            next_step(
+                other,
+                memory,
+                Dependents::NotLookedUp,
+                converted,
+                TO_THE_END
+            ),
+            Step::Wait
+        );
+        // No restart can be due so soon: a restart waits longer.
+        assert!(JUST_CONVERTED < RESTART_AFTER);
     }
 
     /// A new leader (nothing in memory) finds an object it converted before,

@@ -1316,7 +1316,9 @@ mod scale {
         name: &str,
         round: usize,
     ) -> Result<f64> {
-        let body = serde_json::to_vec(&json!({"metadata": {"labels": {"bench-round": round.to_string()}}}))?;
+        let body = serde_json::to_vec(
+            &json!({"metadata": {"labels": {"bench-round": round.to_string()}}}),
+        )?;
         let request = http::Request::patch(format!(
             "/apis/{}/namespaces/{ns}/{}/{name}?dryRun=All",
             r.api_version, r.plural

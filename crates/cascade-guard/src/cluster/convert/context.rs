@@ -42,7 +42,13 @@ pub(super) struct Context {
     pub census: Mutex<Census>,
     /// Failed steps in a row, by UID, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// What a first conversion writes after it (its mark, its Event), a few
+    /// at a time beside the conversions (see `steps::tell_converted`).
+    pub telling: tokio::sync::Semaphore,
 }
+
+/// First conversions told at once, per kind.
+pub(super) const TOLD_AT_ONCE: usize = 2;
 
 /// What a kind's controller is given to run with.
 pub(super) struct Setting {
@@ -71,6 +77,7 @@ impl Context {
             discoveries: Discoveries::default(),
             census: Mutex::new(Census::default()),
             failures: Mutex::new(HashMap::new()),
+            telling: tokio::sync::Semaphore::new(TOLD_AT_ONCE),
         }
     }
 

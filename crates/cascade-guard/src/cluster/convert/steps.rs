@@ -92,11 +92,14 @@ async fn step(object: &Meta, ctx: &Arc<Context>) -> Result<Action, StepError> {
     // A cascade cascade-guard holds: what it waits for, for the stall clock
     // (and for the decision, when that needs it).
     let in_cascade = observed.deleting && observed.held && !observed.orphaning;
-    // Not before a conversion: it is what the delete waits for, and the
-    // decision does not need the lookup; the look its watch event brings
-    // (`foregroundDeletion` added) starts the stall clock.
-    let for_the_clock =
-        in_cascade && ctx.shape == Shape::CompositeResource && step != Step::Convert;
+    // Not before a conversion, nor in the seconds after one: the conversion
+    // is what a delete waits for, the decision does not need the lookup, and
+    // with many deletes at once the lookups of those converted first held
+    // back the conversion of the rest (#46). The next look starts the clock.
+    let for_the_clock = in_cascade
+        && ctx.shape == Shape::CompositeResource
+        && step != Step::Convert
+        && !memory.just_converted(now);
     if step == Step::LookUpDependents || for_the_clock {
         let (dependents, left) = ctx.lookup().dependents(object, &uid).await;
         memory = memory.seen(observed, dependents, now);
@@ -181,11 +184,17 @@ async fn convert(
         ctx.metrics.conversion(&ctx.label);
         ctx.metrics.cascade_started(&ctx.label);
         tracing::info!(kind = %ctx.label, %name, namespace = ?object.namespace(), "converted a delete into a foreground cascade");
-        // The mark and the Event outside the kind's reconcile slots: with
-        // 100 deletes at once, two more requests each in a slot held the
-        // next deletes' conversions back (#46).
+        // The mark and the Event outside the kind's reconcile slots, a few
+        // at a time: with 100 deletes at once, two more requests each in a
+        // slot, or all at once beside them, held the next deletes'
+        // conversions back (#46).
         let (ctx, object, uid) = (Arc::clone(ctx), object.clone(), uid.to_string());
-        tokio::spawn(async move { tell_converted(&object, &uid, marked, &ctx).await });
+        tokio::spawn(async move {
+            let Ok(_told) = ctx.telling.acquire().await else {
+                return;
+            };
+            tell_converted(&object, &uid, marked, &ctx).await
+        });
     } else {
         tracing::info!(kind = %ctx.label, %name, "foregroundDeletion was cleared with dependents left, or needs confirming: converting again");
     }

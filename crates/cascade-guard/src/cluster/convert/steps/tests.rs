@@ -477,3 +477,32 @@ async fn a_cascade_with_no_progress_is_reported_stalled_then_moving_again() {
     let look_again = Ok(Action::requeue(Duration::from_secs(1)));
     assert_eq!(turns, [look_again.clone(), look_again.clone(), look_again]);
 }
+
+/// An XR's Background delete is converted with nothing asked before the
+/// Foreground delete, and its cascade's first look right after (the watch
+/// bringing `foregroundDeletion`) asks nothing either: with many deletes at
+/// once, those lookups held the later conversions back (#46).
+#[tokio::test]
+async fn an_xr_is_converted_first_and_looked_at_only_later() {
+    let deleting = object("u1", "8", &[HELD], true);
+    let in_foreground = object("u1", "9", &[HELD, FOREGROUND], true);
+    let script = vec![
+        convert().ok(metadata("u1", "9", &[HELD, FOREGROUND], true)),
+        mark().ok(metadata("u1", "10", &[HELD, FOREGROUND], true)),
+        event("Normal", "ForegroundCascade"),
+    ];
+    let turns = against(script, async |c| {
+        let ctx = context(c, Shape::CompositeResource, Reach::Every);
+        let first = turn(&deleting, &ctx).await;
+        let next = turn(&in_foreground, &ctx).await;
+        // What the conversion told, told before the client goes.
+        let _all = ctx
+            .telling
+            .acquire_many(super::super::context::TOLD_AT_ONCE as u32)
+            .await;
+        [first, next]
+    })
+    .await;
+    let look = Action::requeue(Duration::from_secs(30));
+    assert_eq!(turns, [Ok(look.clone()), Ok(look)]);
+}
