@@ -118,6 +118,7 @@ pub async fn run() -> Result<()> {
     let log = cp.log_path("cascade-guard");
     let offset = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
     let started = Instant::now();
+    let started_at = k8s_openapi::jiff::Timestamp::now();
     controller.start_again()?;
     while listed_since(&log, offset) < kinds {
         if started.elapsed() > Duration::from_secs(600) {
@@ -143,6 +144,10 @@ pub async fn run() -> Result<()> {
     );
     let startup_cpu = cpu_ticks(controller.pid)? as f64 / super::TICKS_PER_SECOND;
     println!("   cascade-guard's CPU in it: {startup_cpu:.1} s");
+    println!(
+        "   its log, seconds from the start: {}",
+        start_timeline(&log, offset, started_at)
+    );
 
     println!("\n3. At rest after the restart");
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -266,6 +271,31 @@ fn logged_since(log: &Path, offset: u64, what: &str) -> bool {
         .unwrap_or(usize::MAX)
         .min(text.len());
     String::from_utf8_lossy(&text[start..]).contains(what)
+}
+
+/// Where a start's time went, from cascade-guard's log after `offset`: its
+/// first line, leadership, the first and the last kind listed, each in
+/// seconds after `started_at` (the log's timestamps are UTC, RFC 3339).
+fn start_timeline(log: &Path, offset: u64, started_at: k8s_openapi::jiff::Timestamp) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(text.len());
+    let text = String::from_utf8_lossy(&text[start..]);
+    let at = |line: &str| -> Option<f64> {
+        let stamp: k8s_openapi::jiff::Timestamp = line.split_whitespace().next()?.parse().ok()?;
+        Some(stamp.duration_since(started_at).as_secs_f64())
+    };
+    let first = |what: &str| text.lines().find(|l| l.contains(what)).and_then(at);
+    let last = |what: &str| text.lines().rev().find(|l| l.contains(what)).and_then(at);
+    let show = |t: Option<f64>| t.map_or("?".to_string(), |t| format!("{t:.2}"));
+    format!(
+        "first line {}, leadership {}, first kind listed {}, last {}",
+        show(text.lines().next().and_then(at)),
+        show(first("acquired leadership")),
+        show(first(LISTED)),
+        show(last(LISTED)),
+    )
 }
 
 /// How many kinds cascade-guard has logged as listed after `offset` in its log.
