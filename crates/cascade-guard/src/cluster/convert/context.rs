@@ -42,13 +42,18 @@ pub(super) struct Context {
     pub census: Mutex<Census>,
     /// Failed steps in a row, by UID, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
-    /// What a first conversion writes after it (its mark, its Event), a few
-    /// at a time beside the conversions (see `steps::tell_converted`).
+    /// A first conversion's Event, published a few at a time beside the
+    /// conversions.
     pub telling: tokio::sync::Semaphore,
+    /// How long after its conversion a first conversion is told.
+    pub tell_after: Duration,
 }
 
 /// First conversions told at once, per kind.
 pub(super) const TOLD_AT_ONCE: usize = 2;
+/// How long after its conversion a first conversion's Event is published:
+/// after the burst of conversions a burst of deletes brings.
+const TELL_AFTER: Duration = Duration::from_secs(1);
 
 /// What a kind's controller is given to run with.
 pub(super) struct Setting {
@@ -78,6 +83,7 @@ impl Context {
             census: Mutex::new(Census::default()),
             failures: Mutex::new(HashMap::new()),
             telling: tokio::sync::Semaphore::new(TOLD_AT_ONCE),
+            tell_after: TELL_AFTER,
         }
     }
 
@@ -112,7 +118,11 @@ impl Context {
             },
             reach,
         };
-        Self::new(setting, &kind)
+        // Told at once: the scripted requests keep their order.
+        Self {
+            tell_after: Duration::ZERO,
+            ..Self::new(setting, &kind)
+        }
     }
 
     pub fn observe(&self, object: &Meta) -> Observed {

@@ -181,43 +181,40 @@ async fn convert(
         m.restarting = false;
     });
     if first {
+        // Marked at once: a replica that starts after the garbage collector
+        // has ended an unmarked cascade converts it again (see `step`).
+        // Unmarked, that costs one more Foreground delete: worth a warning,
+        // not a retry of the conversion.
+        if !marked && let Err(e) = writes::mark_converted(&api, &name, uid).await {
+            tracing::warn!(kind = %ctx.label, %name, error = %e, "could not mark the object converted");
+        }
         ctx.metrics.conversion(&ctx.label);
         ctx.metrics.cascade_started(&ctx.label);
         tracing::info!(kind = %ctx.label, %name, namespace = ?object.namespace(), "converted a delete into a foreground cascade");
-        // The mark and the Event outside the kind's reconcile slots, a few
-        // at a time: with 100 deletes at once, two more requests each in a
-        // slot, or all at once beside them, held the next deletes'
+        // The Event outside the kind's reconcile slots, a few at a time and
+        // a moment later: with 100 deletes at once, one more request each in
+        // a slot, or all at once beside them, held the next deletes'
         // conversions back (#46).
-        let (ctx, object, uid) = (Arc::clone(ctx), object.clone(), uid.to_string());
+        let (ctx, object) = (Arc::clone(ctx), object.clone());
         tokio::spawn(async move {
+            if !ctx.tell_after.is_zero() {
+                tokio::time::sleep(ctx.tell_after).await;
+            }
             let Ok(_told) = ctx.telling.acquire().await else {
                 return;
             };
-            tell_converted(&object, &uid, marked, &ctx).await
+            ctx.publish(
+                &object,
+                EventType::Normal,
+                "ForegroundCascade",
+                "converted the delete into a foreground cascade: it stays until everything it owns is gone",
+            )
+            .await;
         });
     } else {
         tracing::info!(kind = %ctx.label, %name, "foregroundDeletion was cleared with dependents left, or needs confirming: converting again");
     }
     Ok(Action::requeue(Duration::from_secs(30)))
-}
-
-/// Marks a first conversion on the object and tells it in an Event.
-async fn tell_converted(object: &Meta, uid: &str, marked: bool, ctx: &Context) {
-    // Unmarked, a restart costs one more Foreground delete: worth a
-    // warning, not a retry of the conversion.
-    if !marked {
-        let name = object.name_any();
-        if let Err(e) = writes::mark_converted(&ctx.api(object), &name, uid).await {
-            tracing::warn!(kind = %ctx.label, %name, error = %e, "could not mark the object converted");
-        }
-    }
-    ctx.publish(
-        object,
-        EventType::Normal,
-        "ForegroundCascade",
-        "converted the delete into a foreground cascade: it stays until everything it owns is gone",
-    )
-    .await;
 }
 
 /// Lets go of an object without a cascade ([`Step::LetGo`]), saying why.
