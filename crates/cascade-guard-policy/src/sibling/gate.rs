@@ -35,7 +35,8 @@ use crate::kind::Shape;
 use crate::names::BREAK_GLASS_ANNOTATION;
 use crate::settings::CompileSettings;
 use crate::sibling::hold_policy::{
-    HOLD_OBJECT_NAME, delete_rule, reading_record, record_param, sibling_order_metadata,
+    HOLD_OBJECT_NAME, MATCH_POLICY, delete_rule, reading_record, record_param,
+    sibling_order_metadata,
 };
 
 /// The ConfigMap, in the controller's namespace, that says how each root's
@@ -306,7 +307,7 @@ fn compile_one(
             param_kind: Some(record_param()),
             match_constraints: Some(MatchResources {
                 resource_rules: Some(rules),
-                match_policy: Some("Equivalent".to_string()),
+                match_policy: Some(MATCH_POLICY.to_string()),
                 ..MatchResources::default()
             }),
             match_conditions: Some(conditions),
@@ -457,7 +458,7 @@ mod tests {
         );
         assert_eq!(
             spec["matchConstraints"],
-            json!({"matchPolicy": "Equivalent", "resourceRules": [{
+            json!({"matchPolicy": "Exact", "resourceRules": [{
                 "apiGroups": ["modelplane.ai"], "apiVersions": ["*"],
                 "resources": ["inferenceclusters", "servingstacks"],
                 "operations": ["DELETE"], "scope": "*"}]})

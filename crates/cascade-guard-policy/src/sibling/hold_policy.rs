@@ -116,7 +116,7 @@ pub fn compile_hold(
             param_kind: Some(record_param()),
             match_constraints: Some(MatchResources {
                 resource_rules: Some(hold_rules(held_kinds)),
-                match_policy: Some("Equivalent".to_string()),
+                match_policy: Some(MATCH_POLICY.to_string()),
                 ..MatchResources::default()
             }),
             match_conditions: Some(vec![MatchCondition {
@@ -161,7 +161,7 @@ pub fn compile_record_guard(settings: &CompileSettings, namespace: &str) -> Comp
                     scope: Some("Namespaced".to_string()),
                     resource_names: None,
                 }]),
-                match_policy: Some("Equivalent".to_string()),
+                match_policy: Some(MATCH_POLICY.to_string()),
                 ..MatchResources::default()
             }),
             match_conditions: Some(vec![MatchCondition {
@@ -206,6 +206,12 @@ pub fn compile_record_guard(settings: &CompileSettings, namespace: &str) -> Comp
     };
     Compiled { policy, binding }
 }
+
+/// How sibling order's policies match: every version is in their rules, and
+/// what they name (custom resources, Secrets, ConfigMaps) has no equivalent
+/// in another group, so Equivalent would only add a lookup of equivalents to
+/// every request they do not match (measured: BENCHMARKS.md, #46).
+pub(crate) const MATCH_POLICY: &str = "Exact";
 
 /// The DELETEs of the kinds held, by group; with none held, one rule that
 /// matches nothing (a policy must have one).
@@ -328,7 +334,7 @@ mod tests {
         );
         assert_eq!(
             spec["matchConstraints"],
-            json!({"matchPolicy": "Equivalent", "resourceRules": [
+            json!({"matchPolicy": "Exact", "resourceRules": [
                 {"apiGroups": [""], "apiVersions": ["*"], "resources": ["secrets"],
                  "operations": ["DELETE"], "scope": "*"},
                 {"apiGroups": ["helm.m.crossplane.io"], "apiVersions": ["*"],
@@ -415,7 +421,7 @@ mod tests {
                 "metadata": {"name": RECORD_GUARD_NAME, "labels": {SIBLING_ORDER_LABEL: "true"}},
                 "spec": {
                     "failurePolicy": "Fail",
-                    "matchConstraints": {"matchPolicy": "Equivalent", "resourceRules": [
+                    "matchConstraints": {"matchPolicy": "Exact", "resourceRules": [
                         {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
                          "operations": ["UPDATE", "DELETE"], "scope": "Namespaced"}]},
                     "matchConditions": [{"name": "not-cascade-guard",

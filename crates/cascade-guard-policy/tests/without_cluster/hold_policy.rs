@@ -44,7 +44,7 @@ fn policy(rules: Value) -> Value {
         "spec": {
             "failurePolicy": "Fail",
             "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-            "matchConstraints": {"matchPolicy": "Equivalent", "resourceRules": rules},
+            "matchConstraints": {"matchPolicy": "Exact", "resourceRules": rules},
             "matchConditions": [{
                 "name": "not-cascade-guard",
                 "expression": format!("request.userInfo.?username.orValue('') != \"{CONTROLLER}\""),
