@@ -109,7 +109,11 @@ async fn step(object: &Meta, ctx: &Arc<Context>) -> Result<Action, StepError> {
         if in_cascade && !matches!(step, Step::Release | Step::LetGo(_)) {
             ctx.watch_progress(object, &uid, left).await;
         }
-    } else if in_cascade {
+    } else if in_cascade && ctx.shape != Shape::CompositeResource {
+        // A kind whose dependents it cannot see: the clock runs on nothing.
+        // An XR's clock starts with its first lookup: started on nothing, a
+        // stall would be told with nothing left when its composed resources
+        // are still there.
         ctx.watch_progress(object, &uid, Vec::new()).await;
     }
     // Remembered only when it changes: a live object (no clock) gets no

@@ -495,6 +495,8 @@ async fn an_xr_is_converted_first_and_looked_at_only_later() {
         let ctx = context(c, Shape::CompositeResource, Reach::Every);
         let first = turn(&deleting, &ctx).await;
         let next = turn(&in_foreground, &ctx).await;
+        // Its stall clock not started on nothing: it starts with a lookup.
+        assert!(ctx.clocks.lock().expect("clocks").is_empty());
         // What the conversion told, told before the client goes.
         let _all = ctx
             .telling
