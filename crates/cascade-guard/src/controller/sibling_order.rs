@@ -21,6 +21,7 @@ use tokio::sync::watch;
 
 use super::MANAGER;
 use super::telemetry::Metrics;
+use crate::cluster::events::Teller;
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::cluster::tree::Usages;
 use crate::cluster::watch_tap::{Tap, Taps, WatchEvent};
@@ -207,7 +208,7 @@ pub fn start(
         ),
         holds: Holds::new(client.clone(), namespace, settings),
         client,
-        recorder,
+        teller: Teller::start(recorder),
         metrics,
         resync,
         index: feed.0,
@@ -252,7 +253,8 @@ struct OrderLoop {
     /// A watch of each ordered kind and each Usage kind served, by group and
     /// kind.
     mirrors: HashMap<KindKey, Mirror>,
-    recorder: Recorder,
+    /// Tells the Events on roots, aside from the look.
+    teller: Teller,
     metrics: Arc<Metrics>,
     /// How many objects each root's tree holds, as last read (only trees
     /// that hold any).
@@ -309,7 +311,9 @@ impl OrderLoop {
         let watched = self.watch(ordered, &kinds);
         let look = self.look();
         let trees_read = look.due.len();
+        let reading = Instant::now();
         let left_due = self.read_and_reconcile(&kinds, &watched, look.due).await;
+        let read_for = reading.elapsed();
         if trees_read >= schedule::FETCHES_PER_LOOK {
             // A long look's reads are freed now; glibc would keep them.
             super::memory::give_back();
@@ -327,9 +331,11 @@ impl OrderLoop {
         // What is held first: the gate's record says a tree is ordered
         // only once its holds are written (the API server reads both through
         // one informer, in order).
+        let writing = Instant::now();
         if self.holds.write(&kinds).await {
             self.gate.write(&watched.gated, self.resync).await;
         }
+        let written_for = writing.elapsed();
         self.metrics.set_sibling_order(
             self.held_counts.values().sum(),
             self.reported.values().map(BTreeSet::len).sum(),
@@ -341,6 +347,8 @@ impl OrderLoop {
                 seconds = started.elapsed().as_secs(),
                 kinds = ordered.0.len(),
                 trees_read,
+                reading_trees_ms = read_for.as_millis(),
+                writing_records_ms = written_for.as_millis(),
                 "sibling order: a slow look; new trees wait this long for their holds"
             );
         }

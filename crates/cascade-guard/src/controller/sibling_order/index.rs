@@ -143,6 +143,9 @@ pub(crate) struct Index {
     trees: HashMap<Uid, Box<[Uid]>>,
     /// The roots whose trees are active (read every look).
     active: HashSet<Uid>,
+    /// The roots whose trees are young and not active otherwise, with when
+    /// each was last read (read again every [`schedule::SETTLE_EVERY`]).
+    settling: HashMap<Uid, Instant>,
     /// A member of a read tree to its root, for a Usage whose user is
     /// inside a tree.
     members: HashMap<Uid, Uid>,
@@ -490,7 +493,10 @@ impl Index {
 /// What a read of a tree found, as it bears on its next read.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TreeState {
+    /// Read again at the next look: being deleted, writes still to make.
     pub active: bool,
+    /// Young: read again every SETTLE_EVERY (every look if also active).
+    pub settling: bool,
     /// Nothing composed, referenced or using it: never read again only for a
     /// resync (what it gets first changes the root itself, or a Usage).
     pub alone: bool,

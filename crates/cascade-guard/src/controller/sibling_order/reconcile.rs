@@ -95,6 +95,9 @@ pub(super) fn decide(
     }
 }
 
+/// How many unblocks of one tree are sent at once.
+const UNBLOCKS_AT_ONCE: usize = 8;
+
 /// What an action came to, when it did not fail.
 enum Done {
     AsSaid,
@@ -151,6 +154,25 @@ fn order_of(root: &DynamicObject, mut unordered: Vec<String>) -> TreeOrder {
     }
 }
 
+/// Sends one unblock (any other action: nothing).
+async fn unblock<'a>(
+    client: &kube::Client,
+    kinds: &ServedKinds,
+    action: &'a Action,
+) -> (&'a Action, Result<Done, String>) {
+    let result = match action {
+        Action::Unblock { object, owner_uid } => {
+            match unhold::unblock(client, kinds, object, owner_uid).await {
+                Ok(true) => Ok(Done::AsSaid),
+                Ok(false) => Ok(Done::Nothing),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        _ => Ok(Done::Nothing),
+    };
+    (action, result)
+}
+
 impl OrderLoop {
     /// Brings one tree's holds to what its graph says, and tells the gate
     /// how it stands; its state for the next read (active while anything in
@@ -171,7 +193,7 @@ impl OrderLoop {
                 return TreeState::default();
             }
         };
-        self.report(root, &graph, &read.unread).await;
+        self.report(root, &graph, &read.unread);
         // Held for this tree: an object it only references may be held for
         // another.
         let held_now = self.holds.held_for(&root_uid);
@@ -249,7 +271,8 @@ impl OrderLoop {
                 .collect()
         };
         TreeState {
-            active: deleting || settling || waiting || !decision.todo.is_empty(),
+            active: deleting || waiting || !decision.todo.is_empty(),
+            settling,
             alone,
             members,
         }
@@ -266,18 +289,30 @@ impl OrderLoop {
         by_ref: &HashMap<ObjectRef, &Value>,
     ) -> Vec<String> {
         let root_kind = kind_of(root);
-        let mut failed = Vec::new();
-        for action in todo {
+        // Unblocks (a GET and a PATCH each) touch nothing the others do:
+        // sent together, UNBLOCKS_AT_ONCE at a time, after the others.
+        let (unblocks, others): (Vec<&Action>, Vec<&Action>) = todo
+            .iter()
+            .partition(|a| matches!(a, Action::Unblock { .. }));
+        let mut done = Vec::new();
+        for action in others {
             // A hold and a release need only the object's key; a delete
             // needs what was read of it.
             let value = by_ref.get(action.object()).copied();
             if value.is_none() && matches!(action, Action::Delete { .. }) {
                 continue;
             }
-            let (type_, reason, note) = match self
-                .act(kinds, root_uid, &root_kind, action, value)
-                .await
-            {
+            let result = self.act(kinds, root_uid, &root_kind, action, value).await;
+            done.push((action, result));
+        }
+        let client = &self.client;
+        for chunk in unblocks.chunks(UNBLOCKS_AT_ONCE) {
+            let sends = chunk.iter().map(|action| unblock(client, kinds, action));
+            done.extend(futures::future::join_all(sends).await);
+        }
+        let mut failed = Vec::new();
+        for (action, result) in done {
+            let (type_, reason, note) = match result {
                 Err(e) => {
                     let note = format!("cannot {}: {e}", describe(action));
                     if matches!(action, Action::Hold { .. }) {
@@ -305,7 +340,7 @@ impl OrderLoop {
                     (EventType::Normal, reason, describe(action))
                 }
             };
-            writes::event(&self.recorder, root, type_, reason, &note).await;
+            writes::event(&self.teller, root, type_, reason, note);
         }
         failed
     }
@@ -333,13 +368,8 @@ impl OrderLoop {
                 writes::let_go_all(&self.client, kinds, std::slice::from_ref(object)).await;
                 Ok(Done::AsSaid)
             }
-            Action::Unblock { object, owner_uid } => {
-                match unhold::unblock(&self.client, kinds, object, owner_uid).await {
-                    Ok(true) => Ok(Done::AsSaid),
-                    Ok(false) => Ok(Done::Nothing),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
+            // Sent together by `act_all`.
+            Action::Unblock { .. } => Ok(Done::Nothing),
             // Deleted while still held, so that a delete refused by someone
             // else (Crossplane's Usage webhook) is simply tried again; the
             // entry goes once the delete went through. cascade-guard may not
@@ -364,7 +394,7 @@ impl OrderLoop {
     /// Cycles, conflicts and what could not be read, as Warning Events on the
     /// root, each once: where they are, the tree falls back to the plain
     /// foreground cascade for those objects.
-    async fn report(&mut self, root: &DynamicObject, graph: &Graph, unread: &[String]) {
+    fn report(&mut self, root: &DynamicObject, graph: &Graph, unread: &[String]) {
         let Some(uid) = root.uid() else { return };
         let mut now = BTreeSet::new();
         for cycle in &graph.cycles {
@@ -389,13 +419,12 @@ impl OrderLoop {
         let before = self.reported.get(&uid).cloned().unwrap_or_default();
         for note in now.difference(&before) {
             writes::event(
-                &self.recorder,
+                &self.teller,
                 root,
                 EventType::Warning,
                 "SiblingOrderProblem",
-                note,
-            )
-            .await;
+                note.clone(),
+            );
         }
         if now.is_empty() {
             self.reported.remove(&uid);

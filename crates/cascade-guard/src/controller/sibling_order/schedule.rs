@@ -12,9 +12,14 @@ pub(crate) const TEARDOWN_TICK: Duration = Duration::from_millis(200);
 pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(10);
 /// Resyncs are taken at most this often.
 pub(crate) const QUIET_LOOK: Duration = Duration::from_secs(10);
-/// A tree this young (seconds since its root was created) is read every
-/// look.
+/// A tree this young (seconds since its root was created) is read again
+/// every SETTLE_EVERY though nothing of it the index sees changed.
 pub(crate) const SETTLING_SECS: i64 = 120;
+/// How often a young tree is read again while nothing else makes it due.
+/// Read every look, twenty young trees in a teardown's 200-ms looks were a
+/// hundred reads a second, and under a loaded CI each look took up to a
+/// minute.
+pub(crate) const SETTLE_EVERY: Duration = Duration::from_secs(3);
 /// Discovery (which kinds exist, in which versions) is read again this often.
 pub(crate) const DISCOVERY_EVERY: Duration = Duration::from_secs(30);
 /// After a start, what a root that has left held stays held until every
@@ -48,7 +53,8 @@ pub(crate) const RESYNCS_PER_LOOK: usize = 32;
 pub(crate) struct Last {
     /// Its resourceVersion is not the one read, or a Usage naming it changed.
     pub changed: bool,
-    /// Being deleted, young, or with writes to make when last read.
+    /// Being deleted or with writes to make when last read, or young and
+    /// not read for SETTLE_EVERY.
     pub active: bool,
     /// Not read for a resync period.
     pub resync_due: bool,

@@ -4,10 +4,11 @@
 //! in-process fake API server.
 
 use kube::api::{DeleteParams, DynamicObject, Preconditions, PropagationPolicy};
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::{Api, Client, Resource};
 use serde_json::Value;
 
+use crate::cluster::events::Teller;
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::unhold::{self, Unheld};
 use crate::policy::sibling::hold::Action;
@@ -90,14 +91,15 @@ pub(super) async fn let_go_all(client: &Client, kinds: &ServedKinds, objects: &[
     }
 }
 
-/// An Event on a tree's root, through the one publisher (a terminating
-/// namespace's refusal expected, anything else logged).
-pub(super) async fn event(
-    recorder: &Recorder,
+/// An Event on a tree's root, told to the one publisher (a terminating
+/// namespace's refusal expected, anything else logged) without waiting
+/// for it: the look goes on.
+pub(super) fn event(
+    teller: &Teller,
     root: &DynamicObject,
     type_: EventType,
-    reason: &str,
-    note: &str,
+    reason: &'static str,
+    note: String,
 ) {
     let Some(types) = root.types.as_ref() else {
         return;
@@ -118,8 +120,7 @@ pub(super) async fn event(
         plural: String::new(),
     };
     let reference = root.object_ref(&resource);
-    crate::cluster::events::publish(recorder, &reference, type_, "SiblingOrder", reason, note)
-        .await;
+    teller.tell(reference, type_, "SiblingOrder", reason, note);
 }
 
 pub(super) fn describe(action: &Action) -> String {

@@ -84,9 +84,14 @@ impl Index {
             self.resyncs.push_back((at, uid.clone(), number));
         }
         if state.active {
+            self.settling.remove(&uid);
             self.active.insert(uid);
+        } else if state.settling {
+            self.active.remove(&uid);
+            self.settling.insert(uid, at);
         } else {
             self.active.remove(&uid);
+            self.settling.remove(&uid);
         }
     }
 
@@ -100,11 +105,18 @@ impl Index {
         candidates.extend(self.active.iter().cloned());
         let resync_due = self.resyncs_due(now, resync);
         candidates.extend(resync_due.iter().cloned());
+        let settle_due: HashSet<Uid> = self
+            .settling
+            .iter()
+            .filter(|(_, at)| now.duration_since(**at) >= schedule::SETTLE_EVERY)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        candidates.extend(settle_due.iter().cloned());
         // Ranked by what the index holds; a DueRoot made only for what
         // this look takes (at a start all 100,000 are due).
         let mut due: Vec<(u8, u32, Uid)> = Vec::new();
         for uid in candidates {
-            match self.rank(&uid, &resync_due) {
+            match self.rank(&uid, &resync_due, &settle_due) {
                 Due::Now(rank, kind) => due.push((rank, kind, uid)),
                 Due::Not => {
                     self.dirty.remove(&uid);
@@ -178,7 +190,7 @@ impl Index {
 
     /// How soon `uid`'s tree is read (see [`schedule::rank`]). A root read
     /// that no longer begins a tree is taken as left here.
-    fn rank(&mut self, uid: &Uid, resync_due: &HashSet<Uid>) -> Due {
+    fn rank(&mut self, uid: &Uid, resync_due: &HashSet<Uid>, settle_due: &HashSet<Uid>) -> Due {
         if !self.begins_tree(uid) {
             // Its kind not listed now (or the read root's kind, gone from
             // sight with its watch): due again once it is.
@@ -206,6 +218,7 @@ impl Index {
             }
             if self.forget_read(uid) {
                 self.active.remove(uid);
+                self.settling.remove(uid);
                 self.left.insert(uid.clone());
             }
             return Due::Not;
@@ -215,7 +228,7 @@ impl Index {
         };
         let last = o.last_read().map(|r| Last {
             changed: r.rv != o.rv || self.poked.contains(uid),
-            active: r.active,
+            active: r.active || settle_due.contains(uid),
             resync_due: resync_due.contains(uid),
         });
         match schedule::rank(o.deleting, last) {
@@ -272,5 +285,6 @@ impl Index {
             || !self.poked.is_empty()
             || !self.left.is_empty()
             || !self.active.is_empty()
+            || !self.settling.is_empty()
     }
 }

@@ -61,6 +61,7 @@ const RESYNC: Duration = Duration::from_secs(300);
 fn tree(active: bool, members: &[&str]) -> TreeState {
     TreeState {
         active,
+        settling: false,
         alone: members.is_empty(),
         members: members.iter().map(|m| m.to_string()).collect(),
     }
@@ -255,6 +256,39 @@ fn an_active_tree_is_read_every_look_and_a_failed_read_again() {
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
     index.not_read("a");
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
+}
+
+#[test]
+fn a_young_tree_is_read_again_every_settle_period_not_every_look() {
+    let start = Instant::now();
+    let mut index = listed(vec![object("a", "1")]);
+    index.look(start, RESYNC);
+    let settling = TreeState {
+        settling: true,
+        ..tree(false, &["m"])
+    };
+    index.read("a", 1, start, settling.clone());
+    let every = schedule::SETTLE_EVERY;
+    // Looks within the period read nothing; the first after it reads it.
+    assert_eq!(due(&index.look(start + every / 2, RESYNC)), []);
+    assert_eq!(due(&index.look(start + every, RESYNC)), [("a", 2)]);
+    // Read again (still young) at that look: due a period after it.
+    let again = start + every;
+    index.read("a", 1, again, settling);
+    assert_eq!(due(&index.look(again + every / 2, RESYNC)), []);
+    // A change makes it due at once, settling or not.
+    index.apply(&xr(), 1, IndexEvent::Applied(object("a", "2")));
+    assert_eq!(due(&index.look(again + every / 2, RESYNC)), [("a", 2)]);
+    // Settled: read again only when it changes (or its resync is due).
+    index.read("a", 2, again, tree(false, &["m"]));
+    assert_eq!(due(&index.look(again + every * 10, RESYNC)), []);
+    // Active (being deleted, writes to make) beats settling: every look.
+    let both = TreeState {
+        settling: true,
+        ..tree(true, &["m"])
+    };
+    index.read("a", 2, again, both);
+    assert_eq!(due(&index.look(again, RESYNC)), [("a", 2)]);
 }
 
 #[test]
