@@ -306,7 +306,9 @@ impl OrderLoop {
         let Some((kinds, discovered)) = self.discovered().await else {
             return;
         };
+        let discovering = started.elapsed();
         self.holds.prepare(&kinds, self.resync).await;
+        let preparing = started.elapsed() - discovering;
         let was_tearing_down = std::mem::take(&mut self.tearing_down);
         let watched = self.watch(ordered, &kinds);
         let look = self.look();
@@ -319,6 +321,7 @@ impl OrderLoop {
             super::memory::give_back();
         }
         self.backlog = look.backlog || left_due;
+        let letting_go = Instant::now();
         self.let_go_of_left(
             ordered,
             &kinds,
@@ -327,6 +330,7 @@ impl OrderLoop {
             was_tearing_down,
         )
         .await;
+        let let_go_for = letting_go.elapsed();
         self.swept = Some(Instant::now());
         // What is held first: the gate's record says a tree is ordered
         // only once its holds are written (the API server reads both through
@@ -347,7 +351,10 @@ impl OrderLoop {
                 seconds = started.elapsed().as_secs(),
                 kinds = ordered.0.len(),
                 trees_read,
+                discovering_ms = discovering.as_millis(),
+                checking_holds_ms = preparing.as_millis(),
                 reading_trees_ms = read_for.as_millis(),
+                letting_go_ms = let_go_for.as_millis(),
                 writing_records_ms = written_for.as_millis(),
                 "sibling order: a slow look; new trees wait this long for their holds"
             );
@@ -539,6 +546,20 @@ impl OrderLoop {
 }
 /// The live hold object is missing, unreadable or not what `desired` is once
 /// stored.
+/// Whether a policy or its binding (both named `name`) differs from what
+/// is wanted; both read at once.
+async fn drifted_pair<P, B>(policy: (&Api<P>, &P), binding: (&Api<B>, &B), name: &str) -> bool
+where
+    P: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    B: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let (p, b) = futures::join!(
+        drifted(policy.0, name, policy.1),
+        drifted(binding.0, name, binding.1)
+    );
+    p || b
+}
+
 async fn drifted<K>(api: &Api<K>, name: &str, desired: &K) -> bool
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,

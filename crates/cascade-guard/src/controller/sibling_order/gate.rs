@@ -16,14 +16,12 @@ use kube::{Api, Client};
 
 use super::MANAGER;
 use super::record::{MAX_BYTES, Record};
+use super::schedule::CHECK_EVERY;
 use super::uid::Uid;
 use crate::policy::CompileSettings;
 use crate::policy::sibling::gate::{GatedKind, ORDERED_TREES, compile_gate, gate_names};
 use crate::policy::sibling::holds_record::HOLDS;
 use marks::Marks;
-
-/// How often the gate's policies are read back, to put back an edit.
-const CHECK_EVERY: Duration = Duration::from_secs(10);
 
 pub(super) struct Gate {
     client: Client,
@@ -156,8 +154,8 @@ impl Gate {
         for c in &compiled {
             let name = c.policy.metadata.name.clone().unwrap_or_default();
             if !changed
-                && !super::drifted(&policies, &name, &c.policy).await
-                && !super::drifted(&bindings, &name, &c.binding).await
+                && !super::drifted_pair((&policies, &c.policy), (&bindings, &c.binding), &name)
+                    .await
             {
                 continue;
             }

@@ -17,6 +17,7 @@ use kube::{Api, Client, ResourceExt};
 use super::MANAGER;
 use super::entries::Entries;
 use super::record::{MAX_BYTES, Record};
+use super::schedule::CHECK_EVERY;
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::{holds, unhold};
 use crate::policy::CompileSettings;
@@ -46,6 +47,8 @@ pub(super) struct Holds {
     taken_in: bool,
     /// When the policy was last written whole.
     policy_written: Option<Instant>,
+    /// When the policies were last read back for an edit.
+    checked: Option<Instant>,
     /// The kinds the policy in the cluster names, each with when it first
     /// named it; only DELETEs of these kinds reach the policy.
     named: BTreeMap<HeldKind, Instant>,
@@ -72,6 +75,7 @@ impl Holds {
             client,
             settings,
             policy_written: None,
+            checked: None,
             named: BTreeMap::new(),
             encoded: None,
             migrated: false,
@@ -191,12 +195,23 @@ impl Holds {
         let due = match self.policy_written {
             None => true,
             Some(at) if at.elapsed() > resync => true,
+            Some(_) if self.checked.is_some_and(|at| at.elapsed() < CHECK_EVERY) => false,
             Some(_) => {
+                self.checked = Some(Instant::now());
                 let guard = compile_record_guard(&self.settings, self.record.namespace());
-                super::drifted(&policies, HOLD_OBJECT_NAME, &compiled.policy).await
-                    || super::drifted(&bindings, HOLD_OBJECT_NAME, &compiled.binding).await
-                    || super::drifted(&policies, RECORD_GUARD_NAME, &guard.policy).await
-                    || super::drifted(&bindings, RECORD_GUARD_NAME, &guard.binding).await
+                let (hold, guard) = futures::join!(
+                    super::drifted_pair(
+                        (&policies, &compiled.policy),
+                        (&bindings, &compiled.binding),
+                        HOLD_OBJECT_NAME,
+                    ),
+                    super::drifted_pair(
+                        (&policies, &guard.policy),
+                        (&bindings, &guard.binding),
+                        RECORD_GUARD_NAME,
+                    ),
+                );
+                hold || guard
             }
         };
         if due || named != self.held_kinds(kinds) {

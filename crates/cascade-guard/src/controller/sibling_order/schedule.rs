@@ -20,6 +20,10 @@ pub(crate) const SETTLING_SECS: i64 = 120;
 /// hundred reads a second, and under a loaded CI each look took up to a
 /// minute.
 pub(crate) const SETTLE_EVERY: Duration = Duration::from_secs(3);
+/// How often sibling order's policies (the hold policy, the record guard,
+/// the gate) are read back, to put back an edit. Read every look, under a
+/// loaded API server their GETs took seconds of each look.
+pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(5);
 /// Discovery (which kinds exist, in which versions) is read again this often.
 pub(crate) const DISCOVERY_EVERY: Duration = Duration::from_secs(30);
 /// After a start, what a root that has left held stays held until every
