@@ -3,12 +3,14 @@
 //! what those objects reference ([`references`]: ProviderConfigs,
 //! credentials and connection Secrets, Object references, the
 //! `cascade-guard.dev/needs` annotation), the Usages that name any of
-//! them and the other side of each, and the managed resources outside the
-//! tree that use its ProviderConfigs (their ProviderConfigUsages). What cannot be read is said, never
-//! guessed.
+//! them and the other side of each, the ProviderConfigs outside the tree
+//! made on a Secret in it, and the managed resources anywhere that use
+//! the tree's ProviderConfigs or those (their ProviderConfigUsages). What
+//! cannot be read is said, never guessed.
 
 mod by_kind;
 mod fetch;
+mod outside_configs;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
@@ -37,18 +39,30 @@ const REFERENCE_ROUNDS: usize = 4;
 pub struct TreeRead {
     pub objects: Vec<Value>,
     pub unread: Vec<String>,
+    /// ProviderConfig kinds the reader may not list (403): a ProviderConfig
+    /// of such a kind made outside the tree on one of its Secrets, and what
+    /// uses it, are not seen. `plan` counts these as not read; the controller
+    /// logs them once (the chart grants list on the groups of
+    /// `composedResources`).
+    pub unlisted: Vec<String>,
 }
 
-/// Crossplane's Usages and ClusterUsages (of both API groups), listed once
-/// for any number of trees: listed per tree, a look at many trees listed
-/// every Usage once for each.
-pub struct Usages {
-    lists: Vec<(String, Result<Vec<DynamicObject>, kube::Error>)>,
+/// What every tree read of a look (or of `plan`) needs of the whole
+/// cluster, listed once for any number of trees: Crossplane's Usages and
+/// ClusterUsages (of both API groups), and every ProviderConfig and
+/// ClusterProviderConfig. Listed per tree, a look at many trees listed each
+/// of them once for each.
+pub struct Listed {
+    usages: Vec<(String, ListedKind)>,
+    configs: Vec<(String, ListedKind)>,
 }
 
-impl Usages {
-    /// The kinds served: Usage and ClusterUsage of either API group.
-    pub fn kinds(kinds: &ServedKinds) -> Vec<Served> {
+/// One kind's objects as listed, or why they could not be.
+pub(crate) type ListedKind = Result<Vec<DynamicObject>, kube::Error>;
+
+impl Listed {
+    /// The Usage kinds served: Usage and ClusterUsage of either API group.
+    pub fn usage_kinds(kinds: &ServedKinds) -> Vec<Served> {
         ["protection.crossplane.io", "apiextensions.crossplane.io"]
             .into_iter()
             .flat_map(|g| {
@@ -59,48 +73,74 @@ impl Usages {
             .collect()
     }
 
+    /// Every provider's ProviderConfig and ClusterProviderConfig kind served.
+    fn config_kinds(kinds: &ServedKinds) -> Vec<Served> {
+        ["ProviderConfig", "ClusterProviderConfig"]
+            .into_iter()
+            .flat_map(|k| kinds.of_kind(None, k).cloned())
+            .collect()
+    }
+
     /// Lists each kind, all at once.
     pub async fn list(client: &Client, kinds: &ServedKinds) -> Self {
-        let lists = futures::future::join_all(Self::kinds(kinds).into_iter().map(|s| async move {
-            let list = ServedKinds::api(client, &s, None)
-                .list(&ListParams::default())
-                .await
-                .map(|l| l.items);
-            (s.0.kind.clone(), list)
-        }))
-        .await;
-        Self { lists }
+        let list_all = |served: Vec<Served>| {
+            futures::future::join_all(served.into_iter().map(|s| async move {
+                let list = ServedKinds::api(client, &s, None)
+                    .list(&ListParams::default())
+                    .await
+                    .map(|l| l.items);
+                (s.0.kind.clone(), list)
+            }))
+        };
+        let (usages, configs) = futures::join!(
+            list_all(Self::usage_kinds(kinds)),
+            list_all(Self::config_kinds(kinds))
+        );
+        Self { usages, configs }
     }
 }
 
-/// Reads the tree under `root`, what it references and the Usages naming it
-/// (from `usages`, listed before), and the Usages in `held` (sibling order
+/// Reads the tree under `root`, what it references, the Usages naming it
+/// and the ProviderConfigs on its Secrets (from `listed`, listed before),
+/// and the Usages in `held` (sibling order
 /// holds them for this root: one whose user is gone names nothing read any
 /// more, and must be let go).
 pub async fn read_tree(
     client: &Client,
     kinds: &ServedKinds,
     root: &DynamicObject,
-    usages: &Usages,
+    listed: &Listed,
     held: &BTreeSet<ObjectRef>,
 ) -> TreeRead {
     let mut reading = Reading::new(client, kinds);
     reading.tree(root);
     reading.expand().await;
     let composed = reading.objects.len();
-    reading.provider_config_users(composed).await;
+    let configs = reading.configs_among(0..composed);
+    reading.provider_config_users(configs).await;
     for _ in 0..REFERENCE_ROUNDS {
         if !reading.follow_references().await {
             break;
         }
     }
-    reading.usages(held, usages);
+    // ProviderConfigs outside the tree made on a Secret read (one a person
+    // made by hand on a cluster's kubeconfig, or another tree's), and the
+    // managed resources that use them: they need what writes that Secret.
+    let before = reading.objects.len();
+    reading.configs_on_secrets_read(&listed.configs);
+    let outside = reading.configs_among(before..reading.objects.len());
+    if !outside.is_empty() {
+        reading.provider_config_users(outside).await;
+        reading.follow_references().await;
+    }
+    reading.usages(held, &listed.usages);
     // The sides of those Usages that are not read yet: the object a
     // standalone Usage of another tree protects.
     reading.follow_references().await;
     TreeRead {
         objects: reading.objects.into_iter().map(|(_, v)| v).collect(),
         unread: reading.unread,
+        unlisted: reading.unlisted,
     }
 }
 
@@ -125,6 +165,7 @@ struct Reading<'a> {
     /// Objects whose references were followed.
     followed: usize,
     unread: Vec<String>,
+    unlisted: Vec<String>,
     /// The tree reached [`MAX_OBJECTS`]: nothing more is taken.
     full: bool,
 }
@@ -142,6 +183,7 @@ impl<'a> Reading<'a> {
             composers: HashMap::new(),
             followed: 0,
             unread: Vec::new(),
+            unlisted: Vec::new(),
             full: false,
         }
     }
@@ -291,19 +333,36 @@ impl<'a> Reading<'a> {
         found
     }
 
-    /// The managed resources that use a ProviderConfig (or
-    /// ClusterProviderConfig) among the first `composed` objects (the
-    /// tree), wherever they are: a provider records each use in a
+    /// The ProviderConfigs and ClusterProviderConfigs among the objects
+    /// read at `at`.
+    fn configs_among(&self, at: std::ops::Range<usize>) -> Vec<ObjectRef> {
+        self.objects[at]
+            .iter()
+            .filter_map(|(_, v)| ObjectRef::of_object(v))
+            .filter(|r| matches!(r.kind.as_str(), "ProviderConfig" | "ClusterProviderConfig"))
+            .collect()
+    }
+
+    /// Takes in every ProviderConfig listed (`configs`) whose credentials
+    /// are a Secret read ([`outside_configs`]).
+    fn configs_on_secrets_read(&mut self, configs: &[(String, ListedKind)]) {
+        let found = outside_configs::on_secrets(configs, &self.refs);
+        self.unread.extend(found.unread);
+        self.unlisted.extend(found.unlisted);
+        for config in found.configs {
+            if let Some(key) = key_of(config) {
+                self.take(key, config);
+            }
+        }
+    }
+
+    /// The managed resources that use one of `configs` (ProviderConfigs or
+    /// ClusterProviderConfigs read), wherever they are: a provider records each use in a
     /// ProviderConfigUsage of its group, labelled with the ProviderConfig's
     /// name and naming the managed resource. One outside the tree (another
     /// tree's Release installing onto this tree's cluster) needs what the
     /// ProviderConfig leads to, and the graph holds that until it is gone.
-    async fn provider_config_users(&mut self, composed: usize) {
-        let configs: Vec<ObjectRef> = self.objects[..composed]
-            .iter()
-            .filter_map(|(_, v)| ObjectRef::of_object(v))
-            .filter(|r| matches!(r.kind.as_str(), "ProviderConfig" | "ClusterProviderConfig"))
-            .collect();
+    async fn provider_config_users(&mut self, configs: Vec<ObjectRef>) {
         // Each config's usages listed, LISTS_AT_ONCE at once; then what they
         // name, fetched together, taken in the order one config after
         // another would have taken them.
@@ -424,13 +483,13 @@ impl<'a> Reading<'a> {
     /// Crossplane's Usages and ClusterUsages that name an object read, and
     /// those sibling order holds for this root (`held`: one whose user is
     /// gone names nothing read any more, and must be let go).
-    fn usages(&mut self, held: &BTreeSet<ObjectRef>, usages: &Usages) {
+    fn usages(&mut self, held: &BTreeSet<ObjectRef>, usages: &[(String, ListedKind)]) {
         let names: HashSet<(String, String)> = self
             .refs
             .iter()
             .map(|r| (r.kind.clone(), r.name.clone()))
             .collect();
-        for (kind, list) in &usages.lists {
+        for (kind, list) in usages {
             let list = match list {
                 Ok(list) => list,
                 Err(e) => {
@@ -502,7 +561,7 @@ const PROVIDER_CONFIG_LABEL: &str = "crossplane.io/provider-config";
 /// On an object the reader took by name alone: what it could not read.
 pub const UNREAD_ANNOTATION: &str = "cascade-guard.dev/unread";
 
-fn is_forbidden(e: &kube::Error) -> bool {
+pub(crate) fn is_forbidden(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 403)
 }
 
@@ -523,6 +582,6 @@ fn key_of(object: &DynamicObject) -> Option<Key> {
 }
 
 /// The object as stored: apiVersion, kind, metadata and the rest.
-fn serde_value(object: &DynamicObject) -> Value {
+pub(crate) fn serde_value(object: &DynamicObject) -> Value {
     serde_json::to_value(object).unwrap_or(Value::Null)
 }

@@ -23,7 +23,7 @@ use super::MANAGER;
 use super::telemetry::Metrics;
 use crate::cluster::events::Teller;
 use crate::cluster::kinds::{Served, ServedKinds};
-use crate::cluster::tree::Usages;
+use crate::cluster::tree::Listed;
 use crate::cluster::watch_tap::{Tap, Taps, WatchEvent};
 use crate::policy::drift::first_difference;
 use crate::policy::sibling::gate::GatedKind;
@@ -402,7 +402,7 @@ impl OrderLoop {
             }
             served.insert(k.key(), s);
         }
-        let usage_kinds: HashMap<KindKey, Served> = Usages::kinds(kinds)
+        let usage_kinds: HashMap<KindKey, Served> = Listed::usage_kinds(kinds)
             .into_iter()
             .map(|s| ((s.0.group.clone(), s.0.kind.clone()), s))
             .collect();

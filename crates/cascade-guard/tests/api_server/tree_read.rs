@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 
 use cascade_guard::cluster::kinds::ServedKinds;
-use cascade_guard::cluster::tree::{TreeRead, UNREAD_ANNOTATION, Usages, read_tree};
+use cascade_guard::cluster::tree::{Listed, TreeRead, UNREAD_ANNOTATION, read_tree};
 use cascade_guard_testkit::tree::config_maps;
 use cascade_guard_testkit::*;
 use futures::StreamExt;
@@ -143,8 +143,8 @@ fn grew(before: [f64; 3], after: [f64; 3]) -> [bool; 3] {
 
 async fn read(client: &Client, root: &DynamicObject) -> TreeRead {
     let kinds = ServedKinds::discover(client).await.expect("discovery");
-    let usages = Usages::list(client, &kinds).await;
-    read_tree(client, &kinds, root, &usages, &Default::default()).await
+    let listed = Listed::list(client, &kinds).await;
+    read_tree(client, &kinds, root, &listed, &Default::default()).await
 }
 
 /// `user` may get ConfigMaps anywhere and list them in `ns` only, and get

@@ -100,6 +100,8 @@ mod dropped;
 mod fault_window;
 #[path = "seed_real/guard.rs"]
 mod guard;
+#[path = "seed_real/outside_config.rs"]
+mod outside_config;
 #[path = "seed_real/random_trees.rs"]
 mod random_trees;
 #[path = "seed_real/references.rs"]

@@ -191,6 +191,20 @@ const CASES: &[Case] = &[
                 })],
                 "{rules:?}"
             );
+            // And the listing of their ProviderConfigs, read-only.
+            let configs: Vec<&Value> = rules
+                .iter()
+                .filter(|r| r["resources"] == json!(["providerconfigs", "clusterproviderconfigs"]))
+                .collect();
+            assert_eq!(
+                configs,
+                vec![&json!({
+                    "apiGroups": ["ec2.aws.upbound.io"],
+                    "resources": ["providerconfigs", "clusterproviderconfigs"],
+                    "verbs": ["get", "list"],
+                })],
+                "{rules:?}"
+            );
         }),
     ),
     // A first install breaks nothing: XRDs without the annotation in Warn.

@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::cluster::inputs::read_once;
 use crate::cluster::kinds::{LookupError, Served, ServedKinds};
-use crate::cluster::tree::{Usages, read_tree};
+use crate::cluster::tree::{Listed, read_tree};
 use crate::policy::sibling::graph::{self, Graph};
 use crate::policy::sibling::hazards::{Hazard, Teardown};
 use crate::policy::sibling::object::ObjectRef;
@@ -218,8 +218,8 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
         }
     };
     let read = async {
-        let usages = Usages::list(client, &kinds).await;
-        read_tree(client, &kinds, &root, &usages, &Default::default()).await
+        let listed = Listed::list(client, &kinds).await;
+        read_tree(client, &kinds, &root, &listed, &Default::default()).await
     };
     // All three at once: each waits on the API server. Whether sibling
     // order is in force is asked before the mode is known, and used only
@@ -247,7 +247,8 @@ pub async fn plan(client: &Client, options: &Options) -> Result<Plan, PlanError>
         teardown,
         graph,
         hazards,
-        unread: read.unread,
+        // Not seen for want of a grant: for a person, as good as not read.
+        unread: read.unread.into_iter().chain(read.unlisted).collect(),
     })
 }
 

@@ -15,7 +15,7 @@ use super::index::DueRoot;
 use super::schedule::{FETCHES_PER_LOOK, LIST_FROM, READ_BATCH, READS_AT_ONCE};
 use super::{OrderLoop, Watched};
 use crate::cluster::kinds::{Served, ServedKinds};
-use crate::cluster::tree::{TreeRead, Usages, read_tree};
+use crate::cluster::tree::{Listed, TreeRead, read_tree};
 use crate::policy::sibling::object::ObjectRef;
 
 /// Objects per page when a kind is listed for its roots.
@@ -37,9 +37,10 @@ impl OrderLoop {
         if due.is_empty() {
             return false;
         }
-        // The Usages as the look starts: one made after is seen by its
-        // watch, which makes its user's tree due again.
-        let usages = Usages::list(&self.client, kinds).await;
+        // The Usages and ProviderConfigs as the look starts: a Usage made
+        // after is seen by its watch, which makes its user's tree due again;
+        // a ProviderConfig made after, by the tree's next read.
+        let usages = Listed::list(&self.client, kinds).await;
         let mut by_kind: HashMap<_, Vec<DueRoot>> = HashMap::new();
         for d in due {
             by_kind.entry(d.kind.clone()).or_default().push(d);
@@ -79,7 +80,7 @@ impl OrderLoop {
         kinds: &ServedKinds,
         watched: &Watched,
         batch: Vec<DueRoot>,
-        usages: &Usages,
+        usages: &Listed,
     ) {
         let client = &self.client.clone();
         let roots = futures::stream::iter(batch.into_iter().map(|d| async move {
@@ -106,7 +107,7 @@ impl OrderLoop {
         kinds: &ServedKinds,
         served: &Served,
         due: Vec<DueRoot>,
-        usages: &Usages,
+        usages: &Listed,
     ) {
         let api = kube::Api::<DynamicObject>::all_with(self.client.clone(), &served.0);
         tracing::info!(kind = %served.0.kind, trees = due.len(), "sibling order: reading trees by listing their kind");
@@ -150,7 +151,7 @@ impl OrderLoop {
         &mut self,
         kinds: &ServedKinds,
         roots: Vec<(DueRoot, Fetched)>,
-        usages: &Usages,
+        usages: &Listed,
     ) {
         let client = &self.client.clone();
         let held: &HashMap<String, BTreeSet<ObjectRef>> = &roots
@@ -185,6 +186,12 @@ impl OrderLoop {
     ) {
         match (root, tree) {
             (Ok(Some(root)), Some(tree)) => {
+                for unlisted in &tree.unlisted {
+                    // Said once: every tree with a Secret meets it.
+                    if self.warned.insert(format!("unlisted {unlisted}")) {
+                        tracing::warn!(%unlisted, "sibling order: cannot list these ProviderConfigs; one made outside a tree on a Secret of the tree, and what uses it, are not seen (cascade-guard needs list on them: the chart's composedResources)");
+                    }
+                }
                 let state = self.reconcile(kinds, &root, tree).await;
                 if let Ok(mut index) = self.index.lock() {
                     index.read(&due.uid, due.rv, Instant::now(), state);

@@ -105,6 +105,17 @@ impl Scene {
             .unwrap_or_else(|e| panic!("{}: create {} {name}: {e}", self.what, resource.kind));
     }
 
+    /// Applies `object` and waits until it is Ready.
+    pub(crate) async fn apply_ready(&self, resource: &ApiResource, object: Value) {
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let ns = object["metadata"]["namespace"].as_str().map(str::to_string);
+        self.apply(resource, object).await;
+        self.wait_ready(resource, ns.as_deref(), &name).await;
+    }
+
     pub(crate) async fn wait_ready(&self, resource: &ApiResource, ns: Option<&str>, name: &str) {
         let objects = api(&self.client, resource, ns);
         let ready = wait::until(BUILD_TIMEOUT, || async {
@@ -217,6 +228,22 @@ impl Scene {
     }
 
     /// `a` left the API before `b`.
+    /// Asserts that the cloud Cluster `name` does not start deleting within
+    /// a minute, while `user` still runs on it: a minute is longer than the
+    /// whole tree takes to go when nothing holds it.
+    pub(crate) async fn assert_cluster_stays(&self, name: &str, user: &str) {
+        let early = wait::until(Duration::from_secs(60), || async {
+            self.timeline.terminating("Cluster", name).map(|_| ())
+        })
+        .await;
+        assert!(
+            early.is_none(),
+            "{}: the cloud cluster was deleted while {user} still ran on it\n{}",
+            self.what,
+            self.timeline.describe()
+        );
+    }
+
     pub(crate) fn assert_before(
         &self,
         (a_kind, a): (&str, &str),

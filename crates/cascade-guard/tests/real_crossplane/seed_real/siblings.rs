@@ -583,9 +583,8 @@ async fn another_tree_on_the_cluster(stack: &Stack, mode: Mode) {
     .await;
     let (hub_kind, gateway_kind) = (platform.inference_clusters(), platform.inference_gateways());
     scene
-        .apply(&hub_kind, platform.inference_cluster(&hub))
+        .apply_ready(&hub_kind, platform.inference_cluster(&hub))
         .await;
-    scene.wait_ready(&hub_kind, None, &hub).await;
     scene
         .apply(
             &gateway_kind,
@@ -618,18 +617,7 @@ async fn another_tree_on_the_cluster(stack: &Stack, mode: Mode) {
         .kubectl_delete_of(&hub_kind, None, &hub, foreground(mode))
         .await;
     assert!(ok, "{}: kubectl delete {hub}: {stderr}", scene.what);
-    // While the gateway lives its cloud cluster stays: a minute is longer
-    // than the whole tree takes to go when nothing holds it.
-    let early = wait::until(Duration::from_secs(60), || async {
-        scene.timeline.terminating("Cluster", &hub).map(|_| ())
-    })
-    .await;
-    assert!(
-        early.is_none(),
-        "{}: the cloud cluster was deleted while the gateway still ran on it\n{}",
-        scene.what,
-        scene.timeline.describe()
-    );
+    scene.assert_cluster_stays(&hub, "the gateway").await;
     let (ok, stderr) = stack
         .kubectl_delete_of(&gateway_kind, None, &gateway, foreground(mode))
         .await;
