@@ -54,8 +54,12 @@ pub struct TreeRead {
 /// of them once for each.
 pub struct Listed {
     usages: Vec<(String, ListedKind)>,
-    configs: Vec<(String, ListedKind)>,
+    configs: ListedConfigs,
 }
+
+/// Every ProviderConfig kind as listed: kept by the controller for a few
+/// looks (see [`Listed::list_with`]).
+pub type ListedConfigs = std::sync::Arc<[(String, ListedKind)]>;
 
 /// One kind's objects as listed, or why they could not be.
 pub(crate) type ListedKind = Result<Vec<DynamicObject>, kube::Error>;
@@ -83,6 +87,16 @@ impl Listed {
 
     /// Lists each kind, all at once.
     pub async fn list(client: &Client, kinds: &ServedKinds) -> Self {
+        Self::list_with(client, kinds, None).await
+    }
+
+    /// Lists the Usages, and the ProviderConfigs unless `configs` are
+    /// given (listed a moment before).
+    pub async fn list_with(
+        client: &Client,
+        kinds: &ServedKinds,
+        configs: Option<ListedConfigs>,
+    ) -> Self {
         let list_all = |served: Vec<Served>| {
             futures::future::join_all(served.into_iter().map(|s| async move {
                 let list = ServedKinds::api(client, &s, None)
@@ -92,11 +106,20 @@ impl Listed {
                 (s.0.kind.clone(), list)
             }))
         };
-        let (usages, configs) = futures::join!(
-            list_all(Self::usage_kinds(kinds)),
-            list_all(Self::config_kinds(kinds))
-        );
+        let listed_configs = async {
+            match configs {
+                Some(configs) => configs,
+                None => list_all(Self::config_kinds(kinds)).await.into(),
+            }
+        };
+        let (usages, configs) = futures::join!(list_all(Self::usage_kinds(kinds)), listed_configs);
         Self { usages, configs }
+    }
+
+    /// The ProviderConfigs as listed, to be given to a later
+    /// [`list_with`](Self::list_with).
+    pub fn configs(&self) -> ListedConfigs {
+        self.configs.clone()
     }
 }
 

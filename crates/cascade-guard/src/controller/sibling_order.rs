@@ -23,7 +23,7 @@ use super::MANAGER;
 use super::telemetry::Metrics;
 use crate::cluster::events::Teller;
 use crate::cluster::kinds::{Served, ServedKinds};
-use crate::cluster::tree::Listed;
+use crate::cluster::tree::{Listed, ListedConfigs};
 use crate::cluster::watch_tap::{Tap, Taps, WatchEvent};
 use crate::policy::drift::first_difference;
 use crate::policy::sibling::gate::GatedKind;
@@ -224,6 +224,7 @@ pub fn start(
         tearing_down: false,
         released: None,
         backlog: false,
+        configs: None,
     };
     tokio::spawn(async move {
         while rx.borrow_and_update().is_none() {
@@ -281,6 +282,8 @@ struct OrderLoop {
     tearing_down: bool,
     /// The last look left trees due for the next.
     backlog: bool,
+    /// The ProviderConfigs as last listed for the reads, and when.
+    configs: Option<(Instant, ListedConfigs)>,
     /// When what is held was last looked over for roots that left, and the
     /// ordered and listed kinds then.
     released: Option<(Instant, Vec<String>)>,

@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::{DynamicObject, ListParams};
 
 use super::index::DueRoot;
-use super::schedule::{FETCHES_PER_LOOK, LIST_FROM, READ_BATCH, READS_AT_ONCE};
+use super::schedule::{CONFIGS_EVERY, FETCHES_PER_LOOK, LIST_FROM, READ_BATCH, READS_AT_ONCE};
 use super::{OrderLoop, Watched};
 use crate::cluster::kinds::{Served, ServedKinds};
 use crate::cluster::tree::{Listed, TreeRead, read_tree};
@@ -40,7 +40,16 @@ impl OrderLoop {
         // The Usages and ProviderConfigs as the look starts: a Usage made
         // after is seen by its watch, which makes its user's tree due again;
         // a ProviderConfig made after, by the tree's next read.
-        let usages = Listed::list(&self.client, kinds).await;
+        let kept = self
+            .configs
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < CONFIGS_EVERY)
+            .map(|(_, configs)| configs.clone());
+        let listed_now = kept.is_none();
+        let usages = Listed::list_with(&self.client, kinds, kept).await;
+        if listed_now {
+            self.configs = Some((Instant::now(), usages.configs()));
+        }
         let mut by_kind: HashMap<_, Vec<DueRoot>> = HashMap::new();
         for d in due {
             by_kind.entry(d.kind.clone()).or_default().push(d);

@@ -24,6 +24,11 @@ pub(crate) const SETTLE_EVERY: Duration = Duration::from_secs(3);
 /// the gate) are read back, to put back an edit. Read every look, under a
 /// loaded API server their GETs took seconds of each look.
 pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(5);
+/// The ProviderConfigs (for those made outside a tree on its Secrets) are
+/// listed for the looks at most this often: one made since counts from the
+/// next list. Listed every look, a teardown's 200-ms looks listed every
+/// ProviderConfig kind five times a second.
+pub(crate) const CONFIGS_EVERY: Duration = Duration::from_secs(10);
 /// Discovery (which kinds exist, in which versions) is read again this often.
 pub(crate) const DISCOVERY_EVERY: Duration = Duration::from_secs(30);
 /// After a start, what a root that has left held stays held until every
