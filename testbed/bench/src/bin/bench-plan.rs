@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use cascade_guard::cli::plan::{self as plan_cli, Options as PlanOptions};
 use cascade_guard::cluster::kinds::ServedKinds;
-use cascade_guard::cluster::tree::{Usages, read_tree};
+use cascade_guard::cluster::tree::{Listed, read_tree};
 use cascade_guard::policy::Mode;
 use cascade_guard::policy::sibling::graph;
 use cascade_guard::policy::sibling::hold;
@@ -411,8 +411,8 @@ async fn plan_part() -> Result<()> {
         .get(ROOT)
         .await?;
     let root_uid = root.uid().context("the root has no uid")?;
-    let usages = Usages::list(&admin, &served).await;
-    let read = read_tree(&admin, &served, &root, &usages, &Default::default()).await;
+    let listed = Listed::list(&admin, &served).await;
+    let read = read_tree(&admin, &served, &root, &listed, &Default::default()).await;
     if !read.unread.is_empty() {
         bail!("the tree was not read whole: {:?}", read.unread);
     }
@@ -495,8 +495,8 @@ async fn plan_part() -> Result<()> {
         plan_cli::plan(&admin, &options).await?;
         in_process.push(started.elapsed().as_secs_f64() * 1000.0);
         let started = Instant::now();
-        let usages = Usages::list(&admin, &served).await;
-        read_tree(&admin, &served, &root, &usages, &Default::default()).await;
+        let listed = Listed::list(&admin, &served).await;
+        read_tree(&admin, &served, &root, &listed, &Default::default()).await;
         reads.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     in_process.sort_by(f64::total_cmp);
