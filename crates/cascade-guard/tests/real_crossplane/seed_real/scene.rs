@@ -201,6 +201,23 @@ impl Scene {
             self.states().await,
             self.timeline.describe()
         );
+        // The watch behind the timeline can lag the GETs that found
+        // everything gone (a loaded run's Usage was gone by GET and not yet
+        // by watch when its revision was asked): wait until it has the
+        // removal of each object it saw. One still missing after that is
+        // said by whatever asks for its revision.
+        for (resource, _, name) in &self.objects {
+            let seen = self
+                .timeline
+                .entries()
+                .iter()
+                .any(|e| e.kind == resource.kind && e.name == *name);
+            if seen {
+                self.timeline
+                    .wait_gone(&resource.kind, name, Duration::from_secs(60))
+                    .await;
+            }
+        }
     }
 
     /// etcd's revision of `name`'s removal.
