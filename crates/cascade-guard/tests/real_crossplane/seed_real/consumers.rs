@@ -214,9 +214,14 @@ impl Consumers {
 }
 
 /// Waits for `kind/name` (an Object) to be terminating, seen on either
-/// timeline.
+/// timeline. Five minutes: after a namespace's deletion the namespace
+/// controller deletes its objects a resource type at a time, over every type
+/// served (over a hundred here); under a loaded run each took 2 to 3 s, and
+/// it reached the engine's kind 100 s after the namespace's delete, past the
+/// minute this waited before (the ModelDeployment not yet terminating,
+/// nothing holding it).
 pub(crate) async fn wait_terminating(consumers: &Consumers, kind: &str, name: &str) {
-    let seen = wait::until(Duration::from_secs(60), || async {
+    let seen = wait::until(Duration::from_secs(300), || async {
         consumers.timeline.terminating(kind, name).map(|_| ())
     })
     .await;
