@@ -46,9 +46,9 @@ impl OrderLoop {
             .filter(|(at, _)| at.elapsed() < CONFIGS_EVERY)
             .map(|(_, configs)| configs.clone());
         let listed_now = kept.is_none();
-        let usages = Listed::list_with(&self.client, kinds, kept).await;
+        let listed = Listed::list_with(&self.client, kinds, kept).await;
         if listed_now {
-            self.configs = Some((Instant::now(), usages.configs()));
+            self.configs = Some((Instant::now(), listed.configs()));
         }
         let mut by_kind: HashMap<_, Vec<DueRoot>> = HashMap::new();
         for d in due {
@@ -58,7 +58,7 @@ impl OrderLoop {
         for (kind, roots) in by_kind {
             match watched.served.get(&kind) {
                 Some(served) if roots.len() >= LIST_FROM => {
-                    self.read_listed(kinds, served, roots, &usages).await;
+                    self.read_listed(kinds, served, roots, &listed).await;
                 }
                 _ => one_by_one.extend(roots),
             }
@@ -74,7 +74,7 @@ impl OrderLoop {
         let mut due = one_by_one.into_iter().peekable();
         while due.peek().is_some() {
             let batch: Vec<DueRoot> = due.by_ref().take(READ_BATCH).collect();
-            self.read_fetched(kinds, watched, batch, &usages).await;
+            self.read_fetched(kinds, watched, batch, &listed).await;
         }
         !left.is_empty()
     }
@@ -89,7 +89,7 @@ impl OrderLoop {
         kinds: &ServedKinds,
         watched: &Watched,
         batch: Vec<DueRoot>,
-        usages: &Listed,
+        listed: &Listed,
     ) {
         let client = &self.client.clone();
         let roots = futures::stream::iter(batch.into_iter().map(|d| async move {
@@ -105,7 +105,7 @@ impl OrderLoop {
         .buffered(READS_AT_ONCE)
         .collect::<Vec<_>>()
         .await;
-        self.read_trees(kinds, roots, usages).await;
+        self.read_trees(kinds, roots, listed).await;
     }
 
     /// Lists `served` a page at a time and reads the trees of the roots in
@@ -116,7 +116,7 @@ impl OrderLoop {
         kinds: &ServedKinds,
         served: &Served,
         due: Vec<DueRoot>,
-        usages: &Listed,
+        listed: &Listed,
     ) {
         let api = kube::Api::<DynamicObject>::all_with(self.client.clone(), &served.0);
         tracing::info!(kind = %served.0.kind, trees = due.len(), "sibling order: reading trees by listing their kind");
@@ -140,7 +140,7 @@ impl OrderLoop {
                 })
                 .collect();
             for chunk in chunks(roots, READ_BATCH) {
-                self.read_trees(kinds, chunk, usages).await;
+                self.read_trees(kinds, chunk, listed).await;
             }
             match page.metadata.continue_ {
                 Some(next) if !next.is_empty() => params = params.continue_token(&next),
@@ -160,7 +160,7 @@ impl OrderLoop {
         &mut self,
         kinds: &ServedKinds,
         roots: Vec<(DueRoot, Fetched)>,
-        usages: &Listed,
+        listed: &Listed,
     ) {
         let client = &self.client.clone();
         let held: &HashMap<String, BTreeSet<ObjectRef>> = &roots
@@ -172,7 +172,7 @@ impl OrderLoop {
                 Ok(Some(root)) => {
                     let none = BTreeSet::new();
                     let held = held.get(&d.uid).unwrap_or(&none);
-                    Some(read_tree(client, kinds, root, usages, held).await)
+                    Some(read_tree(client, kinds, root, listed, held).await)
                 }
                 _ => None,
             };
