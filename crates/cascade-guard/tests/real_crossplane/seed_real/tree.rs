@@ -522,17 +522,20 @@ pub(crate) fn plan_of(stack: &Stack, resource: &ApiResource, name: &str) -> (Opt
     )
 }
 
-/// `plan` of `name` once it exits with `code`, tried for two minutes, else
+/// `plan` of `name` once it exits with `code`, tried for five minutes, else
 /// its last answer: sibling order is in force for a tree only a look of the
 /// controller after its holds are (a kind newly held counts a moment after
 /// the hold policy names it), and until then `plan` says so and exits 3.
+/// Under a whole run's load a look takes up to a minute or two, and a kind
+/// newly held takes two of them (CI once saw a tree still "cannot hold
+/// Cluster yet" two minutes after its hold was recorded).
 pub(crate) async fn plan_once_it_exits(
     stack: &Stack,
     resource: &ApiResource,
     name: &str,
     code: i32,
 ) -> (Option<i32>, String) {
-    let planned = wait::until(Duration::from_secs(120), || async {
+    let planned = wait::until(Duration::from_secs(300), || async {
         let (got, said) = plan_of(stack, resource, name);
         (got == Some(code)).then_some((got, said))
     })
