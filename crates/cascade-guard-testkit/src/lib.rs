@@ -347,8 +347,10 @@ impl Env {
                 self.cp.dir().join("cascade-guard.kubeconfig").display()
             ),
             "--xrd-default-mode=Refuse".to_string(),
-            "--resync-seconds=20".to_string(),
         ];
+        if !extra.iter().any(|a| a.starts_with("--resync-seconds")) {
+            args.push("--resync-seconds=20".to_string());
+        }
         if !extra.iter().any(|a| a.starts_with("--http-address")) {
             args.push("--http-address=127.0.0.1:0".to_string());
         }

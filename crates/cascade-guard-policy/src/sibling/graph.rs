@@ -207,6 +207,31 @@ impl Graph {
             .collect()
     }
 
+    /// The objects outside the tree that something in it needs, directly or
+    /// through go-betweens (another tree's ProviderConfig a Release of this
+    /// one installs through): that other tree holds what it keeps for this
+    /// one only once it reads it as its outside user, so it is due to be
+    /// read again. Each once, in the order of [`Graph::nodes`].
+    pub fn needed_outside(&self) -> Vec<&Node> {
+        let mut needed = vec![false; self.nodes.len()];
+        for need in self.needs.iter().filter(|n| self.is_in_tree(&n.object)) {
+            for object in need.through.iter().chain([&need.needs]) {
+                if let Some(&i) = self.ix.by_ref.get(object) {
+                    needed[i] = !self.nodes[i].in_tree;
+                }
+            }
+        }
+        self.nodes
+            .iter()
+            .zip(needed)
+            .filter_map(|(node, needed)| needed.then_some(node))
+            .collect()
+    }
+
+    fn is_in_tree(&self, object: &ObjectRef) -> bool {
+        self.node(object).is_some_and(|n| n.in_tree)
+    }
+
     /// What objects outside the tree need inside it ([`Graph::outside_needs`]),
     /// each the longest: a need that a longer one of the same object goes
     /// through says less.

@@ -295,6 +295,20 @@ mod tests {
         assert!(g.sibling_edges.is_empty());
         let node = g.node(&r(&outside_pc)).expect("shown");
         assert!(!node.in_tree && node.wave.is_none() && node.depth.is_none());
+        // What the tree needs outside it: the shared ProviderConfig (and the
+        // Secret behind it), not the Release that needs the tree.
+        let needed: Vec<String> = g
+            .needed_outside()
+            .iter()
+            .map(|n| n.object.to_string())
+            .collect();
+        assert_eq!(
+            needed,
+            vec![
+                "ProviderConfig.aws.upbound.io shared",
+                "Secret crossplane-system/creds"
+            ]
+        );
         assert_eq!(g.waves.iter().map(Vec::len).sum::<usize>(), 3);
     }
 }

@@ -13,7 +13,10 @@ use cascade_guard_testkit::tree::{
     tree_timeline, wait_held,
 };
 use cascade_guard_testkit::*;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+    PropagationPolicy,
+};
 use kube::{Api, Client};
 use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
@@ -554,4 +557,125 @@ async fn a_kind_made_refuse_with_many_trees_holds_every_need() {
         .await;
     assert!(gone.is_some(), "t7 never left\n{}", timeline.describe());
     assert_needed_after(&timeline, "t7-0", "t7-1", "a tree of a kind made Refuse");
+}
+
+/// A kind of a provider made up for the test, in [`GROUP`].
+fn provider_kind(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, "v1", kind), plural)
+}
+
+/// A namespaced object of `resource` controlled by `owner`.
+fn composed_by(resource: &ApiResource, name: &str, owner: &DynamicObject) -> Value {
+    json!({
+        "apiVersion": resource.api_version, "kind": resource.kind,
+        "metadata": {"name": name, "ownerReferences": [{
+            "apiVersion": owner.types.as_ref().map(|t| t.api_version.clone()),
+            "kind": owner.types.as_ref().map(|t| t.kind.clone()),
+            "name": owner.metadata.name, "uid": owner.metadata.uid,
+            "controller": true, "blockOwnerDeletion": true,
+        }]},
+    })
+}
+
+/// A Release of another tree begins to use a settled tree's ProviderConfig
+/// (a new gateway on an old cluster). The settled tree is read again only
+/// when its root changes or at its resync (an hour here), so the new user's
+/// own tree, read as it is made, makes it due: the ProviderConfig is held
+/// for the Release long before that resync. Its own control plane: a
+/// controller with a resync of an hour.
+#[tokio::test]
+async fn a_new_user_in_another_tree_gets_a_settled_trees_provider_config_held() {
+    let configs = provider_kind("ProviderConfig", "providerconfigs");
+    let usages = provider_kind("ProviderConfigUsage", "providerconfigusages");
+    let releases = provider_kind("Release", "releases");
+    let mut options = options();
+    for r in [&configs, &usages, &releases] {
+        let singular = r.kind.to_lowercase();
+        options
+            .crds
+            .push(schemaless_crd(&r.kind, &r.plural, &singular));
+    }
+    let env = bare_with(options).await;
+    let _stop = env.controllers_stop_on_drop();
+    env.start_controller(&["--resync-seconds=3600"]);
+    let s = Scope::new(&env.cp, "outside-user").await;
+    let resource = REFUSE.resource();
+    env.wait_for_protection(&s.client, &resource).await;
+    let api = |r: &ApiResource| -> Api<DynamicObject> {
+        Api::namespaced_with(s.client.clone(), &s.namespace, r)
+    };
+    let apply = |r: &ApiResource, value: Value| {
+        let api = api(r);
+        async move {
+            let name = value["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            api.patch(
+                &name,
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(&value),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("apply {name}: {e}"))
+        }
+    };
+    // A tree: XR `hub` composing ProviderConfig `pc`.
+    let ref_to = |r: &ApiResource, name: &str| json!({"apiVersion": r.api_version, "kind": r.kind, "name": name});
+    let root = |name: &str, composed: Value| {
+        json!({
+            "apiVersion": resource.api_version, "kind": resource.kind,
+            "metadata": {"name": name},
+            "spec": {"crossplane": {"resourceRefs": [composed]}},
+        })
+    };
+    let hub = apply(&resource, root("hub", ref_to(&configs, "pc"))).await;
+    apply(&configs, composed_by(&configs, "pc", &hub)).await;
+    wait_ordered(
+        &s.client,
+        CONTROLLER_HOME,
+        &resource,
+        Some(&s.namespace),
+        "hub",
+    )
+    .await;
+    // Settled: no longer read every few seconds as a young tree is.
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    assert!(
+        !sibling_held(
+            &s.client,
+            CONTROLLER_HOME,
+            &configs,
+            Some(&s.namespace),
+            "pc"
+        )
+        .await,
+        "the ProviderConfig is held with no user"
+    );
+    // Another tree: XR `gateway` composing Release `rel` on `pc`, whose
+    // provider records that use (a ProviderConfigUsage labelled with the
+    // ProviderConfig's name, naming the Release).
+    let gateway = apply(&resource, root("gateway", ref_to(&releases, "rel"))).await;
+    let mut release = composed_by(&releases, "rel", &gateway);
+    release["spec"] = json!({"providerConfigRef": {"name": "pc", "kind": "ProviderConfig"}});
+    let release = apply(&releases, release).await;
+    let mut usage = composed_by(&usages, "rel-usage", &release);
+    usage["metadata"]["ownerReferences"][0]["controller"] = json!(false);
+    usage["metadata"]["labels"] = json!({"crossplane.io/provider-config": "pc"});
+    usage["providerConfigRef"] = json!({"name": "pc", "kind": "ProviderConfig"});
+    usage["resourceRef"] = ref_to(&releases, "rel");
+    apply(&usages, usage).await;
+    let held = wait_sibling_held(
+        &s.client,
+        CONTROLLER_HOME,
+        &configs,
+        Some(&s.namespace),
+        "pc",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        held,
+        "the settled tree's ProviderConfig was not held for the new Release within a minute (its resync is an hour)"
+    );
 }

@@ -146,15 +146,20 @@ pub(crate) struct Index {
     /// The roots whose trees are young and not active otherwise, with when
     /// each was last read (read again every [`schedule::SETTLE_EVERY`]).
     settling: HashMap<Uid, Instant>,
-    /// A member of a read tree to its root, for a Usage whose user is
-    /// inside a tree.
+    /// An object read in a tree to that tree's root: the tree it is in,
+    /// else the first that read it outside itself. For a Usage's user, and
+    /// for what another tree needs.
     members: HashMap<Uid, Uid>,
     /// Objects changed since they were last taken into a look (their tree,
     /// or their leaving, is due).
     dirty: HashSet<Uid>,
-    /// Roots a Usage made or changed names (their trees are due though the
-    /// root did not change).
+    /// Roots a Usage made or changed names, or whose objects another tree
+    /// needs (their trees are due though the root did not change).
     poked: HashSet<Uid>,
+    /// Roots the last look took only because they were poked: their reads
+    /// poke no other tree, so that two trees that need each other's objects
+    /// do not keep each other due.
+    poke_reads: HashSet<Uid>,
     /// Roots read, oldest read first, for resyncs, each with its read's
     /// number; an entry whose root was read again since is skipped.
     resyncs: VecDeque<(Instant, Uid, u32)>,
@@ -500,7 +505,16 @@ pub(crate) struct TreeState {
     /// Nothing composed, referenced or using it: never read again only for a
     /// resync (what it gets first changes the root itself, or a Usage).
     pub alone: bool,
+    /// The tree's objects but its root.
     pub members: Vec<String>,
+    /// The objects read with it outside it (what it references, what uses
+    /// it).
+    pub outside: Vec<String>,
+    /// Those of them something in the tree needs ([`Graph::needed_outside`]):
+    /// the trees they are in are due (see [`Index::read`]).
+    ///
+    /// [`Graph::needed_outside`]: crate::policy::sibling::graph::Graph::needed_outside
+    pub needed_outside: Vec<String>,
 }
 
 impl Kind {

@@ -260,21 +260,29 @@ impl OrderLoop {
                     .as_secs()
                     < SETTLING_SECS
             });
-        let members = if alone {
-            Vec::new()
-        } else {
-            read.objects
+        let uids = |in_tree: bool| -> Vec<String> {
+            if alone {
+                return Vec::new();
+            }
+            graph
+                .nodes
                 .iter()
-                .filter_map(|v| v.pointer("/metadata/uid").and_then(Value::as_str))
+                .filter(|n| n.in_tree == in_tree)
+                .filter_map(|n| n.uid.clone())
                 .filter(|uid| *uid != root_uid)
-                .map(str::to_string)
                 .collect()
         };
         TreeState {
             active: deleting || waiting || !decision.todo.is_empty(),
             settling,
             alone,
-            members,
+            members: uids(true),
+            outside: uids(false),
+            needed_outside: graph
+                .needed_outside()
+                .into_iter()
+                .filter_map(|n| n.uid.clone())
+                .collect(),
         }
     }
 

@@ -39,7 +39,8 @@ impl Index {
 
     /// Forgets how `uid`'s tree was read; true if it was.
     fn forget_read(&mut self, uid: &Uid) -> bool {
-        self.trees.remove(uid);
+        self.forget_members(uid);
+        self.poke_reads.remove(uid);
         let in_sight = self.objects.get_mut(uid).is_some_and(|o| {
             let was = o.last_read().is_some();
             o.set_read(None);
@@ -50,7 +51,20 @@ impl Index {
 
     /// A tree taken into a look could not be read: due again at the next.
     pub fn not_read(&mut self, root: &str) {
-        self.dirty.insert(Uid::new(root));
+        let uid = Uid::new(root);
+        self.poke_reads.remove(&uid);
+        self.dirty.insert(uid);
+    }
+
+    /// Forgets what `root`'s last read found in it and around it.
+    fn forget_members(&mut self, root: &Uid) {
+        if let Some(before) = self.trees.remove(root) {
+            for member in before.iter() {
+                if self.members.get(member) == Some(root) {
+                    self.members.remove(member);
+                }
+            }
+        }
     }
 
     /// Records a read of `root`'s tree.
@@ -66,19 +80,40 @@ impl Index {
             number,
             active: state.active,
         }));
-        if let Some(before) = self.trees.remove(&uid) {
-            for member in before.iter() {
-                if self.members.get(member) == Some(&uid) {
-                    self.members.remove(member);
-                }
+        self.forget_members(&uid);
+        let members: Box<[Uid]> = state
+            .members
+            .iter()
+            .chain(&state.outside)
+            .map(Uid::from)
+            .collect();
+        // Its own objects are its; one outside it stays with the tree it is
+        // in (or the first that read it).
+        for (i, member) in members.iter().enumerate() {
+            if i < state.members.len() {
+                self.members.insert(member.clone(), uid.clone());
+            } else {
+                self.members
+                    .entry(member.clone())
+                    .or_insert_with(|| uid.clone());
             }
-        }
-        let members: Box<[Uid]> = state.members.iter().map(Uid::from).collect();
-        for member in members.iter() {
-            self.members.insert(member.clone(), uid.clone());
         }
         if !members.is_empty() {
             self.trees.insert(uid.clone(), members);
+        }
+        // The trees of what it needs outside it read it again, as their
+        // outside user, to hold what they keep for it (a new gateway's
+        // Releases on an old cluster's ProviderConfigs): else only at their
+        // resync. Not from a read only a poke caused.
+        if !self.poke_reads.remove(&uid) {
+            for needed in &state.needed_outside {
+                match self.members.get(&Uid::new(needed)) {
+                    Some(home) if *home != uid => {
+                        self.poked.insert(home.clone());
+                    }
+                    _ => {}
+                }
+            }
         }
         if !state.alone {
             self.resyncs.push_back((at, uid.clone(), number));
@@ -133,9 +168,23 @@ impl Index {
         let urgent = |due: &[(u8, u32, Uid)]| due.iter().filter(|d| d.0 < 3).count();
         let urgent_due = urgent(&due);
         schedule::take_this_look(&mut due, |d| d.0);
+        self.poke_reads.clear();
         for (_, _, uid) in &due {
-            self.dirty.remove(uid);
-            self.poked.remove(uid);
+            let poked = self.poked.remove(uid);
+            let changed = self.dirty.remove(uid);
+            let only_poked = poked
+                && !changed
+                && !self.active.contains(uid)
+                && !settle_due.contains(uid)
+                && !resync_due.contains(uid)
+                && self
+                    .objects
+                    .get(uid)
+                    .and_then(|o| o.last_read().map(|r| r.rv == o.rv))
+                    .unwrap_or(false);
+            if only_poked {
+                self.poke_reads.insert(uid.clone());
+            }
         }
         let backlog = urgent(&due) < urgent_due;
         shrink(&mut self.dirty);

@@ -64,6 +64,8 @@ fn tree(active: bool, members: &[&str]) -> TreeState {
         settling: false,
         alone: members.is_empty(),
         members: members.iter().map(|m| m.to_string()).collect(),
+        outside: Vec::new(),
+        needed_outside: Vec::new(),
     }
 }
 
@@ -239,6 +241,61 @@ fn a_new_or_changed_usage_makes_its_users_tree_due() {
         assert_eq!(got, want, "{rv} {owners:?}");
         assert!(look.due.iter().all(|d| d.rank == 2));
     }
+}
+
+/// A tree of `members`, read with `outside` around it, of which it needs
+/// `needed`.
+fn around(members: &[&str], outside: &[&str], needed: &[&str]) -> TreeState {
+    let strings = |s: &[&str]| s.iter().map(|m| m.to_string()).collect::<Vec<_>>();
+    TreeState {
+        outside: strings(outside),
+        needed_outside: strings(needed),
+        ..tree(false, members)
+    }
+}
+
+#[test]
+fn a_tree_needing_another_trees_object_makes_that_tree_due_once() {
+    let now = Instant::now();
+    let mut index = listed(vec![object("cluster", "1"), object("gateway", "1")]);
+    index.look(now, RESYNC);
+    // The gateway's Release needs the cluster's ProviderConfig; the
+    // cluster's read finds the Release as its outside user.
+    let gateway = || around(&["release"], &["pc"], &["pc"]);
+    let cluster = || around(&["pc", "secret"], &["release"], &[]);
+    // Read before the cluster: the ProviderConfig is nobody's yet, so the
+    // need makes nothing due.
+    index.read("gateway", 1, now, gateway());
+    index.read("cluster", 1, now, cluster());
+    assert_eq!(due(&index.look(now, RESYNC)), []);
+    // The gateway read again (its root changed): the cluster is due though
+    // it did not change, and the gateway's read of the ProviderConfig did
+    // not take it from the cluster.
+    index.apply(&xr(), 1, IndexEvent::Applied(object("gateway", "2")));
+    assert_eq!(due(&index.look(now, RESYNC)), [("gateway", 2)]);
+    index.read("gateway", 2, now, gateway());
+    assert_eq!(due(&index.look(now, RESYNC)), [("cluster", 2)]);
+    // Two trees that need each other's objects: a read only a poke caused
+    // pokes nothing back, else each would keep the other due.
+    let mutual = || around(&["pc", "secret"], &["release"], &["release"]);
+    index.read("cluster", 1, now, mutual());
+    assert_eq!(due(&index.look(now, RESYNC)), []);
+    assert!(!index.busy());
+    // A read for any other reason pokes: the cluster's own change pokes the
+    // gateway, whose read (a poke's) ends it.
+    index.apply(&xr(), 1, IndexEvent::Applied(object("cluster", "2")));
+    assert_eq!(due(&index.look(now, RESYNC)), [("cluster", 2)]);
+    index.read("cluster", 2, now, mutual());
+    assert_eq!(due(&index.look(now, RESYNC)), [("gateway", 2)]);
+    index.read("gateway", 2, now, gateway());
+    assert_eq!(due(&index.look(now, RESYNC)), []);
+    // A tree that left gives its objects up: the need pokes nobody.
+    index.apply(&xr(), 1, IndexEvent::Deleted("cluster".into()));
+    index.look(now, RESYNC);
+    index.apply(&xr(), 1, IndexEvent::Applied(object("gateway", "3")));
+    assert_eq!(due(&index.look(now, RESYNC)), [("gateway", 2)]);
+    index.read("gateway", 3, now, gateway());
+    assert_eq!(due(&index.look(now, RESYNC)), []);
 }
 
 #[test]
