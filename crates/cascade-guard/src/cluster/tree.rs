@@ -77,6 +77,13 @@ impl Listed {
             .collect()
     }
 
+    /// Every provider's ProviderConfigUsage kind served: sibling order
+    /// watches them, so that a new user of a tree's ProviderConfig makes
+    /// that tree due ([`PROVIDER_CONFIG_LABEL`] names the ProviderConfig).
+    pub fn config_usage_kinds(kinds: &ServedKinds) -> Vec<Served> {
+        kinds.of_kind(None, USAGE_KIND).cloned().collect()
+    }
+
     /// Every provider's ProviderConfig and ClusterProviderConfig kind served.
     fn config_kinds(kinds: &ServedKinds) -> Vec<Served> {
         ["ProviderConfig", "ClusterProviderConfig"]
@@ -577,9 +584,9 @@ async fn usages_of(
 }
 
 /// A provider's record of a managed resource's use of a ProviderConfig.
-const USAGE_KIND: &str = "ProviderConfigUsage";
+pub const USAGE_KIND: &str = "ProviderConfigUsage";
 /// The label on it naming the ProviderConfig (crossplane-runtime's).
-const PROVIDER_CONFIG_LABEL: &str = "crossplane.io/provider-config";
+pub const PROVIDER_CONFIG_LABEL: &str = "crossplane.io/provider-config";
 
 /// On an object the reader took by name alone: what it could not read.
 pub const UNREAD_ANNOTATION: &str = "cascade-guard.dev/unread";

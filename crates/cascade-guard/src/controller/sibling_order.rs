@@ -23,7 +23,7 @@ use super::MANAGER;
 use super::telemetry::Metrics;
 use crate::cluster::events::Teller;
 use crate::cluster::kinds::{Served, ServedKinds};
-use crate::cluster::tree::{Listed, ListedConfigs};
+use crate::cluster::tree::{Listed, ListedConfigs, USAGE_KIND};
 use crate::cluster::watch_tap::{Tap, Taps, WatchEvent};
 use crate::policy::drift::first_difference;
 use crate::policy::sibling::gate::GatedKind;
@@ -405,8 +405,10 @@ impl OrderLoop {
             }
             served.insert(k.key(), s);
         }
+        // Crossplane's Usages, and each provider's ProviderConfigUsages.
         let usage_kinds: HashMap<KindKey, Served> = Listed::usage_kinds(kinds)
             .into_iter()
+            .chain(Listed::config_usage_kinds(kinds))
             .map(|s| ((s.0.group.clone(), s.0.kind.clone()), s))
             .collect();
         let usage_keys: Vec<KindKey> = usage_kinds.keys().cloned().collect();
@@ -442,7 +444,12 @@ impl OrderLoop {
         for ((group, kind), e) in failing {
             // Said once per kind: without list (RBAC: the chart's
             // protectedGroups) the kind's trees are not ordered.
-            if self.warned.insert(format!("watch {group}/{kind}")) {
+            if !self.warned.insert(format!("watch {group}/{kind}")) {
+                continue;
+            }
+            if kind == USAGE_KIND {
+                tracing::warn!(%kind, %group, error = %e, "sibling order: cannot watch this kind; a new user of a tree's ProviderConfig is seen only at that tree's next read (cascade-guard needs list and watch on it: the chart grants them in the groups of composedResources)");
+            } else {
                 tracing::warn!(%kind, %group, error = %e, "sibling order: cannot watch this kind; its trees are not ordered, and a Usage of it is seen only at its tree's next read (cascade-guard needs get, list and watch on the group: the chart's protectedGroups)");
             }
         }

@@ -17,7 +17,7 @@ use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
     PropagationPolicy,
 };
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
@@ -578,13 +578,15 @@ fn composed_by(resource: &ApiResource, name: &str, owner: &DynamicObject) -> Val
 }
 
 /// A Release of another tree begins to use a settled tree's ProviderConfig
-/// (a new gateway on an old cluster). The settled tree is read again only
-/// when its root changes or at its resync (an hour here), so the new user's
-/// own tree, read as it is made, makes it due: the ProviderConfig is held
-/// for the Release long before that resync. Its own control plane: a
-/// controller with a resync of an hour.
+/// (a new gateway on an old cluster), and a Release made by hand, in no
+/// tree, another's. A settled tree is read again only when its root changes
+/// or at its resync (an hour here): the new user's own tree, read as it is
+/// made, makes the first due, and the provider's ProviderConfigUsage (which
+/// the controller watches) the second. Each ProviderConfig is held for its
+/// Release long before that resync. Its own control plane: a controller
+/// with a resync of an hour.
 #[tokio::test]
-async fn a_new_user_in_another_tree_gets_a_settled_trees_provider_config_held() {
+async fn a_new_user_gets_a_settled_trees_provider_config_held() {
     let configs = provider_kind("ProviderConfig", "providerconfigs");
     let usages = provider_kind("ProviderConfigUsage", "providerconfigusages");
     let releases = provider_kind("Release", "releases");
@@ -629,29 +631,38 @@ async fn a_new_user_in_another_tree_gets_a_settled_trees_provider_config_held() 
             "spec": {"crossplane": {"resourceRefs": [composed]}},
         })
     };
-    let hub = apply(&resource, root("hub", ref_to(&configs, "pc"))).await;
-    apply(&configs, composed_by(&configs, "pc", &hub)).await;
-    wait_ordered(
-        &s.client,
-        CONTROLLER_HOME,
-        &resource,
-        Some(&s.namespace),
-        "hub",
-    )
-    .await;
-    // Settled: no longer read every few seconds as a young tree is.
-    tokio::time::sleep(Duration::from_secs(130)).await;
-    assert!(
-        !sibling_held(
+    for (hub, pc) in [("hub", "pc"), ("hub-2", "pc-2")] {
+        let hub = apply(&resource, root(hub, ref_to(&configs, pc))).await;
+        apply(&configs, composed_by(&configs, pc, &hub)).await;
+    }
+    for hub in ["hub", "hub-2"] {
+        wait_ordered(
             &s.client,
             CONTROLLER_HOME,
-            &configs,
+            &resource,
             Some(&s.namespace),
-            "pc"
+            hub,
         )
-        .await,
-        "the ProviderConfig is held with no user"
-    );
+        .await;
+    }
+    // Settled: no longer read every few seconds as a young tree is.
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    for pc in ["pc", "pc-2"] {
+        assert!(
+            !sibling_held(&s.client, CONTROLLER_HOME, &configs, Some(&s.namespace), pc).await,
+            "{pc} is held with no user"
+        );
+    }
+    // What a provider records of a Release's use of a ProviderConfig: a
+    // ProviderConfigUsage labelled with its name, naming the Release.
+    let record_use = |release: &DynamicObject, pc: &str| {
+        let mut usage = composed_by(&usages, &format!("{}-usage", release.name_any()), release);
+        usage["metadata"]["ownerReferences"][0]["controller"] = json!(false);
+        usage["metadata"]["labels"] = json!({"crossplane.io/provider-config": pc});
+        usage["providerConfigRef"] = json!({"name": pc, "kind": "ProviderConfig"});
+        usage["resourceRef"] = ref_to(&releases, &release.name_any());
+        apply(&usages, usage)
+    };
     // Another tree: XR `gateway` composing Release `rel` on `pc`, whose
     // provider records that use (a ProviderConfigUsage labelled with the
     // ProviderConfig's name, naming the Release).
@@ -659,23 +670,34 @@ async fn a_new_user_in_another_tree_gets_a_settled_trees_provider_config_held() 
     let mut release = composed_by(&releases, "rel", &gateway);
     release["spec"] = json!({"providerConfigRef": {"name": "pc", "kind": "ProviderConfig"}});
     let release = apply(&releases, release).await;
-    let mut usage = composed_by(&usages, "rel-usage", &release);
-    usage["metadata"]["ownerReferences"][0]["controller"] = json!(false);
-    usage["metadata"]["labels"] = json!({"crossplane.io/provider-config": "pc"});
-    usage["providerConfigRef"] = json!({"name": "pc", "kind": "ProviderConfig"});
-    usage["resourceRef"] = ref_to(&releases, "rel");
-    apply(&usages, usage).await;
-    let held = wait_sibling_held(
-        &s.client,
-        CONTROLLER_HOME,
-        &configs,
-        Some(&s.namespace),
-        "pc",
-        Duration::from_secs(60),
+    record_use(&release, "pc").await;
+    // A Release made by hand on `pc-2`, in no tree.
+    let solo = apply(
+        &releases,
+        json!({
+            "apiVersion": releases.api_version, "kind": releases.kind,
+            "metadata": {"name": "solo"},
+            "spec": {"providerConfigRef": {"name": "pc-2", "kind": "ProviderConfig"}},
+        }),
     )
     .await;
-    assert!(
-        held,
-        "the settled tree's ProviderConfig was not held for the new Release within a minute (its resync is an hour)"
-    );
+    record_use(&solo, "pc-2").await;
+    for (pc, user) in [
+        ("pc", "the gateway's Release"),
+        ("pc-2", "the Release made by hand"),
+    ] {
+        let held = wait_sibling_held(
+            &s.client,
+            CONTROLLER_HOME,
+            &configs,
+            Some(&s.namespace),
+            pc,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert!(
+            held,
+            "the settled tree's {pc} was not held for {user} within a minute (its resync is an hour)"
+        );
+    }
 }

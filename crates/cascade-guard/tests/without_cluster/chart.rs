@@ -177,7 +177,8 @@ const CASES: &[Case] = &[
             // API server's check on a policy with a ConfigMap parameter).
             assert_eq!(gets.len(), 3, "{rules:?}");
             // Sibling order's hold of ProviderConfigUsages: get, list,
-            // patch and delete on those alone, in the providers' groups, not the core group.
+            // watch, patch and delete on those alone, in the providers'
+            // groups, not the core group.
             let usages: Vec<&Value> = rules
                 .iter()
                 .filter(|r| r["resources"] == json!(["providerconfigusages"]))
@@ -187,7 +188,7 @@ const CASES: &[Case] = &[
                 vec![&json!({
                     "apiGroups": ["ec2.aws.upbound.io"],
                     "resources": ["providerconfigusages"],
-                    "verbs": ["get", "list", "patch", "delete"],
+                    "verbs": ["get", "list", "watch", "patch", "delete"],
                 })],
                 "{rules:?}"
             );

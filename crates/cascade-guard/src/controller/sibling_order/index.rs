@@ -17,6 +17,7 @@ use std::time::Instant;
 use kube::core::{Selector, SelectorExt};
 
 use super::uid::Uid;
+use crate::cluster::tree::{PROVIDER_CONFIG_LABEL, USAGE_KIND};
 use stored::{LastRead, Object, Table};
 
 /// A kind by its group and kind.
@@ -153,6 +154,12 @@ pub(crate) struct Index {
     /// Objects changed since they were last taken into a look (their tree,
     /// or their leaving, is due).
     dirty: HashSet<Uid>,
+    /// A ProviderConfig read in a tree to that tree's root (the tree it is
+    /// in, else the first that read it): a new ProviderConfigUsage of it
+    /// makes that tree due.
+    config_homes: HashMap<ConfigName, Uid>,
+    /// The ProviderConfigs each tree's last read found.
+    tree_configs: HashMap<Uid, Box<[ConfigName]>>,
     /// Roots a Usage made or changed names, or whose objects another tree
     /// needs (their trees are due though the root did not change).
     poked: HashSet<Uid>,
@@ -313,6 +320,22 @@ impl Index {
         let Some(k) = self.usage_kinds.get_mut(kind) else {
             return;
         };
+        // A provider's ProviderConfigUsage: the tree its ProviderConfig was
+        // read in is due, to hold what that ProviderConfig leads to for the
+        // new user (one made by hand, in no tree). Not kept: a platform has
+        // one per managed resource, and a list again pokes each tree once.
+        if kind.1 == USAGE_KIND {
+            match event {
+                IndexEvent::Listed(meta) | IndexEvent::Applied(meta) => {
+                    self.poke_config_home(&kind.0, &meta);
+                }
+                IndexEvent::ListDone => k.sync = Sync::Listed,
+                IndexEvent::Failed(e) => k.sync = Sync::Failing(e),
+                IndexEvent::Stopped => k.sync = Sync::Pending,
+                IndexEvent::Listing | IndexEvent::Deleted(_) => {}
+            }
+            return;
+        }
         match event {
             IndexEvent::Listing => k.listing = Some(HashSet::new()),
             IndexEvent::ListDone => {
@@ -353,6 +376,24 @@ impl Index {
                 }
                 let kind = self.kind_names.number(kind);
                 self.usages.insert(uid, (kind, rv));
+            }
+        }
+    }
+
+    /// Pokes the tree of the ProviderConfig a ProviderConfigUsage of
+    /// `group` names (namespaced in its namespace, or cluster-scoped).
+    fn poke_config_home(&mut self, group: &str, usage: &Meta) {
+        let Some(name) = usage.labels.get(PROVIDER_CONFIG_LABEL) else {
+            return;
+        };
+        for namespace in [usage.namespace.as_deref(), None] {
+            let key: ConfigName = (
+                group.into(),
+                namespace.map(Into::into),
+                name.as_str().into(),
+            );
+            if let Some(root) = self.config_homes.get(&key) {
+                self.poked.insert(root.clone());
             }
         }
     }
@@ -515,7 +556,15 @@ pub(crate) struct TreeState {
     ///
     /// [`Graph::needed_outside`]: crate::policy::sibling::graph::Graph::needed_outside
     pub needed_outside: Vec<String>,
+    /// The ProviderConfigs and ClusterProviderConfigs read, each with
+    /// whether it is in the tree.
+    pub configs: Vec<(ConfigName, bool)>,
 }
+
+/// A ProviderConfig's group, namespace (None for a cluster-scoped one) and
+/// name: what its ProviderConfigUsages tell of it (their own group, their
+/// namespace, and [`PROVIDER_CONFIG_LABEL`]).
+pub(crate) type ConfigName = (Box<str>, Option<Box<str>>, Box<str>);
 
 impl Kind {
     fn new(ordered: bool, selectors: Vec<Selector>) -> Self {

@@ -283,6 +283,25 @@ impl OrderLoop {
                 .into_iter()
                 .filter_map(|n| n.uid.clone())
                 .collect(),
+            configs: graph
+                .nodes
+                .iter()
+                .filter(|n| {
+                    matches!(
+                        n.object.kind.as_str(),
+                        "ProviderConfig" | "ClusterProviderConfig"
+                    )
+                })
+                .map(|n| {
+                    let o = &n.object;
+                    let name = (
+                        o.group.as_str().into(),
+                        o.namespace.as_deref().map(Into::into),
+                        o.name.as_str().into(),
+                    );
+                    (name, n.in_tree)
+                })
+                .collect(),
         }
     }
 

@@ -58,6 +58,13 @@ impl Index {
 
     /// Forgets what `root`'s last read found in it and around it.
     fn forget_members(&mut self, root: &Uid) {
+        if let Some(before) = self.tree_configs.remove(root) {
+            for config in before.iter() {
+                if self.config_homes.get(config) == Some(root) {
+                    self.config_homes.remove(config);
+                }
+            }
+        }
         if let Some(before) = self.trees.remove(root) {
             for member in before.iter() {
                 if self.members.get(member) == Some(root) {
@@ -100,6 +107,19 @@ impl Index {
         }
         if !members.is_empty() {
             self.trees.insert(uid.clone(), members);
+        }
+        for (config, in_tree) in &state.configs {
+            if *in_tree {
+                self.config_homes.insert(config.clone(), uid.clone());
+            } else {
+                self.config_homes
+                    .entry(config.clone())
+                    .or_insert_with(|| uid.clone());
+            }
+        }
+        if !state.configs.is_empty() {
+            let configs = state.configs.iter().map(|(c, _)| c.clone()).collect();
+            self.tree_configs.insert(uid.clone(), configs);
         }
         // The trees of what it needs outside it read it again, as their
         // outside user, to hold what they keep for it (a new gateway's

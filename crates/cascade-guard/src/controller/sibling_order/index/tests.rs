@@ -66,6 +66,7 @@ fn tree(active: bool, members: &[&str]) -> TreeState {
         members: members.iter().map(|m| m.to_string()).collect(),
         outside: Vec::new(),
         needed_outside: Vec::new(),
+        configs: Vec::new(),
     }
 }
 
@@ -295,6 +296,83 @@ fn a_tree_needing_another_trees_object_makes_that_tree_due_once() {
     index.apply(&xr(), 1, IndexEvent::Applied(object("gateway", "3")));
     assert_eq!(due(&index.look(now, RESYNC)), [("gateway", 2)]);
     index.read("gateway", 3, now, gateway());
+    assert_eq!(due(&index.look(now, RESYNC)), []);
+}
+
+#[test]
+fn a_new_provider_config_usage_makes_its_provider_configs_tree_due() {
+    let helm = || -> KindKey { ("helm.m.crossplane.io".into(), "ProviderConfigUsage".into()) };
+    let now = Instant::now();
+    let mut index = listed(vec![object("cluster", "1"), object("other", "1")]);
+    index.set_kinds(&[(xr(), Vec::new())], &[usage_kind(), helm()]);
+    index.apply(&helm(), 1, IndexEvent::Listing);
+    index.apply(&helm(), 1, IndexEvent::ListDone);
+    index.look(now, RESYNC);
+    let config = |ns: Option<&str>, name: &str, in_tree: bool| -> (ConfigName, bool) {
+        (
+            (
+                "helm.m.crossplane.io".into(),
+                ns.map(Into::into),
+                name.into(),
+            ),
+            in_tree,
+        )
+    };
+    // The cluster's own ProviderConfig and a ClusterProviderConfig; the
+    // other tree read the first outside itself, after the cluster did.
+    index.read(
+        "cluster",
+        1,
+        now,
+        TreeState {
+            configs: vec![config(Some("ns"), "helm", true), config(None, "all", true)],
+            ..tree(false, &["pc"])
+        },
+    );
+    index.read(
+        "other",
+        1,
+        now,
+        TreeState {
+            configs: vec![config(Some("ns"), "helm", false)],
+            ..tree(false, &["x"])
+        },
+    );
+    assert_eq!(due(&index.look(now, RESYNC)), []);
+    let usage = |uid: &str, ns: &str, label: Option<&str>| Meta {
+        namespace: Some(ns.into()),
+        labels: label
+            .map(|l| BTreeMap::from([("crossplane.io/provider-config".to_string(), l.to_string())]))
+            .unwrap_or_default(),
+        ..object(uid, "1")
+    };
+    // (the usage's namespace, its label) -> the roots made due
+    let cases: [(&str, Option<&str>, &[&str]); 5] = [
+        ("ns", Some("helm"), &["cluster"]),
+        // A ClusterProviderConfig's, from any namespace.
+        ("elsewhere", Some("all"), &["cluster"]),
+        // Another namespace's ProviderConfig of that name: nobody's.
+        ("elsewhere", Some("helm"), &[]),
+        ("ns", Some("unknown"), &[]),
+        ("ns", None, &[]),
+    ];
+    for (i, (ns, label, want)) in cases.into_iter().enumerate() {
+        let event = IndexEvent::Applied(usage(&format!("u{i}"), ns, label));
+        index.apply(&helm(), 1, event);
+        let look = index.look(now, RESYNC);
+        let got: Vec<&str> = look.due.iter().map(|d| d.uid.as_str()).collect();
+        assert_eq!(got, want, "{ns} {label:?}");
+    }
+    // Nothing of them is kept, and a tree that left gives its
+    // ProviderConfigs up.
+    assert!(index.usages.is_empty());
+    index.apply(&xr(), 1, IndexEvent::Deleted("cluster".into()));
+    index.look(now, RESYNC);
+    index.apply(
+        &helm(),
+        1,
+        IndexEvent::Applied(usage("u9", "ns", Some("helm"))),
+    );
     assert_eq!(due(&index.look(now, RESYNC)), []);
 }
 
