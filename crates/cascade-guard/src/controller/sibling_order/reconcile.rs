@@ -173,6 +173,56 @@ async fn unblock<'a>(
     (action, result)
 }
 
+/// What a read found in the tree and around it, as the index keeps it
+/// (nothing for a root alone); the rest of [`TreeState`] left default.
+fn around(graph: &Graph, root_uid: &str, alone: bool) -> TreeState {
+    if alone {
+        return TreeState {
+            alone,
+            ..TreeState::default()
+        };
+    }
+    let uids = |in_tree: bool| -> Vec<String> {
+        graph
+            .nodes
+            .iter()
+            .filter(|n| n.in_tree == in_tree)
+            .filter_map(|n| n.uid.clone())
+            .filter(|uid| uid != root_uid)
+            .collect()
+    };
+    let configs = graph
+        .nodes
+        .iter()
+        .filter(|n| {
+            matches!(
+                n.object.kind.as_str(),
+                "ProviderConfig" | "ClusterProviderConfig"
+            )
+        })
+        .map(|n| {
+            let o = &n.object;
+            let name = (
+                o.group.as_str().into(),
+                o.namespace.as_deref().map(Into::into),
+                o.name.as_str().into(),
+            );
+            (name, n.in_tree)
+        })
+        .collect();
+    TreeState {
+        members: uids(true),
+        outside: uids(false),
+        needed_outside: graph
+            .needed_outside()
+            .into_iter()
+            .filter_map(|n| n.uid.clone())
+            .collect(),
+        configs,
+        ..TreeState::default()
+    }
+}
+
 impl OrderLoop {
     /// Brings one tree's holds to what its graph says, and tells the gate
     /// how it stands; its state for the next read (active while anything in
@@ -260,48 +310,10 @@ impl OrderLoop {
                     .as_secs()
                     < SETTLING_SECS
             });
-        let uids = |in_tree: bool| -> Vec<String> {
-            if alone {
-                return Vec::new();
-            }
-            graph
-                .nodes
-                .iter()
-                .filter(|n| n.in_tree == in_tree)
-                .filter_map(|n| n.uid.clone())
-                .filter(|uid| *uid != root_uid)
-                .collect()
-        };
         TreeState {
             active: deleting || waiting || !decision.todo.is_empty(),
             settling,
-            alone,
-            members: uids(true),
-            outside: uids(false),
-            needed_outside: graph
-                .needed_outside()
-                .into_iter()
-                .filter_map(|n| n.uid.clone())
-                .collect(),
-            configs: graph
-                .nodes
-                .iter()
-                .filter(|n| {
-                    matches!(
-                        n.object.kind.as_str(),
-                        "ProviderConfig" | "ClusterProviderConfig"
-                    )
-                })
-                .map(|n| {
-                    let o = &n.object;
-                    let name = (
-                        o.group.as_str().into(),
-                        o.namespace.as_deref().map(Into::into),
-                        o.name.as_str().into(),
-                    );
-                    (name, n.in_tree)
-                })
-                .collect(),
+            ..around(&graph, &root_uid, alone)
         }
     }
 
