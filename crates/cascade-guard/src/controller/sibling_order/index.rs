@@ -151,6 +151,9 @@ pub(crate) struct Index {
     /// else the first that read it outside itself. For a Usage's user, and
     /// for what another tree needs.
     members: HashMap<Uid, Uid>,
+    /// Those of `members` no tree has in it, only read outside itself
+    /// (few: what trees reference or are used by).
+    read_outside: HashSet<Uid>,
     /// Objects changed since they were last taken into a look (their tree,
     /// or their leaving, is due).
     dirty: HashSet<Uid>,

@@ -69,6 +69,7 @@ impl Index {
             for member in before.iter() {
                 if self.members.get(member) == Some(root) {
                     self.members.remove(member);
+                    self.read_outside.remove(member);
                 }
             }
         }
@@ -99,10 +100,10 @@ impl Index {
         for (i, member) in members.iter().enumerate() {
             if i < state.members.len() {
                 self.members.insert(member.clone(), uid.clone());
-            } else {
-                self.members
-                    .entry(member.clone())
-                    .or_insert_with(|| uid.clone());
+                self.read_outside.remove(member);
+            } else if !self.members.contains_key(member) {
+                self.members.insert(member.clone(), uid.clone());
+                self.read_outside.insert(member.clone());
             }
         }
         if !members.is_empty() {
@@ -127,7 +128,13 @@ impl Index {
         // resync. Not from a read only a poke caused.
         if !self.poke_reads.remove(&uid) {
             for needed in &state.needed_outside {
-                match self.members.get(&Uid::new(needed)) {
+                let needed = Uid::new(needed);
+                // Only the tree it is in: one that merely read it (a shared
+                // ProviderConfig in no tree) holds nothing of it.
+                if self.read_outside.contains(&needed) {
+                    continue;
+                }
+                match self.members.get(&needed) {
                     Some(home) if *home != uid => {
                         self.poked.insert(home.clone());
                     }

@@ -290,12 +290,35 @@ fn a_tree_needing_another_trees_object_makes_that_tree_due_once() {
     assert_eq!(due(&index.look(now, RESYNC)), [("gateway", 2)]);
     index.read("gateway", 2, now, gateway());
     assert_eq!(due(&index.look(now, RESYNC)), []);
+    // What no tree has in it (a shared ProviderConfig) pokes nobody, not
+    // even the first tree that read it.
+    let shared = || around(&["release"], &["pc", "shared"], &["pc", "shared"]);
+    index.apply(&xr(), 1, IndexEvent::Applied(object("gateway", "3")));
+    index.look(now, RESYNC);
+    index.read("gateway", 3, now, shared());
+    assert_eq!(due(&index.look(now, RESYNC)), [("cluster", 2)]);
+    index.read(
+        "cluster",
+        2,
+        now,
+        around(&["pc", "secret"], &["release", "shared"], &["shared"]),
+    );
+    assert_eq!(due(&index.look(now, RESYNC)), []);
+    index.apply(&xr(), 1, IndexEvent::Applied(object("cluster", "3")));
+    index.look(now, RESYNC);
+    index.read(
+        "cluster",
+        3,
+        now,
+        around(&["pc", "secret"], &["release", "shared"], &["shared"]),
+    );
+    assert_eq!(due(&index.look(now, RESYNC)), []);
     // A tree that left gives its objects up: the need pokes nobody.
     index.apply(&xr(), 1, IndexEvent::Deleted("cluster".into()));
     index.look(now, RESYNC);
-    index.apply(&xr(), 1, IndexEvent::Applied(object("gateway", "3")));
+    index.apply(&xr(), 1, IndexEvent::Applied(object("gateway", "4")));
     assert_eq!(due(&index.look(now, RESYNC)), [("gateway", 2)]);
-    index.read("gateway", 3, now, gateway());
+    index.read("gateway", 4, now, gateway());
     assert_eq!(due(&index.look(now, RESYNC)), []);
 }
 
