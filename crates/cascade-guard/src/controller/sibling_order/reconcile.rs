@@ -191,6 +191,15 @@ fn around(graph: &Graph, root_uid: &str, alone: bool) -> TreeState {
             .filter(|uid| uid != root_uid)
             .collect()
     };
+    // A ProviderConfig in the tree, or one outside it on the tree's own
+    // objects (one made by hand on its kubeconfig Secret): their new users
+    // need the tree. Not one the tree only uses (a shared ProviderConfig).
+    let needs_the_tree = |object: &ObjectRef| {
+        graph
+            .edges
+            .iter()
+            .any(|e| e.object == *object && graph.node(&e.needs).is_some_and(|n| n.in_tree))
+    };
     let configs = graph
         .nodes
         .iter()
@@ -198,7 +207,7 @@ fn around(graph: &Graph, root_uid: &str, alone: bool) -> TreeState {
             matches!(
                 n.object.kind.as_str(),
                 "ProviderConfig" | "ClusterProviderConfig"
-            )
+            ) && (n.in_tree || needs_the_tree(&n.object))
         })
         .map(|n| {
             let o = &n.object;
@@ -547,5 +556,50 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    /// What the index is told of a read: the tree's own objects, what it
+    /// read outside, what it needs outside, and the ProviderConfigs whose
+    /// new users need it (its own, and one made outside on its Secret), not
+    /// one it only uses.
+    #[test]
+    fn a_read_tells_the_index_what_is_in_and_around_the_tree() {
+        let pc = |name: &str, owner: Option<&str>, secret: Option<&str>| {
+            let mut v = obj("ProviderConfig", name, owner);
+            v["apiVersion"] = json!("helm.m.crossplane.io/v1beta1");
+            if let Some(secret) = secret {
+                v["spec"] = json!({"credentials": {"secretRef": {"name": secret, "key": "k"}}});
+            }
+            v
+        };
+        let mut secret = obj("Secret", "kubeconfig", Some("root"));
+        secret["apiVersion"] = json!("v1");
+        let mut release = obj("Release", "release", Some("root"));
+        release["apiVersion"] = json!("helm.m.crossplane.io/v1beta1");
+        release["spec"] = json!({"providerConfigRef": {"name": "shared"}});
+        let objects = vec![
+            obj("XR", "root", None),
+            pc("own", Some("root"), None),
+            secret,
+            release,
+            pc("by-hand", None, Some("kubeconfig")),
+            pc("shared", None, None),
+        ];
+        let graph = graph::graph(&objects, "root").expect("root");
+        let state = around(&graph, "root", false);
+        let sorted = |mut v: Vec<String>| {
+            v.sort();
+            v
+        };
+        assert_eq!(sorted(state.members), ["kubeconfig", "own", "release"]);
+        assert_eq!(sorted(state.outside), ["by-hand", "shared"]);
+        assert_eq!(state.needed_outside, ["shared"]);
+        let configs: Vec<(&str, bool)> = state
+            .configs
+            .iter()
+            .map(|((_, _, name), in_tree)| (&**name, *in_tree))
+            .collect();
+        assert_eq!(configs, [("by-hand", false), ("own", true)]);
+        assert!(around(&graph, "root", true).members.is_empty());
     }
 }
