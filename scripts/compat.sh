@@ -143,7 +143,7 @@ print_table() {
     for c in "$@"; do line+=" ${result[$r,$c]:-not run} |"; done
     echo "$line"
   done
-  printf '\nchecked on %s at %s; logs in %s/\n' "$(date -u +%Y-%m-%d)" "$(commit)" "$logs"
+  printf '\nchecked on %s at %s; logs in %s/\n' "$(date -u +%Y-%m-%d)" "$built_at" "$logs"
 }
 
 # The commit checked, marked when the work tree had changes.
@@ -163,7 +163,7 @@ commit() {
 update_readme_table() {
   local block=$logs/readme-kubernetes.md
   {
-    echo "Checked on $(date -u +%Y-%m-%d) at commit \`$(commit)\` (\`scripts/compat.sh --update-readme\`, every"
+    echo "Checked on $(date -u +%Y-%m-%d) at commit \`$built_at\` (\`scripts/compat.sh --update-readme\`, every"
     echo "pinned release, every check):"
     print_table Kubernetes etcd "${checks[@]}" | sed '/^checked on /d'
   } >"$block"
@@ -270,6 +270,9 @@ crossplane_release() {
   fi
 }
 
+# The commit the binaries are built from: the one checked, whatever HEAD is
+# when the table is printed (a commit made during a long run is not).
+built_at=$(commit)
 echo "compat: building the test binaries" >&2
 cargo test --workspace --locked --no-run >"$logs/cargo-build.log" 2>&1 || {
   echo "compat: the tests do not build; see $logs/cargo-build.log" >&2
