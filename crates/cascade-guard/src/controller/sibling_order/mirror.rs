@@ -105,10 +105,21 @@ async fn watch(
     index: Arc<Mutex<Index>>,
 ) {
     let mut retry = FIRST_RETRY;
+    // Said once, at the first list: which kinds sibling order follows on
+    // its own (an operator's check that the chart's grants reach them).
+    let mut told = false;
+    let mut objects = 0usize;
     loop {
         let mut events = watcher(api.clone(), watcher::Config::default().page_size(PAGE)).boxed();
         while let Some(next) = events.next().await {
             let listed = matches!(next, Ok(Event::InitDone));
+            if matches!(next, Ok(Event::InitApply(_))) {
+                objects += 1;
+            }
+            if listed && !std::mem::replace(&mut told, true) {
+                let (group, kind) = &key;
+                tracing::info!(%kind, %group, objects, "sibling order: watching the kind");
+            }
             let change = match next {
                 Ok(e) => event(&e),
                 Err(e) => Some(IndexEvent::Failed(e.to_string())),

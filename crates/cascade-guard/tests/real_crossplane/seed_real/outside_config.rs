@@ -98,6 +98,28 @@ async fn under_convert_a_cluster_a_hand_made_provider_config_leads_to_waits_for_
         );
     }
 
+    // As installed (the chart's RBAC), the controller watches the
+    // provider's ProviderConfigUsages, so a new user is seen at once, not at
+    // the tree's next read (the api test of a settled tree shows the rest).
+    let log = stack.controller_logs();
+    let watching = |l: &&str| {
+        l.contains("kind=ProviderConfigUsage") && l.contains("group=kubernetes.m.crossplane.io")
+    };
+    assert!(
+        log.lines()
+            .filter(watching)
+            .any(|l| l.contains("sibling order: watching the kind")),
+        "{}: the controller never watched the ProviderConfigUsages",
+        scene.what
+    );
+    assert!(
+        !log.lines()
+            .filter(watching)
+            .any(|l| l.contains("cannot watch this kind")),
+        "{}: the controller may not watch the ProviderConfigUsages",
+        scene.what
+    );
+
     let started = Instant::now();
     let (ok, stderr) = stack.kubectl_delete_of(&hub_kind, None, &hub, false).await;
     assert!(ok, "{}: kubectl delete {hub}: {stderr}", scene.what);

@@ -425,6 +425,18 @@ impl Stack {
     /// Starts every replica of cascade-guard that is not running (killed,
     /// or exited on a lost Lease) again, as a Deployment would; returns the
     /// names started.
+    /// Every replica's log so far, one after another (the leader's among
+    /// them).
+    pub(crate) fn controller_logs(&self) -> String {
+        let started = self.controller.lock().expect("controller").started;
+        (0..started)
+            .map(|n| {
+                let path = self.cp.log_path(&format!("cascade-guard-{n}"));
+                std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            })
+            .collect()
+    }
+
     pub(crate) fn restart_controller(&self) -> Vec<String> {
         self.start_replicas(true)
     }
