@@ -113,8 +113,11 @@ async fn watch(
         let mut events = watcher(api.clone(), watcher::Config::default().page_size(PAGE)).boxed();
         while let Some(next) = events.next().await {
             let listed = matches!(next, Ok(Event::InitDone));
-            if matches!(next, Ok(Event::InitApply(_))) {
-                objects += 1;
+            // What the list that ends first brought, not a failed one before.
+            match next {
+                Ok(Event::Init) => objects = 0,
+                Ok(Event::InitApply(_)) => objects += 1,
+                _ => {}
             }
             if listed && !std::mem::replace(&mut told, true) {
                 let (group, kind) = &key;
