@@ -198,6 +198,18 @@ fn variables(mode: Mode, shape: Shape, settings: &CompileSettings) -> Vec<CelVar
             ),
         ));
     }
+    if shape != Shape::Claim && matches!(mode, Mode::Refuse | Mode::Warn) {
+        // Crossplane's own delete of a composed object the controller holds
+        // (`--hold-composed`): the controller makes it a foreground cascade.
+        variables.push(var(
+            "crossplaneHeld",
+            &format!(
+                "{} && {} && !variables.orphaning",
+                any_user(&[&settings.crossplane_user]),
+                finalizer_present(FOREGROUND_CASCADE_FINALIZER)
+            ),
+        ));
+    }
     variables.extend([
         var(
             "sent",
@@ -400,6 +412,11 @@ fn rules(mode: Mode, shape: Shape) -> Vec<(AllowReason, &'static str)> {
                 AllowReason::GarbageCollector => "variables.isGarbageCollector",
                 AllowReason::BreakGlass => "variables.breakGlass",
                 AllowReason::ConvertHeld if mode == Mode::Convert => "variables.convertHeld",
+                AllowReason::CrossplaneHeld
+                    if !claim && matches!(mode, Mode::Refuse | Mode::Warn) =>
+                {
+                    "variables.crossplaneHeld"
+                }
                 _ => return None,
             };
             Some((r, cond))
@@ -913,6 +930,9 @@ mod tests {
             (Mode::Convert, Shape::Other, false, true),
         ];
         for (mode, shape, nothing, convert) in cases {
+            // Crossplane's delete of a held object: every mode that refuses
+            // or warns (Convert lets anyone's through).
+            let crossplane = !convert;
             let p = compile_cel(mode, shape, &s);
             let names = var_names(&p);
             assert_eq!(
@@ -925,6 +945,12 @@ mod tests {
             assert_eq!(p.validation.contains("variables.convertHeld"), convert);
             assert_eq!(p.decision_expression.contains("NothingToCascade"), nothing);
             assert_eq!(p.decision_expression.contains("ConvertHeld"), convert);
+            assert_eq!(names.contains(&"crossplaneHeld"), crossplane);
+            assert_eq!(
+                p.validation.contains("variables.crossplaneHeld"),
+                crossplane
+            );
+            assert_eq!(p.decision_expression.contains("CrossplaneHeld"), crossplane);
             assert_eq!(all_text(&p).contains("resourceRefs"), nothing);
             for always in [
                 "foregroundAsked",

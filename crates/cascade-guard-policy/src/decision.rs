@@ -135,13 +135,19 @@ pub enum AllowReason {
     BreakGlass,
     /// Convert mode, and cascade-guard's finalizer is on the object.
     ConvertHeld,
+    /// Refuse or Warn, Crossplane itself deletes, and cascade-guard's
+    /// finalizer is on the object: a composed object the controller holds
+    /// (`--hold-composed`), whose delete it turns into a foreground cascade.
+    /// Crossplane v2.0 and v2.1 delete a composed resource dropped from the
+    /// desired state without a propagation policy.
+    CrossplaneHeld,
     /// Mode Off.
     ModeOff,
 }
 
 impl AllowReason {
     /// The order rules are checked in, here and in the CEL.
-    pub const ORDER: [AllowReason; 8] = [
+    pub const ORDER: [AllowReason; 9] = [
         AllowReason::ForegroundAsked,
         AllowReason::AlreadyInForeground,
         AllowReason::AlreadyDeleting,
@@ -150,6 +156,7 @@ impl AllowReason {
         AllowReason::GarbageCollector,
         AllowReason::BreakGlass,
         AllowReason::ConvertHeld,
+        AllowReason::CrossplaneHeld,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -162,6 +169,7 @@ impl AllowReason {
             AllowReason::GarbageCollector => "GarbageCollector",
             AllowReason::BreakGlass => "BreakGlass",
             AllowReason::ConvertHeld => "ConvertHeld",
+            AllowReason::CrossplaneHeld => "CrossplaneHeld",
             AllowReason::ModeOff => "ModeOff",
         }
     }
@@ -285,14 +293,27 @@ fn rule_holds(
         AllowReason::GarbageCollector => is_garbage_collector(settings, req),
         AllowReason::BreakGlass => req.object.break_glass,
         AllowReason::ConvertHeld => {
-            let orphan_asked =
-                req.propagation == Some(Propagation::Orphan) || req.orphan_dependents == Some(true);
             mode == Mode::Convert
                 && req.object.has_finalizer(FOREGROUND_CASCADE_FINALIZER)
-                && !orphan_asked
+                && !orphan_asked(req)
+        }
+        AllowReason::CrossplaneHeld => {
+            // Crossplane composes no claim: none is held.
+            !claim
+                && matches!(mode, Mode::Refuse | Mode::Warn)
+                && !settings.crossplane_user.is_empty()
+                && req.username == settings.crossplane_user
+                && req.object.has_finalizer(FOREGROUND_CASCADE_FINALIZER)
+                && !orphan_asked(req)
         }
         AllowReason::ModeOff => false,
     }
+}
+
+/// The client asked to leave what the object owns behind: never converted
+/// (it would race the garbage collector's orphaning).
+fn orphan_asked(req: &DeleteRequest) -> bool {
+    req.propagation == Some(Propagation::Orphan) || req.orphan_dependents == Some(true)
 }
 
 /// An empty configured identity means "not trusted", never "matches everyone".
@@ -353,6 +374,9 @@ pub(crate) mod tests {
         LiveComposingInForeground,
         TerminatingForeground,
         TerminatingBackground,
+        /// Live, composing, and carrying cascade-guard's finalizer (a composed
+        /// object the controller holds).
+        LiveHeld,
     }
 
     pub(crate) const SENT: [Sent; 6] = [
@@ -370,12 +394,13 @@ pub(crate) mod tests {
         Requester::NamespaceController,
         Requester::Crossplane,
     ];
-    pub(crate) const STATES: [State; 5] = [
+    pub(crate) const STATES: [State; 6] = [
         State::LiveWithComposed,
         State::LiveWithNone,
         State::LiveComposingInForeground,
         State::TerminatingForeground,
         State::TerminatingBackground,
+        State::LiveHeld,
     ];
 
     pub(crate) fn request(sent: Sent, who: Requester, state: State, shape: Shape) -> DeleteRequest {
@@ -406,6 +431,7 @@ pub(crate) mod tests {
         let finalizers = match state {
             State::TerminatingForeground => vec!["foregroundDeletion".to_string()],
             State::TerminatingBackground => vec!["example.org/cleanup".to_string()],
+            State::LiveHeld => vec![FOREGROUND_CASCADE_FINALIZER.to_string()],
             _ => vec![],
         };
         DeleteRequest {
@@ -438,6 +464,9 @@ pub(crate) mod tests {
     /// nothing; or when the garbage collector itself deletes. A claim's own
     /// propagation does not count: it goes through when it is bound to no
     /// composite resource, or says to delete that in the foreground.
+    /// Crossplane's own delete of an object cascade-guard holds (never a
+    /// claim) goes through too, unless it orphans: the controller makes it a
+    /// foreground cascade.
     /// Everything else would not cascade in the foreground and is refused.
     pub(crate) fn expected_allowed(sent: Sent, who: Requester, state: State, shape: Shape) -> bool {
         let claim = shape == Shape::Claim;
@@ -455,7 +484,12 @@ pub(crate) mod tests {
             who,
             Requester::GcServiceAccount | Requester::ControllerManagerWithPrecondition
         );
+        let crossplane_held = !claim
+            && who == Requester::Crossplane
+            && state == State::LiveHeld
+            && !matches!(sent, Sent::Orphan | Sent::OrphanDependentsTrue);
         asked_foreground
+            || crossplane_held
             || keeps_running_foreground
             || changes_nothing
             || composed_nothing
@@ -507,7 +541,7 @@ pub(crate) mod tests {
                 }
             }
         }
-        assert_eq!(cells, 3 * 3 * 6 * 5 * 5);
+        assert_eq!(cells, 3 * 3 * 6 * 5 * 6);
     }
 
     /// The refusal of a cell (its whole text per account is pinned in

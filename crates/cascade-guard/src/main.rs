@@ -112,6 +112,7 @@ async fn run(args: RunArgs) -> Result<()> {
             .then_some(args.restart_quiet_cascades_after),
         sibling_order: args.sibling_order == SiblingOrder::Enforce,
         refuse_unordered_deletes: args.unordered_deletes == UnorderedDeletes::Refuse,
+        hold_composed: args.hold_composed,
         ..Settings::default()
     };
     let process = Process {

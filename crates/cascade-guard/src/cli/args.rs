@@ -302,6 +302,16 @@ pub struct RunArgs {
         default_value = "refuse"
     )]
     pub unordered_deletes: UnorderedDeletes,
+    /// Hold the composed objects of Refuse and Warn kinds (those with a
+    /// controller owner reference) with cascade-guard's finalizer, as Convert
+    /// holds its kinds' objects: Crossplane's own delete of one is then let
+    /// through and made a foreground cascade. Crossplane v2.0 and v2.1 delete
+    /// a composed resource dropped from its Composition with no propagation
+    /// policy, which Refuse would otherwise refuse (and Crossplane stop
+    /// composing its parent) until the delete is sent in the foreground;
+    /// v2.2 and later send Foreground themselves and need none of this.
+    #[arg(long, env = "CASCADE_GUARD_HOLD_COMPOSED")]
+    pub hold_composed: bool,
     /// Also write the compiled policies as static admission manifests into
     /// this directory: the one the API server's AdmissionConfiguration names
     /// as staticManifestsDir (Kubernetes 1.36 with the feature gate

@@ -67,6 +67,10 @@ pub struct Settings {
     /// With sibling order: refuse the delete of a root whose tree it has not
     /// ordered (its admission gate), rather than let it go in no order.
     pub refuse_unordered_deletes: bool,
+    /// Hold the composed objects of Refuse and Warn kinds, so that
+    /// Crossplane's own delete of one (v2.0 and v2.1 send no propagation
+    /// policy) is let through and made a foreground cascade.
+    pub hold_composed: bool,
 }
 
 impl Default for Settings {
@@ -81,6 +85,7 @@ impl Default for Settings {
             sibling_order: true,
             home_namespace: "default".to_string(),
             refuse_unordered_deletes: true,
+            hold_composed: false,
         }
     }
 }
@@ -213,7 +218,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>, heal
         // Only a complete pass says which kinds are ordered: one that could
         // not read the XRDs or CascadePolicies would make their trees' holds
         // look orphaned.
-        let convert_kinds = convert::convert_kinds(policies);
+        let convert_kinds = convert::convert_kinds(policies, settings.hold_composed);
         let watched_kinds = watches::watched_kinds(policies, &convert_kinds);
         if let Some(ordering) = ordering.as_ref().filter(|_| complete) {
             let fed = |k: &ProtectedKind| {

@@ -51,10 +51,11 @@ pub fn watched_kinds(
     for p in policies {
         let key = kind_key(&p.kind);
         // Claims' cascades are their XRs', watched there; a Convert kind's
-        // cascades are held and watched by Convert.
+        // cascades are held and watched by Convert (a kind whose composed
+        // objects alone are held keeps this watch for the rest).
         if !matches!(p.mode, Mode::Refuse | Mode::Warn)
             || p.kind.shape == Shape::Claim
-            || convert.contains_key(&key)
+            || convert.get(&key).is_some_and(ConvertKind::converts)
         {
             continue;
         }
@@ -350,23 +351,10 @@ fn target(kind: &ProtectedKind, object: &Meta) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Source;
     use crate::policy::cascade::Reach;
-    use crate::policy::kind::Scope;
 
     fn policy(kind: &str, mode: Mode, shape: Shape) -> Policy {
-        Policy {
-            kind: ProtectedKind {
-                group: "example.org".into(),
-                kind: kind.into(),
-                plural: format!("{}s", kind.to_lowercase()),
-                scope: Scope::Namespaced,
-                shape,
-            },
-            mode,
-            selector: None,
-            source: Source::CascadePolicy { name: kind.into() },
-        }
+        crate::cluster::convert::test_policy(kind, mode, shape, None)
     }
 
     #[test]
@@ -381,13 +369,25 @@ mod tests {
             policy("Off", Mode::Off, Shape::CompositeResource),
             policy("Claimed", Mode::Refuse, Shape::Claim),
         ];
-        let convert = BTreeMap::from([(
-            "example.org/Converted".to_string(),
-            ConvertKind {
-                kind: policies[4].kind.clone(),
-                reach: Reach::Every,
-            },
-        )]);
+        let convert = BTreeMap::from([
+            (
+                "example.org/Converted".to_string(),
+                ConvertKind {
+                    kind: policies[4].kind.clone(),
+                    reach: Reach::Every,
+                    composed: Reach::Nothing,
+                },
+            ),
+            // Only its composed objects held (--hold-composed): still watched.
+            (
+                "example.org/Refused".to_string(),
+                ConvertKind {
+                    kind: policies[0].kind.clone(),
+                    reach: Reach::Nothing,
+                    composed: Reach::Every,
+                },
+            ),
+        ]);
         let got: Vec<(String, bool)> = watched_kinds(&policies, &convert)
             .into_iter()
             .map(|(k, w)| (k, w.refuses))

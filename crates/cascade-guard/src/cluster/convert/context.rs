@@ -28,6 +28,8 @@ pub(super) struct Context {
     pub resource: ApiResource,
     pub shape: Shape,
     pub reach: Reach,
+    /// Composed objects held within this reach too (`--hold-composed`).
+    pub composed: Reach,
     pub carry: Carry,
     pub stall_after: Duration,
     pub label: String,
@@ -72,6 +74,7 @@ impl Context {
             resource: setting.resource,
             shape: kind.kind.shape,
             reach: kind.reach.clone(),
+            composed: kind.composed.clone(),
             carry: setting.carry,
             stall_after: setting.stall_after,
             label: kind.kind.to_string(),
@@ -117,6 +120,7 @@ impl Context {
                 shape,
             },
             reach,
+            composed: Reach::Nothing,
         };
         // Told at once: the scripted requests keep their order.
         Self {
@@ -129,7 +133,8 @@ impl Context {
         Observed::new(
             object.metadata.deletion_timestamp.is_some(),
             object.finalizers(),
-            self.reach.covers(object.labels()),
+            self.reach.covers(object.labels())
+                || (is_composed(object) && self.composed.covers(object.labels())),
             self.shape,
         )
     }
@@ -231,4 +236,14 @@ impl Context {
         }
         self.metrics.set_in_progress(&self.label, deleting);
     }
+}
+
+/// Crossplane composed it: a controller owner reference (the one
+/// [`super::runner`] keeps of an object's references).
+fn is_composed(object: &Meta) -> bool {
+    object
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|refs| refs.iter().any(|r| r.controller == Some(true)))
 }

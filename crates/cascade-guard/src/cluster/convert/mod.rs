@@ -25,6 +25,8 @@ mod runner;
 mod steps;
 mod writes;
 
+#[cfg(test)]
+pub(crate) use kinds::test_policy;
 pub use kinds::{ConvertKind, convert_kinds, kind_key};
 pub use metrics::{ConvertMetrics, Uncounted};
 pub use runner::{Converter, DEFAULT_STALL_AFTER};

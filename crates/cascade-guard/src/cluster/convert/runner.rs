@@ -139,14 +139,11 @@ impl Converter {
         for kind in found {
             desired
                 .entry(kind_key(kind))
-                .or_insert_with(|| ConvertKind {
-                    kind: kind.clone(),
-                    reach: Reach::Nothing,
-                });
+                .or_insert_with(|| ConvertKind::nothing(kind.clone()));
         }
         let mut gone = HashSet::new();
         for (key, running) in &self.running {
-            if running.kind.reach == Reach::Nothing
+            if running.kind.reaches_nothing()
                 && !running.context.drained()
                 && !is_served(&self.client, &running.kind.kind).await
             {
@@ -157,18 +154,12 @@ impl Converter {
             if desired.contains_key(key) {
                 continue;
             }
-            let done = running.kind.reach == Reach::Nothing
-                && (running.context.drained() || gone.contains(key));
+            let done =
+                running.kind.reaches_nothing() && (running.context.drained() || gone.contains(key));
             if !complete {
                 desired.insert(key.clone(), running.kind.clone());
             } else if !done {
-                desired.insert(
-                    key.clone(),
-                    ConvertKind {
-                        kind: running.kind.kind.clone(),
-                        reach: Reach::Nothing,
-                    },
-                );
+                desired.insert(key.clone(), ConvertKind::nothing(running.kind.kind.clone()));
             }
         }
         // A changed reach restarts the kind's controller: its relist sorts
@@ -209,7 +200,7 @@ impl Converter {
     pub fn draining(&self) -> Vec<String> {
         self.running
             .values()
-            .filter(|r| r.kind.reach == Reach::Nothing && !r.context.drained())
+            .filter(|r| r.kind.reaches_nothing() && !r.context.drained())
             .map(|r| format!("{} ({} held)", r.kind.kind, r.context.held()))
             .collect()
     }
@@ -247,7 +238,13 @@ impl Converter {
         let finalizer_adds = self.finalizer_adds.clone();
         // The controller backs off this stream's errors (trigger_backoff
         // below): a backoff here as well would double the wait.
-        let tap = self.feed.as_ref().map(|f| f.tap(&kind.kind));
+        // One watch of a kind feeds the index: a kind whose composed objects
+        // alone are held is fed by its admission-only watch.
+        let tap = self
+            .feed
+            .as_ref()
+            .filter(|_| kind.converts() || kind.reaches_nothing())
+            .map(|f| f.tap(&kind.kind));
         let objects = watcher(api, config)
             // Before `slim`: sibling order reads owner references and labels.
             .inspect(move |event| {
@@ -291,12 +288,15 @@ impl Converter {
                 .await;
             counter.abort();
         });
-        match &kind.reach {
-            Reach::Nothing => {
+        match (&kind.reach, &kind.composed) {
+            (Reach::Nothing, Reach::Nothing) => {
                 tracing::info!(kind = %kind.kind, "no longer Convert: letting go of live objects, finishing the cascades of deleting ones")
             }
-            reach => {
-                tracing::info!(kind = %kind.kind, ?reach, "converting deletes to foreground cascades")
+            (Reach::Nothing, composed) => {
+                tracing::info!(kind = %kind.kind, ?composed, "holding composed objects: Crossplane's own deletes of them become foreground cascades")
+            }
+            (reach, composed) => {
+                tracing::info!(kind = %kind.kind, ?reach, ?composed, "converting deletes to foreground cascades")
             }
         }
         Ok(RunningKind {
@@ -318,7 +318,13 @@ fn slim(object: &mut Meta) {
         .take()
         .and_then(|mut a| a.remove_entry(CONVERTED_ANNOTATION))
         .map(|(k, v)| [(k, v)].into());
-    meta.owner_references = None;
+    // Only the controller's reference: whether Crossplane composed the
+    // object decides whether a composed reach holds it.
+    meta.owner_references = meta
+        .owner_references
+        .take()
+        .and_then(|refs| refs.into_iter().find(|r| r.controller == Some(true)))
+        .map(|r| vec![r]);
     meta.generate_name = None;
 }
 

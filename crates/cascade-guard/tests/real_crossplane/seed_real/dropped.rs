@@ -128,8 +128,9 @@ pub(crate) async fn create_drop_xr(xrs: &Api<DynamicObject>, kind: &str, ns: &st
 }
 
 /// Crossplane deletes a nested XR dropped from its parent's Composition
-/// (Foreground, with a UID precondition): under `mode` it must go through, in
-/// order, and never be refused.
+/// (v2.2 and later: Foreground, with a UID precondition; v2.0 and v2.1: no
+/// propagation policy, let through under Refuse by `--hold-composed`): under
+/// `mode` it must go through, in order, and never be refused.
 pub(crate) async fn dropped_outcome(stack: &Stack, mode: Mode) {
     let client = stack.cp.admin().await.expect("admin client");
     let inner = format!("{}Inner", mode.as_str());
@@ -219,6 +220,12 @@ pub(crate) async fn dropped_outcome(stack: &Stack, mode: Mode) {
         })
         .await;
         assert!(refused.is_some(), "Refuse never in effect for {inner}");
+        if stack.hold_composed {
+            // Crossplane v2.0 and v2.1 delete it with no propagation policy:
+            // let through once the controller holds it (a delete before that
+            // is refused, and Crossplane tries again).
+            wait_held(&inner_api, &dropped_name).await;
+        }
     }
 
     apply_cluster_object(

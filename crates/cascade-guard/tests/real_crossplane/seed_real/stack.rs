@@ -23,6 +23,9 @@ pub(crate) struct Stack {
     /// this while it kills, once every other test, which shares it
     /// throughout ([`shared_stack`]), is done.
     pub(crate) fault_window: FaultWindow,
+    /// The replicas run with `--hold-composed`, as the README tells a
+    /// platform on Crossplane v2.0 or v2.1 to run them.
+    pub(crate) hold_composed: bool,
 }
 
 /// How long a leader kill waits for a replica to hold the Lease: a
@@ -180,9 +183,10 @@ pub(crate) async fn start() -> Stack {
     });
     futures::future::join_all(installs).await;
     as_installed(&cp, &client).await;
+    let hold_composed = needs_hold_composed(crossplane.version());
     let slots = (0..REPLICAS)
         .map(|n| Slot {
-            process: Some(spawn_controller(&cp, n)),
+            process: Some(spawn_controller(&cp, n, hold_composed)),
             held_down: false,
         })
         .collect();
@@ -197,7 +201,15 @@ pub(crate) async fn start() -> Stack {
         }),
         apiserver: tokio::sync::Mutex::new(None),
         fault_window: FaultWindow::default(),
+        hold_composed,
     }
+}
+
+/// Crossplane v2.0 and v2.1 delete a composed resource dropped from its
+/// Composition with no propagation policy (v2.2 sends Foreground): the
+/// README's Crossplane table tells a platform on them to set holdComposed.
+pub(crate) fn needs_hold_composed(version: local_cluster::real_crossplane::CoreVersion) -> bool {
+    version.major == 2 && version.minor < 2
 }
 
 /// The values a platform team sets, as the README and values.yaml say:
@@ -259,9 +271,9 @@ pub(crate) const LEASE_NAME: &str = "cascade-guard";
 
 /// Starts `cascade-guard run` number `n`, a replica with leader election
 /// whose identity is its process name (`POD_NAME`, as the chart sets it).
-pub(crate) fn spawn_controller(cp: &ControlPlane, n: usize) -> Process {
+pub(crate) fn spawn_controller(cp: &ControlPlane, n: usize, hold_composed: bool) -> Process {
     let name = format!("cascade-guard-{n}");
-    let args = vec![
+    let mut args = vec![
         "run".to_string(),
         format!(
             "--kubeconfig={}",
@@ -278,6 +290,9 @@ pub(crate) fn spawn_controller(cp: &ControlPlane, n: usize) -> Process {
         // delete trees a minute or two after making them.
         "--unordered-deletes=allow".to_string(),
     ];
+    if hold_composed {
+        args.push("--hold-composed".to_string());
+    }
     process::spawn_with(
         &name,
         std::path::Path::new(env!("CARGO_BIN_EXE_cascade-guard")),
@@ -455,7 +470,7 @@ impl Stack {
             if !running {
                 // Reaped before its slot gets a new one.
                 drop(slot.process.take());
-                let p = spawn_controller(&self.cp, next);
+                let p = spawn_controller(&self.cp, next, self.hold_composed);
                 next += 1;
                 started.push(p.name.clone());
                 slot.process = Some(p);
