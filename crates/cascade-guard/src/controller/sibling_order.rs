@@ -237,7 +237,8 @@ pub fn start(
             let started = Instant::now();
             order.tick(&kinds).await;
             let hurry = order.tearing_down || order.backlog;
-            tokio::time::sleep(pause(hurry, started.elapsed())).await;
+            let pause = pause(hurry, started.elapsed()).max(order.holds.loading());
+            tokio::time::sleep(pause).await;
         }
     });
     tx
@@ -342,6 +343,7 @@ impl OrderLoop {
         if self.holds.write(&kinds).await {
             self.gate.write(&watched.gated, self.resync).await;
         }
+        self.holds.name_held_kinds(&kinds).await;
         let written_for = writing.elapsed();
         self.metrics.set_sibling_order(
             self.held_counts.values().sum(),

@@ -36,6 +36,14 @@ use crate::policy::sibling::object::ObjectRef;
 /// policy source), and nothing in the API tells when it has.
 const LOADED_AFTER: Duration = Duration::from_secs(3);
 
+/// The longest wait, of kinds named this long ago, until each is loaded.
+fn loading(named_since: impl Iterator<Item = Duration>) -> Duration {
+    named_since
+        .map(|since| LOADED_AFTER.saturating_sub(since))
+        .max()
+        .unwrap_or_default()
+}
+
 pub(super) struct Holds {
     client: Client,
     settings: CompileSettings,
@@ -101,6 +109,24 @@ impl Holds {
             )),
             None => Err(format!("the hold policy does not name {what} yet")),
         }
+    }
+
+    /// At the end of a look: names the kinds of the holds the look made
+    /// that the policy does not name yet, so that they are in force by the
+    /// next look rather than the one after it (the next look's start would
+    /// name them, and find them named only since a moment).
+    pub async fn name_held_kinds(&mut self, kinds: &ServedKinds) {
+        let named: BTreeSet<HeldKind> = self.named.keys().cloned().collect();
+        if self.in_place() && named != self.held_kinds(kinds) {
+            self.write_policy(kinds).await;
+        }
+    }
+
+    /// How long until every kind the policy names is in force: the least
+    /// pause before the next look, so that a tree waiting for it is ordered
+    /// by that look.
+    pub fn loading(&self) -> Duration {
+        loading(self.named.values().map(Instant::elapsed))
     }
 
     /// The kinds of what is held.

@@ -182,3 +182,46 @@ async fn the_old_labels_are_stripped_once_after_the_policy_is_in_place() {
     })
     .await;
 }
+
+/// The pause before the next look covers the newest kind's load: none when
+/// nothing is named or every kind named is loaded, else what is left of
+/// the newest's.
+#[test]
+fn the_next_look_waits_for_the_newest_kind_to_load() {
+    let s = Duration::from_secs;
+    let cases: [(&[Duration], Duration); 4] = [
+        (&[], s(0)),
+        (&[s(10), s(3)], s(0)),
+        (&[s(10), s(1)], s(2)),
+        (&[s(2), Duration::ZERO, s(60)], s(3)),
+    ];
+    for (since, want) in cases {
+        assert_eq!(loading(since.iter().copied()), want, "{since:?}");
+    }
+}
+
+/// At the end of a look, a hold of a kind the policy does not name yet has
+/// the policy written at once (the next look then finds it in force, after
+/// the pause [`Holds::loading`] sets); when the policy already names every
+/// kind held, nothing is sent; before the policy is in place at all, the
+/// next look's start writes it, not this.
+#[tokio::test]
+async fn a_look_that_holds_a_new_kind_names_it_before_it_ends() {
+    let (db, cache) = (held("XDatabase", "db"), held("XCache", "cache"));
+    against(the_four_applies(&["xcaches", "xdatabases"]), async |c| {
+        let mut h = holds(c);
+        hold(&mut h, &db);
+        hold(&mut h, &cache);
+        h.name_held_kinds(&kinds()).await;
+        assert!(h.named.is_empty(), "not in place: left to the next look");
+        h.policy_written = Some(long_ago());
+        h.named = BTreeMap::from([(plural("xdatabases"), long_ago())]);
+        assert_eq!(h.loading(), Duration::ZERO);
+        h.name_held_kinds(&kinds()).await;
+        assert!(h.named.contains_key(&plural("xcaches")));
+        assert!(h.loading() > Duration::from_secs(2), "{:?}", h.loading());
+        // Everything held is named: no request.
+        h.name_held_kinds(&kinds()).await;
+    })
+    .await;
+}
