@@ -1840,6 +1840,71 @@ async fn a_claim_is_refused_unless_it_deletes_its_composite_in_the_foreground() 
     assert!(plain.allowed(), "{} {}", plain.code, plain.message);
 }
 
+/// A delete with no propagation policy, as Crossplane v2.0 and v2.1 send one.
+fn plain(dry_run: bool) -> DeleteSpec {
+    DeleteSpec {
+        dry_run,
+        ..DeleteSpec::default()
+    }
+}
+
+/// The scene of the `--hold-composed` tests in `s`'s namespace: a timeline
+/// of the XRs and ConfigMaps, and a ConfigMap `parent` to compose XRs under
+/// (any object can be an owner; Crossplane's is the parent XR).
+struct Composing {
+    timeline: Timeline,
+    maps: Api<ConfigMap>,
+    xrs: Api<DynamicObject>,
+    parent: ConfigMap,
+}
+
+impl Composing {
+    async fn new(s: &Scope<'_>, resource: &ApiResource) -> Self {
+        let ns = &s.namespace;
+        let timeline = Timeline::start(
+            &s.client,
+            &[
+                (resource.clone(), Some(ns.clone())),
+                (config_maps(), Some(ns.clone())),
+            ],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), ns);
+        let parent = maps
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "parent"}})).expect("parent"),
+            )
+            .await
+            .expect("create the parent");
+        let xrs = Api::namespaced_with(s.client.clone(), ns, resource);
+        Self {
+            timeline,
+            maps,
+            xrs,
+            parent,
+        }
+    }
+
+    /// XR `name` with one dependent, composed under `parent` (a controller
+    /// owner reference).
+    async fn composed(&self, s: &Scope<'_>, resource: &ApiResource, name: &str) {
+        create_tree(&s.client, resource, &s.namespace, name, 1).await;
+        self.xrs
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"ownerReferences": [{
+                    "apiVersion": "v1", "kind": "ConfigMap", "name": "parent",
+                    "uid": self.parent.uid().expect("uid"), "controller": true,
+                }]}})),
+            )
+            .await
+            .expect("make it composed");
+    }
+}
+
 /// `--hold-composed`: a composed object of a Refuse kind (one with a
 /// controller owner reference, as Crossplane composes a nested XR) is held;
 /// Crossplane's own delete of it with no propagation policy (what Crossplane
@@ -1856,40 +1921,11 @@ async fn with_hold_composed_crossplanes_own_delete_of_a_composed_object_ends_in_
     env.wait_for_protection(&admin, &resource).await;
     let s = Scope::new(&env.cp, "hold-composed").await;
     let ns = s.namespace.clone();
-    let timeline = Timeline::start(
-        &s.client,
-        &[
-            (resource.clone(), Some(ns.clone())),
-            (config_maps(), Some(ns.clone())),
-        ],
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    // The composing parent: any object can be an owner (Crossplane's is the
-    // parent XR).
-    let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), &ns);
-    let parent = maps
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "parent"}})).expect("parent"),
-        )
-        .await
-        .expect("create the parent");
-    create_tree(&s.client, &resource, &ns, "composed", 1).await;
+    let scene = Composing::new(&s, &resource).await;
+    scene.composed(&s, &resource, "composed").await;
     create_tree(&s.client, &resource, &ns, "loose", 1).await;
-    let xrs: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &ns, &resource);
-    xrs.patch(
-        "composed",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"ownerReferences": [{
-            "apiVersion": "v1", "kind": "ConfigMap", "name": "parent",
-            "uid": parent.uid().expect("uid"), "controller": true,
-        }]}})),
-    )
-    .await
-    .expect("make it composed");
     wait_held(&s.client, &resource, &ns, "composed").await;
-    let loose = xrs.get("loose").await.expect("loose");
+    let loose = scene.xrs.get("loose").await.expect("loose");
     assert!(
         !loose
             .finalizers()
@@ -1901,10 +1937,6 @@ async fn with_hold_composed_crossplanes_own_delete_of_a_composed_object_ends_in_
 
     let person = as_user(&env.cp, "alice@example.com").await;
     let crossplane = as_user(&env.cp, DEFAULT_CROSSPLANE_USER).await;
-    let plain = |dry_run| DeleteSpec {
-        dry_run,
-        ..DeleteSpec::default()
-    };
     let by_person = delete(&person, &resource, &ns, "composed", &plain(true)).await;
     assert!(
         !by_person.allowed(),
@@ -1922,8 +1954,87 @@ async fn with_hold_composed_crossplanes_own_delete_of_a_composed_object_ends_in_
         by_crossplane.allowed(),
         "Crossplane's plain delete of a held composed object: {by_crossplane:?}"
     );
-    timeline
+    scene
+        .timeline
         .wait_gone(&resource.kind, "composed", Duration::from_secs(60))
         .await;
-    assert_foreground(&timeline, &resource.kind, "composed", 1);
+    assert_foreground(&scene.timeline, &resource.kind, "composed", 1);
+}
+
+/// `--hold-composed` under faults. With the controller down, Crossplane's
+/// delete of a held composed object is let through and nothing goes early:
+/// the object waits on cascade-guard's finalizer, its dependent untouched,
+/// until a controller is back and makes it a foreground cascade. A
+/// controller started without `--hold-composed` lets go of the composed
+/// objects held before (no finalizer is left behind), and Crossplane's plain
+/// delete of one is then refused again, as Refuse refuses it.
+#[tokio::test]
+async fn with_hold_composed_a_delete_while_the_controller_is_down_waits_and_turning_it_off_lets_go()
+{
+    let env = bare_with(options()).await;
+    let _stop = env.controllers_stop_on_drop();
+    let first = env.start_controller(&["--hold-composed"]);
+    let admin = env.cp.admin().await.expect("admin client");
+    let resource = REFUSE.resource();
+    env.wait_for_protection(&admin, &resource).await;
+    let s = Scope::new(&env.cp, "hold-composed-faults").await;
+    let ns = s.namespace.clone();
+    let scene = Composing::new(&s, &resource).await;
+    let (timeline, maps, xrs) = (&scene.timeline, &scene.maps, &scene.xrs);
+    for name in ["down", "kept"] {
+        scene.composed(&s, &resource, name).await;
+        wait_held(&s.client, &resource, &ns, name).await;
+    }
+
+    env.kill_controller(first);
+    let crossplane = as_user(&env.cp, DEFAULT_CROSSPLANE_USER).await;
+    let deleted = delete(&crossplane, &resource, &ns, "down", &plain(false)).await;
+    assert!(
+        deleted.allowed(),
+        "Crossplane's delete of a held object: {deleted:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let waiting = xrs.get("down").await.expect("still there");
+    assert!(
+        waiting.metadata.deletion_timestamp.is_some()
+            && !waiting
+                .finalizers()
+                .iter()
+                .any(|f| f == "foregroundDeletion"),
+        "with no controller the delete is not converted: {:?}",
+        waiting.finalizers()
+    );
+    let dependent = maps.get("down-0").await.expect("the dependent");
+    assert!(
+        dependent.metadata.deletion_timestamp.is_none(),
+        "the dependent went while nothing cascaded"
+    );
+
+    let _provider = Provider::start(s.client.clone(), ns.clone(), Duration::from_secs(2));
+    let second = env.start_controller(&["--hold-composed"]);
+    timeline
+        .wait_gone(&resource.kind, "down", Duration::from_secs(90))
+        .await;
+    assert_foreground(timeline, &resource.kind, "down", 1);
+
+    env.stop_controller(second);
+    env.start_controller(&[]);
+    let let_go = wait::until(Duration::from_secs(90), || async {
+        let kept = xrs.get("kept").await.ok()?;
+        (!kept
+            .finalizers()
+            .iter()
+            .any(|f| f == FOREGROUND_CASCADE_FINALIZER))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        let_go.is_some(),
+        "a controller without --hold-composed kept the composed object held"
+    );
+    let refused = delete(&crossplane, &resource, &ns, "kept", &plain(true)).await;
+    assert!(
+        !refused.allowed(),
+        "Crossplane's plain delete of an object no longer held: {refused:?}"
+    );
 }
