@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use local_cluster::testing::Scope;
 use local_cluster::timeline::Timeline;
 use local_cluster::wait;
 use serde_json::json;
@@ -205,4 +206,61 @@ pub async fn tree_timeline(client: &Client, resource: &ApiResource, ns: &str) ->
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A delete with no propagation policy, as Crossplane v2.0 and v2.1 send one.
+pub fn plain(dry_run: bool) -> crate::DeleteSpec {
+    crate::DeleteSpec {
+        dry_run,
+        ..crate::DeleteSpec::default()
+    }
+}
+
+/// The scene of the `--hold-composed` tests in `s`'s namespace: a timeline
+/// of the XRs and ConfigMaps, and a ConfigMap `parent` to compose XRs under
+/// (any object can be an owner; Crossplane's is the parent XR).
+pub struct Composing {
+    pub timeline: Timeline,
+    pub maps: Api<ConfigMap>,
+    pub xrs: Api<DynamicObject>,
+    pub parent: ConfigMap,
+}
+
+impl Composing {
+    pub async fn new(s: &Scope<'_>, resource: &ApiResource) -> Self {
+        let ns = &s.namespace;
+        let timeline = tree_timeline(&s.client, resource, ns).await;
+        let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), ns);
+        let parent = maps
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "parent"}})).expect("parent"),
+            )
+            .await
+            .expect("create the parent");
+        let xrs = Api::namespaced_with(s.client.clone(), ns, resource);
+        Self {
+            timeline,
+            maps,
+            xrs,
+            parent,
+        }
+    }
+
+    /// XR `name` with one dependent, composed under `parent` (a controller
+    /// owner reference).
+    pub async fn composed(&self, s: &Scope<'_>, resource: &ApiResource, name: &str) {
+        create_tree(&s.client, resource, &s.namespace, name, 1).await;
+        self.xrs
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"ownerReferences": [{
+                    "apiVersion": "v1", "kind": "ConfigMap", "name": "parent",
+                    "uid": self.parent.uid().expect("uid"), "controller": true,
+                }]}})),
+            )
+            .await
+            .expect("make it composed");
+    }
 }

@@ -12,8 +12,9 @@ use cascade_guard_testkit::image;
 
 use std::time::Duration;
 
+use cascade_guard::policy::names::DEFAULT_CROSSPLANE_USER;
 use cascade_guard_testkit::tree::{
-    Provider, assert_foreground, config_maps, create_tree, wait_held,
+    Composing, Provider, assert_foreground, config_maps, create_tree, plain, wait_held,
 };
 use cascade_guard_testkit::*;
 use chart::{Replica, cli, find, has_kind, render};
@@ -1223,4 +1224,87 @@ async fn upgrade_and_uninstall_leave_nothing_stuck() {
     })
     .await;
     assert!(gone.is_some(), "{} stuck terminating", chart::NAMESPACE);
+}
+
+/// `holdComposed: true` (`--hold-composed`, for Crossplane v2.0 and v2.1),
+/// installed as a platform installs it, under the chart's RBAC: a composed
+/// object of a Refuse kind (one with a controller owner reference, as
+/// Crossplane composes a nested XR) is held; Crossplane's own delete of it
+/// with no propagation policy (what v2.0 and v2.1 send for a resource dropped
+/// from its Composition) goes through and ends as a foreground cascade, its
+/// dependent gone first. A person's plain delete of it is still refused, and
+/// an object nobody composed is neither held nor let through.
+#[tokio::test]
+async fn under_the_charts_rbac_hold_composed_makes_crossplanes_plain_delete_a_foreground_cascade() {
+    let _one_at_a_time = CLUSTER.lock().await;
+    let env = bare_env().await;
+    let s = Scope::new(&env.cp, "chart-hold-composed").await;
+    let ns = s.namespace.clone();
+    let values = format!("{VALUES}holdComposed: true\n");
+    let (docs, mut replicas) = install(env, &values, 1, "chart-hold-composed").await;
+    let args = find(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(args.contains(&json!("--hold-composed")), "{args:?}");
+    let admin = &s.client;
+    let resource = REFUSE.resource();
+    env.wait_for_protection(admin, &resource).await;
+    let scene = Composing::new(&s, &resource).await;
+    scene.composed(&s, &resource, "composed").await;
+    create_tree(admin, &resource, &ns, "loose", 1).await;
+    wait_held(admin, &resource, &ns, "composed").await;
+    let loose = scene.xrs.get("loose").await.expect("loose");
+    assert!(
+        !loose.finalizers().iter().any(|f| f == FINALIZER),
+        "an object nobody composed was held: {:?}",
+        loose.finalizers()
+    );
+
+    let person = env
+        .cp
+        .client_as("alice@example.com", &["system:masters"])
+        .await
+        .expect("client");
+    let crossplane = env
+        .cp
+        .client_as(DEFAULT_CROSSPLANE_USER, &["system:masters"])
+        .await
+        .expect("client");
+    let by_person = delete(&person, &resource, &ns, "composed", &plain(true)).await;
+    assert!(
+        !by_person.allowed(),
+        "a person's plain delete: {by_person:?}"
+    );
+    let of_loose = delete(&crossplane, &resource, &ns, "loose", &plain(true)).await;
+    assert!(
+        !of_loose.allowed(),
+        "Crossplane's plain delete of an object not held: {of_loose:?}"
+    );
+
+    let _provider = Provider::start(admin.clone(), ns.clone(), Duration::from_secs(2));
+    let by_crossplane = delete(&crossplane, &resource, &ns, "composed", &plain(false)).await;
+    assert!(
+        by_crossplane.allowed(),
+        "Crossplane's plain delete of a held composed object: {by_crossplane:?}"
+    );
+    assert!(
+        scene
+            .timeline
+            .wait_gone(&resource.kind, "composed", Duration::from_secs(60))
+            .await
+            .is_some(),
+        "composed never left:\n{}\n{}",
+        scene.timeline.describe(),
+        logs(&replicas)
+    );
+    assert_foreground(&scene.timeline, &resource.kind, "composed", 1);
+    let log = logs(&replicas);
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "a replica was refused something the chart should grant:\n{log}"
+    );
+    for r in &mut replicas {
+        r.stop();
+    }
 }

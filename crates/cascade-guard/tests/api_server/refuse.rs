@@ -12,9 +12,7 @@ use cascade_guard::policy::names::{
 };
 use cascade_guard::policy::refusal::{self, Subject};
 use cascade_guard::policy::{CompileSettings, Mode, ObjectState, Shape, decide};
-use cascade_guard_testkit::tree::{
-    Provider, assert_foreground, config_maps, create_tree, wait_held,
-};
+use cascade_guard_testkit::tree::{Composing, Provider, assert_foreground, plain, wait_held};
 use cascade_guard_testkit::*;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -1838,127 +1836,6 @@ async fn a_claim_is_refused_unless_it_deletes_its_composite_in_the_foreground() 
     )
     .await;
     assert!(plain.allowed(), "{} {}", plain.code, plain.message);
-}
-
-/// A delete with no propagation policy, as Crossplane v2.0 and v2.1 send one.
-fn plain(dry_run: bool) -> DeleteSpec {
-    DeleteSpec {
-        dry_run,
-        ..DeleteSpec::default()
-    }
-}
-
-/// The scene of the `--hold-composed` tests in `s`'s namespace: a timeline
-/// of the XRs and ConfigMaps, and a ConfigMap `parent` to compose XRs under
-/// (any object can be an owner; Crossplane's is the parent XR).
-struct Composing {
-    timeline: Timeline,
-    maps: Api<ConfigMap>,
-    xrs: Api<DynamicObject>,
-    parent: ConfigMap,
-}
-
-impl Composing {
-    async fn new(s: &Scope<'_>, resource: &ApiResource) -> Self {
-        let ns = &s.namespace;
-        let timeline = Timeline::start(
-            &s.client,
-            &[
-                (resource.clone(), Some(ns.clone())),
-                (config_maps(), Some(ns.clone())),
-            ],
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-        let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), ns);
-        let parent = maps
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": "parent"}})).expect("parent"),
-            )
-            .await
-            .expect("create the parent");
-        let xrs = Api::namespaced_with(s.client.clone(), ns, resource);
-        Self {
-            timeline,
-            maps,
-            xrs,
-            parent,
-        }
-    }
-
-    /// XR `name` with one dependent, composed under `parent` (a controller
-    /// owner reference).
-    async fn composed(&self, s: &Scope<'_>, resource: &ApiResource, name: &str) {
-        create_tree(&s.client, resource, &s.namespace, name, 1).await;
-        self.xrs
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"ownerReferences": [{
-                    "apiVersion": "v1", "kind": "ConfigMap", "name": "parent",
-                    "uid": self.parent.uid().expect("uid"), "controller": true,
-                }]}})),
-            )
-            .await
-            .expect("make it composed");
-    }
-}
-
-/// `--hold-composed`: a composed object of a Refuse kind (one with a
-/// controller owner reference, as Crossplane composes a nested XR) is held;
-/// Crossplane's own delete of it with no propagation policy (what Crossplane
-/// v2.0 and v2.1 send for a resource dropped from its Composition) goes
-/// through and ends as a foreground cascade, its dependent gone first. A
-/// person's plain delete of it is still refused, and an object nobody
-/// composed is neither held nor let through.
-#[tokio::test]
-async fn with_hold_composed_crossplanes_own_delete_of_a_composed_object_ends_in_the_foreground() {
-    let env = bare_with(options()).await;
-    env.start_controller(&["--hold-composed"]);
-    let admin = env.cp.admin().await.expect("admin client");
-    let resource = REFUSE.resource();
-    env.wait_for_protection(&admin, &resource).await;
-    let s = Scope::new(&env.cp, "hold-composed").await;
-    let ns = s.namespace.clone();
-    let scene = Composing::new(&s, &resource).await;
-    scene.composed(&s, &resource, "composed").await;
-    create_tree(&s.client, &resource, &ns, "loose", 1).await;
-    wait_held(&s.client, &resource, &ns, "composed").await;
-    let loose = scene.xrs.get("loose").await.expect("loose");
-    assert!(
-        !loose
-            .finalizers()
-            .iter()
-            .any(|f| f == FOREGROUND_CASCADE_FINALIZER),
-        "an object nobody composed was held: {:?}",
-        loose.finalizers()
-    );
-
-    let person = as_user(&env.cp, "alice@example.com").await;
-    let crossplane = as_user(&env.cp, DEFAULT_CROSSPLANE_USER).await;
-    let by_person = delete(&person, &resource, &ns, "composed", &plain(true)).await;
-    assert!(
-        !by_person.allowed(),
-        "a person's plain delete: {by_person:?}"
-    );
-    let of_loose = delete(&crossplane, &resource, &ns, "loose", &plain(true)).await;
-    assert!(
-        !of_loose.allowed(),
-        "Crossplane's plain delete of an object not held: {of_loose:?}"
-    );
-
-    let _provider = Provider::start(s.client.clone(), ns.clone(), Duration::from_secs(2));
-    let by_crossplane = delete(&crossplane, &resource, &ns, "composed", &plain(false)).await;
-    assert!(
-        by_crossplane.allowed(),
-        "Crossplane's plain delete of a held composed object: {by_crossplane:?}"
-    );
-    scene
-        .timeline
-        .wait_gone(&resource.kind, "composed", Duration::from_secs(60))
-        .await;
-    assert_foreground(&scene.timeline, &resource.kind, "composed", 1);
 }
 
 /// `--hold-composed` under faults. With the controller down, Crossplane's
