@@ -306,6 +306,19 @@ async fn install(
     (docs, started)
 }
 
+/// Stops the replicas, asserting that none was refused anything by RBAC
+/// (its log says "forbidden" for a grant the chart lacks).
+fn stop_unrefused(replicas: &mut [Replica]) {
+    let log = logs(replicas);
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "a replica was refused something the chart should grant:\n{log}"
+    );
+    for r in replicas {
+        r.stop();
+    }
+}
+
 /// `values` with the chart's image pointed at this checkout's image, as
 /// pushed to the loopback registry (built on first use).
 fn with_image(values: &str) -> String {
@@ -862,14 +875,7 @@ async fn under_the_charts_rbac_a_needed_secret_is_held_with_no_grant_on_secrets(
         "the Secret went {:.1} s after what needed it, deleted by the garbage collector's next try",
         secret.at.duration_since(needer.at).as_secs_f64()
     );
-    let log = logs(&replicas);
-    assert!(
-        !log.to_lowercase().contains("forbidden"),
-        "a replica was refused something the chart should grant:\n{log}"
-    );
-    for r in &mut replicas {
-        r.stop();
-    }
+    stop_unrefused(&mut replicas);
 }
 
 /// A tree that composes what the chart's RBAC does not let the controller
@@ -1299,12 +1305,5 @@ async fn under_the_charts_rbac_hold_composed_makes_crossplanes_plain_delete_a_fo
         logs(&replicas)
     );
     assert_foreground(&scene.timeline, &resource.kind, "composed", 1);
-    let log = logs(&replicas);
-    assert!(
-        !log.to_lowercase().contains("forbidden"),
-        "a replica was refused something the chart should grant:\n{log}"
-    );
-    for r in &mut replicas {
-        r.stop();
-    }
+    stop_unrefused(&mut replicas);
 }
