@@ -27,6 +27,20 @@ print_timings() {
   current=""
   printf '\n==> time by step\n'
   printf '%s\n' "${timings[@]}"
+  print_cpu_use
+}
+# Where the two cores went over the whole run (scripts/cpu-use.py): by test
+# binary, what each started included. When they are busy throughout, only
+# less work makes a run shorter, and this says which.
+cpu_use_pid=
+cpu_use=target/cpu-use.json
+print_cpu_use() {
+  [ -n "$cpu_use_pid" ] || return 0
+  kill -TERM "$cpu_use_pid" 2>/dev/null || true
+  wait "$cpu_use_pid" 2>/dev/null || true
+  cpu_use_pid=
+  printf '\n==> CPU by test binary (seconds; scripts/cpu-use.py report %s)\n' "$cpu_use"
+  python3 scripts/cpu-use.py report "$cpu_use" | head -n 30 || true
 }
 # And no build left running in the background when a step fails.
 on_exit() {
@@ -76,6 +90,9 @@ mkdir -p "$CARGO_TARGET_DIR" && echo "$PWD" >"$checkout_stamp"
 # collecting less often trades memory (24 GB here) for CPU.
 export GOGC=${GOGC:-400}
 start=$SECONDS
+mkdir -p target
+python3 scripts/cpu-use.py record "$cpu_use" &
+cpu_use_pid=$!
 
 step "the repository stands alone"
 # A clone must run everything with nothing beside it: no file may read or
