@@ -354,6 +354,7 @@ impl Controller {
             .join(format!("{}-{}-{short_uid}", view.namespace, view.name));
         let started = ControlPlane::start(Options {
             dir: Some(dir.clone()),
+            serve_only: true,
             ..Options::default()
         })
         .await;
