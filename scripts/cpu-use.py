@@ -118,9 +118,12 @@ def report(path):
             suite[name] = (cpu_so_far + cpu, count + 1)
     total = sum(by_owner.values())
     print(f"{total:8.0f} s of CPU in all")
-    for who, cpu in sorted(by_owner.items(), key=lambda kv: -kv[1]):
-        if cpu >= 1:
-            print(f"{cpu:8.1f}  {who}")
+    ranked = sorted(by_owner.items(), key=lambda kv: -kv[1])
+    for who, cpu in ranked[:25]:
+        print(f"{cpu:8.1f}  {who}")
+    rest = ranked[25:]
+    if rest:
+        print(f"{sum(cpu for _, cpu in rest):8.1f}  ({len(rest)} more)")
     if suite:
         print("seed_real, by program (how many processes):")
         for name, (cpu, count) in sorted(suite.items(), key=lambda kv: -kv[1][0])[:12]:

@@ -40,7 +40,7 @@ print_cpu_use() {
   wait "$cpu_use_pid" 2>/dev/null || true
   cpu_use_pid=
   printf '\n==> CPU by test binary (seconds; scripts/cpu-use.py report %s)\n' "$cpu_use"
-  python3 scripts/cpu-use.py report "$cpu_use" | head -n 30 || true
+  python3 scripts/cpu-use.py report "$cpu_use" || true
 }
 # And no build left running in the background when a step fails.
 on_exit() {
