@@ -142,7 +142,7 @@ pub fn assert_foreground(timeline: &Timeline, kind: &str, name: &str, dependents
             .gone("ConfigMap", &d)
             .unwrap_or_else(|| panic!("{d} never left the API:\n{}", timeline.describe()));
         assert!(
-            gone.seq < xr_gone.seq,
+            timeline.revision_of(&gone) < timeline.revision_of(&xr_gone),
             "{name} left before its dependent {d}:\n{}",
             timeline.describe()
         );

@@ -299,11 +299,33 @@ impl Timeline {
         })
     }
 
+    /// `entry`'s etcd revision, to order it against an entry of another
+    /// watch: arrival order across two watches is not the API server's (a
+    /// loaded API server delivered an owner's removal after its dependents'
+    /// deletions, CI-like run at `9b813b6`). Every watch event carries one,
+    /// so a missing one fails the caller, with the timeline.
+    pub fn revision_of(&self, entry: &Entry) -> u64 {
+        entry.revision.unwrap_or_else(|| {
+            panic!(
+                "{}/{} has no revision in the timeline:\n{}",
+                entry.kind,
+                entry.name,
+                self.describe()
+            )
+        })
+    }
+
     /// Every entry as one line each, for a failing assertion's message.
     pub fn describe(&self) -> String {
         self.entries()
             .iter()
-            .map(|e| format!("{:>4} {}/{} {:?}", e.seq, e.kind, e.name, e.change))
+            .map(|e| {
+                let revision = e.revision.map_or("?".to_string(), |r| r.to_string());
+                format!(
+                    "{:>4} r{revision} {}/{} {:?}",
+                    e.seq, e.kind, e.name, e.change
+                )
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }

@@ -527,15 +527,18 @@ async fn a_foreground_cascade_through_three_levels_of_protected_kinds_completes(
         "the cascade stalled:\n{}",
         timeline.describe()
     );
-    let nested_gone = timeline
-        .gone("RefuseComposite", "nested")
-        .expect("nested gone")
-        .seq;
+    // By etcd revision: arrival across the kinds' watches is not their order.
+    let nested_gone = timeline.revision_of(
+        &timeline
+            .gone("RefuseComposite", "nested")
+            .expect("nested gone"),
+    );
     for i in 0..3 {
-        let leaf_gone = timeline
-            .gone("Leaf", &format!("leaf-{i}"))
-            .expect("leaf gone")
-            .seq;
+        let leaf_gone = timeline.revision_of(
+            &timeline
+                .gone("Leaf", &format!("leaf-{i}"))
+                .expect("leaf gone"),
+        );
         assert!(
             leaf_gone < nested_gone,
             "out of order:\n{}",
@@ -543,7 +546,7 @@ async fn a_foreground_cascade_through_three_levels_of_protected_kinds_completes(
         );
     }
     assert!(
-        nested_gone < root_gone.expect("root").seq,
+        nested_gone < timeline.revision_of(&root_gone.expect("root")),
         "out of order:\n{}",
         timeline.describe()
     );

@@ -187,13 +187,14 @@ impl Tree {
         );
     }
 
+    /// The etcd revision `kind/name` left the API at ([`Timeline::revision_of`]).
     async fn wait_gone(&self, kind: &str, name: &str) -> u64 {
         match self
             .timeline
             .wait_gone(kind, name, Duration::from_secs(30))
             .await
         {
-            Some(e) => e.seq,
+            Some(e) => self.timeline.revision_of(&e),
             None => panic!(
                 "{kind}/{name} never left the API; timeline:\n{}",
                 self.timeline.describe()
@@ -347,11 +348,12 @@ async fn background_deletion_removes_the_owner_at_once_and_the_dependents_afterw
     tree.wait_terminating("Dependent", "leaf-a").await;
     tree.wait_terminating("Dependent", "leaf-b").await;
     for leaf in ["leaf-a", "leaf-b"] {
-        let deleted = tree
-            .timeline
-            .terminating("Dependent", leaf)
-            .expect("seen terminating")
-            .seq;
+        let deleted = tree.timeline.revision_of(
+            &tree
+                .timeline
+                .terminating("Dependent", leaf)
+                .expect("seen terminating"),
+        );
         assert!(
             deleted > gone,
             "{leaf} was deleted before its owner left:\n{}",

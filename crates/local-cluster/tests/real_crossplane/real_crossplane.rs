@@ -300,9 +300,10 @@ impl<'a> App<'a> {
         }
     }
 
+    /// The etcd revision `kind/name` left the API at ([`Timeline::revision_of`]).
     async fn wait_gone(&self, kind: &str, name: &str) -> u64 {
         match self.timeline.wait_gone(kind, name, TIMEOUT).await {
-            Some(e) => e.seq,
+            Some(e) => self.timeline.revision_of(&e),
             None => panic!(
                 "{kind}/{name} never left the API; timeline:\n{}",
                 self.timeline.describe()
@@ -943,14 +944,14 @@ async fn deleting_a_legacy_claim_deletes_its_xr_with_the_claims_composite_delete
         assert_eq!(event.effective_username(), CROSSPLANE_USER, "{policy}");
         assert_eq!(event.propagation_policy(), sent, "{policy}");
         eprintln!(
-            "compositeDeletePolicy {policy}: Crossplane sent {:?} for the XR; claim gone at #{}, XR gone at #{}",
+            "compositeDeletePolicy {policy}: Crossplane sent {:?} for the XR; claim gone at revision {}, XR gone at revision {}",
             event.propagation_policy(),
-            claim_gone.seq,
-            xr_gone.seq
+            timeline.revision_of(&claim_gone),
+            timeline.revision_of(&xr_gone)
         );
         if policy == "Foreground" {
             assert!(
-                claim_gone.seq > xr_gone.seq,
+                timeline.revision_of(&claim_gone) > timeline.revision_of(&xr_gone),
                 "with Foreground the claim waits for its XR:\n{}",
                 timeline.describe()
             );

@@ -215,7 +215,9 @@ pub(crate) async fn claim_outcome(
     if let ClaimDelete::Namespace(ns) = how {
         namespace_finishes(&namespaces, ns).await?;
     }
-    let in_order = maps.iter().all(|m| m.seq < xr.seq);
+    let in_order = maps
+        .iter()
+        .all(|m| timeline.revision_of(m) < timeline.revision_of(&xr));
     // Off is the seed's failure: the XR goes first and leaves its resources
     // to the garbage collector.
     if in_order == (mode != Mode::Off) {

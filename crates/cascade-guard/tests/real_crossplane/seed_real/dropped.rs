@@ -239,7 +239,10 @@ pub(crate) async fn dropped_outcome(stack: &Stack, mode: Mode) {
         .await;
     let map_gone = timeline.gone("ConfigMap", &dropped_map);
     assert!(
-        gone.is_some() && map_gone.is_some_and(|m| gone.as_ref().is_some_and(|g| m.seq < g.seq)),
+        gone.is_some()
+            && map_gone.is_some_and(|m| gone
+                .as_ref()
+                .is_some_and(|g| timeline.revision_of(&m) < timeline.revision_of(g))),
         "{mode:?}: the dropped {inner} did not go after its ConfigMap\n{}",
         timeline.describe()
     );
