@@ -408,7 +408,10 @@ pub(crate) async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: b
     }
     if by_namespace {
         let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
-        let ns_gone = wait::until(Duration::from_secs(120), || async {
+        // The namespace controller's own work after the tree: it lists every
+        // kind in the namespace and retries with backoff, which under a
+        // whole run's load took over 120 s once (CI-like run at e0c9303).
+        let ns_gone = wait::until(Duration::from_secs(300), || async {
             namespaces
                 .get_opt(&md_ns)
                 .await
@@ -417,7 +420,31 @@ pub(crate) async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: b
                 .then_some(())
         })
         .await;
-        assert!(ns_gone.is_some(), "{what}: namespace {md_ns} never went");
+        if ns_gone.is_none() {
+            // What the namespace controller says is left, and why.
+            let left = namespaces
+                .get_opt(&md_ns)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|n| n.status)
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| {
+                    format!(
+                        "{}={}: {}",
+                        c.type_,
+                        c.status,
+                        c.message.unwrap_or_default()
+                    )
+                })
+                .collect::<Vec<_>>();
+            panic!(
+                "{what}: namespace {md_ns} never went; its conditions: {left:?}\n{}",
+                consumers.timeline.describe()
+            );
+        }
     }
     eprintln!(
         "{what}: everything gone, in order, nothing leaked, in {:?}",
