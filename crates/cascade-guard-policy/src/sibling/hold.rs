@@ -82,6 +82,10 @@ impl Action {
     }
 }
 
+/// What is held for a tree now: each object to the words its entry in
+/// [`HOLDS`](super::holds_record::HOLDS) says it waits for.
+pub type Held = BTreeMap<ObjectRef, String>;
+
 /// What to do to the tree of `graph`, given what is held for this tree's
 /// root now (`held_now`) and which objects a Crossplane Usage marks in use
 /// (`crossplane.io/in-use`). Besides the sibling edges' `after` objects,
@@ -97,11 +101,11 @@ impl Action {
 /// webhook, would keep the webhook from recording the attempt it replays.
 /// That Usage, when it is standalone, is itself held until its user is gone
 /// ([`Graph::standalone_usages`]), so the replay comes only then.
-pub fn actions(
-    graph: &Graph,
-    held_now: &BTreeSet<ObjectRef>,
-    in_use: &BTreeSet<ObjectRef>,
-) -> Vec<Action> {
+///
+/// A hold keeps its word: held "until ServingStack X is gone", an object
+/// stays held while X is being deleted, though what in X's tree needed it
+/// (X's Releases) may be gone first and its sibling edge with them.
+pub fn actions(graph: &Graph, held_now: &Held, in_use: &BTreeSet<ObjectRef>) -> Vec<Action> {
     let mut wanted: BTreeMap<ObjectRef, BTreeSet<String>> = BTreeMap::new();
     for (usage, by) in graph.standalone_usages() {
         if graph.node(&usage).is_some_and(|n| !n.deleting) {
@@ -146,7 +150,7 @@ pub fn actions(
     // provider is done; the controller then deletes it as its owner leaves.
     let tracked = tracked_usages(graph);
     for t in &tracked {
-        match (t.needed, held_now.contains(&t.usage)) {
+        match (t.needed, held_now.contains_key(&t.usage)) {
             (true, false) => out.push(Action::Hold {
                 object: t.usage.clone(),
                 held_for: t.managed.to_string(),
@@ -167,7 +171,7 @@ pub fn actions(
         if tracked.iter().any(|t| t.usage == node.object) {
             continue;
         }
-        let held = held_now.contains(&node.object);
+        let held = held_now.contains_key(&node.object);
         if !node.in_tree {
             if held {
                 out.push(Action::Release {
@@ -181,6 +185,11 @@ pub fn actions(
                 object: node.object.clone(),
                 held_for: before.iter().cloned().collect::<Vec<_>>().join(", "),
             }),
+            (None, true)
+                if !node.deleting
+                    && held_now
+                        .get(&node.object)
+                        .is_some_and(|words| still_going(graph, words)) => {}
             (None, true) => {
                 let parent_deleting = node
                     .parent
@@ -201,6 +210,17 @@ pub fn actions(
         }
     }
     out
+}
+
+/// Whether an object the hold's `words` name (`Kind namespace/name`, as
+/// [`ObjectRef`] writes itself, joined by `, `) is in `graph` and being
+/// deleted: gone from the API, it is no longer in the graph.
+fn still_going(graph: &Graph, words: &str) -> bool {
+    let named: BTreeSet<&str> = words.split(", ").collect();
+    graph
+        .nodes
+        .iter()
+        .any(|n| n.deleting && named.contains(n.object.to_string().as_str()))
 }
 
 #[cfg(test)]
@@ -241,6 +261,11 @@ mod tests {
         objects
     }
 
+    /// Held for words that name no object of the tree.
+    fn held_as<const N: usize>(objects: [ObjectRef; N]) -> Held {
+        objects.into_iter().map(|o| (o, String::new())).collect()
+    }
+
     fn r(kind: &str, name: &str) -> ObjectRef {
         ObjectRef::new("example.org", kind, Some("ns"), name)
     }
@@ -248,13 +273,19 @@ mod tests {
     #[test]
     fn a_needed_sibling_is_held_until_its_needers_are_gone_then_deleted_if_its_parent_is() {
         let cluster = || r("XR", "cluster");
-        let held = || BTreeSet::from([cluster()]);
-        type Case = (&'static str, Vec<Value>, BTreeSet<ObjectRef>, Vec<Action>);
+        let held = || Held::from([(cluster(), "XR ns/stack".to_string())]);
+        // The stack still there, its App (the needer) gone before it.
+        let needer_gone = |root_deleting: bool, cluster_deleting: bool| -> Vec<Value> {
+            let mut objects = tree(root_deleting, true, cluster_deleting);
+            objects.retain(|o| o["kind"] != "App");
+            objects
+        };
+        type Case = (&'static str, Vec<Value>, Held, Vec<Action>);
         let cases: Vec<Case> = vec![
             (
                 "live tree, not yet held: hold it",
                 tree(false, true, false),
-                BTreeSet::new(),
+                Held::new(),
                 vec![Action::Hold {
                     object: cluster(),
                     held_for: "XR ns/stack".to_string(),
@@ -285,9 +316,33 @@ mod tests {
                 vec![Action::Release { object: cluster() }],
             ),
             (
+                "root deleting, the needer gone, the stack it was held for still going: keep holding",
+                needer_gone(true, false),
+                held(),
+                vec![],
+            ),
+            (
+                "the same, held for words that name something else: delete it",
+                needer_gone(true, false),
+                Held::from([(cluster(), "XR ns/other, Release ns/stack".to_string())]),
+                vec![Action::Delete { object: cluster() }],
+            ),
+            (
+                "live root, the needer gone, the stack live: release only",
+                needer_gone(false, false),
+                held(),
+                vec![Action::Release { object: cluster() }],
+            ),
+            (
+                "the stack going, but it was deleted anyway (break-glass): released",
+                needer_gone(true, true),
+                held(),
+                vec![Action::Release { object: cluster() }],
+            ),
+            (
                 "already deleting (held too late, or break-glass): never held",
                 tree(true, true, true),
-                BTreeSet::new(),
+                Held::new(),
                 vec![],
             ),
             (
@@ -316,7 +371,7 @@ mod tests {
         objects.push(usage);
         let g = graph(&objects, "root").expect("root");
         assert!(!g.sibling_edges.is_empty());
-        assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
+        assert_eq!(actions(&g, &Held::new(), &BTreeSet::new()), vec![]);
     }
 
     /// A standalone Usage of `of` by `by`, owned by its user as Crossplane's
@@ -341,7 +396,7 @@ mod tests {
     fn a_standalone_usage_is_held_until_its_user_is_gone() {
         let usage = || ObjectRef::new("protection.crossplane.io", "Usage", Some("ns"), "uses");
         let in_use = BTreeSet::from([r("XR", "cluster")]);
-        let held = || BTreeSet::from([usage()]);
+        let held = || held_as([usage()]);
         let hold = || {
             vec![Action::Hold {
                 object: usage(),
@@ -363,19 +418,13 @@ mod tests {
                 standalone_usage("cluster", "stack", true),
             ]
         };
-        type Case = (
-            &'static str,
-            Vec<Value>,
-            &'static str,
-            BTreeSet<ObjectRef>,
-            Vec<Action>,
-        );
+        type Case = (&'static str, Vec<Value>, &'static str, Held, Vec<Action>);
         let cases: Vec<Case> = vec![
             (
                 "siblings, live: hold the Usage, not what it keeps",
                 beside(false, true),
                 "root",
-                BTreeSet::new(),
+                Held::new(),
                 hold(),
             ),
             (
@@ -403,7 +452,7 @@ mod tests {
                 "two roots, live: hold the Usage",
                 across(false),
                 "stack",
-                BTreeSet::new(),
+                Held::new(),
                 hold(),
             ),
             (
@@ -424,12 +473,12 @@ mod tests {
             u["metadata"]["labels"] = json!({crate::sibling::graph::COMPOSITE_LABEL: "root"});
         }
         let g = graph(&composed, "root").expect("root");
-        assert_eq!(actions(&g, &BTreeSet::new(), &in_use), vec![]);
+        assert_eq!(actions(&g, &Held::new(), &in_use), vec![]);
         // Already deleting (its delete went through): not held.
         let mut deleting = across(false);
         deleting[2]["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
         let g = graph(&deleting, "stack").expect("root");
-        assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
+        assert_eq!(actions(&g, &Held::new(), &BTreeSet::new()), vec![]);
     }
 
     /// root composes ProviderConfig `pc` and a Release using it, whose
@@ -457,12 +506,12 @@ mod tests {
             )
         };
         let provider = "finalizer.managedresource.crossplane.io";
-        type Case = (&'static str, Vec<Value>, BTreeSet<ObjectRef>, Vec<Action>);
+        type Case = (&'static str, Vec<Value>, Held, Vec<Action>);
         let cases: Vec<Case> = vec![
             (
                 "live, not held: hold it, though it was never read",
                 managed_tree(&[provider], false),
-                BTreeSet::new(),
+                Held::new(),
                 vec![Action::Hold {
                     object: usage(),
                     held_for: "Release ns/app".to_string(),
@@ -471,19 +520,19 @@ mod tests {
             (
                 "live, held: nothing",
                 managed_tree(&[provider], false),
-                BTreeSet::from([usage()]),
+                held_as([usage()]),
                 vec![],
             ),
             (
                 "deleting, its provider still at work: keep holding",
                 managed_tree(&[provider], true),
-                BTreeSet::from([usage()]),
+                held_as([usage()]),
                 vec![],
             ),
             (
                 "in a foreground cascade, its provider waiting for it: keep holding, unblock",
                 managed_tree(&["foregroundDeletion", provider], true),
-                BTreeSet::from([usage()]),
+                held_as([usage()]),
                 vec![Action::Unblock {
                     object: usage(),
                     owner_uid: "app".to_string(),
@@ -492,13 +541,13 @@ mod tests {
             (
                 "deleting, its provider done: let go (the controller deletes it)",
                 managed_tree(&["foregroundDeletion"], true),
-                BTreeSet::from([usage()]),
+                held_as([usage()]),
                 vec![Action::Release { object: usage() }],
             ),
             (
                 "deleting, its provider done, never held: nothing",
                 managed_tree(&["foregroundDeletion"], true),
-                BTreeSet::new(),
+                Held::new(),
                 vec![],
             ),
         ];
@@ -564,7 +613,7 @@ mod tests {
         // the tree (the cascade does not delete it).
         let held_for = "Release ns/app".to_string();
         assert_eq!(
-            actions(&g, &BTreeSet::new(), &BTreeSet::new()),
+            actions(&g, &Held::new(), &BTreeSet::new()),
             vec![
                 Action::Hold {
                     object: cluster_ref(),
@@ -577,7 +626,7 @@ mod tests {
             ]
         );
         // Its user deleting: still held. Gone: let go.
-        let held = BTreeSet::from([pc_ref(), cluster_ref()]);
+        let held = held_as([pc_ref(), cluster_ref()]);
         let g = graph(&objects(Some(true)), "root").expect("root");
         assert_eq!(actions(&g, &held, &BTreeSet::new()), vec![]);
         let g = graph(&objects(None), "root").expect("root");
@@ -611,10 +660,10 @@ mod tests {
     fn an_object_a_usage_marks_in_use_is_left_to_crossplane() {
         let g = graph(&tree(false, true, false), "root").expect("root");
         let cluster = BTreeSet::from([r("XR", "cluster")]);
-        assert_eq!(actions(&g, &BTreeSet::new(), &cluster), vec![]);
+        assert_eq!(actions(&g, &Held::new(), &cluster), vec![]);
         // Held before the Usage took hold of it: let go.
         assert_eq!(
-            actions(&g, &cluster, &cluster),
+            actions(&g, &held_as([r("XR", "cluster")]), &cluster),
             vec![Action::Release {
                 object: r("XR", "cluster")
             }]
@@ -628,6 +677,6 @@ mod tests {
             json!({"cascade-guard.dev/needs": "XR.example.org/stack"});
         let g = graph(&objects, "root").expect("root");
         assert!(!g.cycles.is_empty(), "{:?}", g.sibling_edges);
-        assert_eq!(actions(&g, &BTreeSet::new(), &BTreeSet::new()), vec![]);
+        assert_eq!(actions(&g, &Held::new(), &BTreeSet::new()), vec![]);
     }
 }

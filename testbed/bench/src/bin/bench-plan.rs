@@ -424,7 +424,7 @@ async fn plan_part() -> Result<()> {
         o.kind == provider_config_usage::KIND
             && served.of_kind(Some(&o.group), &o.kind).next().is_none()
     };
-    let holds = hold::actions(&graph, &BTreeSet::new(), &BTreeSet::new())
+    let holds = hold::actions(&graph, &hold::Held::new(), &BTreeSet::new())
         .iter()
         .filter(|a| matches!(a, hold::Action::Hold { object, .. } if !unserved_usage(object)))
         .count();

@@ -131,7 +131,7 @@ impl Picture {
         // in use (a plan reads none).
         let mut held: BTreeMap<ObjectRef, String> = BTreeMap::new();
         if plan.teardown == Teardown::Ordered {
-            for action in hold::actions(graph, &BTreeSet::new(), &BTreeSet::new()) {
+            for action in hold::actions(graph, &hold::Held::new(), &BTreeSet::new()) {
                 if let Action::Hold { object, held_for } = action {
                     held.insert(object, held_for);
                 }

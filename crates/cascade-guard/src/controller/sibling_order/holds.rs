@@ -21,6 +21,7 @@ use super::schedule::CHECK_EVERY;
 use crate::cluster::kinds::ServedKinds;
 use crate::cluster::{holds, unhold};
 use crate::policy::CompileSettings;
+use crate::policy::sibling::hold::Held;
 use crate::policy::sibling::hold_policy::{
     HOLD_OBJECT_NAME, HeldKind, RECORD_GUARD_NAME, compile_hold, compile_record_guard,
 };
@@ -145,11 +146,15 @@ impl Holds {
         self.entries.roots()
     }
 
-    /// What is held for `root` now.
-    pub fn held_for(&self, root: &str) -> BTreeSet<ObjectRef> {
+    /// What is held for `root` now, each with the words it waits for.
+    pub fn held_for(&self, root: &str) -> Held {
         self.entries
             .of_root(root)
-            .filter_map(|k| parse_hold_key(k))
+            .filter_map(|k| {
+                let object = parse_hold_key(k)?;
+                let value = self.entries.map().get(k)?;
+                Some((object, HoldEntry::parse(value).held_for))
+            })
             .collect()
     }
 

@@ -165,7 +165,12 @@ impl OrderLoop {
         let client = &self.client.clone();
         let held: &HashMap<String, BTreeSet<ObjectRef>> = &roots
             .iter()
-            .map(|(d, _)| (d.uid.clone(), self.holds.held_for(&d.uid)))
+            .map(|(d, _)| {
+                (
+                    d.uid.clone(),
+                    self.holds.held_for(&d.uid).into_keys().collect(),
+                )
+            })
             .collect();
         let read: Vec<_> = futures::stream::iter(roots.into_iter().map(|(d, root)| async move {
             let tree = match &root {

@@ -19,7 +19,7 @@ use crate::cluster::unhold;
 use crate::policy::holders::IN_USE_LABEL;
 use crate::policy::sibling::gate::TreeOrder;
 use crate::policy::sibling::graph::{self, Graph};
-use crate::policy::sibling::hold::{Action, actions};
+use crate::policy::sibling::hold::{Action, Held, actions};
 use crate::policy::sibling::object::ObjectRef;
 use crate::policy::sibling::provider_config_usage::{self as usage, tracked_usages};
 
@@ -44,14 +44,14 @@ pub(super) fn decide(
     graph: &Graph,
     read: &HashMap<ObjectRef, &Value>,
     in_use: &BTreeSet<ObjectRef>,
-    held_now: &BTreeSet<ObjectRef>,
+    held_now: &Held,
     unserved_usage: impl Fn(&ObjectRef) -> bool,
 ) -> Decision {
     // The ProviderConfigUsages of the tree's managed resources: held by
     // key, never read.
     let tracked: BTreeSet<ObjectRef> = tracked_usages(graph).into_iter().map(|t| t.usage).collect();
     let unexplained: Vec<ObjectRef> = held_now
-        .iter()
+        .keys()
         .filter(|r| !read.contains_key(*r) && !tracked.contains(*r))
         .cloned()
         .collect();
@@ -62,7 +62,7 @@ pub(super) fn decide(
     // is let go: kept, the tree would stay unordered and its root's delete
     // refused for ever.
     todo.retain(|a| !matches!(a, Action::Hold { object, .. } if unserved_usage(object)));
-    for object in held_now.iter().filter(|o| unserved_usage(o)) {
+    for object in held_now.keys().filter(|o| unserved_usage(o)) {
         let released = todo
             .iter()
             .any(|a| matches!(a, Action::Release { object: o } if o == object));
@@ -73,7 +73,7 @@ pub(super) fn decide(
         }
     }
     let mut holding: BTreeSet<ObjectRef> = held_now
-        .iter()
+        .keys()
         .filter(|r| !unexplained.contains(r))
         .cloned()
         .collect();
@@ -528,11 +528,12 @@ mod tests {
             object: r("cluster"),
             held_for: "XR ns/stack".to_string(),
         };
-        type Case = (&'static str, BTreeSet<ObjectRef>, Decision);
+        type Case = (&'static str, Held, Decision);
+        let words = |o: ObjectRef| (o, "XR ns/stack".to_string());
         let cases: Vec<Case> = vec![
             (
                 "nothing held: hold the need",
-                BTreeSet::new(),
+                Held::new(),
                 Decision {
                     unexplained: vec![],
                     todo: vec![hold()],
@@ -541,7 +542,7 @@ mod tests {
             ),
             (
                 "held, and an object gone from the tree",
-                BTreeSet::from([r("cluster"), r("gone")]),
+                Held::from([words(r("cluster")), words(r("gone"))]),
                 Decision {
                     unexplained: vec![r("gone")],
                     todo: vec![],
