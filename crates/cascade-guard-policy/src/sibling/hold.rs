@@ -185,6 +185,15 @@ pub fn actions(graph: &Graph, held_now: &Held, in_use: &BTreeSet<ObjectRef>) -> 
                 object: node.object.clone(),
                 held_for: before.iter().cloned().collect::<Vec<_>>().join(", "),
             }),
+            (Some(before), true) => {
+                let words = held_now.get(&node.object).map_or("", String::as_str);
+                if let Some(held_for) = words_grown(graph, words, before) {
+                    out.push(Action::Hold {
+                        object: node.object.clone(),
+                        held_for,
+                    });
+                }
+            }
             (None, true)
                 if !node.deleting
                     && held_now
@@ -210,6 +219,26 @@ pub fn actions(graph: &Graph, held_now: &Held, in_use: &BTreeSet<ObjectRef>) -> 
         }
     }
     out
+}
+
+/// The words of a hold that now waits for `before` too, when they do not
+/// name all of it yet: what they named and is still in the graph, and
+/// `before`. So a second sibling that comes to need an object is named,
+/// and keeps the hold while it goes as the first does ([`still_going`]);
+/// nothing is written while the words already say it all.
+fn words_grown(graph: &Graph, words: &str, before: &BTreeSet<String>) -> Option<String> {
+    let named: BTreeSet<&str> = words.split(", ").filter(|w| !w.is_empty()).collect();
+    if before.iter().all(|b| named.contains(b.as_str())) {
+        return None;
+    }
+    let present: BTreeSet<String> = graph.nodes.iter().map(|n| n.object.to_string()).collect();
+    let mut all: BTreeSet<String> = named
+        .into_iter()
+        .filter(|w| present.contains(*w))
+        .map(str::to_string)
+        .collect();
+    all.extend(before.iter().cloned());
+    Some(all.into_iter().collect::<Vec<_>>().join(", "))
 }
 
 /// Whether an object the hold's `words` name (`Kind namespace/name`, as
@@ -261,9 +290,12 @@ mod tests {
         objects
     }
 
-    /// Held for words that name no object of the tree.
-    fn held_as<const N: usize>(objects: [ObjectRef; N]) -> Held {
-        objects.into_iter().map(|o| (o, String::new())).collect()
+    /// Held, each for `words`.
+    fn held_as<const N: usize>(words: &str, objects: [ObjectRef; N]) -> Held {
+        objects
+            .into_iter()
+            .map(|o| (o, words.to_string()))
+            .collect()
     }
 
     fn r(kind: &str, name: &str) -> ObjectRef {
@@ -296,6 +328,24 @@ mod tests {
                 tree(false, true, false),
                 held(),
                 vec![],
+            ),
+            (
+                "live tree, held for another that is still there: its words grow",
+                tree(false, true, false),
+                Held::from([(cluster(), "XR ns/root".to_string())]),
+                vec![Action::Hold {
+                    object: cluster(),
+                    held_for: "XR ns/root, XR ns/stack".to_string(),
+                }],
+            ),
+            (
+                "live tree, held for one that is gone: its words name what waits now",
+                tree(false, true, false),
+                Held::from([(cluster(), "XR ns/gone".to_string())]),
+                vec![Action::Hold {
+                    object: cluster(),
+                    held_for: "XR ns/stack".to_string(),
+                }],
             ),
             (
                 "root deleting, the needer still there: keep holding",
@@ -396,7 +446,7 @@ mod tests {
     fn a_standalone_usage_is_held_until_its_user_is_gone() {
         let usage = || ObjectRef::new("protection.crossplane.io", "Usage", Some("ns"), "uses");
         let in_use = BTreeSet::from([r("XR", "cluster")]);
-        let held = || held_as([usage()]);
+        let held = || held_as("XR ns/stack", [usage()]);
         let hold = || {
             vec![Action::Hold {
                 object: usage(),
@@ -520,19 +570,19 @@ mod tests {
             (
                 "live, held: nothing",
                 managed_tree(&[provider], false),
-                held_as([usage()]),
+                held_as("Release ns/app", [usage()]),
                 vec![],
             ),
             (
                 "deleting, its provider still at work: keep holding",
                 managed_tree(&[provider], true),
-                held_as([usage()]),
+                held_as("Release ns/app", [usage()]),
                 vec![],
             ),
             (
                 "in a foreground cascade, its provider waiting for it: keep holding, unblock",
                 managed_tree(&["foregroundDeletion", provider], true),
-                held_as([usage()]),
+                held_as("Release ns/app", [usage()]),
                 vec![Action::Unblock {
                     object: usage(),
                     owner_uid: "app".to_string(),
@@ -541,7 +591,7 @@ mod tests {
             (
                 "deleting, its provider done: let go (the controller deletes it)",
                 managed_tree(&["foregroundDeletion"], true),
-                held_as([usage()]),
+                held_as("Release ns/app", [usage()]),
                 vec![Action::Release { object: usage() }],
             ),
             (
@@ -626,7 +676,7 @@ mod tests {
             ]
         );
         // Its user deleting: still held. Gone: let go.
-        let held = held_as([pc_ref(), cluster_ref()]);
+        let held = held_as("Release ns/app", [pc_ref(), cluster_ref()]);
         let g = graph(&objects(Some(true)), "root").expect("root");
         assert_eq!(actions(&g, &held, &BTreeSet::new()), vec![]);
         let g = graph(&objects(None), "root").expect("root");
@@ -663,7 +713,7 @@ mod tests {
         assert_eq!(actions(&g, &Held::new(), &cluster), vec![]);
         // Held before the Usage took hold of it: let go.
         assert_eq!(
-            actions(&g, &held_as([r("XR", "cluster")]), &cluster),
+            actions(&g, &held_as("XR ns/stack", [r("XR", "cluster")]), &cluster),
             vec![Action::Release {
                 object: r("XR", "cluster")
             }]
