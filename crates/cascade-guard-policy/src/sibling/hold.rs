@@ -221,13 +221,19 @@ pub fn actions(graph: &Graph, held_now: &Held, in_use: &BTreeSet<ObjectRef>) -> 
     out
 }
 
+/// What a hold's words name: each object as [`ObjectRef`] writes itself,
+/// joined by `, ` (no name, kind or group holds one).
+fn named(words: &str) -> BTreeSet<&str> {
+    words.split(", ").filter(|w| !w.is_empty()).collect()
+}
+
 /// The words of a hold that now waits for `before` too, when they do not
 /// name all of it yet: what they named and is still in the graph, and
 /// `before`. So a second sibling that comes to need an object is named,
 /// and keeps the hold while it goes as the first does ([`still_going`]);
 /// nothing is written while the words already say it all.
 fn words_grown(graph: &Graph, words: &str, before: &BTreeSet<String>) -> Option<String> {
-    let named: BTreeSet<&str> = words.split(", ").filter(|w| !w.is_empty()).collect();
+    let named = named(words);
     if before.iter().all(|b| named.contains(b.as_str())) {
         return None;
     }
@@ -245,7 +251,7 @@ fn words_grown(graph: &Graph, words: &str, before: &BTreeSet<String>) -> Option<
 /// [`ObjectRef`] writes itself, joined by `, `) is in `graph` and being
 /// deleted: gone from the API, it is no longer in the graph.
 fn still_going(graph: &Graph, words: &str) -> bool {
-    let named: BTreeSet<&str> = words.split(", ").collect();
+    let named = named(words);
     graph
         .nodes
         .iter()
