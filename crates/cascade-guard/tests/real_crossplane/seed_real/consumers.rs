@@ -407,43 +407,12 @@ pub(crate) async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: b
         }
     }
     if by_namespace {
-        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
         // The namespace controller's own work after the tree: it lists every
-        // kind in the namespace and retries with backoff, which under a
-        // whole run's load took over 120 s once (CI-like run at e0c9303).
-        let ns_gone = wait::until(Duration::from_secs(300), || async {
-            namespaces
-                .get_opt(&md_ns)
-                .await
-                .ok()?
-                .is_none()
-                .then_some(())
-        })
-        .await;
-        if ns_gone.is_none() {
-            // What the namespace controller says is left, and why.
-            let left = namespaces
-                .get_opt(&md_ns)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|n| n.status)
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|c| {
-                    format!(
-                        "{}={}: {}",
-                        c.type_,
-                        c.status,
-                        c.message.unwrap_or_default()
-                    )
-                })
-                .collect::<Vec<_>>();
-            panic!(
-                "{what}: namespace {md_ns} never went; its conditions: {left:?}\n{}",
-                consumers.timeline.describe()
-            );
+        // kind in the namespace and retries with backoff (over 120 s once
+        // under a whole run's load, CI-like run at e0c9303).
+        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+        if let Err(e) = namespace_finishes(&namespaces, &md_ns).await {
+            panic!("{what}: {e}\n{}", consumers.timeline.describe());
         }
     }
     eprintln!(
