@@ -63,9 +63,12 @@ step() {
   step_start=$SECONDS
   printf '\n==> %s\n' "$*"
 }
-# A test run builds each crate once: incremental compilation only adds its
-# cache (gigabytes of it) and time.
-export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+# Cargo's defaults: the tests' and clippy's builds (the dev profile) are
+# incremental, the image's (release) is not. Every run builds the workspace's
+# own crates again (a fresh clone's files are all newer than the last build);
+# incremental, that costs 34 s of CPU instead of 126 when little changed (a
+# fresh clone of the same commit, 2026-12-07), for about 2 GB of cache in
+# Cargo's build. A release build gained nothing from it (94 s against 99).
 cache=${XDG_CACHE_HOME:-$HOME/.cache}
 # Cargo's build outside the clone, like the Go builds: CI runs a fresh clone
 # each time, and with target/ in it every run compiled the whole dependency
@@ -153,7 +156,8 @@ step "the Rust builds (the tests', clippy's and the image's static binary), star
 # installer's error). tests/api_server/install.rs pushes the image
 # (scripts/image.sh push, with the pinned crane of testbed/tools/crane.sh) to a
 # registry on loopback (crane registry serve), pulls it, and runs the binary
-# taken out of it as the chart's ServiceAccount.
+# taken out of it as the chart's ServiceAccount. The tests do not wait for
+# this build to start (it is waited for after them).
 mkdir -p target
 rust_log=target/rust-build.log
 (cargo fetch --locked &&
@@ -165,6 +169,45 @@ scripts/image.sh binary >"$image_log" 2>&1 &
 image_pid=$!
 echo "logs: $rust_log, $image_log"
 
+step "the Go builds of real Crossplane, crank and crane, helm and promtool: started in the background"
+# Go builds run beside the control plane's below and the Rust builds above:
+# one after another, a cold run's builds left a quarter of the two cores idle
+# (module downloads, one linker at a time; 2,694 s of CPU in 1,774 s at
+# b4fabbe, BENCHMARKS.md "CI"). Each is cached like the control plane; a warm
+# run finds them all at once.
+#
+# Crossplane core, function-patch-and-transform, provider-kubernetes and
+# provider-helm (for tests/real_crossplane/real_crossplane.rs and
+# tests/real_crossplane/seed_real.rs), with their CRDs and webhook
+# configurations beside them; then crank (Crossplane's CLI, v2.2.1), which
+# builds and pushes the Configuration package, and crane, which serves the OCI
+# registry on loopback that Crossplane installs it from (for
+# tests/real_crossplane/package_real.rs).
+crossplane_log=target/crossplane-build.log
+crossplane_paths=target/crossplane-build.paths
+(
+  testbed/crossplane/build.sh >"$crossplane_paths" &&
+    testbed/tools/crank.sh >>"$crossplane_paths" &&
+    testbed/tools/crane.sh >>"$crossplane_paths"
+) 2>"$crossplane_log" &
+crossplane_pid=$!
+# The pinned Helm (tests/api_server/install.rs and tests/without_cluster/chart.rs
+# render the chart with it) and promtool, with prometheus-operator's
+# PrometheusRule CRD from its module zip beside it
+# (tests/api_server/prometheus_rule.rs runs `promtool test rules` on the rules
+# the chart renders and applies the rendered PrometheusRule against that CRD).
+# Only the three test binaries that need them wait for them (TEST_LAST below):
+# each runs the same script, which waits under its lock for the build to
+# finish; the tests' step waits for this job at its end.
+tools_log=target/tools-build.log
+(
+  tools_start=$SECONDS
+  testbed/tools/helm.sh && testbed/tools/promtool.sh &&
+    echo "helm and promtool ready in $((SECONDS - tools_start))s (in the background)"
+) >"$tools_log" 2>&1 &
+tools_pid=$!
+echo "logs: $crossplane_log, $tools_log"
+
 step "control plane binaries (testbed/controlplane/build.sh)"
 # Its kubectl also runs cascade-guard as a plugin
 # (tests/without_cluster/kubectl_plugin.rs, which fails without it).
@@ -172,23 +215,17 @@ bin=$(testbed/controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin
 echo "$bin"
 
-step "real Crossplane (testbed/crossplane/build.sh), for tests/real_crossplane/real_crossplane.rs and tests/real_crossplane/seed_real.rs"
-# Crossplane core, function-patch-and-transform, provider-kubernetes and
-# provider-helm, built from the Go module proxy and cached like the control
-# plane; with their CRDs and webhook configurations beside them.
-crossplane_bin=$(testbed/crossplane/build.sh)
-export LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=$crossplane_bin
-echo "$crossplane_bin"
-
-step "crank (testbed/tools/crank.sh) and crane (testbed/tools/crane.sh), for tests/real_crossplane/package_real.rs"
-# crank (Crossplane's CLI, v2.2.1) builds and pushes the Configuration package,
-# crane serves the OCI registry on loopback that Crossplane installs it from;
-# both built from the Go module proxy and cached like the rest.
-LOCAL_CLUSTER_CRANK_BIN=$(testbed/tools/crank.sh)
-CRANE_BIN=$(testbed/tools/crane.sh)
-export LOCAL_CLUSTER_CRANK_BIN CRANE_BIN
-echo "$LOCAL_CLUSTER_CRANK_BIN"
-echo "$CRANE_BIN"
+step "real Crossplane (testbed/crossplane/build.sh), crank (testbed/tools/crank.sh) and crane (testbed/tools/crane.sh), waited for"
+crossplane_ok=1
+wait "$crossplane_pid" || crossplane_ok=0
+cat "$crossplane_log"
+mapfile -t built < "$crossplane_paths"
+if [ "$crossplane_ok" = 0 ] || [ ${#built[@]} -ne 3 ]; then
+  echo "testbed/crossplane/build.sh, testbed/tools/crank.sh or testbed/tools/crane.sh failed (their output is above)" >&2
+  exit 1
+fi
+export LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=${built[0]} LOCAL_CLUSTER_CRANK_BIN=${built[1]} CRANE_BIN=${built[2]}
+printf '%s\n' "${built[@]}"
 
 step "Graphviz's dot (testbed/tools/graphviz.sh), for tests/without_cluster/plan_picture.rs"
 # Debian's graphviz, installed when missing: the test has dot read every
@@ -201,30 +238,6 @@ step "zsh and fish (testbed/tools/shells.sh), for tests/without_cluster/completi
 # Debian's, installed when missing: the test parses their completion scripts
 # with them (bash's it drives), and says it skipped a shell still missing.
 testbed/tools/shells.sh
-
-step "helm (testbed/tools/helm.sh) and promtool (testbed/tools/promtool.sh), for the chart tests: started in the background"
-# The pinned Helm (tests/api_server/install.rs and tests/without_cluster/chart.rs
-# render the chart with it) and promtool, with prometheus-operator's
-# PrometheusRule CRD from its module zip beside it
-# (tests/api_server/prometheus_rule.rs runs `promtool test rules` on the rules
-# the chart renders and applies the rendered PrometheusRule against that CRD);
-# built from the Go module proxy and cached like the control plane. A warm run
-# has them at once. A cold one builds them (Helm about a minute of Go on two
-# cores, promtool, without its service-discovery plugins, under two) beside
-# the tests, which alone leave about a quarter of the two cores idle while
-# they wait on control planes and Crossplane's timers: at normal priority (at
-# the lowest, starved, they were ready only 17 minutes in; BENCHMARKS.md
-# "CI"), and the three test binaries that need them run last (TEST_LAST
-# below). Each of them runs the same script, which waits under its lock for
-# the build to finish.
-tools_log=target/tools-build.log
-(
-  tools_start=$SECONDS
-  testbed/tools/helm.sh && testbed/tools/promtool.sh &&
-    echo "helm and promtool ready in $((SECONDS - tools_start))s (in the background)"
-) >"$tools_log" 2>&1 &
-tools_pid=$!
-echo "log: $tools_log"
 
 step "the other pinned Kubernetes releases (testbed/controlplane/build.sh) and the oldest Crossplane (testbed/crossplane/build.sh), for the compatibility checks"
 # The suite runs on the newest release; every compatibility check on the
@@ -345,15 +358,6 @@ scripts/sizes.sh || true
 step "the tests' build"
 cargo test --workspace --locked --no-run
 
-step "the image's static binary, waited for"
-if wait "$image_pid"; then
-  cat "$image_log"
-else
-  cat "$image_log" >&2
-  echo "scripts/image.sh binary failed (its output is above)" >&2
-  exit 1
-fi
-
 step "tests, and every pinned Kubernetes release and the oldest Crossplane release (scripts/compat.sh) beside the slowest"
 # Every test binary once (scripts/run-test-binaries.sh):
 # tests/real_crossplane/seed_real.rs, which mostly waits on real Crossplane's
@@ -406,6 +410,16 @@ if ! wait "$tools_pid"; then
   exit 1
 fi
 tail -n1 "$tools_log"
+# The image's static binary, likewise: only tests/api_server/install.rs needs
+# it (last, above), and its scripts/image.sh push waits for this build under
+# Cargo's lock. The tests no longer wait for it to start: alone it is 100 s of
+# the two cores, which the tests' first minutes leave partly idle.
+if ! wait "$image_pid"; then
+  cat "$image_log" >&2
+  echo "scripts/image.sh binary failed (its output is above)" >&2
+  exit 1
+fi
+grep 'static binary ready' "$image_log" || true
 [ "$tests" = 0 ] || exit "$tests"
 
 end_step
