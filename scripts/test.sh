@@ -156,12 +156,11 @@ step "the Rust builds (the tests', clippy's and the image's static binary), star
 # installer's error). tests/api_server/install.rs pushes the image
 # (scripts/image.sh push, with the pinned crane of testbed/tools/crane.sh) to a
 # registry on loopback (crane registry serve), pulls it, and runs the binary
-# taken out of it as the chart's ServiceAccount. The tests do not wait for
-# this build to start (it is waited for after them), and it runs at the
-# lowest priority, taking only the cores' idle moments: at normal priority
-# beside the tests (a warm run at f8700e9, 471 s to build) the real-Crossplane
-# suite, the run's long pole, took 961 s against 787 the run before (which
-# also checked two fewer releases beside it).
+# taken out of it as the chart's ServiceAccount. The tests wait for it: built
+# beside them (a warm run at f8700e9, 471 s to build) the real-Crossplane
+# suite, the run's long pole, took 961 s against 787 the run before; at the
+# lowest priority beside them (a cold run at 4083d61) it had hardly begun its
+# dependencies when the tests were done, and install.rs waited for it.
 mkdir -p target
 rust_log=target/rust-build.log
 (cargo fetch --locked &&
@@ -169,7 +168,7 @@ rust_log=target/rust-build.log
   cargo clippy --workspace --all-targets --locked -- -D warnings) >"$rust_log" 2>&1 &
 rust_pid=$!
 image_log=target/image-build.log
-nice -n 19 scripts/image.sh binary >"$image_log" 2>&1 &
+scripts/image.sh binary >"$image_log" 2>&1 &
 image_pid=$!
 echo "logs: $rust_log, $image_log"
 
@@ -362,6 +361,15 @@ scripts/sizes.sh || true
 step "the tests' build"
 cargo test --workspace --locked --no-run
 
+step "the image's static binary, waited for"
+if wait "$image_pid"; then
+  cat "$image_log"
+else
+  cat "$image_log" >&2
+  echo "scripts/image.sh binary failed (its output is above)" >&2
+  exit 1
+fi
+
 step "tests, and every pinned Kubernetes release and the oldest Crossplane release (scripts/compat.sh) beside the slowest"
 # Every test binary once (scripts/run-test-binaries.sh):
 # tests/real_crossplane/seed_real.rs, which mostly waits on real Crossplane's
@@ -414,16 +422,6 @@ if ! wait "$tools_pid"; then
   exit 1
 fi
 tail -n1 "$tools_log"
-# The image's static binary, likewise: only tests/api_server/install.rs needs
-# it (last, above), and its scripts/image.sh push waits for this build under
-# Cargo's lock. The tests no longer wait for it to start: alone it is 100 s of
-# the two cores, which the tests' first minutes leave partly idle.
-if ! wait "$image_pid"; then
-  cat "$image_log" >&2
-  echo "scripts/image.sh binary failed (its output is above)" >&2
-  exit 1
-fi
-grep 'static binary ready' "$image_log" || true
 [ "$tests" = 0 ] || exit "$tests"
 
 end_step
