@@ -176,8 +176,10 @@ step "the Go builds of real Crossplane, crank and crane, helm and promtool: star
 # Go builds run beside the control plane's below and the Rust builds above:
 # one after another, a cold run's builds left a quarter of the two cores idle
 # (module downloads, one linker at a time; 2,694 s of CPU in 1,774 s at
-# b4fabbe, BENCHMARKS.md "CI"). Each is cached like the control plane; a warm
-# run finds them all at once.
+# b4fabbe, BENCHMARKS.md "CI"). At once (4083d61) they left none, but cost a
+# sixth more CPU: the tests started at 1,742 s against 1,780. Kept for Helm
+# and promtool, which no longer build beside the tests. Each is cached like
+# the control plane; a warm run finds them all at once.
 #
 # Crossplane core, function-patch-and-transform, provider-kubernetes and
 # provider-helm (for tests/real_crossplane/real_crossplane.rs and
