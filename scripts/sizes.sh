@@ -63,6 +63,10 @@ for path in (l.strip() for l in sys.stdin if l.strip()):
     if lines > MAX_FILE:
         print(f"file {path}: {lines} lines (over {MAX_FILE})")
         found += 1
+    # A module of its own named tests.rs (`#[cfg(test)] mod tests;`) is
+    # test code throughout: its length counts, its functions do not.
+    if path.rsplit("/", 1)[-1] == "tests.rs":
+        continue
     code = code_only(text).split("\n")
     depth, test_depth, pending_test, opened = 0, None, False, []
     for no, line in enumerate(code, 1):

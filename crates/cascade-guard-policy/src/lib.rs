@@ -81,6 +81,7 @@ mod target_fuzz;
 #[cfg(test)]
 mod test_rng;
 pub mod xrd;
+pub mod yaml_stream;
 
 pub use admission::{Compiled, object_names};
 pub use cascade_policy::CascadePolicySpec;
@@ -89,9 +90,10 @@ pub use decision::{DeleteRequest, ObjectState, Propagation, Verdict, decide};
 pub use kind::{ProtectedKind, Scope, Shape};
 pub use mode::Mode;
 pub use naming::{PairName, object_name, update_object_name};
-pub use render::{Rendered, render, split_yaml_documents, to_yaml_stream};
+pub use render::{Rendered, render};
 pub use resolve::{
     CascadePolicyInput, CrdInfo, Inputs, Policy, Problem, Resolution, Severity, Source, Subject,
     XrdInput, resolve,
 };
 pub use settings::CompileSettings;
+pub use yaml_stream::{split_yaml_documents, to_yaml_stream};

@@ -181,7 +181,7 @@ pub fn manifest(compiled: &[Compiled]) -> Result<String, StaticError> {
 /// comment sits inside the first document: a document of comments alone
 /// reads as null, which the loader refuses.
 pub fn with_header(docs: &[Value]) -> String {
-    let stream = crate::render::to_yaml_stream(docs);
+    let stream = crate::yaml_stream::to_yaml_stream(docs);
     let header = "# Written by cascade-guard: the admission objects it compiles, served by the\n\
                   # API server from this directory (staticManifestsDir). Edits are overwritten;\n\
                   # to take static protection away, delete this file.\n";
@@ -401,7 +401,7 @@ mod tests {
     fn the_manifest_starts_with_a_document_not_a_lone_comment() {
         let text = manifest(&[sample()]).unwrap();
         assert!(text.starts_with("---\n# Written by cascade-guard"));
-        let docs = crate::render::split_yaml_documents(&text).unwrap();
+        let docs = crate::yaml_stream::split_yaml_documents(&text).unwrap();
         assert_eq!(docs.len(), 2);
         assert!(docs.iter().all(|d| d.is_object()));
         assert_eq!(manifest(&[]).unwrap(), "");

@@ -8,7 +8,8 @@ pub mod command;
 use std::path::{Path, PathBuf};
 
 use crate::Error;
-use crate::policy::render::{Document, render_documents, split_yaml_stream};
+use crate::policy::render::{Document, render_documents};
+use crate::policy::yaml_stream::split_yaml_stream;
 use crate::policy::{CompileSettings, Mode, Rendered};
 
 /// Reads every `.yaml`, `.yml` and `.json` file under `paths` (directories are

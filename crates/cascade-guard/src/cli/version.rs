@@ -25,6 +25,6 @@ pub fn crd() -> Outcome {
         .iter()
         .map(serde_json::to_value)
         .collect::<Result<Vec<_>, _>>()?;
-    out(&crate::policy::render::to_yaml_stream(&crds))?;
+    out(&crate::policy::yaml_stream::to_yaml_stream(&crds))?;
     Ok(0)
 }

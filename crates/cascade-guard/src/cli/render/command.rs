@@ -9,7 +9,7 @@ use crate::cli::args::PolicyArgs;
 use crate::cli::connect::client;
 use crate::cli::exit::{CommandError, Outcome, out};
 use crate::cli::kubeconfig::Selection;
-use crate::policy::{render, static_manifest};
+use crate::policy::{render, static_manifest, yaml_stream};
 
 /// `render --help`'s examples and exit codes.
 const HELP: &str = "\
@@ -120,7 +120,7 @@ pub async fn run(args: RenderArgs) -> Outcome {
             format!("{}\n", serde_json::to_string_pretty(&list)?)
         }
         (RenderOutput::Yaml, true) => static_manifest::with_header(&objects),
-        (RenderOutput::Yaml, false) => render::to_yaml_stream(&objects),
+        (RenderOutput::Yaml, false) => yaml_stream::to_yaml_stream(&objects),
     };
     for problem in &rendered.problems {
         eprintln!("cascade-guard render: {problem}");
