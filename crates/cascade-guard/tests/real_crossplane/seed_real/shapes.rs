@@ -1779,7 +1779,13 @@ fn collected_in_background(stack: &Stack, built: &Built) -> BTreeSet<invariant::
             && by_collector(e)
     }) {
         for (r, ns, n) in &built.objects {
-            if e.is_about(&r.plural, ns.as_deref().unwrap_or_default(), n) {
+            // The group too: helm's and kubernetes' ProviderConfigs share a
+            // plural and, in a tree, a name.
+            let in_group = e
+                .object_ref
+                .as_ref()
+                .is_some_and(|o| o.api_group == r.group);
+            if in_group && e.is_about(&r.plural, ns.as_deref().unwrap_or_default(), n) {
                 collected.insert(invariant::ObjectId::new(
                     &r.group,
                     &r.kind,
