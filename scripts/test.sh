@@ -409,11 +409,15 @@ tests=0
 # The logs newer than this are this run's (skipped tests are counted from them).
 tests_began=target/tests-began
 touch "$tests_began"
-# The two real-Crossplane binaries beside seed_real, the longest of the others
-# (80 to 100 s, mostly waiting on Crossplane), run first: last, one of them
-# ran alone for the run's final 80 s with half of the two cores idle (CI at
-# 9c62760).
-TEST_FIRST="real_crossplane package_real" TEST_LAST="chart install prometheus_rule" \
+# The two real-Crossplane binaries beside seed_real (80 to 100 s, mostly
+# waiting on Crossplane) run first: last, one of them ran alone for the run's
+# final 80 s with half of the two cores idle (CI at 9c62760). Then the other
+# long ones, longest first (their times in a warm run at feff554), so that
+# the run's tail, when two or three lanes run at once, is made of short
+# ones: in Cargo's order sibling_order (165 s) started 560 s in and ended
+# last but the three that wait for Helm and promtool.
+TEST_FIRST="real_crossplane package_real recovery sibling_order restarts seed held refuse deletion_semantics" \
+  TEST_LAST="chart install prometheus_rule" \
   scripts/run-test-binaries.sh --beside "$beside" || tests=$?
 # The tests that needed helm and promtool waited for them; a failed build
 # shows in them too, and here with its log.
