@@ -88,20 +88,6 @@ if [ "$(cat "$checkout_stamp" 2>/dev/null)" != "$PWD" ] && [ -d "$CARGO_TARGET_D
     \( -name 'cascade-guard-*' -o -name 'local-cluster-*' \) -prune -exec rm -rf {} +
 fi
 mkdir -p "$CARGO_TARGET_DIR" && echo "$PWD" >"$checkout_stamp"
-# Clippy lints the workspace's crates while they are built for the tests:
-# clippy-driver as Cargo's wrapper of the workspace's own crates, with
-# `-D warnings` in CLIPPY_ARGS, as `cargo clippy` runs it. The dependencies
-# are then built once, for the tests, not a second time in check mode for a
-# separate `cargo clippy` (the same lints, on the same targets but benches,
-# of which there are none). Every cargo command below inherits it, so they
-# share one build; scripts/image.sh builds without it. A cargo command run
-# by hand, without it, rebuilds the workspace's own crates once.
-clippy_driver=$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver) || {
-  echo "clippy-driver is missing: rustup component add clippy" >&2
-  exit 1
-}
-export RUSTC_WORKSPACE_WRAPPER=$clippy_driver
-export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 # The Go programs of the test stacks (etcd, kube-apiserver, Crossplane, the
 # providers) and Go's compiler spend much of two cores on garbage collection:
 # collecting less often trades memory (24 GB here) for CPU.
@@ -158,12 +144,11 @@ for place in . "$cache"; do
   fi
 done
 
-step "the Rust builds (the tests', linted by clippy, and the image's static binary), started in the background"
+step "the Rust builds (the tests', clippy's and the image's static binary), started in the background"
 # On a cold machine the Go builds below leave part of the two cores idle
 # (module downloads, one linker at a time): the Rust builds run beside them.
-# The step "the tests' build, linted by clippy" below runs the same commands
-# again, which then only confirm the result and show it. The binaries too,
-# outside the tests (testbed/bench's), so that clippy reads every target.
+# The steps "clippy" and "the tests' build" below run the same commands
+# again, which then only confirm the result and show it.
 #
 # The container image's static (musl) binary is built incrementally in
 # image/ under CARGO_TARGET_DIR (scripts/image.sh adds the Rust musl target
@@ -180,7 +165,7 @@ mkdir -p target
 rust_log=target/rust-build.log
 (cargo fetch --locked &&
   cargo test --workspace --locked --no-run &&
-  cargo build --workspace --locked --bins) >"$rust_log" 2>&1 &
+  cargo clippy --workspace --all-targets --locked -- -D warnings) >"$rust_log" 2>&1 &
 rust_pid=$!
 image_log=target/image-build.log
 scripts/image.sh binary >"$image_log" 2>&1 &
@@ -335,19 +320,8 @@ wait "$rust_pid" || echo "the background Rust build stopped early; the steps bel
 step "rustfmt"
 cargo fmt --all -- --check
 
-step "the tests' build, linted by clippy"
-# Cargo shows again what its builds printed: a lint is an error, so any
-# warning here means clippy did not run as asked (CLIPPY_ARGS not read).
-lints=$(cargo test --workspace --locked --no-run 2>&1 && cargo build --workspace --locked --bins 2>&1) || {
-  echo "$lints" >&2
-  exit 1
-}
-if grep -q '^warning' <<<"$lints"; then
-  echo "$lints" >&2
-  echo "the build printed warnings: clippy's -D warnings was not in force" >&2
-  exit 1
-fi
-echo "clippy: no lint in the workspace's crates (clippy-driver $("$clippy_driver" --version 2>/dev/null | head -n1))"
+step "clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "the policy crate stays pure"
 # The domain may not grow I/O: no Kubernetes client, async runtime or network
@@ -384,6 +358,9 @@ PY
 
 step "sizes: no file over 700 lines, no function over 120 outside the tests (issue #47)"
 scripts/sizes.sh
+
+step "the tests' build"
+cargo test --workspace --locked --no-run
 
 step "the image's static binary, waited for"
 if wait "$image_pid"; then
