@@ -19,6 +19,8 @@
 #                                        `CHECK DIR` says so
 #   go_install_build OUT WRAPPER PACKAGE [LDFLAGS]
 #                                        builds PACKAGE into the file OUT
+#   go_install_std                       compiles Go's standard library into
+#                                        Go's build cache, once (see below)
 #
 # A script keys DIR by what its binaries are built from (go_install_key of its
 # wrapper module's go.mod and go.sum, and a recipe number it bumps when the way
@@ -119,6 +121,7 @@ go_install_build() {
   else
     what=$pkg
   fi
+  go_install_std
   echo "${0##*/}: building $(basename "$out") ($what)" >&2
   if [ -n "$wrapper" ]; then
     (cd "$wrapper" && go build -trimpath -ldflags "$ldflags" -o "$out" "$pkg") >"$out.log" 2>&1 || ok=
@@ -132,4 +135,26 @@ go_install_build() {
   fi
   rm -f "$out.log"
   echo "${0##*/}: built $(basename "$out") in $((SECONDS - start))s" >&2
+}
+
+# go_install_std
+#
+# Compiles the standard library into Go's build cache with the flags
+# go_install_build compiles with, under a lock, so that it is compiled once:
+# Go's cache does not share work in flight, and scripts/test.sh starts four
+# builds at once on a cold machine (etcd, Crossplane's core and function,
+# Helm), each of which would compile it, about 50 s of CPU a time here
+# (`go build -trimpath std`, 42 s user and 9 s system alone). Cached, it takes
+# under a second. A failure here is not one: the build that follows compiles
+# what it needs and reports its own errors.
+go_install_std() {
+  local lock
+  mkdir -p "$(go_install_cache)" || return 0
+  exec {lock}>"$(go_install_cache)/go-std.lock" || return 0
+  if flock "$lock"; then
+    (cd / && go build -trimpath std) >/dev/null 2>&1 ||
+      echo "${0##*/}: compiling Go's standard library ahead failed; the build compiles it" >&2
+  fi
+  exec {lock}>&-
+  return 0
 }
