@@ -52,10 +52,55 @@ pub struct CascadePolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
     /// Names of the admission objects generated for this policy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub compiled_to: Vec<String>,
+}
+
+/// The schema of `status.conditions`, written out here rather than derived:
+/// k8s-openapi's `schemars` feature would implement JsonSchema for every
+/// Kubernetes type, more than doubling that crate's build, for this one list
+/// (see the policy crate's `spec.selector`).
+fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "The policy's conditions: Ready, and why not when it is not.",
+        "type": "array",
+        "items": {
+            "description": "One condition, as Kubernetes conditions are written.",
+            "type": "object",
+            "properties": {
+                "lastTransitionTime": {
+                    "description": "When the status last changed.",
+                    "type": "string",
+                    "format": "date-time"
+                },
+                "message": {
+                    "description": "What the reason means for this policy, for people.",
+                    "type": "string"
+                },
+                "observedGeneration": {
+                    "description": "The metadata.generation the condition was written for.",
+                    "type": "integer",
+                    "format": "int64"
+                },
+                "reason": {
+                    "description": "Why, in one CamelCase word.",
+                    "type": "string"
+                },
+                "status": {
+                    "description": "True, False or Unknown.",
+                    "type": "string"
+                },
+                "type": {
+                    "description": "The condition's type, such as Ready.",
+                    "type": "string"
+                }
+            },
+            "required": ["lastTransitionTime", "message", "reason", "status", "type"]
+        }
+    })
 }
 
 impl CascadePolicy {
