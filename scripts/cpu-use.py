@@ -12,7 +12,10 @@
 
 A process's CPU is its user and system time from /proc, less what it had
 used when the recording began; a process that ends between two samples
-loses at most its last second. Each process is counted under the outermost
+loses at most its last second, and one that lives less than a second is not
+seen at all (the Go compiler's processes often are): the machine's own
+counters (/proc/stat: busy, idle and, in a VM, stolen) say how much that is.
+Each process is counted under the outermost
 test binary among its ancestors (a name ending in `-` and 16 hex digits, as
 Cargo names them), seen when the process was first sampled; `cargo build`,
 `cargo clippy` and rustc are the build. Used for BENCHMARKS.md, "CI".
@@ -49,6 +52,16 @@ def program_of(pid, fallback):
     return (argv[1] if script else argv[0]).rsplit("/", 1)[-1] or fallback
 
 
+def machine():
+    """The two cores' time so far, in ticks, from /proc/stat's first line:
+    (busy, idle, stolen by the hypervisor)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq = fields[:7]
+    steal = fields[7] if len(fields) > 7 else 0
+    return user + nice + system + irq + softirq, idle + iowait, steal
+
+
 def record(path):
     # (pid, start time) -> [program, ticks at first sight, last ticks,
     # ancestry]; the name and ancestry read once, at first sight.
@@ -80,12 +93,20 @@ def record(path):
             f"{pid}@{started}": [name, (last - first) / tick, chain]
             for (pid, started), (name, first, last, chain) in seen.items()
         }
+        now = machine()
+        out["_machine"] = {
+            "seconds": time.monotonic() - began,
+            "busy": (now[0] - at_start[0]) / tick,
+            "idle": (now[1] - at_start[1]) / tick,
+            "stolen": (now[2] - at_start[2]) / tick,
+        }
         with open(path, "w") as f:
             json.dump(out, f)
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, write)
     signal.signal(signal.SIGINT, write)
+    began, at_start = time.monotonic(), machine()
     sample(baseline=True)
     while True:
         time.sleep(1)
@@ -109,6 +130,7 @@ def owner(chain):
 def report(path):
     with open(path) as f:
         data = json.load(f)
+    whole = data.pop("_machine", None)
     by_owner, suite = {}, {}
     for name, cpu, chain in data.values():
         who = owner(chain)
@@ -118,6 +140,12 @@ def report(path):
             suite[name] = (cpu_so_far + cpu, count + 1)
     total = sum(by_owner.values())
     print(f"{total:8.0f} s of CPU in all")
+    if whole:
+        print(
+            f"the machine over {whole['seconds']:.0f} s: {whole['busy']:.0f} s of its cores busy"
+            f" ({whole['busy'] - total:.0f} s in no process seen: short-lived ones, the kernel),"
+            f" {whole['idle']:.0f} s idle, {whole['stolen']:.0f} s stolen by the hypervisor"
+        )
     ranked = sorted(by_owner.items(), key=lambda kv: -kv[1])
     for who, cpu in ranked[:25]:
         print(f"{cpu:8.1f}  {who}")
