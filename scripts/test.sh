@@ -172,7 +172,7 @@ scripts/image.sh binary >"$image_log" 2>&1 &
 image_pid=$!
 echo "logs: $rust_log, $image_log"
 
-step "the Go builds of real Crossplane, crank and crane, helm and promtool: started in the background"
+step "the Go builds of real Crossplane, crank, crane and Helm, and promtool: started in the background"
 # Go builds run beside the control plane's below and the Rust builds above:
 # one after another, a cold run's builds left a quarter of the two cores idle
 # (module downloads, one linker at a time; 2,694 s of CPU in 1,774 s at
@@ -187,28 +187,30 @@ step "the Go builds of real Crossplane, crank and crane, helm and promtool: star
 # configurations beside them; then crank (Crossplane's CLI, v2.2.1), which
 # builds and pushes the Configuration package, and crane, which serves the OCI
 # registry on loopback that Crossplane installs it from (for
-# tests/real_crossplane/package_real.rs).
+# tests/real_crossplane/package_real.rs); then the pinned Helm
+# (tests/api_server/install.rs and tests/without_cluster/chart.rs render the
+# chart with it), after provider-helm, whose compiled packages it shares
+# (testbed/tools/helm.sh): built beside it, it compiled them again.
 crossplane_log=target/crossplane-build.log
 crossplane_paths=target/crossplane-build.paths
 (
   testbed/crossplane/build.sh >"$crossplane_paths" &&
     testbed/tools/crank.sh >>"$crossplane_paths" &&
-    testbed/tools/crane.sh >>"$crossplane_paths"
+    testbed/tools/crane.sh >>"$crossplane_paths" &&
+    testbed/tools/helm.sh >&2
 ) 2>"$crossplane_log" &
 crossplane_pid=$!
-# The pinned Helm (tests/api_server/install.rs and tests/without_cluster/chart.rs
-# render the chart with it) and promtool, with prometheus-operator's
-# PrometheusRule CRD from its module zip beside it
-# (tests/api_server/prometheus_rule.rs runs `promtool test rules` on the rules
-# the chart renders and applies the rendered PrometheusRule against that CRD).
-# Only the three test binaries that need them wait for them (TEST_LAST below):
-# each runs the same script, which waits under its lock for the build to
-# finish; the tests' step waits for this job at its end.
+# promtool, with prometheus-operator's PrometheusRule CRD from its module zip
+# beside it (tests/api_server/prometheus_rule.rs runs `promtool test rules` on
+# the rules the chart renders and applies the rendered PrometheusRule against
+# that CRD). Only the test binaries that need it wait for it (TEST_LAST
+# below): each runs the same script, which waits under its lock for the build
+# to finish; the tests' step waits for this job at its end.
 tools_log=target/tools-build.log
 (
   tools_start=$SECONDS
-  testbed/tools/helm.sh && testbed/tools/promtool.sh &&
-    echo "helm and promtool ready in $((SECONDS - tools_start))s (in the background)"
+  testbed/tools/promtool.sh &&
+    echo "promtool ready in $((SECONDS - tools_start))s (in the background)"
 ) >"$tools_log" 2>&1 &
 tools_pid=$!
 echo "logs: $crossplane_log, $tools_log"
@@ -220,13 +222,13 @@ bin=$(testbed/controlplane/build.sh)
 export LOCAL_CLUSTER_BIN_DIR=$bin
 echo "$bin"
 
-step "real Crossplane (testbed/crossplane/build.sh), crank (testbed/tools/crank.sh) and crane (testbed/tools/crane.sh), waited for"
+step "real Crossplane (testbed/crossplane/build.sh), crank (testbed/tools/crank.sh), crane (testbed/tools/crane.sh) and Helm (testbed/tools/helm.sh), waited for"
 crossplane_ok=1
 wait "$crossplane_pid" || crossplane_ok=0
 cat "$crossplane_log"
 mapfile -t built < "$crossplane_paths"
 if [ "$crossplane_ok" = 0 ] || [ ${#built[@]} -ne 3 ]; then
-  echo "testbed/crossplane/build.sh, testbed/tools/crank.sh or testbed/tools/crane.sh failed (their output is above)" >&2
+  echo "testbed/crossplane/build.sh, testbed/tools/crank.sh, testbed/tools/crane.sh or testbed/tools/helm.sh failed (their output is above)" >&2
   exit 1
 fi
 export LOCAL_CLUSTER_CROSSPLANE_BIN_DIR=${built[0]} LOCAL_CLUSTER_CRANK_BIN=${built[1]} CRANE_BIN=${built[2]}
@@ -381,7 +383,7 @@ step "tests, and every pinned Kubernetes release and the oldest Crossplane relea
 # characterization tests and the seed tree under Convert, then every
 # compatibility check on the oldest Kubernetes release, then the decision
 # table on each release between it and the newest (every run goes on,
-# whichever fails); each of them only if built above. The tests that need helm and promtool run last.
+# whichever fails); each of them only if built above. The tests that need Helm and promtool run last.
 # `scripts/compat.sh` with no arguments runs every check on every pinned
 # Kubernetes release, `scripts/compat.sh --crossplane` every Crossplane one.
 # The oldest Crossplane's checks first, the decision tables last: the
@@ -419,11 +421,11 @@ touch "$tests_began"
 TEST_FIRST="real_crossplane package_real recovery sibling_order restarts seed held refuse deletion_semantics" \
   TEST_LAST="chart install prometheus_rule" \
   scripts/run-test-binaries.sh --beside "$beside" || tests=$?
-# The tests that needed helm and promtool waited for them; a failed build
-# shows in them too, and here with its log.
+# The test that needed promtool waited for it; a failed build shows in it
+# too, and here with its log.
 if ! wait "$tools_pid"; then
   cat "$tools_log" >&2
-  echo "testbed/tools/helm.sh or testbed/tools/promtool.sh failed (its output is above)" >&2
+  echo "testbed/tools/promtool.sh failed (its output is above)" >&2
   exit 1
 fi
 tail -n1 "$tools_log"

@@ -1,6 +1,9 @@
 module github.com/cascade-guard/cascade-guard/crossplane/provider-helm
 
 // Builds provider-helm (cmd/provider) of one pinned release. See ../build.sh.
+// Also builds the Helm CLI (helm.sh/helm/v3/cmd/helm) of the release it
+// requires, sharing its compiled packages (../../tools/helm.sh): go.sum has the
+// few modules only the CLI reads.
 
 go 1.26.4
 
