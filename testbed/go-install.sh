@@ -105,9 +105,17 @@ go_install_checked() {
   return "$status"
 }
 
+# The compiler's flags for every build here and for the standard library
+# ahead of them (their cache entries must match). -dwarf=false: the
+# compiler leaves out the debug information that the linker's -w drops
+# anyway, which is about 6 % of the compiler's CPU (Crossplane's core and
+# the standard library, 277 s against 295, BENCHMARKS.md "CI"); the binaries'
+# code is the same, so the caches keyed before it stay valid.
+go_install_flags=(-trimpath -gcflags=all=-dwarf=false)
+
 # go_install_build OUT WRAPPER PACKAGE [LDFLAGS]
 #
-# Builds the main package PACKAGE into OUT (-trimpath, LDFLAGS default -s -w):
+# Builds the main package PACKAGE into OUT (go_install_flags, LDFLAGS default -s -w):
 # inside WRAPPER, a wrapper module whose go.mod and go.sum pin every module
 # the build reads; or, with WRAPPER empty, with `go install PACKAGE@VERSION`
 # and that module's own requirements (OUT must then be named as go install
@@ -124,9 +132,9 @@ go_install_build() {
   go_install_std
   echo "${0##*/}: building $(basename "$out") ($what)" >&2
   if [ -n "$wrapper" ]; then
-    (cd "$wrapper" && go build -trimpath -ldflags "$ldflags" -o "$out" "$pkg") >"$out.log" 2>&1 || ok=
+    (cd "$wrapper" && go build "${go_install_flags[@]}" -ldflags "$ldflags" -o "$out" "$pkg") >"$out.log" 2>&1 || ok=
   else
-    GOBIN=$(dirname "$out") go install -trimpath -ldflags "$ldflags" "$pkg" >"$out.log" 2>&1 || ok=
+    GOBIN=$(dirname "$out") go install "${go_install_flags[@]}" -ldflags "$ldflags" "$pkg" >"$out.log" 2>&1 || ok=
   fi
   if [ -z "$ok" ] || [ ! -x "$out" ]; then
     cat "$out.log" >&2
@@ -144,7 +152,8 @@ go_install_build() {
 # Go's cache does not share work in flight, and scripts/test.sh starts four
 # builds at once on a cold machine (etcd, Crossplane's core and function,
 # Helm), each of which would compile it, about 50 s of CPU a time here
-# (`go build -trimpath std`, 42 s user and 9 s system alone). Cached, it takes
+# (`go build -trimpath std`, 42 s user and 9 s system alone, before
+# -dwarf=false). Cached, it takes
 # under a second. A failure here is not one: the build that follows compiles
 # what it needs and reports its own errors.
 go_install_std() {
@@ -152,7 +161,7 @@ go_install_std() {
   mkdir -p "$(go_install_cache)" || return 0
   exec {lock}>"$(go_install_cache)/go-std.lock" || return 0
   if flock "$lock"; then
-    (cd / && go build -trimpath std) >/dev/null 2>&1 ||
+    (cd / && go build "${go_install_flags[@]}" std) >/dev/null 2>&1 ||
       echo "${0##*/}: compiling Go's standard library ahead failed; the build compiles it" >&2
   fi
   exec {lock}>&-
