@@ -185,7 +185,8 @@ step "the Go builds of real Crossplane, crank, crane and Helm, and promtool: sta
 # provider-helm (for tests/real_crossplane/real_crossplane.rs and
 # tests/real_crossplane/seed_real.rs), with their CRDs and webhook
 # configurations beside them; then crank (Crossplane's CLI, v2.2.1), which
-# builds and pushes the Configuration package, and crane, which serves the OCI
+# builds and pushes the Configuration package, after core, whose compiled
+# packages it shares (testbed/tools/crank/go.mod), and crane, which serves the OCI
 # registry on loopback that Crossplane installs it from (for
 # tests/real_crossplane/package_real.rs); then the pinned Helm
 # (tests/api_server/install.rs and tests/without_cluster/chart.rs render the
@@ -193,8 +194,12 @@ step "the Go builds of real Crossplane, crank, crane and Helm, and promtool: sta
 # (testbed/tools/helm.sh): built beside it, it compiled them again.
 crossplane_log=target/crossplane-build.log
 crossplane_paths=target/crossplane-build.paths
+# Made once Crossplane's builds have succeeded: promtool waits for it, or for
+# the chain's end when they fail.
+crossplane_built=target/crossplane-build.over
+rm -f "$crossplane_built"
 (
-  testbed/crossplane/build.sh >"$crossplane_paths" &&
+  testbed/crossplane/build.sh >"$crossplane_paths" && touch "$crossplane_built" &&
     testbed/tools/crank.sh >>"$crossplane_paths" &&
     testbed/tools/crane.sh >>"$crossplane_paths" &&
     testbed/tools/helm.sh >&2
@@ -205,10 +210,15 @@ crossplane_pid=$!
 # the rules the chart renders and applies the rendered PrometheusRule against
 # that CRD). Only the test binaries that need it wait for it (TEST_LAST
 # below): each runs the same script, which waits under its lock for the build
-# to finish; the tests' step waits for this job at its end.
+# to finish; the tests' step waits for this job at its end. It starts when
+# Crossplane's builds are over: its dependencies are at core's versions
+# (testbed/tools/promtool/go.mod), so that built after core it compiles 51 s
+# of CPU instead of 165; built beside it, it would compile them again.
 tools_log=target/tools-build.log
 (
   tools_start=$SECONDS
+  while [ ! -e "$crossplane_built" ] && kill -0 "$crossplane_pid" 2>/dev/null; do sleep 2; done
+  echo "promtool started $((SECONDS - tools_start))s in, after Crossplane's builds"
   testbed/tools/promtool.sh &&
     echo "promtool ready in $((SECONDS - tools_start))s (in the background)"
 ) >"$tools_log" 2>&1 &
