@@ -78,12 +78,32 @@ build_etcd() {
   go_install_build "$1/etcd" "$etcd_module" go.etcd.io/etcd/server/v3
 }
 
-# The release's bin directory: its etcd (cached on its own, shared by the
-# releases that name it) and its three binaries.
+# Where a release's etcd is built. A release whose own module graph pins the
+# etcd server it names (Kubernetes's integration tests run that etcd embedded)
+# lists it as a tool in its wrapper (pin.sh), and etcd is built there: with
+# the versions of gRPC, protobuf, OpenTelemetry and etcd's client that
+# kube-apiserver is built with, so that the two share 256 of etcd's 351
+# compiled packages (BENCHMARKS.md "CI"). Otherwise etcd is built in its own
+# wrapper, etcd/<version>/, with its own go.mod's versions, cached apart and
+# shared by the releases that name it.
+etcd_in_release=0
+if grep -q '^[[:space:]]*go.etcd.io/etcd/server/v3$' "$release/go.mod"; then
+  if ! grep -q "^[[:space:]]*go.etcd.io/etcd/server/v3 $etcd_version\b" "$release/go.mod"; then
+    echo "build.sh: $release/go.mod builds etcd but does not pin $etcd_version, the etcd $k8s_version names; pin the release again with testbed/controlplane/pin.sh" >&2
+    exit 1
+  fi
+  etcd_in_release=1
+fi
+
+# The release's bin directory: its etcd and its three binaries.
 build_release() {
   local tmp=$1 t
-  go_install "$etcd_bin" build_etcd || return 1
-  cp "$etcd_bin/etcd" "$tmp/etcd" || return 1
+  if [ "$etcd_in_release" = 1 ]; then
+    go_install_build "$tmp/etcd" "$release" go.etcd.io/etcd/server/v3 || return 1
+  else
+    go_install "$etcd_bin" build_etcd || return 1
+    cp "$etcd_bin/etcd" "$tmp/etcd" || return 1
+  fi
   for t in kube-apiserver kube-controller-manager kubectl; do
     go_install_build "$tmp/$t" "$release" "k8s.io/kubernetes/cmd/$t" "$ldflags" || return 1
   done

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pins one Kubernetes release for testbed/controlplane/build.sh: writes the
 # wrapper module releases/<version>/ (go.mod and go.sum) that builds its
-# kube-apiserver, kube-controller-manager and kubectl, and etcd/<etcd version>/
+# kube-apiserver, kube-controller-manager and kubectl (and etcd, when the
+# release's own graph pins it; below), and etcd/<etcd version>/
 # for the etcd that release supports (the version its build/dependencies.yaml
 # names), all read from the release's own module zip through the Go module
 # proxy.
@@ -86,6 +87,13 @@ if ! (cd "$dir" && go mod tidy); then
   exit 1
 fi
 echo "$etcd_version" >"$dir/etcd-version"
+# When the release's own module graph pins the etcd server it names (for its
+# integration tests, which run etcd embedded), build.sh builds etcd in this
+# wrapper, with the versions kube-apiserver is built with, so that the two
+# share their compiled packages: etcd becomes a tool of the wrapper.
+if [ "$(cd "$dir" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3 2>/dev/null)" = "$etcd_version" ]; then
+  (cd "$dir" && go get -tool go.etcd.io/etcd/server/v3@"$etcd_version" && go mod tidy)
+fi
 
 etcd_dir=$here/etcd/$etcd_version
 if [ ! -f "$etcd_dir/go.sum" ]; then
