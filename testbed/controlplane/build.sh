@@ -79,7 +79,7 @@ build_etcd() {
 }
 
 # Where a release's etcd is built. A release whose own module graph pins the
-# etcd server it names (Kubernetes's integration tests run that etcd embedded)
+# etcd server it names (the API server's storage tests run that etcd embedded)
 # lists it as a tool in its wrapper (pin.sh), and etcd is built there: with
 # the versions of gRPC, protobuf, OpenTelemetry and etcd's client that
 # kube-apiserver is built with, so that the two share 256 of etcd's 351

@@ -87,8 +87,8 @@ if ! (cd "$dir" && go mod tidy); then
   exit 1
 fi
 echo "$etcd_version" >"$dir/etcd-version"
-# When the release's own module graph pins the etcd server it names (for its
-# integration tests, which run etcd embedded), build.sh builds etcd in this
+# When the release's own module graph pins the etcd server it names (the API
+# server's storage tests run it embedded), build.sh builds etcd in this
 # wrapper, with the versions kube-apiserver is built with, so that the two
 # share their compiled packages: etcd becomes a tool of the wrapper.
 if [ "$(cd "$dir" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3 2>/dev/null)" = "$etcd_version" ]; then
