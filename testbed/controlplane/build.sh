@@ -58,12 +58,6 @@ fi
 release=$here/releases/$k8s_version
 etcd_version=$(cat "$release/etcd-version")
 etcd_module=$here/etcd/$etcd_version
-if [ ! -f "$etcd_module/go.sum" ]; then
-  echo "build.sh: $k8s_version names etcd $etcd_version, which is not pinned in $etcd_module" >&2
-  exit 1
-fi
-
-etcd_bin=$cache/etcd/$etcd_version-$(go_install_key -r "$recipe" "$etcd_module/go.mod" "$etcd_module/go.sum")
 bin=$cache/controlplane/$k8s_version-$(go_install_key -r "$recipe" "$release/go.mod" "$release/go.sum" "$release/etcd-version")/bin
 
 minor=${k8s_version#v1.}
@@ -93,6 +87,11 @@ if grep -q '^[[:space:]]*go.etcd.io/etcd/server/v3$' "$release/go.mod"; then
     exit 1
   fi
   etcd_in_release=1
+elif [ ! -f "$etcd_module/go.sum" ]; then
+  echo "build.sh: $k8s_version names etcd $etcd_version, which is not pinned in $etcd_module" >&2
+  exit 1
+else
+  etcd_bin=$cache/etcd/$etcd_version-$(go_install_key -r "$recipe" "$etcd_module/go.mod" "$etcd_module/go.sum")
 fi
 
 # The release's bin directory: its etcd and its three binaries.

@@ -91,12 +91,16 @@ echo "$etcd_version" >"$dir/etcd-version"
 # server's storage tests run it embedded), build.sh builds etcd in this
 # wrapper, with the versions kube-apiserver is built with, so that the two
 # share their compiled packages: etcd becomes a tool of the wrapper.
+# Otherwise etcd gets a wrapper of its own, etcd/<version>/, shared by the
+# releases that name it.
+etcd_in_release=0
 if [ "$(cd "$dir" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3 2>/dev/null)" = "$etcd_version" ]; then
   (cd "$dir" && go get -tool go.etcd.io/etcd/server/v3@"$etcd_version" && go mod tidy)
+  etcd_in_release=1
 fi
 
 etcd_dir=$here/etcd/$etcd_version
-if [ ! -f "$etcd_dir/go.sum" ]; then
+if [ "$etcd_in_release" = 0 ] && [ ! -f "$etcd_dir/go.sum" ]; then
   etcd_src=$(go mod download -json "go.etcd.io/etcd/server/v3@$etcd_version" |
     sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
   etcd_go=$(awk '$1 == "go" {print $2; exit}' "$etcd_src/go.mod")
