@@ -175,7 +175,7 @@ impl Stack {
     /// Waits until `status` says InferenceCluster is protected in `mode` by
     /// its XRD's annotation, with the admission policies in place.
     async fn wait_protected(&self, mode: &str) -> Value {
-        let found = wait::until(Duration::from_secs(60), || async {
+        let found = wait::until_lasting(Duration::from_secs(60), || async {
             let status = self.status();
             let ic = status["protected"]
                 .as_array()?
@@ -223,7 +223,7 @@ impl Stack {
             .create(&PostParams::default(), &object)
             .await
             .unwrap_or_else(|e| panic!("creating InferenceCluster {name}: {e}"));
-        let composed = wait::until(Duration::from_secs(120), || async {
+        let composed = wait::until_lasting(Duration::from_secs(120), || async {
             let ic = self.inference_clusters().get(name).await.ok()?;
             let refs = ic
                 .data
@@ -307,7 +307,7 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
     s.create_composed("prod").await;
     // The API server enforces a new admission policy once its cache has it:
     // a dry run goes through admission without deleting.
-    let refused = wait::until(Duration::from_secs(30), || async {
+    let refused = wait::until_lasting(Duration::from_secs(30), || async {
         refusal(s.plain_delete("prod", true).await)
     })
     .await;
@@ -336,7 +336,7 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
         configuration["status"]["currentRevision"], "",
         "{configuration}"
     );
-    let changed = wait::until(Duration::from_secs(60), || async {
+    let changed = wait::until_lasting(Duration::from_secs(60), || async {
         let (annotation, _) = s.xrd_annotation().await;
         (annotation.as_deref() == Some("Convert")).then_some(())
     })
@@ -361,7 +361,7 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
     // The Convert policy replaced the Refuse one under the same name, and the
     // API server enforces it once its policy cache has reloaded (about a
     // second): a dry run shows when the plain delete is let through.
-    let accepted = wait::until(Duration::from_secs(30), || async {
+    let accepted = wait::until_lasting(Duration::from_secs(30), || async {
         s.plain_delete("prod", true).await.ok()
     })
     .await;
@@ -381,7 +381,7 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
         converted.is_some(),
         "prod's delete was not made a foreground cascade"
     );
-    let gone = wait::until(TEARDOWN_TIMEOUT, || async {
+    let gone = wait::until_lasting(TEARDOWN_TIMEOUT, || async {
         match s.inference_clusters().get_opt("prod").await {
             Ok(None) => Some(()),
             _ => None,
@@ -404,7 +404,7 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
             .expect("reading what prod composed");
         assert!(left.is_none(), "{} {name} outlived prod", resource.kind);
     }
-    let events = wait::until(Duration::from_secs(30), || async {
+    let events = wait::until_lasting(Duration::from_secs(30), || async {
         let events = cascade_guard_testkit::events_about(&s.client, "prod").await;
         let reasons: Vec<_> = events.iter().map(|(r, _)| r.as_str()).collect();
         (reasons.contains(&"ForegroundCascade") && reasons.contains(&"CascadeComplete"))

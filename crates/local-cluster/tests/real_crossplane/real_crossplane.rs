@@ -163,7 +163,7 @@ async fn install_xrd(client: &Client) {
 /// established.
 async fn wait_for_generated_crd(client: &Client, name: &str) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let found = wait::until(TIMEOUT, || async {
+    let found = wait::until_lasting(TIMEOUT, || async {
         crds.get_opt(name).await.ok().flatten()
     })
     .await;
@@ -286,7 +286,7 @@ impl<'a> App<'a> {
 
     /// Waits until the XR is Ready and lists `parts` composed resources.
     async fn wait_composed(&self, name: &str, parts: usize) -> DynamicObject {
-        let ready = wait::until(TIMEOUT, || async {
+        let ready = wait::until_lasting(TIMEOUT, || async {
             let xr = self.xrs.get_opt(name).await.ok().flatten()?;
             (is_ready(&xr) && resource_refs(&xr).len() == parts).then_some(xr)
         })
@@ -363,7 +363,7 @@ async fn audited_delete(
     matches: impl Fn(&audit::Event) -> bool,
 ) -> audit::Event {
     let path = cp.audit_log_path();
-    let found = wait::until(TIMEOUT, || async {
+    let found = wait::until_lasting(TIMEOUT, || async {
         audit::read(&path)
             .expect("the API server's audit log")
             .into_iter()
@@ -636,7 +636,7 @@ async fn the_usage_webhook_refuses_a_used_resource_and_crossplane_replays_the_de
         "spec": {"of": reference(&used), "by": reference(&user), "replayDeletion": true},
     });
     apply(&s.client, &kinds.usage, ns, &usage).await;
-    let labelled = wait::until(TIMEOUT, || async {
+    let labelled = wait::until_lasting(TIMEOUT, || async {
         let object = objects.get(&used).await.ok()?;
         let labels = object.metadata.labels.unwrap_or_default();
         (labels.get("crossplane.io/in-use").map(String::as_str) == Some("true")).then_some(())
@@ -688,7 +688,7 @@ async fn the_usage_webhook_refuses_a_used_resource_and_crossplane_replays_the_de
         .delete(&user, &delete_with(PropagationPolicy::Background))
         .await
         .expect("delete the user");
-    let gone = wait::until(TIMEOUT, || async {
+    let gone = wait::until_lasting(TIMEOUT, || async {
         objects.get_opt(&used).await.ok()?.is_none().then_some(())
     })
     .await;
@@ -894,7 +894,7 @@ async fn deleting_a_legacy_claim_deletes_its_xr_with_the_claims_composite_delete
             },
         });
         apply(&s.client, &legacy_claims(), Some(&s.namespace), &claim).await;
-        let xr_name = wait::until(TIMEOUT, || async {
+        let xr_name = wait::until_lasting(TIMEOUT, || async {
             let claim = claims.get_opt(&name).await.ok().flatten()?;
             if !is_ready(&claim) {
                 return None;
@@ -1082,7 +1082,7 @@ impl<'a> Target<'a> {
 
     async fn wait_ready(&self, ar: &ApiResource) {
         let api = self.api(ar);
-        let ready = wait::until(TIMEOUT, || async {
+        let ready = wait::until_lasting(TIMEOUT, || async {
             let o = api.get_opt(&self.name).await.ok().flatten()?;
             is_ready(&o).then_some(())
         })
@@ -1128,7 +1128,7 @@ impl<'a> Target<'a> {
 
     async fn wait_gone(&self, ar: &ApiResource) {
         let api = self.api(ar);
-        let gone = wait::until(TIMEOUT, || async {
+        let gone = wait::until_lasting(TIMEOUT, || async {
             api.get_opt(&self.name).await.ok()?.is_none().then_some(())
         })
         .await;
@@ -1211,7 +1211,7 @@ async fn provider_resources_uninstall_while_their_cluster_lives_and_wedge_once_i
     doomed.delete(&releases()).await;
     for ar in [objects(), releases()] {
         let api = doomed.api(&ar);
-        let failure = wait::until(TIMEOUT, || async {
+        let failure = wait::until_lasting(TIMEOUT, || async {
             let o = api.get_opt("doomed").await.ok().flatten()?;
             // Only once the delete has reached the provider.
             o.metadata.deletion_timestamp.as_ref()?;

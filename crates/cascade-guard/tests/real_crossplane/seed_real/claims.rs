@@ -194,7 +194,7 @@ pub(crate) async fn claim_outcome(
         ClaimDelete::Namespace(_) => Duration::from_secs(300),
         _ => Duration::from_secs(120),
     };
-    let gone = wait::until(limit, || async {
+    let gone = wait::until_lasting(limit, || async {
         timeline.gone(&claims.kind, name)?;
         let xr = timeline.gone(&xrs.kind, &xr_name)?;
         let maps: Option<Vec<_>> = composed

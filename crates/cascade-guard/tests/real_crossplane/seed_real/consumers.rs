@@ -75,7 +75,7 @@ impl Consumers {
             .unwrap_or_else(|e| panic!("create InferenceGateway: {e}"));
         let started = Instant::now();
         let tops = consumers.tops_and_guards();
-        let ready = wait::until(BUILD_TIMEOUT, || async {
+        let ready = wait::until_lasting(BUILD_TIMEOUT, || async {
             for (r, ns, n) in &tops {
                 let o = api(&tree.client, r, ns.as_deref())
                     .get_opt(n)
@@ -201,7 +201,7 @@ impl Consumers {
                 )
                 .await;
         }
-        let gone = wait::until(Duration::from_secs(180), || async {
+        let gone = wait::until_lasting(Duration::from_secs(180), || async {
             self.left(client).await.is_empty().then_some(())
         })
         .await;
@@ -221,7 +221,7 @@ impl Consumers {
 /// minute this waited before (the ModelDeployment not yet terminating,
 /// nothing holding it).
 pub(crate) async fn wait_terminating(consumers: &Consumers, kind: &str, name: &str) {
-    let seen = wait::until(Duration::from_secs(300), || async {
+    let seen = wait::until_lasting(Duration::from_secs(300), || async {
         consumers.timeline.terminating(kind, name).map(|_| ())
     })
     .await;
@@ -365,7 +365,7 @@ pub(crate) async fn consumers_outcome(stack: &Stack, mode: Mode, by_namespace: b
             assert!(ok, "kubectl delete: {stderr}");
         }
     }
-    let all_gone = wait::until(CONSUMERS_TEARDOWN_TIMEOUT, || async {
+    let all_gone = wait::until_lasting(CONSUMERS_TEARDOWN_TIMEOUT, || async {
         (consumers.left(client).await.is_empty() && tree.left().await.is_empty()).then_some(())
     })
     .await;

@@ -181,7 +181,7 @@ pub(crate) async fn dropped_outcome(stack: &Stack, mode: Mode) {
     create_drop_xr(&outer_api, &outer, &ns, "app").await;
     let inner_api = api(&client, &inners, Some(&ns));
     // Both inner XRs Ready, each with its ConfigMap.
-    let dropped = wait::until(BUILD_TIMEOUT, || async {
+    let dropped = wait::until_lasting(BUILD_TIMEOUT, || async {
         let list = inner_api.list(&Default::default()).await.ok()?;
         if list.items.len() != 2 || !list.items.iter().all(is_ready) {
             return None;
@@ -213,7 +213,7 @@ pub(crate) async fn dropped_outcome(stack: &Stack, mode: Mode) {
             propagation_policy: Some(PropagationPolicy::Background),
             ..DeleteParams::default()
         };
-        let refused = wait::until(Duration::from_secs(60), || async {
+        let refused = wait::until_lasting(Duration::from_secs(60), || async {
             matches!(inner_api.delete(&dropped_name, &dry_run).await,
                 Err(kube::Error::Api(ref s)) if s.code == 403)
             .then_some(())

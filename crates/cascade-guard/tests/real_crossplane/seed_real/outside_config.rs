@@ -85,7 +85,7 @@ async fn under_convert_a_cluster_a_hand_made_provider_config_leads_to_waits_for_
     };
     // Until the controller has read the tree since the provider recorded
     // the Object's usage, `plan` may exit 3 (not ordered yet) or not name it.
-    let planned = wait::until(TEARDOWN_TIMEOUT, || async {
+    let planned = wait::until_lasting(TEARDOWN_TIMEOUT, || async {
         let (code, said) = plan_of(stack, &hub_kind, &hub);
         (code == Some(0) && named(&said)).then_some(())
     })

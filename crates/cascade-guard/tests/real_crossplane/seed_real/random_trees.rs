@@ -508,7 +508,7 @@ pub(crate) async fn edges_kept(
             snapshot.len()
         ));
     }
-    let _ = wait::until(Duration::from_secs(60), || async {
+    let _ = wait::until_lasting(Duration::from_secs(60), || async {
         let entries = timeline.entries();
         edges
             .iter()
@@ -570,7 +570,7 @@ pub(crate) async fn clean_up_completely(
     objects: &[(ApiResource, Option<String>, String)],
 ) {
     let started = Instant::now();
-    let gone = wait::until(Duration::from_secs(240), || async {
+    let gone = wait::until_lasting(Duration::from_secs(240), || async {
         let escalate = started.elapsed() > Duration::from_secs(60);
         let mut left = false;
         for (r, ns, n) in objects {

@@ -136,7 +136,7 @@ async fn resolved_reference(stack: &Stack, mode: Mode) {
     assert!(ok, "{}: kubectl delete {name}: {stderr}", scene.what);
     if mode == Mode::Off {
         let balancers = api(&client, &load_balancers(), Some(SYSTEM_NAMESPACE));
-        let wedged = wait::until(TEARDOWN_TIMEOUT, || async {
+        let wedged = wait::until_lasting(TEARDOWN_TIMEOUT, || async {
             let o = balancers.get_opt(&lb).await.ok().flatten()?;
             sync_failure(&o).filter(|m| m.contains("is gone"))
         })
@@ -149,7 +149,7 @@ async fn resolved_reference(stack: &Stack, mode: Mode) {
             scene.timeline.describe()
         );
         // The cluster left while its load balancer's resource still stood.
-        let cluster_gone = wait::until(Duration::from_secs(120), || async {
+        let cluster_gone = wait::until_lasting(Duration::from_secs(120), || async {
             scene
                 .timeline
                 .gone("Cluster", &name)

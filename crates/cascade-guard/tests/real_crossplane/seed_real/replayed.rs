@@ -72,7 +72,7 @@ pub(crate) async fn a_replayed_background_delete_under_refuse_leaves_nothing_stu
         .await
         .unwrap_or_else(|| panic!("{kind} app never became Ready\n{}", timeline.describe()));
     // Warn in effect (a server-side dry run warns; nothing is recorded yet).
-    let warned = wait::until(Duration::from_secs(60), || async {
+    let warned = wait::until_lasting(Duration::from_secs(60), || async {
         let (_, said) = kubectl_delete_args(stack, &target, ns, &["app", "--dry-run=server"]).await;
         said.contains("cascade-guard warning").then_some(())
     })
@@ -99,7 +99,7 @@ pub(crate) async fn a_replayed_background_delete_under_refuse_leaves_nothing_stu
         )
         .await
         .unwrap_or_else(|e| panic!("create the Usage: {e}"));
-    let in_use = wait::until(Duration::from_secs(60), || async {
+    let in_use = wait::until_lasting(Duration::from_secs(60), || async {
         let o = app_api.get_opt("app").await.ok().flatten()?;
         (o.labels().get(IN_USE_LABEL).map(String::as_str) == Some("true")).then_some(())
     })
@@ -141,7 +141,7 @@ pub(crate) async fn a_replayed_background_delete_under_refuse_leaves_nothing_stu
         propagation_policy: Some(PropagationPolicy::Background),
         ..DeleteParams::default()
     };
-    let refusing = wait::until(Duration::from_secs(60), || async {
+    let refusing = wait::until_lasting(Duration::from_secs(60), || async {
         matches!(app_api.delete("app", &dry_run).await,
             Err(kube::Error::Api(ref s)) if s.code == 403)
         .then_some(())
@@ -155,7 +155,7 @@ pub(crate) async fn a_replayed_background_delete_under_refuse_leaves_nothing_stu
         .delete("maintenance", &DeleteParams::default())
         .await
         .unwrap_or_else(|e| panic!("delete the Usage: {e}"));
-    let replayed = wait::until(Duration::from_secs(90), || async {
+    let replayed = wait::until_lasting(Duration::from_secs(90), || async {
         local_cluster::audit::read(&audit_log::audit_log(&stack.cp))
             .expect("the API server's audit log")
             .into_iter()
@@ -181,7 +181,7 @@ pub(crate) async fn a_replayed_background_delete_under_refuse_leaves_nothing_stu
     // Nothing stuck once both have done all they do about the replay:
     // Crossplane has let the Usage go (it replays once, as it does), and
     // cascade-guard has told the XR's owner, on the XR, with both ways out.
-    let usage_gone = wait::until(Duration::from_secs(60), || async {
+    let usage_gone = wait::until_lasting(Duration::from_secs(60), || async {
         usages
             .get_opt("maintenance")
             .await
@@ -191,7 +191,7 @@ pub(crate) async fn a_replayed_background_delete_under_refuse_leaves_nothing_stu
     .await;
     assert!(usage_gone.is_some(), "Crossplane never let the Usage go");
     let command = format!("kubectl delete {target} app -n {ns} --cascade=foreground");
-    let told = wait::until(Duration::from_secs(60), || async {
+    let told = wait::until_lasting(Duration::from_secs(60), || async {
         cascade_guard_testkit::events_about(&client, "app")
             .await
             .into_iter()

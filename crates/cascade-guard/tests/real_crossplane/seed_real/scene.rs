@@ -118,7 +118,7 @@ impl Scene {
 
     pub(crate) async fn wait_ready(&self, resource: &ApiResource, ns: Option<&str>, name: &str) {
         let objects = api(&self.client, resource, ns);
-        let ready = wait::until(BUILD_TIMEOUT, || async {
+        let ready = wait::until_lasting(BUILD_TIMEOUT, || async {
             is_ready(&objects.get_opt(name).await.ok().flatten()?).then_some(())
         })
         .await;
@@ -144,7 +144,7 @@ impl Scene {
         // A bound for a hold that never comes, as the shapes' (240 s): in
         // CI, about 40 trees on two cores, sibling order's look at a new tree
         // came after more than 90 s.
-        let labelled = wait::until(Duration::from_secs(240), || async {
+        let labelled = wait::until_lasting(Duration::from_secs(240), || async {
             let o = objects.get_opt(name).await.ok().flatten()?;
             let v = o.labels().get(label)?;
             value.is_none_or(|want| v == want).then_some(())
@@ -189,7 +189,7 @@ impl Scene {
     }
 
     pub(crate) async fn wait_all_gone(&self, timeout: Duration) {
-        let gone = wait::until(timeout, || async {
+        let gone = wait::until_lasting(timeout, || async {
             self.left().await.is_empty().then_some(())
         })
         .await;
@@ -249,7 +249,7 @@ impl Scene {
     /// a minute, while `user` still runs on it: a minute is longer than the
     /// whole tree takes to go when nothing holds it.
     pub(crate) async fn assert_cluster_stays(&self, name: &str, user: &str) {
-        let early = wait::until(Duration::from_secs(60), || async {
+        let early = wait::until_lasting(Duration::from_secs(60), || async {
             self.timeline.terminating("Cluster", name).map(|_| ())
         })
         .await;

@@ -315,7 +315,7 @@ pub(crate) async fn without_cascade_guard_a_plain_delete_wedges_the_serving_stac
     // it go.
     let gateway_name = format!("{}-gateway", tree.stack_name());
     let tried = provider_warnings(&tree.client, &gateway_name).await;
-    let retried = wait::until(Duration::from_secs(150), || async {
+    let retried = wait::until_lasting(Duration::from_secs(150), || async {
         (provider_warnings(&tree.client, &gateway_name).await > tried).then_some(())
     })
     .await;
@@ -382,7 +382,7 @@ pub(crate) async fn wait_wedged(
     name: &str,
     timeout: Duration,
 ) -> Option<String> {
-    wait::until(timeout, || async {
+    wait::until_lasting(timeout, || async {
         let o = objects.get_opt(name).await.ok().flatten()?;
         o.metadata.deletion_timestamp.as_ref()?;
         let held = o.finalizers().iter().any(|f| f == MANAGED_FINALIZER);
@@ -406,7 +406,7 @@ pub(crate) async fn provider_warnings(client: &Client, name: &str) -> i32 {
 
 /// Waits until cascade-guard holds `name` with its finalizer (Convert).
 pub(crate) async fn wait_held(objects: &Api<DynamicObject>, name: &str) {
-    let held = wait::until(Duration::from_secs(60), || async {
+    let held = wait::until_lasting(Duration::from_secs(60), || async {
         let o = objects.get_opt(name).await.ok().flatten()?;
         o.finalizers()
             .iter()
@@ -423,7 +423,7 @@ pub(crate) async fn when_ready(
     name: &str,
     pointer: &str,
 ) -> Option<String> {
-    wait::until(BUILD_TIMEOUT, || async {
+    wait::until_lasting(BUILD_TIMEOUT, || async {
         let o = objects.get_opt(name).await.ok().flatten()?;
         if !is_ready(&o) {
             return None;
@@ -440,7 +440,7 @@ pub(crate) async fn when_ready(
 pub(crate) async fn wait_generated_crd(client: &Client, name: &str) {
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(client.clone());
-    let found = wait::until(BUILD_TIMEOUT, || async {
+    let found = wait::until_lasting(BUILD_TIMEOUT, || async {
         crds.get_opt(name).await.ok().flatten()
     })
     .await;

@@ -335,7 +335,7 @@ fn composed_names(xr: &DynamicObject, kind: &str) -> Vec<String> {
 /// Waits until `target` is Ready; returns it.
 async fn wait_ready(client: &Client, target: &Target, what: &str) -> DynamicObject {
     let objects = target.api(client);
-    let ready = wait::until(BUILD_TIMEOUT, || async {
+    let ready = wait::until_lasting(BUILD_TIMEOUT, || async {
         let o = objects.get_opt(&target.name).await.ok().flatten()?;
         is_ready(&o).then_some(o)
     })
@@ -382,7 +382,7 @@ async fn wait_label(
     // A bound for a hold that never comes: a new leader (a replica that lost
     // its Lease under CI's load) first waits out the Lease, then a complete
     // pass of every kind.
-    let labelled = wait::until(Duration::from_secs(240), || async {
+    let labelled = wait::until_lasting(Duration::from_secs(240), || async {
         let o = objects.get_opt(&target.name).await.ok().flatten()?;
         let v = o.labels().get(label)?;
         value.is_none_or(|want| v == want).then_some(())
@@ -926,7 +926,7 @@ impl Built {
     /// left; whether that came within `timeout`.
     async fn wait_all_gone(&self, timeout: Duration) -> bool {
         let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone());
-        wait::until(timeout, || async {
+        wait::until_lasting(timeout, || async {
             let mut done = self.left().await.is_empty();
             if done && self.plan.how == How::Namespace {
                 let ns = self.namespace.as_deref().unwrap_or_default();
@@ -1069,7 +1069,7 @@ impl Built {
                 .collect()
         };
         let uids = invariant::uids(snapshot);
-        let gone = wait::until(SHAPE_TEARDOWN_TIMEOUT, || async {
+        let gone = wait::until_lasting(SHAPE_TEARDOWN_TIMEOUT, || async {
             let entries = self.timeline.entries();
             let alive = |r: &invariant::ObjectId| {
                 fate_with_missed(&entries, &uids, &self.missed, r).is_some_and(|f| f.still_there)
@@ -1558,7 +1558,7 @@ async fn tear_down(stack: &Stack, built: &Built, snapshot: &[Value]) -> String {
                 let hubs = hub.api(&built.client);
                 // Crossplane may be down for a while, then its Usage
                 // re-checks its user every 30 s.
-                let free = wait::until(Duration::from_secs(180), || async {
+                let free = wait::until_lasting(Duration::from_secs(180), || async {
                     let o = hubs.get_opt(&hub.name).await.ok().flatten()?;
                     (!o.labels().contains_key(IN_USE_LABEL)).then_some(())
                 })
@@ -1731,7 +1731,7 @@ async fn off_outcome(stack: &Stack, built: &Built, snapshot: &[Value], started: 
         // Gone, or still: nothing of the tree has changed for a while (a
         // wedge: what is left waits on finalizers that cannot finish).
         let quiet = Duration::from_secs(45);
-        wait::until(OFF_SETTLE, || async {
+        wait::until_lasting(OFF_SETTLE, || async {
             let last_change = built.timeline.entries().iter().map(|e| e.at).max();
             let still = last_change.is_some_and(|at| at.elapsed() > quiet);
             let done = still || built.left().await.is_empty();

@@ -135,7 +135,7 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace
     // the Object goes, then its ProviderConfig, then the namespace.
     if by_namespace {
         let objects = api(&scene.client, &modelplane::objects(), Some(&ns));
-        let gone = wait::until(TEARDOWN_TIMEOUT, || async {
+        let gone = wait::until_lasting(TEARDOWN_TIMEOUT, || async {
             objects.get_opt(&engine).await.ok()?.is_none().then_some(())
         })
         .await;
@@ -169,7 +169,7 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace
         // it go before the Object's next reconcile tracks one again) varies:
         // seen both ways on real Crossplane. Lost, the Object wedges on a
         // ProviderConfig that is gone and leaks its load balancer.
-        let deleted = wait::until(Duration::from_secs(60), || async {
+        let deleted = wait::until_lasting(Duration::from_secs(60), || async {
             scene
                 .timeline
                 .terminating("ProviderConfig", &config)
@@ -183,7 +183,7 @@ async fn provider_config_beside_its_user(stack: &Stack, mode: Mode, by_namespace
             scene.timeline.describe()
         );
         let objects = api(&scene.client, &modelplane::objects(), Some(&ns));
-        let outcome = wait::until(TEARDOWN_TIMEOUT, || async {
+        let outcome = wait::until_lasting(TEARDOWN_TIMEOUT, || async {
             match objects.get_opt(&engine).await.ok()? {
                 None => Some(None),
                 Some(o) => {
@@ -444,7 +444,7 @@ async fn usage_between_two_xrs(stack: &Stack, mode: Mode, between: Between) {
     if mode == Mode::Off {
         // The hazard: the Usage goes in the user's first wave, and the
         // replay deletes the used XR while the user is still there.
-        let early = wait::until(TEARDOWN_TIMEOUT, || async {
+        let early = wait::until_lasting(TEARDOWN_TIMEOUT, || async {
             scene.timeline.terminating(&hub_kind.kind, &hub).map(|_| ())
         })
         .await;

@@ -544,7 +544,7 @@ impl Stack {
         .expect("starting kube-apiserver")
         .unwrap_or_else(|e| panic!("cannot start kube-apiserver again: {e}"));
         *replacement = Some(started);
-        let ready = wait::until(Duration::from_secs(120), || async {
+        let ready = wait::until_lasting(Duration::from_secs(120), || async {
             let client = self.cp.admin().await.ok()?;
             let request = http::Request::get("/readyz").body(Vec::new()).ok()?;
             let body = client.request_text(request).await.ok()?;
@@ -602,7 +602,7 @@ impl Stack {
             propagation_policy: Some(PropagationPolicy::Background),
             ..DeleteParams::default()
         };
-        let effective = wait::until(Duration::from_secs(60), || async {
+        let effective = wait::until_lasting(Duration::from_secs(60), || async {
             let o = objects.get_opt(name).await.ok().flatten()?;
             let held = o.finalizers().iter().any(|f| f == HOLD_FINALIZER);
             let refused = matches!(

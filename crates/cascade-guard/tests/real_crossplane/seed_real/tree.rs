@@ -149,7 +149,7 @@ impl Tree {
             timeline,
             missed: StdMutex::new(BTreeMap::new()),
         };
-        let ready = wait::until(BUILD_TIMEOUT, || async {
+        let ready = wait::until_lasting(BUILD_TIMEOUT, || async {
             is_ready(&ics.get_opt(name).await.ok().flatten()?).then_some(())
         })
         .await;
@@ -164,7 +164,7 @@ impl Tree {
             &platform.eks_clusters(),
             Some(SYSTEM_NAMESPACE),
         );
-        let in_use = wait::until(Duration::from_secs(60), || async {
+        let in_use = wait::until_lasting(Duration::from_secs(60), || async {
             let o = eks.get_opt(name).await.ok().flatten()?;
             (!usage || o.labels().get(IN_USE_LABEL).map(String::as_str) == Some("true"))
                 .then_some(())
@@ -216,7 +216,7 @@ impl Tree {
     }
 
     pub(crate) async fn wait_all_gone(&self, timeout: Duration) -> bool {
-        wait::until(timeout, || async {
+        wait::until_lasting(timeout, || async {
             self.left().await.is_empty().then_some(())
         })
         .await
@@ -369,7 +369,7 @@ impl Tree {
             }
             Some(())
         };
-        wait::until(TEARDOWN_TIMEOUT, || async {
+        wait::until_lasting(TEARDOWN_TIMEOUT, || async {
             let done = settled().await;
             if done.is_none() {
                 // A read of every object per pass: not every 50 ms.
@@ -535,7 +535,7 @@ pub(crate) async fn plan_once_it_exits(
     name: &str,
     code: i32,
 ) -> (Option<i32>, String) {
-    let planned = wait::until(Duration::from_secs(300), || async {
+    let planned = wait::until_lasting(Duration::from_secs(300), || async {
         let (got, said) = plan_of(stack, resource, name);
         (got == Some(code)).then_some((got, said))
     })
