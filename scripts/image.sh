@@ -20,10 +20,11 @@
 # Needs, and installs when missing: the Rust musl target (rustup), and musl's C
 # compiler for ring's C part (Debian's musl-tools, pinned below; apt-get as
 # root). Anything it cannot install stops it with the installer's own error.
-# The build is incremental in its own target dir (image/ in CARGO_TARGET_DIR,
-# else in target/), so a warm run is Cargo's no-op check, from any clone: the
-# flags name the target dir and Cargo's home, not the checkout (Cargo gives
-# rustc a workspace crate's sources by their path inside the workspace).
+# The build has its own target dir (image/ in CARGO_TARGET_DIR, else in
+# target/), shared by every clone: the flags name the target dir and Cargo's
+# home, not the checkout (Cargo gives rustc a workspace crate's sources by
+# their path inside the workspace). A binary built from the same inputs
+# (inputs_key below) is kept, from any clone; otherwise Cargo builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,6 +70,33 @@ ensure_musl_gcc() {
   command -v musl-gcc >/dev/null 2>&1 || die "musl-tools is installed but musl-gcc is not on PATH"
 }
 
+# What the static binary is built from, hashed: the product's two crates
+# (their tests and examples aside), every manifest of the workspace and its
+# lock file, this script, Cargo's configuration, the toolchain, musl's C
+# compiler and the flags. Cargo takes a fresh clone's files for changed (they
+# are newer than its last build) and built the same two crates again in every
+# CI run: two to three minutes of both cores. Nothing printed (not a git
+# checkout, a listed file missing): no key, and Cargo decides as before.
+inputs_key() {
+  local flags=$1 listed hashed
+  listed=$(git ls-files -z --cached --others --exclude-standard -- \
+    Cargo.toml Cargo.lock '*Cargo.toml' .cargo scripts/image.sh \
+    crates/cascade-guard crates/cascade-guard-policy \
+    ':!crates/cascade-guard/tests' ':!crates/cascade-guard-policy/tests' \
+    ':!crates/cascade-guard/examples' 2>/dev/null | tr '\0' '\n' | LC_ALL=C sort) || return 0
+  [ -n "$listed" ] || return 0
+  hashed=$({
+    tr '\n' '\0' <<<"$listed" | xargs -0 sha256sum -- || exit 1
+    local config
+    for config in "$cargo_home/config.toml" "$cargo_home/config"; do
+      if [ -f "$config" ]; then sha256sum -- "$config" || exit 1; fi
+    done
+    rustc -vV && cargo -V && musl-gcc --version | sed -n 1p || exit 1
+    echo "$rust_target $flags"
+  } 2>/dev/null) || return 0
+  sha256sum <<<"$hashed" | cut -d' ' -f1
+}
+
 build_binary() {
   ensure_musl_target
   ensure_musl_gcc
@@ -80,6 +108,22 @@ build_binary() {
   # every crate, differ from one clone to the next (tests/api_server/install.rs
   # checks that the binary names neither the checkout nor Cargo's home).
   local remap="--remap-path-prefix=$target_dir=/target --remap-path-prefix=$cargo_home=/cargo"
+  local rustflags="$remap -C strip=symbols"
+  local cflags="-ffile-prefix-map=$target_dir=/target -ffile-prefix-map=$cargo_home=/cargo"
+  mkdir -p "$target_dir"
+  # The key, and the binary's own hash beside it: a binary Cargo built since
+  # by other means is not taken for the one the key names.
+  local key recorded="$binary.inputs" now
+  key=$(inputs_key "$rustflags $cflags")
+  if [ -n "$key" ] && [ -x "$binary" ] && [ -f "$recorded" ]; then
+    now="$key $(sha256sum <"$binary" | cut -d' ' -f1)"
+    if [ "$(cat "$recorded")" = "$now" ]; then
+      echo "image.sh: the static binary was built from these same inputs (key ${key:0:12}): kept" >&2
+      "$binary" version --client >&2 || die "the built binary does not run: $binary"
+      return
+    fi
+  fi
+  rm -f "$recorded"
   local start=$SECONDS
   echo "image.sh: building the static binary ($rust_target, release) in $target_dir" >&2
   # Run from a test (cargo test sets CARGO_MANIFEST_DIR, CARGO_PKG_* and more
@@ -91,14 +135,17 @@ build_binary() {
   done
   env \
     CARGO_TARGET_DIR="$target_dir" \
-    RUSTFLAGS="$remap -C strip=symbols" \
+    RUSTFLAGS="$rustflags" \
     "$cc_var=musl-gcc" \
-    "$cflags_var=-ffile-prefix-map=$target_dir=/target -ffile-prefix-map=$cargo_home=/cargo" \
+    "$cflags_var=$cflags" \
     cargo build --release --locked --target "$rust_target" -p cascade-guard --bin cascade-guard >&2 \
     || die "cargo build for $rust_target failed (its error is above)"
   echo "image.sh: static binary ready in $((SECONDS - start))s" >&2
   # A static binary runs here as it will in the image.
   "$binary" version --client >&2 || die "the built binary does not run: $binary"
+  if [ -n "$key" ]; then
+    echo "$key $(sha256sum <"$binary" | cut -d' ' -f1)" >"$recorded"
+  fi
 }
 
 # The one layer: /cascade-guard, root-owned, world-executable, time 0.

@@ -150,10 +150,11 @@ step "the Rust builds (the tests', clippy's and the image's static binary), star
 # The steps "clippy" and "the tests' build" below run the same commands
 # again, which then only confirm the result and show it.
 #
-# The container image's static (musl) binary is built incrementally in
-# image/ under CARGO_TARGET_DIR (scripts/image.sh adds the Rust musl target
-# and Debian's musl-tools when they are missing, or stops with the
-# installer's error). tests/api_server/install.rs pushes the image
+# The container image's static (musl) binary is built in image/ under
+# CARGO_TARGET_DIR, or kept when it was built from the same inputs (the
+# product's sources, the manifests, the toolchain; scripts/image.sh, which
+# adds the Rust musl target and Debian's musl-tools when they are missing, or
+# stops with the installer's error). tests/api_server/install.rs pushes the image
 # (scripts/image.sh push, with the pinned crane of testbed/tools/crane.sh) to a
 # registry on loopback (crane registry serve), pulls it, and runs the binary
 # taken out of it as the chart's ServiceAccount. The tests wait for it: built
