@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 use crate::binaries::Binaries;
+use crate::etcd;
 use crate::pki::{Pair, Pki};
 use crate::process::{self, Lifetime, Process};
 
@@ -48,6 +49,10 @@ pub struct Options {
     /// Less CPU to start and at rest (BENCHMARKS.md, "CI"), and a run of
     /// the real-Crossplane suite makes forty of them.
     pub serve_only: bool,
+    /// With `serve_only`: the URL of a [`crate::SharedEtcd`] to keep the
+    /// objects in, under the prefix `/<the directory's name>`, instead of an
+    /// etcd of its own.
+    pub shared_etcd: Option<String>,
 }
 
 impl Default for Options {
@@ -60,6 +65,7 @@ impl Default for Options {
             static_manifests_dir: None,
             feature_gates: Vec::new(),
             serve_only: false,
+            shared_etcd: None,
         }
     }
 }
@@ -165,22 +171,15 @@ impl ControlPlane {
         let audit_policy = dir.join("audit-policy.yaml");
         std::fs::write(&audit_policy, AUDIT_POLICY).map_err(io_error(&audit_policy))?;
 
-        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
-        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
-        let etcd_args = vec![
-            "--name=local".to_string(),
-            format!("--data-dir={}", dir.join("etcd").display()),
-            format!("--listen-client-urls={etcd_url}"),
-            format!("--advertise-client-urls={etcd_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster=local={peer_url}"),
-            // Test data: durability across power loss is not worth the fsyncs.
-            "--unsafe-no-fsync".to_string(),
-            "--log-level=warn".to_string(),
-        ];
-        self.spawn("etcd", &binaries.etcd, &etcd_args, options.lifetime)?;
-        wait_for_tcp(etcd_client, "etcd", &mut self.processes).await?;
+        let etcd_url = match &options.shared_etcd {
+            Some(url) if options.serve_only => url.clone(),
+            _ => {
+                let args = etcd::args(&dir.join("etcd"), etcd_client, etcd_peer);
+                self.spawn("etcd", &binaries.etcd, &args, options.lifetime)?;
+                wait_for_tcp(etcd_client, "etcd", &mut self.processes).await?;
+                format!("http://127.0.0.1:{etcd_client}")
+            }
+        };
 
         let mut apiserver_args = vec![
             format!("--etcd-servers={etcd_url}"),
@@ -231,6 +230,9 @@ impl ControlPlane {
             // Its few clients read what they wrote: every read from etcd
             // costs less than keeping a cache of every built-in kind.
             apiserver_args.push("--watch-cache=false".to_string());
+            if options.shared_etcd.is_some() {
+                apiserver_args.push(format!("--etcd-prefix={}", etcd::prefix_of(&dir)));
+            }
         }
         self.spawn(
             "kube-apiserver",
@@ -632,7 +634,11 @@ async fn install_crds(client: &Client, crds: &[CustomResourceDefinition]) -> Res
     Ok(())
 }
 
-async fn wait_for_tcp(port: u16, component: &str, processes: &mut [Process]) -> Result<(), Error> {
+pub(crate) async fn wait_for_tcp(
+    port: u16,
+    component: &str,
+    processes: &mut [Process],
+) -> Result<(), Error> {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -658,9 +664,9 @@ async fn wait_for_tcp(port: u16, component: &str, processes: &mut [Process]) -> 
     }
 }
 
-/// Three distinct free loopback ports. The OS could hand one out again before the
+/// `N` distinct free loopback ports. The OS could hand one out again before the
 /// component binds it; the components then fail loudly at start.
-fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     let mut listeners = Vec::with_capacity(N);
     let mut ports = [0u16; N];
     for port in ports.iter_mut() {
@@ -810,7 +816,7 @@ fn save_kubeconfig(path: &Path, kubeconfig: &Kubeconfig) -> Result<(), Error> {
     std::fs::write(path, text).map_err(io_error(path))
 }
 
-fn io_error(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+pub(crate) fn io_error(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |source| Error::Io {
         path: path.to_path_buf(),
         source,

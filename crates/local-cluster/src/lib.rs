@@ -14,6 +14,7 @@ mod binaries;
 mod cluster;
 pub mod crossplane;
 mod error;
+mod etcd;
 pub mod model;
 mod pki;
 pub mod process;
@@ -29,3 +30,4 @@ pub use cluster::{
     NAMESPACE_CONTROLLER_SERVICE_ACCOUNT_USER, Options, ProcessState, State, new_scratch_dir,
 };
 pub use error::Error;
+pub use etcd::SharedEtcd;

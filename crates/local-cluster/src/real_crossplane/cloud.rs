@@ -23,7 +23,7 @@ use super::load_balancer;
 use super::manifest;
 use super::stack::Forwarding;
 use super::{Error, api_error, io_error};
-use crate::{ControlPlane, Options};
+use crate::{ControlPlane, Options, SharedEtcd};
 
 pub const GROUP: &str = "cloud.local-cluster.dev";
 pub const VERSION: &str = "v1alpha1";
@@ -174,9 +174,11 @@ pub fn next_step(cluster: &ClusterView, known: bool) -> Step {
     }
 }
 
-/// The controller and the cloud clusters it runs.
+/// The controller and the cloud clusters it runs, which keep their objects
+/// in one etcd (each under a prefix of its own).
 pub struct LocalCloud {
     clusters: Arc<Mutex<BTreeMap<String, Entry>>>,
+    etcd: SharedEtcd,
 }
 
 enum Entry {
@@ -199,10 +201,12 @@ impl LocalCloud {
         let client = cp.admin().await?;
         manifest::apply_crds(&client, &[crd()?, cloud_load_balancer::crd()?]).await?;
         let config = cp.admin_config().await?;
+        let etcd = SharedEtcd::start(&dir.join("etcd")).await?;
         let clusters = Arc::new(Mutex::new(BTreeMap::new()));
         let controller = Controller {
             config,
             dir: dir.to_path_buf(),
+            etcd: etcd.url().to_string(),
             options,
             forwarding,
             clusters: clusters.clone(),
@@ -210,10 +214,10 @@ impl LocalCloud {
             log: cp.log_path("local-cloud"),
         };
         runtime.spawn(controller.run());
-        Ok(Self { clusters })
+        Ok(Self { clusters, etcd })
     }
 
-    /// Stops every cloud cluster.
+    /// Stops every cloud cluster, then their etcd.
     pub fn stop(self) {
         let running: Vec<Entry> = match self.clusters.lock() {
             Ok(mut map) => std::mem::take(&mut *map).into_values().collect(),
@@ -225,6 +229,7 @@ impl LocalCloud {
                 cp.stop();
             }
         }
+        drop(self.etcd);
     }
 }
 
@@ -232,6 +237,8 @@ impl LocalCloud {
 struct Controller {
     config: Config,
     dir: PathBuf,
+    /// The URL of the etcd the cloud clusters share.
+    etcd: String,
     options: CloudOptions,
     forwarding: Forwarding,
     clusters: Arc<Mutex<BTreeMap<String, Entry>>>,
@@ -355,6 +362,7 @@ impl Controller {
         let started = ControlPlane::start(Options {
             dir: Some(dir.clone()),
             serve_only: true,
+            shared_etcd: Some(self.etcd.clone()),
             ..Options::default()
         })
         .await;
