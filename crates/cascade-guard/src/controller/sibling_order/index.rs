@@ -142,8 +142,10 @@ pub(crate) struct Index {
     unseen_reads: HashMap<Uid, (u32, LastRead)>,
     /// The other objects read in each tree that has any.
     trees: HashMap<Uid, Box<[Uid]>>,
-    /// The roots whose trees are active (read every look).
-    active: HashSet<Uid>,
+    /// The roots whose trees are active, with when each was last read: read
+    /// again as soon as something of the tree the watches see changes, else
+    /// every [`schedule::ACTIVE_EVERY`].
+    active: HashMap<Uid, Instant>,
     /// The roots whose trees are young and not active otherwise, with when
     /// each was last read (read again every [`schedule::SETTLE_EVERY`]).
     settling: HashMap<Uid, Instant>,
@@ -455,7 +457,20 @@ impl Index {
                 .insert(uid.clone());
         }
         self.objects.insert(uid.clone(), object);
+        self.touch_active_home(&uid);
         self.dirty.insert(uid);
+    }
+
+    /// A change to an object an active tree's last read found makes that
+    /// tree due: a teardown goes on as its objects go, not at the next
+    /// timed read.
+    fn touch_active_home(&mut self, uid: &Uid) {
+        if let Some(root) = self.members.get(uid)
+            && root != uid
+            && self.active.contains_key(root)
+        {
+            self.dirty.insert(root.clone());
+        }
     }
 
     fn remove(&mut self, uid: &Uid) {
@@ -474,6 +489,7 @@ impl Index {
         if let Some(children) = self.children.get(uid) {
             self.dirty.extend(children.iter().cloned());
         }
+        self.touch_active_home(uid);
         self.dirty.insert(uid.clone());
     }
 
@@ -542,9 +558,11 @@ impl Index {
 /// What a read of a tree found, as it bears on its next read.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TreeState {
-    /// Read again at the next look: being deleted, writes still to make.
+    /// Being deleted, or writes still to make: read again as soon as its
+    /// objects change, else every [`schedule::ACTIVE_EVERY`].
     pub active: bool,
-    /// Young: read again every SETTLE_EVERY (every look if also active).
+    /// Young: read again every SETTLE_EVERY (every ACTIVE_EVERY if also
+    /// active).
     pub settling: bool,
     /// Nothing composed, referenced or using it: never read again only for a
     /// resync (what it gets first changes the root itself, or a Usage).

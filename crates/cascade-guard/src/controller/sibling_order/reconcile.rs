@@ -291,7 +291,7 @@ impl OrderLoop {
         unordered.extend(failed);
         // A hold is in force once the hold policy names its kind and the API
         // server has had the time to load it: until then the tree is not
-        // ordered, and read again every look.
+        // ordered, and read again as active.
         let waiting = decision.holding.iter().find_map(|object| {
             self.holds
                 .in_force(object, kinds)

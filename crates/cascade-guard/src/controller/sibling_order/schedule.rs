@@ -6,8 +6,12 @@ use std::time::Duration;
 pub(crate) const TICK: Duration = Duration::from_secs(1);
 /// How often it looks while a tree it holds is being deleted: the next wave
 /// waits for the hold to be let go, so this is the latency it adds per
-/// level of a teardown (Crossplane's Usage adds up to 30 s).
+/// level of a teardown (Crossplane's Usage adds up to 30 s) when what goes
+/// is of a kind it watches; ACTIVE_EVERY when not.
 pub(crate) const TEARDOWN_TICK: Duration = Duration::from_millis(200);
+/// How often an active tree (being deleted, writes to make) is read again
+/// while nothing of it the watches see changes: for what no watch follows.
+pub(crate) const ACTIVE_EVERY: Duration = Duration::from_secs(1);
 /// The longest pause between two looks.
 pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(10);
 /// Resyncs are taken at most this often.

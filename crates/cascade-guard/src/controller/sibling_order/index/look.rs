@@ -147,7 +147,7 @@ impl Index {
         }
         if state.active {
             self.settling.remove(&uid);
-            self.active.insert(uid);
+            self.active.insert(uid, at);
         } else if state.settling {
             self.active.remove(&uid);
             self.settling.insert(uid, at);
@@ -164,7 +164,16 @@ impl Index {
     pub fn look(&mut self, now: Instant, resync: Duration) -> Look {
         let mut candidates: HashSet<Uid> = self.dirty.iter().cloned().collect();
         candidates.extend(self.poked.iter().cloned());
-        candidates.extend(self.active.iter().cloned());
+        // An active tree whose objects the watches saw change is dirty
+        // already; the others are read again every ACTIVE_EVERY, for what
+        // no watch follows (a Secret, a ProviderConfig). Every look, a
+        // teardown's 200-ms looks read each tree in it five times a second.
+        candidates.extend(
+            self.active
+                .iter()
+                .filter(|(_, at)| now.duration_since(**at) >= schedule::ACTIVE_EVERY)
+                .map(|(uid, _)| uid.clone()),
+        );
         let resync_due = self.resyncs_due(now, resync);
         candidates.extend(resync_due.iter().cloned());
         let settle_due: HashSet<Uid> = self
@@ -201,7 +210,7 @@ impl Index {
             let changed = self.dirty.remove(uid);
             let only_poked = poked
                 && !changed
-                && !self.active.contains(uid)
+                && !self.active.contains_key(uid)
                 && !settle_due.contains(uid)
                 && !resync_due.contains(uid)
                 && self

@@ -39,7 +39,7 @@ pub(super) struct LastRead {
     pub rv: u64,
     /// The read's number: a resync queued for an older read is skipped.
     pub number: u32,
-    /// Read every look: being deleted, young, with writes still to make.
+    /// Read again soon: being deleted, young, with writes still to make.
     pub active: bool,
 }
 

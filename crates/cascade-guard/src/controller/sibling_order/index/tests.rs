@@ -400,15 +400,27 @@ fn a_new_provider_config_usage_makes_its_provider_configs_tree_due() {
 }
 
 #[test]
-fn an_active_tree_is_read_every_look_and_a_failed_read_again() {
+fn an_active_tree_is_read_when_its_objects_change_or_a_period_passes_and_a_failed_read_again() {
     let now = Instant::now();
-    let mut index = listed(vec![object("a", "1")]);
+    let every = schedule::ACTIVE_EVERY;
+    let mut index = listed(vec![object("a", "1"), controlled("m", "1", "a")]);
     index.look(now, RESYNC);
     index.read("a", 1, now, tree(true, &["m"]));
     assert!(index.busy());
-    assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
-    assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
+    // Nothing of it changed: not within the period, at once after it.
+    assert_eq!(due(&index.look(now + every / 2, RESYNC)), []);
+    assert_eq!(due(&index.look(now + every, RESYNC)), [("a", 2)]);
+    index.read("a", 1, now + every, tree(true, &["m"]));
+    // One of its objects changed, or went: read at the next look.
+    index.apply(&xr(), 1, IndexEvent::Applied(controlled("m", "2", "a")));
+    assert_eq!(due(&index.look(now + every, RESYNC)), [("a", 2)]);
+    index.read("a", 1, now + every, tree(true, &["m"]));
+    index.apply(&xr(), 1, IndexEvent::Deleted("m".into()));
+    assert_eq!(due(&index.look(now + every, RESYNC)), [("a", 2)]);
+    // A settled tree's objects changing do not make it due.
     index.read("a", 1, now, tree(false, &["m"]));
+    index.apply(&xr(), 1, IndexEvent::Applied(controlled("m", "3", "a")));
+    assert_eq!(due(&index.look(now + every, RESYNC)), []);
     assert_eq!(due(&index.look(now, RESYNC)), []);
     index.apply(&xr(), 1, IndexEvent::Applied(object("a", "2")));
     assert_eq!(due(&index.look(now, RESYNC)), [("a", 2)]);
@@ -440,13 +452,18 @@ fn a_young_tree_is_read_again_every_settle_period_not_every_look() {
     // Settled: read again only when it changes (or its resync is due).
     index.read("a", 2, again, tree(false, &["m"]));
     assert_eq!(due(&index.look(again + every * 10, RESYNC)), []);
-    // Active (being deleted, writes to make) beats settling: every look.
+    // Active (being deleted, writes to make) beats settling: read again
+    // every ACTIVE_EVERY, sooner than SETTLE_EVERY.
     let both = TreeState {
         settling: true,
         ..tree(true, &["m"])
     };
     index.read("a", 2, again, both);
-    assert_eq!(due(&index.look(again, RESYNC)), [("a", 2)]);
+    assert!(schedule::ACTIVE_EVERY < every);
+    assert_eq!(
+        due(&index.look(again + schedule::ACTIVE_EVERY, RESYNC)),
+        [("a", 2)]
+    );
 }
 
 #[test]
