@@ -65,13 +65,20 @@ core_module=github.com/crossplane/crossplane
 [[ $version == v1.* ]] || core_module+=/v2
 
 # name | wrapper dir | upstream module | main package | data (from:to, ...) |
-# whether it has a version variable to set
+# whether it has a version variable to set. Started in this order, two at a
+# time (CROSSPLANE_BUILD_JOBS).
 targets=(
   "crossplane|core/releases/$version|$core_module|$core_module/cmd/crossplane|cluster/crds:core/crds,cluster/webhookconfigurations:core/webhookconfigurations|versioned"
-  "function-patch-and-transform|function-patch-and-transform|github.com/crossplane-contrib/function-patch-and-transform|github.com/crossplane-contrib/function-patch-and-transform|package:function-patch-and-transform/package|"
   "provider-kubernetes|provider-kubernetes|github.com/crossplane-contrib/provider-kubernetes|github.com/crossplane-contrib/provider-kubernetes/cmd/provider|package/crds:provider-kubernetes/crds|"
   "provider-helm|provider-helm|github.com/crossplane-contrib/provider-helm|github.com/crossplane-contrib/provider-helm/cmd/provider|package/crds:provider-helm/crds|"
+  "function-patch-and-transform|function-patch-and-transform|github.com/crossplane-contrib/function-patch-and-transform|github.com/crossplane-contrib/function-patch-and-transform|package:function-patch-and-transform/package|"
 )
+# The function's wrapper has the dependency versions of the default core
+# release: it starts once core's build is over (last, so that the providers
+# keep the two slots busy meanwhile), and then shares core's compiled
+# packages; built beside core, it compiled them again (Go's build cache does
+# not share work in flight). Another release's core shares less with it.
+after_core=function-patch-and-transform
 
 # Where one binary and its data are cached: keyed by how it is built (its
 # line above) and its wrapper.
@@ -121,12 +128,16 @@ build_part() {
 # already uses every core for compiling, but two at once overlap one's linking
 # and dependency loading with the other.
 build_release() {
-  local tmp=$1 failed=0 i part name dir module pkg data versioned
+  local tmp=$1 failed=0 i part name dir module pkg data versioned core_pid=
   for i in "${!targets[@]}"; do
     IFS='|' read -r name dir module pkg data versioned <<<"${targets[$i]}"
     [ -d "${parts[$i]}" ] && continue
+    if [ "$name" = "$after_core" ] && [ -n "$core_pid" ]; then
+      wait "$core_pid" || failed=1
+    fi
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || failed=1; done
     go_install "${parts[$i]}" build_part "$name" "$dir" "$module" "$pkg" "$data" "$versioned" &
+    [ "$name" != crossplane ] || core_pid=$!
   done
   while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || failed=1; done
   if [ "$failed" != 0 ]; then
