@@ -202,10 +202,28 @@ fn presence(settings: &LeaseSettings, holder: &str, duration_seconds: i32) -> Le
     }
 }
 
+/// Writes `lease` as this controller's presence on the Lease `name`, with
+/// the verbs leader election uses, which the chart's Role grants on its
+/// Lease (create; get and update by name), never patch: an apply was
+/// forbidden there, and `status`, `plan` and `uninstall` saw no controller.
 async fn apply_presence(api: &Api<Lease>, name: &str, lease: &Lease) -> Result<Lease, kube::Error> {
-    let params = kube::api::PatchParams::apply(crate::controller::MANAGER).force();
-    api.patch(name, &params, &kube::api::Patch::Apply(lease))
-        .await
+    let params = PostParams {
+        field_manager: Some(crate::controller::MANAGER.to_string()),
+        ..PostParams::default()
+    };
+    match api.get_opt(name).await? {
+        None => api.create(&params, lease).await,
+        Some(live) => {
+            let mut next = lease.clone();
+            next.metadata.resource_version = live.metadata.resource_version;
+            // What others wrote beside ours stays (labels, other annotations).
+            next.metadata.labels = live.metadata.labels;
+            let mut annotations = live.metadata.annotations.unwrap_or_default();
+            annotations.extend(lease.metadata.annotations.clone().unwrap_or_default());
+            next.metadata.annotations = Some(annotations);
+            api.replace(name, &params, &next).await
+        }
+    }
 }
 
 /// Held leadership. Dropping it stops renewing without giving the Lease up (as

@@ -135,3 +135,70 @@ fn settings_that_cannot_work_are_refused() {
     s.lease_duration = Duration::from_millis(500);
     assert!(s.validate().is_err());
 }
+
+/// Without leader election the controller says it runs on its Lease with the
+/// verbs the chart's Role grants there (get and update by name, create), never
+/// a patch, which that Role does not grant: a new Lease is created, one there
+/// is replaced at the version read, with what others wrote on it kept.
+#[tokio::test]
+async fn a_presence_is_written_with_the_roles_verbs() {
+    use crate::fake_api_server::{Exchange, against, says};
+    use serde_json::json;
+
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
+    let path = format!("{LEASES}/lease");
+    let mut settings = LeaseSettings::new("ns", "lease", "me");
+    settings.annotations = [("cascade-guard.dev/settings".to_string(), "s".to_string())].into();
+    let lease = presence(&settings, "me", 15);
+    let written = |script: Vec<Exchange>| {
+        let lease = lease.clone();
+        against(script, async move |c| {
+            let api: Api<Lease> = Api::namespaced(c, "ns");
+            apply_presence(&api, "lease", &lease)
+                .await
+                .map(|l| l.spec.and_then(|s| s.holder_identity))
+                .map_err(|e| e.to_string())
+        })
+    };
+    let created = written(vec![
+        Exchange::get(&path).fails(says::NOT_FOUND, "not found"),
+        Exchange::post(&format!("{LEASES}?&fieldManager=cascade-guard"))
+            .body_containing(json!({
+                "metadata": {"name": "lease", "annotations": {"cascade-guard.dev/settings": "s"}},
+                "spec": {"holderIdentity": "me", "leaseDurationSeconds": 15},
+            }))
+            .created(),
+    ])
+    .await;
+    assert_eq!(created, Ok(Some("me".to_string())));
+    let there = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {
+            "name": "lease", "namespace": "ns", "resourceVersion": "7",
+            "labels": {"team": "platform"},
+            "annotations": {"cascade-guard.dev/settings": "old", "note": "kept"},
+        },
+        "spec": {"holderIdentity": "", "leaseDurationSeconds": 1},
+    });
+    let replaced = written(vec![
+        Exchange::get(&path).ok(there),
+        Exchange::put(&format!("{path}?&fieldManager=cascade-guard"))
+            .body_containing(json!({
+                "metadata": {
+                    "name": "lease", "resourceVersion": "7",
+                    "labels": {"team": "platform"},
+                    "annotations": {"cascade-guard.dev/settings": "s", "note": "kept"},
+                },
+                "spec": {"holderIdentity": "me", "leaseDurationSeconds": 15},
+            }))
+            .echoes(),
+    ])
+    .await;
+    assert_eq!(replaced, Ok(Some("me".to_string())));
+    // A write the Role forbids is an error the announcer logs, not a panic.
+    let forbidden = written(vec![
+        Exchange::get(&path).fails(says::FORBIDDEN, "leases is forbidden"),
+    ])
+    .await;
+    assert!(forbidden.is_err(), "{forbidden:?}");
+}
