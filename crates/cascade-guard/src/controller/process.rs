@@ -104,7 +104,7 @@ pub async fn run(client: Client, process: Process) -> Result<(), ProcessError> {
         Some(dir) => Some(static_writer::run(
             client.clone(),
             settings.clone(),
-            static_target(&client, dir).await?,
+            static_target(&client, dir, &namespace).await?,
             metrics.clone(),
         )),
         None => None,
@@ -190,7 +190,11 @@ pub async fn run(client: Client, process: Process) -> Result<(), ProcessError> {
 /// The checks `run --static-manifests-dir` makes before it starts: a
 /// release with the feature, the gate on where the API server says, and a
 /// directory to write to.
-async fn static_target(client: &Client, dir: &Path) -> Result<static_writer::Target, ProcessError> {
+async fn static_target(
+    client: &Client,
+    dir: &Path,
+    namespace: &str,
+) -> Result<static_writer::Target, ProcessError> {
     use crate::cluster::static_protection::{StaticDirectory, read_server_report};
     use crate::policy::static_manifest::{FEATURE_GATE, release_supports};
     let info = client
@@ -222,11 +226,10 @@ async fn static_target(client: &Client, dir: &Path) -> Result<static_writer::Tar
                 .map(|h| h.trim().to_string())
                 .unwrap_or_else(|_| format!("pid-{}", std::process::id()))
         });
-    let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());
     Ok(static_writer::Target {
         directory,
         writer,
-        namespace,
+        namespace: namespace.to_string(),
     })
 }
 

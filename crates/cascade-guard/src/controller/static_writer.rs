@@ -29,7 +29,9 @@ pub struct Target {
     pub directory: StaticDirectory,
     /// Who writes (the node name, else the host name): names the record.
     pub writer: String,
-    /// Where the record goes (the pod's namespace).
+    /// Where the record goes: the controller's home namespace
+    /// (`--leader-election-namespace`, else the pod's), where the chart's
+    /// Role lets the writer keep it.
     pub namespace: String,
 }
 
