@@ -251,6 +251,34 @@ pub fn write_service_account_kubeconfig(cp: &ControlPlane, docs: &[Value]) -> Pa
     path
 }
 
+/// The kinds of the chart's RBAC.
+const RBAC_KINDS: [&str; 5] = [
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+];
+
+/// cascade-guard's identity as a platform team installs it: the chart's
+/// RBAC, rendered by the pinned Helm with `values` and applied, and a
+/// kubeconfig at `kubeconfig` that acts as its ServiceAccount (with the
+/// groups a token gives it; never `system:masters`).
+pub async fn install_rbac(cp: &ControlPlane, client: &Client, values: &str, kubeconfig: &Path) {
+    let docs = render(values);
+    let rbac: Vec<Value> = docs
+        .iter()
+        .filter(|d| RBAC_KINDS.iter().any(|k| d["kind"] == *k))
+        .cloned()
+        .collect();
+    apply(client, &rbac, &[]).await;
+    let (user, groups) = service_account_identity(&docs);
+    assert_eq!(user, crate::CONTROLLER_USER, "the chart's ServiceAccount");
+    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+    cp.write_kubeconfig_as(kubeconfig, &user, &groups)
+        .expect("controller kubeconfig");
+}
+
 /// The image of the chart's Deployment's container.
 pub fn container_image(docs: &[Value]) -> &str {
     find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]

@@ -326,9 +326,10 @@ pub async fn bare_with(options: Options) -> Env {
             create(&policies, p).await;
         }
     }
+    // As a platform team installs it: the chart's RBAC, the test kinds'
+    // group protected, never system:masters.
     let kubeconfig = cp.dir().join("cascade-guard.kubeconfig");
-    cp.write_kubeconfig_as(&kubeconfig, CONTROLLER_USER, &["system:masters"])
-        .expect("controller kubeconfig");
+    chart::install_rbac(&cp, &client, &chart_values(), &kubeconfig).await;
     Env {
         cp,
         controllers: std::sync::Mutex::new(Vec::new()),
@@ -340,14 +341,21 @@ impl Env {
     /// returns its index for [`Env::kill_controller`].
     pub fn start_controller(&self, extra: &[&str]) -> usize {
         let binary = binary();
-        let mut args = vec![
-            "run".to_string(),
-            format!(
+        let mut args = vec!["run".to_string(), "--xrd-default-mode=Refuse".to_string()];
+        // Another identity's when the test names one (the static writer's).
+        if !extra.iter().any(|a| a.starts_with("--kubeconfig")) {
+            args.push(format!(
                 "--kubeconfig={}",
                 self.cp.dir().join("cascade-guard.kubeconfig").display()
-            ),
-            "--xrd-default-mode=Refuse".to_string(),
-        ];
+            ));
+        }
+        // Where the chart's Roles let it keep its Lease and ConfigMaps.
+        if !extra
+            .iter()
+            .any(|a| a.starts_with("--leader-election-namespace"))
+        {
+            args.push(format!("--leader-election-namespace={CONTROLLER_HOME}"));
+        }
         if !extra.iter().any(|a| a.starts_with("--resync-seconds")) {
             args.push("--resync-seconds=20".to_string());
         }
@@ -848,10 +856,14 @@ pub async fn events_about(client: &Client, name: &str) -> Vec<(String, String)> 
         .collect()
 }
 
-/// Where a controller these tests start (outside a pod, without
-/// `--leader-election-namespace`) keeps its Lease and sibling order's
-/// ConfigMaps.
-pub const CONTROLLER_HOME: &str = "default";
+/// Where a controller these tests start keeps its Lease and sibling order's
+/// ConfigMaps: the chart's release namespace, where its Roles let it.
+pub const CONTROLLER_HOME: &str = chart::NAMESPACE;
+
+/// The chart's values for the test kinds: their group protected.
+pub fn chart_values() -> String {
+    format!("protectedGroups: [{GROUP}]\n")
+}
 
 /// Whether sibling order holds the object of `resource` named `name` (in
 /// `ns`) now: an entry in its record in `home`.

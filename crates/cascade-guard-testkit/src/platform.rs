@@ -24,7 +24,7 @@ use local_cluster::{Binaries, ControlPlane, Options, wait};
 use serde_json::json;
 use tokio::sync::{Notify, OnceCell};
 
-use crate::{CONTROLLER_USER, DeleteOutcome, DeleteSpec};
+use crate::{DeleteOutcome, DeleteSpec};
 
 pub const POLICY_ANNOTATION: &str = "cascade-guard.dev/deletion-policy";
 pub const HOLD_FINALIZER: &str = "cascade-guard.dev/foreground-cascade";
@@ -103,12 +103,15 @@ async fn start() -> Platform {
     )
     .await
     .unwrap_or_else(|e| panic!("cannot start the model of Crossplane: {e}"));
-    cp.write_kubeconfig_as(
+    // As a platform team installs it: the chart's RBAC, Modelplane's groups
+    // protected, never system:masters.
+    crate::chart::install_rbac(
+        &cp,
+        &client,
+        "protectedGroups: [modelplane.ai, infrastructure.modelplane.ai]\ncomposedResources:\n  - apiGroups: [helm.model.cascade-guard.dev, kubernetes.model.cascade-guard.dev, eks.model.cascade-guard.dev]\n    resources: [\"*\"]\n",
         &cp.dir().join("cascade-guard.kubeconfig"),
-        CONTROLLER_USER,
-        &["system:masters"],
     )
-    .expect("controller kubeconfig");
+    .await;
     let kubectl = Binaries::locate().expect("binaries").kubectl;
     let platform = Platform {
         cp,
@@ -161,6 +164,7 @@ impl Platform {
             "--resync-seconds=20".to_string(),
             "--http-address=127.0.0.1:0".to_string(),
             "--no-leader-election".to_string(),
+            format!("--leader-election-namespace={}", crate::CONTROLLER_HOME),
             // The gate on unordered deletes is the product's default, shown
             // by its own tests; these show the teardowns themselves.
             "--unordered-deletes=allow".to_string(),

@@ -25,9 +25,8 @@ use local_cluster::wait;
 use serde_json::json;
 
 const ORDERED_TREES: &str = "cascade-guard-ordered-trees";
-/// Where a controller outside a pod, without --leader-election-namespace,
-/// keeps its Lease, and so its record.
-const HOME: &str = "default";
+/// Where the controller keeps its Lease, and so its record.
+const HOME: &str = CONTROLLER_HOME;
 
 /// XR `name` composing ConfigMaps `name-0` (which needs `name-1`) and
 /// `name-1`.

@@ -144,8 +144,8 @@ async fn the_leader_killed_while_a_second_replica_runs_loses_nothing() {
     let s = Scope::new(&env.cp, "leader").await;
     let mut rng = Rng::from_env("leader");
     let flags = [
-        "--leader-election-namespace=default",
-        "--leader-election-id=cascade-guard-test",
+        // The chart's Role names the Lease it may keep: the default id, in
+        // CONTROLLER_HOME (start_controller's default).
         "--leader-election-lease-duration=3s",
         "--leader-election-renew-interval=1s",
     ];
@@ -156,7 +156,7 @@ async fn the_leader_killed_while_a_second_replica_runs_loses_nothing() {
         s.namespace.clone(),
         Duration::from_millis(400),
     );
-    let leases: Api<Lease> = Api::namespaced(s.client.clone(), "default");
+    let leases: Api<Lease> = Api::namespaced(s.client.clone(), CONTROLLER_HOME);
 
     let mut deleter_rng = Rng(rng.next_u64() | 1);
     let deleting = delete_all(&s, 10, &mut deleter_rng);
@@ -168,7 +168,7 @@ async fn the_leader_killed_while_a_second_replica_runs_loses_nothing() {
     };
     let holder = || async {
         leases
-            .get("cascade-guard-test")
+            .get("cascade-guard")
             .await
             .ok()
             .and_then(|l| l.spec?.holder_identity)
@@ -196,7 +196,7 @@ async fn the_leader_killed_while_a_second_replica_runs_loses_nothing() {
     let ((), kills) = tokio::join!(deleting, chaos);
     assert_eq!(kills, 2, "the chaos never found a leader to kill");
     assert_all_done(env, &s, &timeline, 10).await;
-    let lease = leases.get("cascade-guard-test").await.expect("lease");
+    let lease = leases.get("cascade-guard").await.expect("lease");
     let transitions = lease
         .spec
         .and_then(|s| s.lease_transitions)

@@ -19,7 +19,9 @@ use cascade_guard::cluster::static_protection::{
     StaticDirectory, directory_hash, read_server_report, records,
 };
 use cascade_guard::policy::static_manifest::{FEATURE_GATE, FILE_NAME, STATIC_SUFFIX};
-use cascade_guard_testkit::{DeleteSpec, Env, OFF, REFUSE, composite, delete, xrd_api};
+use cascade_guard_testkit::{
+    CONTROLLER_HOME, DeleteSpec, Env, OFF, REFUSE, chart, composite, delete, xrd_api,
+};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -65,7 +67,36 @@ async fn static_env() -> Env {
     options.dir = Some(dir.clone());
     options.static_manifests_dir = Some(dir.join("static-manifests"));
     options.feature_gates = vec![format!("{FEATURE_GATE}=true")];
-    cascade_guard_testkit::bare_with(options).await
+    let env = cascade_guard_testkit::bare_with(options).await;
+    // The writer as the chart installs it: the chart's RBAC with static
+    // protection on, and a kubeconfig that acts as the writer's own
+    // ServiceAccount (its DaemonSet's), never the controller's.
+    let client = env.cp.admin().await.expect("admin");
+    let values = format!(
+        "{}staticManifests:\n  enabled: true\n",
+        cascade_guard_testkit::chart_values()
+    );
+    chart::install_rbac(
+        &env.cp,
+        &client,
+        &values,
+        &env.cp.dir().join("cascade-guard.kubeconfig"),
+    )
+    .await;
+    let (_, groups) = chart::service_account_identity(&chart::render(&values));
+    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+    env.cp
+        .write_kubeconfig_as(&writer_kubeconfig(&env), WRITER_USER, &groups)
+        .expect("the writer's kubeconfig");
+    env
+}
+
+/// The chart's static writer's ServiceAccount, as a token names it.
+const WRITER_USER: &str =
+    "system:serviceaccount:cascade-guard-system:cascade-guard-static-manifests";
+
+fn writer_kubeconfig(env: &Env) -> PathBuf {
+    env.cp.dir().join("static-writer.kubeconfig")
 }
 
 /// Waits until the API server reports it loaded the directory as it is now;
@@ -113,7 +144,7 @@ async fn probe(client: &Client, resource: &kube::api::ApiResource, ns: &str) {
 /// test never leads, so nothing it does goes through the API's admission
 /// objects; all protection seen is static.
 async fn hold_the_lease_elsewhere(client: &Client) {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), CONTROLLER_HOME);
     let now = k8s_openapi::jiff::Timestamp::now();
     let lease: Lease = serde_json::from_value(json!({
         "metadata": {"name": "cascade-guard"},
@@ -191,9 +222,15 @@ async fn static_protection_holds_without_the_api_objects_and_the_controller() {
     .await
     .expect("removing the file takes static protection away");
 
-    // The controller, never leader: it writes the directory and nothing else.
+    // Another replica leads: the writer writes the directory and nothing else.
     hold_the_lease_elsewhere(&client).await;
-    let n = env.start_controller(&[&format!("--static-manifests-dir={}", dir.display())]);
+    // The writer as the chart runs it: `run --static-only`, as its own
+    // ServiceAccount.
+    let n = env.start_controller(&[
+        &format!("--kubeconfig={}", writer_kubeconfig(&env).display()),
+        "--static-only",
+        &format!("--static-manifests-dir={}", dir.display()),
+    ]);
     wait::until(Duration::from_secs(60), || async {
         dir.join(FILE_NAME).exists().then_some(())
     })
@@ -390,7 +427,7 @@ async fn static_protection_holds_without_the_api_objects_and_the_controller() {
     assert!(is_refused);
 
     // uninstall cannot take static protection away, and says which files do.
-    Api::<Lease>::namespaced(client.clone(), "default")
+    Api::<Lease>::namespaced(client.clone(), CONTROLLER_HOME)
         .delete("cascade-guard", &DeleteParams::default())
         .await
         .expect("the other replica is gone");

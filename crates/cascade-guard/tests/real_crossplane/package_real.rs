@@ -3,7 +3,8 @@
 //! and the project's Compositions are built into a Configuration package with
 //! crank (`crossplane xpkg build`, `testbed/tools/crank.sh`), pushed to an OCI
 //! registry on loopback (`crane registry serve`) and installed by Crossplane's
-//! package manager from a `Configuration` object. cascade-guard runs with
+//! package manager from a `Configuration` object. cascade-guard runs as the
+//! chart installs it (its RBAC, the package's groups protected) with
 //! `--xrd-default-mode=Off`, so the package's annotation is all that protects
 //! the kinds: it protects them as Crossplane creates them, with no other step,
 //! and a package upgrade that changes the annotation (Refuse → Convert) changes
@@ -16,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use cascade_guard_testkit::chart;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams, PropagationPolicy};
 use kube::{Api, Client};
 use local_cluster::process::{self, Lifetime, Process};
@@ -31,6 +33,8 @@ const CONFIGURATION: &str = "modelplane-platform";
 const REPOSITORY: &str = "cascade-guard/modelplane-platform";
 const IC_XRD: &str = "inferenceclusters.modelplane.ai";
 const IC_KIND: &str = "InferenceCluster.modelplane.ai";
+/// The values a platform team sets for the package's kinds.
+const CHART_VALUES: &str = "protectedGroups: [modelplane.ai, infrastructure.modelplane.ai]\n";
 /// A package pull, a revision and its objects: seconds here.
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
 /// The Usage in the tree re-checks its user every 30 s.
@@ -77,13 +81,10 @@ async fn start() -> Stack {
     modelplane::ensure_namespace(&client)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    // As a platform team installs it: the chart's RBAC, the package's
+    // groups protected.
     let kubeconfig = cp.dir().join("cascade-guard.kubeconfig");
-    cp.write_kubeconfig_as(
-        &kubeconfig,
-        cascade_guard_testkit::CONTROLLER_USER,
-        &["system:masters"],
-    )
-    .expect("controller kubeconfig");
+    chart::install_rbac(&cp, &client, CHART_VALUES, &kubeconfig).await;
     let controller = process::spawn(
         "cascade-guard",
         std::path::Path::new(env!("CARGO_BIN_EXE_cascade-guard")),
@@ -94,6 +95,8 @@ async fn start() -> Stack {
             "--xrd-default-mode=Off".to_string(),
             "--http-address=127.0.0.1:0".to_string(),
             "--no-leader-election".to_string(),
+            // Its ConfigMaps where the chart's Role lets it keep them.
+            format!("--leader-election-namespace={}", chart::NAMESPACE),
         ],
         &cp.log_path("cascade-guard"),
         Lifetime::Owned,
@@ -253,6 +256,51 @@ impl Stack {
         .await
     }
 
+    /// What a teardown of InferenceCluster `name` that did not end left
+    /// behind, for the failure: each object of the tree as it stands, every
+    /// delete of it the API server answered, and what the components said
+    /// of it.
+    async fn teardown_story(&self, name: &str) -> String {
+        let mut out = String::from("----- the tree now -----\n");
+        let root = self.inference_clusters().get_opt(name).await;
+        out.push_str(&format!("InferenceCluster {name}: {}\n", standing(root)));
+        for (resource, child) in composed(name) {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(self.client.clone(), SYSTEM_NAMESPACE, &resource);
+            let object = api.get_opt(&child).await;
+            out.push_str(&format!(
+                "{} {child}: {}\n",
+                resource.kind,
+                standing(object)
+            ));
+        }
+        out.push_str("----- deletes of the tree (audit log) -----\n");
+        match local_cluster::audit::read(&self.cp.audit_log_path()) {
+            Ok(events) => {
+                for e in events.iter().filter(|e| {
+                    e.object_ref
+                        .as_ref()
+                        .is_some_and(|r| r.name.starts_with(name))
+                }) {
+                    let what = e.object_ref.as_ref().map(|r| r.resource.as_str());
+                    let object = e.object_ref.as_ref().map(|r| r.name.as_str());
+                    out.push_str(&format!(
+                        "{} {} by {} policy {:?} dry run {} -> {:?}\n",
+                        what.unwrap_or_default(),
+                        object.unwrap_or_default(),
+                        e.effective_username(),
+                        e.propagation_policy(),
+                        e.dry_run(),
+                        e.response_status
+                    ));
+                }
+            }
+            Err(e) => out.push_str(&format!("cannot read the audit log: {e}\n")),
+        }
+        out.push_str(&self.cp.log_lines_naming(name));
+        out
+    }
+
     /// A plain delete, as `kubectl delete` sends it (Background).
     async fn plain_delete(&self, name: &str, dry_run: bool) -> Result<(), kube::Error> {
         let params = DeleteParams {
@@ -271,6 +319,31 @@ fn refusal(result: Result<(), kube::Error>) -> Option<String> {
     match result {
         Err(kube::Error::Api(e)) if e.code == 403 => Some(e.message),
         _ => None,
+    }
+}
+
+/// An object as a failing test shows it: gone, or its deletion timestamp,
+/// finalizers, labels and annotations.
+fn standing(object: Result<Option<DynamicObject>, kube::Error>) -> String {
+    match object {
+        Ok(None) => "gone".to_string(),
+        Ok(Some(o)) => format!(
+            "deleting since {:?}, finalizers {:?}, labels {:?}, annotations {:?}, conditions {}",
+            o.metadata.deletion_timestamp.map(|t| t.0),
+            o.metadata.finalizers.unwrap_or_default(),
+            o.metadata.labels.unwrap_or_default(),
+            o.metadata
+                .annotations
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(k, _)| k != "kubectl.kubernetes.io/last-applied-configuration")
+                .collect::<std::collections::BTreeMap<_, _>>(),
+            o.data
+                .pointer("/status/conditions")
+                .cloned()
+                .unwrap_or_default()
+        ),
+        Err(e) => format!("cannot read: {e}"),
     }
 }
 
@@ -391,7 +464,7 @@ async fn the_packages_annotation_protects_and_an_upgrade_changes_the_protection(
     assert!(
         gone.is_some(),
         "prod was never gone\n{}",
-        s.cp.log_tails(30)
+        s.teardown_story("prod").await
     );
     eprintln!("prod's foreground cascade took {:?}", deleted.elapsed());
     // Foreground: what it composed was gone before it.

@@ -233,34 +233,12 @@ pub(crate) fn chart_values() -> String {
     )
 }
 
-/// cascade-guard as a platform team installs it: the chart's RBAC, rendered
-/// by the pinned Helm with [`chart_values`], applied, and a kubeconfig that
-/// acts as its ServiceAccount (with the groups a token gives it; never
-/// `system:masters`), which the replicas run with.
+/// cascade-guard as a platform team installs it: the chart's RBAC with
+/// [`chart_values`] and a kubeconfig that acts as its ServiceAccount, which
+/// the replicas run with.
 pub(crate) async fn as_installed(cp: &ControlPlane, client: &Client) {
-    const RBAC: [&str; 5] = [
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
-    ];
-    let docs = chart::render(&chart_values());
-    let rbac: Vec<Value> = docs
-        .iter()
-        .filter(|d| RBAC.iter().any(|k| d["kind"] == *k))
-        .cloned()
-        .collect();
-    chart::apply(client, &rbac, &[]).await;
-    let (user, groups) = chart::service_account_identity(&docs);
-    assert_eq!(
-        user,
-        cascade_guard_testkit::CONTROLLER_USER,
-        "the chart's ServiceAccount"
-    );
-    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-    cp.write_kubeconfig_as(&cp.dir().join("cascade-guard.kubeconfig"), &user, &groups)
-        .expect("controller kubeconfig");
+    let kubeconfig = cp.dir().join("cascade-guard.kubeconfig");
+    chart::install_rbac(cp, client, &chart_values(), &kubeconfig).await;
 }
 
 /// The Lease cascade-guard's replicas contend for: the chart's release
