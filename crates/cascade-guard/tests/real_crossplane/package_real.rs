@@ -37,8 +37,13 @@ const IC_KIND: &str = "InferenceCluster.modelplane.ai";
 const CHART_VALUES: &str = "protectedGroups: [modelplane.ai, infrastructure.modelplane.ai]\n";
 /// A package pull, a revision and its objects: seconds here.
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
-/// The Usage in the tree re-checks its user every 30 s.
-const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(240);
+/// The Usage in the tree re-checks its user every 30 s; meanwhile Crossplane's
+/// usage webhook refuses the garbage collector's delete of the EKSCluster it
+/// protects, and the collector retries with a back-off that doubles (5 ms up
+/// to 1,000 s), so once the Usage is gone the next retry can be as far off as
+/// the time already spent, should Crossplane's one replay of the delete be
+/// refused too. Typical: 9 to 49 s here; CI once saw it pass 240 s.
+const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(420);
 
 struct Stack {
     cp: ControlPlane,
