@@ -156,14 +156,21 @@ pub async fn acquire(client: Client, settings: LeaseSettings) -> Result<Leadersh
 pub async fn announce(client: Client, settings: LeaseSettings) {
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
     let mut warned = false;
+    // The Lease as last written: a renewal replaces it at once, one request;
+    // after an error it is read again first.
+    let mut written: Option<Lease> = None;
     loop {
         let lease = presence(
             &settings,
             &settings.identity,
             settings.lease_duration_seconds(),
         );
-        match apply_presence(&api, &settings.name, &lease).await {
-            Ok(_) => warned = false,
+        let result = apply_presence(&api, &settings.name, &lease, written.take()).await;
+        match result {
+            Ok(now) => {
+                written = Some(now);
+                warned = false;
+            }
             Err(e) if !warned => {
                 warn!(lease = %settings.name, error = %e, "cannot announce this controller on its Lease; status and uninstall will not see it running");
                 warned = true;
@@ -179,7 +186,7 @@ pub async fn announce(client: Client, settings: LeaseSettings) {
 pub async fn withdraw(client: Client, settings: &LeaseSettings) {
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
     let lease = presence(settings, "", 1);
-    if let Err(e) = apply_presence(&api, &settings.name, &lease).await {
+    if let Err(e) = apply_presence(&api, &settings.name, &lease, None).await {
         warn!(lease = %settings.name, error = %e, "cannot mark this controller stopped on its Lease; it reads as running until the Lease expires");
     }
 }
@@ -206,12 +213,24 @@ fn presence(settings: &LeaseSettings, holder: &str, duration_seconds: i32) -> Le
 /// the verbs leader election uses, which the chart's Role grants on its
 /// Lease (create; get and update by name), never patch: an apply was
 /// forbidden there, and `status`, `plan` and `uninstall` saw no controller.
-async fn apply_presence(api: &Api<Lease>, name: &str, lease: &Lease) -> Result<Lease, kube::Error> {
+/// `known`: the Lease as this process last wrote it, replaced without a read
+/// (a conflict, should someone else have written since, is an error and the
+/// next write reads first).
+async fn apply_presence(
+    api: &Api<Lease>,
+    name: &str,
+    lease: &Lease,
+    known: Option<Lease>,
+) -> Result<Lease, kube::Error> {
     let params = PostParams {
         field_manager: Some(crate::controller::MANAGER.to_string()),
         ..PostParams::default()
     };
-    match api.get_opt(name).await? {
+    let live = match known {
+        Some(known) => Some(known),
+        None => api.get_opt(name).await?,
+    };
+    match live {
         None => api.create(&params, lease).await,
         Some(live) => {
             let mut next = lease.clone();

@@ -150,16 +150,17 @@ async fn a_presence_is_written_with_the_roles_verbs() {
     let mut settings = LeaseSettings::new("ns", "lease", "me");
     settings.annotations = [("cascade-guard.dev/settings".to_string(), "s".to_string())].into();
     let lease = presence(&settings, "me", 15);
-    let written = |script: Vec<Exchange>| {
+    let written_on = |script: Vec<Exchange>, known: Option<Lease>| {
         let lease = lease.clone();
         against(script, async move |c| {
             let api: Api<Lease> = Api::namespaced(c, "ns");
-            apply_presence(&api, "lease", &lease)
+            apply_presence(&api, "lease", &lease, known)
                 .await
                 .map(|l| l.spec.and_then(|s| s.holder_identity))
                 .map_err(|e| e.to_string())
         })
     };
+    let written = |script| written_on(script, None);
     let created = written(vec![
         Exchange::get(&path).fails(says::NOT_FOUND, "not found"),
         Exchange::post(&format!("{LEASES}?&fieldManager=cascade-guard"))
@@ -181,7 +182,7 @@ async fn a_presence_is_written_with_the_roles_verbs() {
         "spec": {"holderIdentity": "", "leaseDurationSeconds": 1},
     });
     let replaced = written(vec![
-        Exchange::get(&path).ok(there),
+        Exchange::get(&path).ok(there.clone()),
         Exchange::put(&format!("{path}?&fieldManager=cascade-guard"))
             .body_containing(json!({
                 "metadata": {
@@ -195,6 +196,21 @@ async fn a_presence_is_written_with_the_roles_verbs() {
     ])
     .await;
     assert_eq!(replaced, Ok(Some("me".to_string())));
+    // A renewal of the Lease this process last wrote: one PUT, no read.
+    let known: Lease = serde_json::from_value(there).expect("a Lease");
+    let renewed = written_on(
+        vec![
+            Exchange::put(&format!("{path}?&fieldManager=cascade-guard"))
+                .body_containing(json!({
+                    "metadata": {"resourceVersion": "7"},
+                    "spec": {"holderIdentity": "me"},
+                }))
+                .echoes(),
+        ],
+        Some(known),
+    )
+    .await;
+    assert_eq!(renewed, Ok(Some("me".to_string())));
     // A write the Role forbids is an error the announcer logs, not a panic.
     let forbidden = written(vec![
         Exchange::get(&path).fails(says::FORBIDDEN, "leases is forbidden"),
