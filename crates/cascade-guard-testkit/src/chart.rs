@@ -263,8 +263,14 @@ const RBAC_KINDS: [&str; 5] = [
 /// cascade-guard's identity as a platform team installs it: the chart's
 /// RBAC, rendered by the pinned Helm with `values` and applied, and a
 /// kubeconfig at `kubeconfig` that acts as its ServiceAccount (with the
-/// groups a token gives it; never `system:masters`).
-pub async fn install_rbac(cp: &ControlPlane, client: &Client, values: &str, kubeconfig: &Path) {
+/// groups a token gives it; never `system:masters`). Returns what the chart
+/// rendered.
+pub async fn install_rbac(
+    cp: &ControlPlane,
+    client: &Client,
+    values: &str,
+    kubeconfig: &Path,
+) -> Vec<Value> {
     let docs = render(values);
     let rbac: Vec<Value> = docs
         .iter()
@@ -277,6 +283,7 @@ pub async fn install_rbac(cp: &ControlPlane, client: &Client, values: &str, kube
     let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
     cp.write_kubeconfig_as(kubeconfig, &user, &groups)
         .expect("controller kubeconfig");
+    docs
 }
 
 /// The image of the chart's Deployment's container.

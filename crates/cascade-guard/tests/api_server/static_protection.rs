@@ -76,14 +76,14 @@ async fn static_env() -> Env {
         "{}staticManifests:\n  enabled: true\n",
         cascade_guard_testkit::chart_values()
     );
-    chart::install_rbac(
+    let docs = chart::install_rbac(
         &env.cp,
         &client,
         &values,
         &env.cp.dir().join("cascade-guard.kubeconfig"),
     )
     .await;
-    let (_, groups) = chart::service_account_identity(&chart::render(&values));
+    let (_, groups) = chart::service_account_identity(&docs);
     let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
     env.cp
         .write_kubeconfig_as(&writer_kubeconfig(&env), WRITER_USER, &groups)
