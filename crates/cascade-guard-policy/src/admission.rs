@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::admissionregistration::v1::{
     AuditAnnotation, MatchCondition, MatchResources, NamedRuleWithOperations,
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
+    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::cel::{DECISION_AUDIT_KEY, WrittenOut, compile_cel, compile_update_cel};
+use crate::cel::{DECISION_AUDIT_KEY, compile_cel, compile_update_cel, inline_variables};
 use crate::kind::Shape;
 use crate::mode::Mode;
 use crate::names::{
@@ -215,26 +215,13 @@ fn compile_delete(
 ) -> Compiled {
     let mode = first.mode;
     let cel = compile_cel(mode, first.kind.shape, settings);
-    // With the match condition the validation and its message run only on a
-    // refusal, so they are written out (BENCHMARKS.md, run 9: the variables
-    // cost every protected delete). Warn evaluates everything on every
-    // delete and shares the variables between validation, message and audit
-    // annotation.
+    // Written out, no `spec.variables` (see `inline_variables`). Warn, with
+    // no match condition, evaluates the validation, its message and the
+    // audit annotation on every delete, each reading what it needs.
     let with_condition = mode != Mode::Warn;
-    let (variables, validation, message_expression) = if with_condition {
-        let out = WrittenOut::new(&cel.variables);
-        (
-            variables(out.kept.clone()),
-            out.expression(&cel.validation),
-            out.expression(&cel.message_expression),
-        )
-    } else {
-        (
-            variables(cel.variables),
-            cel.validation,
-            cel.message_expression,
-        )
-    };
+    let validation = inline_variables(&cel.validation, &cel.variables);
+    let message_expression = inline_variables(&cel.message_expression, &cel.variables);
+    let decision_expression = inline_variables(&cel.decision_expression, &cel.variables);
     // objectSelector is matched against the stored object's labels on DELETE.
     assemble(
         name,
@@ -253,7 +240,6 @@ fn compile_delete(
                     expression: cel.refusal_condition.clone(),
                 }]
             }),
-            variables,
             validations: Some(vec![Validation {
                 expression: validation,
                 message: Some(cel.message),
@@ -265,7 +251,7 @@ fn compile_delete(
             audit_annotations: (mode == Mode::Warn).then(|| {
                 vec![AuditAnnotation {
                     key: DECISION_AUDIT_KEY.to_string(),
-                    value_expression: cel.decision_expression,
+                    value_expression: decision_expression,
                 }]
             }),
             ..ValidatingAdmissionPolicySpec::default()
@@ -287,7 +273,7 @@ fn compile_update(
     actions: Vec<String>,
 ) -> Compiled {
     let cel = compile_update_cel(first.mode, first.kind.shape, settings);
-    let out = WrittenOut::new(&cel.variables);
+    let written = |e: &str| inline_variables(e, &cel.variables);
     assemble(
         name,
         carriers,
@@ -298,16 +284,13 @@ fn compile_update(
                 name: GUARDED_UPDATE_CONDITION.to_string(),
                 expression: cel.match_condition,
             }]),
-            // Written out, as for a delete: the match condition stops nearly
-            // every update, and the variables would cost each one.
-            variables: variables(out.kept.clone()),
             validations: Some(
                 cel.validations
                     .into_iter()
                     .map(|v| Validation {
-                        expression: out.expression(&v.expression),
+                        expression: written(&v.expression),
                         message: Some(v.message),
-                        message_expression: Some(out.expression(&v.message_expression)),
+                        message_expression: Some(written(&v.message_expression)),
                         reason: Some(cel.reason.to_string()),
                     })
                     .collect(),
@@ -368,17 +351,6 @@ fn assemble(
         policy: vap,
         binding,
     }
-}
-
-fn variables(cel: Vec<super::cel::CelVariable>) -> Option<Vec<Variable>> {
-    (!cel.is_empty()).then(|| {
-        cel.into_iter()
-            .map(|v| Variable {
-                name: v.name.to_string(),
-                expression: v.expression,
-            })
-            .collect()
-    })
 }
 
 /// A shared object says, per kind, where its policy comes from

@@ -150,16 +150,18 @@ fn variables(mode: Mode, shape: Shape, settings: &CompileSettings) -> Vec<CelVar
     match shape {
         // Modern XRs list composed resources in spec.crossplane.resourceRefs,
         // legacy ones in spec.resourceRefs.
+        // Read untyped (`dyn`): each field is missing from one generation's
+        // schema, and the API server's type check would warn of it.
         Shape::CompositeResource => variables.push(var(
             "nothingToCascade",
-            "!(has(oldObject.spec) && has(oldObject.spec.crossplane) && has(oldObject.spec.crossplane.resourceRefs) && size(oldObject.spec.crossplane.resourceRefs) > 0) && !(has(oldObject.spec) && has(oldObject.spec.resourceRefs) && size(oldObject.spec.resourceRefs) > 0)",
+            "!(has(dyn(oldObject).spec) && has(dyn(oldObject).spec.crossplane) && has(dyn(oldObject).spec.crossplane.resourceRefs) && size(dyn(oldObject).spec.crossplane.resourceRefs) > 0) && !(has(dyn(oldObject).spec) && has(dyn(oldObject).spec.resourceRefs) && size(dyn(oldObject).spec.resourceRefs) > 0)",
         )),
         // A claim cascades to the composite resource it is bound to, in the
         // way its compositeDeletePolicy says.
         Shape::Claim => variables.extend([
             var(
                 "nothingToCascade",
-                "!(has(oldObject.spec) && has(oldObject.spec.resourceRef))",
+                "!(has(dyn(oldObject).spec) && has(dyn(oldObject).spec.resourceRef))",
             ),
             var(
                 "compositeInForeground",
@@ -286,17 +288,19 @@ pub fn compile_update_cel(mode: Mode, shape: Shape, settings: &CompileSettings) 
         var("holdRemoved", &removed(FOREGROUND_CASCADE_FINALIZER)),
     ];
     if shape == Shape::CompositeResource {
+        // Untyped, as nothingToCascade: each list is missing from one
+        // generation's schema.
         let modern = refs_lost(
-            "has(oldObject.spec) && has(oldObject.spec.crossplane) && has(oldObject.spec.crossplane.resourceRefs)",
-            "oldObject.spec.crossplane.resourceRefs",
-            "has(object.spec) && has(object.spec.crossplane) && has(object.spec.crossplane.resourceRefs)",
-            "object.spec.crossplane.resourceRefs",
+            "has(dyn(oldObject).spec) && has(dyn(oldObject).spec.crossplane) && has(dyn(oldObject).spec.crossplane.resourceRefs)",
+            "dyn(oldObject).spec.crossplane.resourceRefs",
+            "has(dyn(object).spec) && has(dyn(object).spec.crossplane) && has(dyn(object).spec.crossplane.resourceRefs)",
+            "dyn(object).spec.crossplane.resourceRefs",
         );
         let legacy = refs_lost(
-            "has(oldObject.spec) && has(oldObject.spec.resourceRefs)",
-            "oldObject.spec.resourceRefs",
-            "has(object.spec) && has(object.spec.resourceRefs)",
-            "object.spec.resourceRefs",
+            "has(dyn(oldObject).spec) && has(dyn(oldObject).spec.resourceRefs)",
+            "dyn(oldObject).spec.resourceRefs",
+            "has(dyn(object).spec) && has(dyn(object).spec.resourceRefs)",
+            "dyn(object).spec.resourceRefs",
         );
         let _ = write!(
             match_condition,
@@ -438,6 +442,15 @@ fn garbage_collector_first<'a>(
 /// `expression` with every `variables.NAME` replaced by NAME's expression
 /// (itself written out), in parentheses. String literals are copied as they
 /// are: a username or annotation value may well contain `variables.`.
+///
+/// Every admission object cascade-guard writes is written out this way and
+/// declares no `spec.variables`. On Kubernetes 1.30 to 1.35 the API server
+/// keeps one table of variable types for every policy in the cluster: a
+/// policy compiled (created or changed) while another's evaluation reads a
+/// variable can crash kube-apiserver ("concurrent map read and map write",
+/// kubernetes/kubernetes#135757, fixed in 1.36). A policy without variables
+/// neither writes that table nor reads it. The named pieces stay here, in
+/// the compiler, where they keep the rules readable and testable.
 pub fn inline_variables(expression: &str, variables: &[CelVariable]) -> String {
     let mut written: Vec<(&str, String)> = Vec::new();
     for v in variables {
@@ -451,46 +464,6 @@ pub fn inline_variables(expression: &str, variables: &[CelVariable]) -> String {
 /// Kubernetes 1.30 knows no `metadata.namespace` in a custom resource's
 /// schema. A Namespace's own request names itself, so it is left out.
 const OBJECT_NAMESPACE: &str = "request.resource.group == '' && request.resource.resource == 'namespaces' ? '' : request.?namespace.orValue('')";
-
-/// The variables that stay variables when a policy's others are written out
-/// ([`written_out`]): they read fields a kind's schema may lack (a modern XR
-/// has no `spec.resourceRefs`, a legacy one no `spec.crossplane`). The API
-/// server's type check reports such a field in an expression, not in a
-/// variable.
-pub const SCHEMA_DEPENDENT_VARIABLES: [&str; 3] =
-    ["nothingToCascade", "modernRefsLost", "legacyRefsLost"];
-
-/// A policy's variables written out, for when a match condition stops every
-/// request but the few it refuses: the API server builds the map of a
-/// policy's variables for every evaluation, its match condition's included.
-/// The [`SCHEMA_DEPENDENT_VARIABLES`] stay variables.
-pub struct WrittenOut {
-    inlined: Vec<CelVariable>,
-    /// The variables the policy keeps, themselves written out.
-    pub kept: Vec<CelVariable>,
-}
-
-impl WrittenOut {
-    pub fn new(variables: &[CelVariable]) -> Self {
-        let (kept, inlined): (Vec<CelVariable>, Vec<CelVariable>) = variables
-            .iter()
-            .cloned()
-            .partition(|v| SCHEMA_DEPENDENT_VARIABLES.contains(&v.name));
-        let kept = kept
-            .into_iter()
-            .map(|v| CelVariable {
-                name: v.name,
-                expression: inline_variables(&v.expression, &inlined),
-            })
-            .collect();
-        Self { inlined, kept }
-    }
-
-    /// `expression` with every variable but the kept ones written out.
-    pub fn expression(&self, expression: &str) -> String {
-        inline_variables(expression, &self.inlined)
-    }
-}
 
 fn substitute(expression: &str, written: &[(&str, String)]) -> String {
     const PREFIX: &str = "variables.";

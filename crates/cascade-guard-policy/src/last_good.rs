@@ -125,15 +125,20 @@ pub fn recall(name: &str, policy: &Value) -> Option<Policy> {
     } else {
         protected.strip_suffix(&format!(".{group}"))?
     };
-    // Only composite resources get the nothing-to-cascade rule, a variable
-    // in every mode (a policy with none has no variables at all).
+    // Only composite resources get the nothing-to-cascade rule, which reads
+    // their `resourceRefs`: written out in the validation (a claim's reads
+    // `resourceRef`), or a variable in policies written by earlier builds.
     let composite = policy
-        .pointer("/spec/variables")
-        .and_then(Value::as_array)
-        .is_some_and(|vs| {
-            vs.iter()
-                .any(|v| v.get("name").and_then(Value::as_str) == Some("nothingToCascade"))
-        });
+        .pointer("/spec/validations/0/expression")
+        .and_then(Value::as_str)
+        .is_some_and(|e| e.contains(".resourceRefs"))
+        || policy
+            .pointer("/spec/variables")
+            .and_then(Value::as_array)
+            .is_some_and(|vs| {
+                vs.iter()
+                    .any(|v| v.get("name").and_then(Value::as_str) == Some("nothingToCascade"))
+            });
     Some(Policy {
         kind: ProtectedKind {
             group: group.to_string(),

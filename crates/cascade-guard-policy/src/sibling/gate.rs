@@ -26,11 +26,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, ValidatingAdmissionPolicy, ValidatingAdmissionPolicySpec,
-    Validation, Variable,
+    Validation,
 };
 
 use crate::admission::Compiled;
-use crate::cel::{break_glass_for, cel_string_literal};
+use crate::cel::{CelVariable, break_glass_for, cel_string_literal, inline_variables};
 use crate::kind::Shape;
 use crate::names::BREAK_GLASS_ANNOTATION;
 use crate::settings::CompileSettings;
@@ -261,39 +261,41 @@ fn compile_one(
         Shape::Other => {}
     }
     let variables = vec![
-        Variable {
-            name: "uid".to_string(),
+        CelVariable {
+            name: "uid",
             expression: "oldObject.metadata.uid".to_string(),
         },
-        Variable {
-            name: "generation".to_string(),
+        CelVariable {
+            name: "generation",
             expression: "string(oldObject.metadata.?generation.orValue(0))".to_string(),
         },
-        Variable {
-            name: "ordered".to_string(),
+        CelVariable {
+            name: "ordered",
             expression: format!(
                 "has(params.data) && '{ORDERED_KEY}' in params.data ? params.data['{ORDERED_KEY}'] : ''"
             ),
         },
         // Why the tree is not ordered, when the controller said.
-        Variable {
-            name: "reason".to_string(),
+        CelVariable {
+            name: "reason",
             expression: "has(params.data) && variables.uid in params.data ? params.data[variables.uid] : ''".to_string(),
         },
-        Variable {
-            name: "target".to_string(),
+        CelVariable {
+            name: "target",
             expression: "request.resource.resource + (request.resource.group == '' ? '' : '.' + request.resource.group) + ' ' + oldObject.metadata.name + (request.?namespace.orValue('') == '' ? '' : ' -n ' + request.namespace)".to_string(),
         },
     ];
     let why = "(variables.reason != '' ? 'cascade-guard cannot order its tree: ' + variables.reason : variables.ordered.contains(' ' + variables.uid + '=') ? 'its tree changed since cascade-guard last read it (it reads it again within seconds while it runs)' : 'cascade-guard has not read its tree yet (its controller is down, new, or still reading: cascade-guard status)')";
+    // Written out, no `spec.variables` (see `inline_variables`).
+    let written = |e: &str| inline_variables(e, &variables);
     let validation = Validation {
-        expression: format!(
+        expression: written(&format!(
             "variables.ordered.contains(' ' + variables.uid + '=' + variables.generation + ' ') || ({})",
             break_glass_for(settings, "oldObject")
-        ),
-        message_expression: Some(format!(
-            "'cascade-guard refused to delete ' + request.kind.kind + ' ' + oldObject.metadata.name + ': its siblings would not be deleted in order, because ' + {why} + '. It lets the delete through once the tree is ordered; to see the order and what stops it: cascade-guard plan ' + variables.target + '. To delete it now, in no order: kubectl annotate ' + variables.target + ' {BREAK_GLASS_ANNOTATION}=\\\"<why>\\\"'"
         )),
+        message_expression: Some(written(&format!(
+            "'cascade-guard refused to delete ' + request.kind.kind + ' ' + oldObject.metadata.name + ': its siblings would not be deleted in order, because ' + {why} + '. It lets the delete through once the tree is ordered; to see the order and what stops it: cascade-guard plan ' + variables.target + '. To delete it now, in no order: kubectl annotate ' + variables.target + ' {BREAK_GLASS_ANNOTATION}=\\\"<why>\\\"'"
+        ))),
         message: Some(format!(
             "cascade-guard refused this delete: it has not ordered this tree's siblings (its controller is down or has not read the tree, or cannot hold what the order needs); see cascade-guard plan, or set the annotation {BREAK_GLASS_ANNOTATION} to delete it in no order"
         )),
@@ -311,7 +313,6 @@ fn compile_one(
                 ..MatchResources::default()
             }),
             match_conditions: Some(conditions),
-            variables: Some(variables),
             validations: Some(vec![validation]),
             ..ValidatingAdmissionPolicySpec::default()
         }),
@@ -486,10 +487,13 @@ mod tests {
         let validations = spec["validations"].as_array().expect("validations");
         assert_eq!(validations.len(), 1);
         assert_eq!(validations[0]["reason"], "Forbidden");
+        // Written out: no variables (kubernetes/kubernetes#135757).
+        assert!(spec.get("variables").is_none(), "{spec}");
         assert!(validations[0]["expression"].as_str().is_some_and(|e| {
-            e.starts_with("variables.ordered.contains(' ' + variables.uid + '=' + variables.generation + ' ') || (")
+            e.starts_with("(has(params.data) && 'ordered' in params.data ? params.data['ordered'] : '').contains(' ' + (oldObject.metadata.uid) + '=' + (string(oldObject.metadata.?generation.orValue(0))) + ' ') || (")
                 && e.contains("authorizer.group('cascade-guard.dev')")
-        }));
+        }), "{}", validations[0]["expression"]);
+        assert!(!spec.to_string().contains("variables."), "{spec}");
         assert_eq!(
             binding["spec"],
             json!({"policyName": "cascade-guard-sibling-order-roots-composites",

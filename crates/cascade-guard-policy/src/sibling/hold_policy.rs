@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
+    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use crate::admission::Compiled;
-use crate::cel::{break_glass_for, cel_string_literal};
+use crate::cel::{CelVariable, break_glass_for, cel_string_literal, inline_variables};
 use crate::names::{BREAK_GLASS_ANNOTATION, GROUP};
 use crate::settings::CompileSettings;
 use crate::sibling::gate::ORDERED_TREES;
@@ -75,34 +75,30 @@ pub fn compile_hold(
         ),
         // contains, not indexOf, to tell: indexOf turns the whole string
         // into code points at each call (cel-go), and this is every DELETE
-        // of a held kind; where the line starts is read only to refuse.
+        // of a held kind.
         variable(
             "held",
             "variables.holds.contains('\\n' + variables.key + '\\t')",
         ),
-        variable(
-            "at",
-            "variables.held ? variables.holds.indexOf('\\n' + variables.key + '\\t') : -1",
-        ),
-        // The line's value: `<root uid> <Kind.group> <held for>`.
-        variable(
-            "entry",
-            "variables.held ? variables.holds.substring(variables.at + size(variables.key) + 2, variables.holds.indexOf('\\n', variables.at + 1)) : ''",
-        ),
-        // The entry's third field: what it waits for.
+        // The entry's third field, what it waits for: the line after the key
+        // is `<root uid> <Kind.group> <held for>`. Read only to refuse, by
+        // splitting: each variable is written out wherever it is read, and
+        // an offset kept to cut with would be computed again at each use.
         variable(
             "heldFor",
-            "variables.held ? variables.entry.substring(variables.entry.indexOf(' ', variables.entry.indexOf(' ') + 1) + 1) : ''",
+            "variables.held ? variables.holds.split('\\n' + variables.key + '\\t', 2)[1].split('\\n', 2)[0].split(' ', 3)[2] : ''",
         ),
     ];
+    // Written out, no `spec.variables` (see `inline_variables`).
+    let written = |e: &str| inline_variables(e, &variables);
     let validations = vec![Validation {
-        expression: format!(
+        expression: written(&format!(
             "!variables.held || request.userInfo.username == {crossplane} || ({})",
             break_glass_for(settings, "oldObject")
-        ),
-        message_expression: Some(format!(
-            "'cascade-guard holds ' + request.kind.kind + ' ' + variables.name + ' until ' + variables.heldFor + ' is gone (sibling order); it lets it go then. To delete it now: annotate it {BREAK_GLASS_ANNOTATION}=<reason>.'"
         )),
+        message_expression: Some(written(&format!(
+            "'cascade-guard holds ' + request.kind.kind + ' ' + variables.name + ' until ' + variables.heldFor + ' is gone (sibling order); it lets it go then. To delete it now: annotate it {BREAK_GLASS_ANNOTATION}=<reason>.'"
+        ))),
         message: Some(format!(
             "cascade-guard holds this object until what needs it is gone (sibling order); to delete it now, annotate it {BREAK_GLASS_ANNOTATION}=<reason>"
         )),
@@ -123,7 +119,6 @@ pub fn compile_hold(
                 name: "not-cascade-guard".to_string(),
                 expression: format!("request.userInfo.?username.orValue('') != {controller}"),
             }]),
-            variables: Some(variables),
             validations: Some(validations),
             ..ValidatingAdmissionPolicySpec::default()
         }),
@@ -145,6 +140,12 @@ pub fn compile_record_guard(settings: &CompileSettings, namespace: &str) -> Comp
     let controller = cel_string_literal(&settings.controller_user);
     let holds = cel_string_literal(HOLDS);
     let ordered = cel_string_literal(ORDERED_TREES);
+    // Written out, no `spec.variables` (see `inline_variables`).
+    let name = [variable(
+        "name",
+        "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name",
+    )];
+    let written = |e: &str| inline_variables(e, &name);
     let metadata = sibling_order_metadata(RECORD_GUARD_NAME);
     let policy = ValidatingAdmissionPolicy {
         metadata: metadata.clone(),
@@ -168,15 +169,11 @@ pub fn compile_record_guard(settings: &CompileSettings, namespace: &str) -> Comp
                 name: "not-cascade-guard".to_string(),
                 expression: format!("request.userInfo.?username.orValue('') != {controller}"),
             }]),
-            variables: Some(vec![variable(
-                "name",
-                "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name",
-            )]),
             validations: Some(vec![Validation {
-                expression: format!("!(variables.name in [{holds}, {ordered}])"),
-                message_expression: Some(
-                    "'only cascade-guard changes or deletes ConfigMap ' + variables.name + ': it says what cascade-guard holds and which trees it ordered, and its policies read it. To let go of everything: cascade-guard uninstall, or run the controller with --sibling-order off'".to_string(),
-                ),
+                expression: written(&format!("!(variables.name in [{holds}, {ordered}])")),
+                message_expression: Some(written(
+                    "'only cascade-guard changes or deletes ConfigMap ' + variables.name + ': it says what cascade-guard holds and which trees it ordered, and its policies read it. To let go of everything: cascade-guard uninstall, or run the controller with --sibling-order off'",
+                )),
                 message: Some(
                     "only cascade-guard changes or deletes sibling order's ConfigMaps: they say what sibling order holds".to_string(),
                 ),
@@ -279,9 +276,9 @@ pub(crate) fn reading_record(
     }
 }
 
-fn variable(name: &str, expression: &str) -> Variable {
-    Variable {
-        name: name.to_string(),
+fn variable(name: &'static str, expression: &str) -> CelVariable {
+    CelVariable {
+        name,
         expression: expression.to_string(),
     }
 }
@@ -347,42 +344,19 @@ mod tests {
             json!([{"name": "not-cascade-guard",
                     "expression": "request.userInfo.?username.orValue('') != \"system:serviceaccount:cg:cascade-guard\""}])
         );
-        let names: Vec<&str> = spec["variables"]
-            .as_array()
-            .expect("variables")
-            .iter()
-            .filter_map(|v| v["name"].as_str())
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "name",
-                "objectNamespace",
-                "key",
-                "holds",
-                "held",
-                "at",
-                "entry",
-                "heldFor"
-            ]
-        );
-
+        // Written out: no variables (kubernetes/kubernetes#135757).
+        assert!(spec.get("variables").is_none(), "{spec}");
+        assert!(!spec.to_string().contains("variables."), "{spec}");
         // Every request field read is optional but the kind (always there):
         // an error would refuse every delete in the cluster, and a
         // cluster-scoped object's request has no namespace.
-        for v in spec["variables"].as_array().expect("variables") {
-            let e = v["expression"].as_str().unwrap_or_default();
-            assert!(!e.contains("request.namespace"), "{e}");
-        }
-        assert_eq!(
-            spec["variables"][0]["expression"],
-            "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name"
-        );
+        assert!(!spec.to_string().contains("request.namespace"), "{spec}");
         let validations = spec["validations"].as_array().expect("validations");
         assert_eq!(validations.len(), 1);
         let delete = validations[0]["expression"].as_str().unwrap_or_default();
+        let held = "((request.operation == 'DELETE' && has(params.data) && 'held' in params.data ? params.data['held'] : '').contains('\\n' + (request.kind.kind + '_' + request.kind.group + '_' + (request.?namespace.orValue('')) + '_' + (request.?name.orValue('') != '' ? request.name : oldObject.metadata.name)) + '\\t'))";
         assert!(
-            delete.starts_with("!variables.held || request.userInfo.username == \"system:serviceaccount:crossplane-system:crossplane\" || (")
+            delete.starts_with(&format!("!{held} || request.userInfo.username == \"system:serviceaccount:crossplane-system:crossplane\" || ("))
                 && delete.contains("authorizer.group('cascade-guard.dev')"),
             "{delete}"
         );
@@ -426,11 +400,9 @@ mod tests {
                          "operations": ["UPDATE", "DELETE"], "scope": "Namespaced"}]},
                     "matchConditions": [{"name": "not-cascade-guard",
                         "expression": "request.userInfo.?username.orValue('') != \"system:serviceaccount:cg:cascade-guard\""}],
-                    "variables": [{"name": "name",
-                        "expression": "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name"}],
                     "validations": [{
-                        "expression": "!(variables.name in [\"cascade-guard-holds\", \"cascade-guard-ordered-trees\"])",
-                        "messageExpression": "'only cascade-guard changes or deletes ConfigMap ' + variables.name + ': it says what cascade-guard holds and which trees it ordered, and its policies read it. To let go of everything: cascade-guard uninstall, or run the controller with --sibling-order off'",
+                        "expression": "!((request.?name.orValue('') != '' ? request.name : oldObject.metadata.name) in [\"cascade-guard-holds\", \"cascade-guard-ordered-trees\"])",
+                        "messageExpression": "'only cascade-guard changes or deletes ConfigMap ' + (request.?name.orValue('') != '' ? request.name : oldObject.metadata.name) + ': it says what cascade-guard holds and which trees it ordered, and its policies read it. To let go of everything: cascade-guard uninstall, or run the controller with --sibling-order off'",
                         "message": "only cascade-guard changes or deletes sibling order's ConfigMaps: they say what sibling order holds",
                         "reason": "Forbidden"}]
                 }

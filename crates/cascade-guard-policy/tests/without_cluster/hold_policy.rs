@@ -31,9 +31,20 @@ fn rule(group: &str, resources: &[&str]) -> Value {
     })
 }
 
-/// The whole policy, with `rules` for the held kinds.
+/// The whole policy, with `rules` for the held kinds. Written out, with no
+/// `spec.variables` (kubernetes/kubernetes#135757): each piece below is
+/// what a variable held, in parentheses wherever it is read.
 fn policy(rules: Value) -> Value {
-    let variable = |name: &str, expression: &str| json!({"name": name, "expression": expression});
+    let name = "(request.?name.orValue('') != '' ? request.name : oldObject.metadata.name)";
+    let namespace = "(request.?namespace.orValue(''))";
+    let key = format!(
+        "(request.kind.kind + '_' + request.kind.group + '_' + {namespace} + '_' + {name})"
+    );
+    let holds = "(request.operation == 'DELETE' && has(params.data) && 'held' in params.data ? params.data['held'] : '')";
+    let held = format!(r"({holds}.contains('\n' + {key} + '\t'))");
+    let held_for = format!(
+        r"({held} ? {holds}.split('\n' + {key} + '\t', 2)[1].split('\n', 2)[0].split(' ', 3)[2] : '')"
+    );
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -49,21 +60,11 @@ fn policy(rules: Value) -> Value {
                 "name": "not-cascade-guard",
                 "expression": format!("request.userInfo.?username.orValue('') != \"{CONTROLLER}\""),
             }],
-            "variables": [
-                variable("name", "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name"),
-                variable("objectNamespace", "request.?namespace.orValue('')"),
-                variable("key", "request.kind.kind + '_' + request.kind.group + '_' + variables.objectNamespace + '_' + variables.name"),
-                variable("holds", "request.operation == 'DELETE' && has(params.data) && 'held' in params.data ? params.data['held'] : ''"),
-                variable("held", r"variables.holds.contains('\n' + variables.key + '\t')"),
-                variable("at", r"variables.held ? variables.holds.indexOf('\n' + variables.key + '\t') : -1"),
-                variable("entry", r"variables.held ? variables.holds.substring(variables.at + size(variables.key) + 2, variables.holds.indexOf('\n', variables.at + 1)) : ''"),
-                variable("heldFor", "variables.held ? variables.entry.substring(variables.entry.indexOf(' ', variables.entry.indexOf(' ') + 1) + 1) : ''"),
-            ],
             "validations": [{
                 "expression": format!(
-                    "!variables.held || request.userInfo.username == \"{CROSSPLANE}\" || (has(oldObject.metadata.annotations) && 'cascade-guard.dev/break-glass' in oldObject.metadata.annotations && oldObject.metadata.annotations['cascade-guard.dev/break-glass'] != '' && authorizer.group('cascade-guard.dev').resource('breakglass').check('use').allowed())"
+                    "!{held} || request.userInfo.username == \"{CROSSPLANE}\" || (has(oldObject.metadata.annotations) && 'cascade-guard.dev/break-glass' in oldObject.metadata.annotations && oldObject.metadata.annotations['cascade-guard.dev/break-glass'] != '' && authorizer.group('cascade-guard.dev').resource('breakglass').check('use').allowed())"
                 ),
-                "messageExpression": "'cascade-guard holds ' + request.kind.kind + ' ' + variables.name + ' until ' + variables.heldFor + ' is gone (sibling order); it lets it go then. To delete it now: annotate it cascade-guard.dev/break-glass=<reason>.'",
+                "messageExpression": format!("'cascade-guard holds ' + request.kind.kind + ' ' + {name} + ' until ' + {held_for} + ' is gone (sibling order); it lets it go then. To delete it now: annotate it cascade-guard.dev/break-glass=<reason>.'"),
                 "message": "cascade-guard holds this object until what needs it is gone (sibling order); to delete it now, annotate it cascade-guard.dev/break-glass=<reason>",
                 "reason": "Forbidden",
             }],
