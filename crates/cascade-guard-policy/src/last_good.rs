@@ -375,6 +375,16 @@ mod tests {
             let mut mangled = vap.clone();
             mangled["metadata"]["annotations"]["cascade-guard.dev/mode"] = serde_json::json!("Of");
             assert_eq!(recall("b", &mangled), None);
+            // As earlier builds wrote it: the composite's rule a variable.
+            let mut older = vap.clone();
+            older["spec"]["validations"][0]["expression"] =
+                serde_json::json!("variables.nothingToCascade || variables.breakGlass");
+            older["spec"]["variables"] = serde_json::json!(if shape == Shape::CompositeResource {
+                vec![serde_json::json!({"name": "nothingToCascade", "expression": "true"})]
+            } else {
+                vec![]
+            });
+            assert_eq!(recall("b", &older).as_ref(), Some(&want));
         }
     }
 }
