@@ -95,6 +95,13 @@ first_failure() {
   line=$(awk -v t="$test" 'BEGIN { mine = (t == "") }
     t != "" && /^---- / { mine = (index($0, "---- " t " stdout ----") == 1); next }
     mine && /panicked at/ { getline; print; exit }' "$log")
+  # A component that crashed under the test (its log printed as the test
+  # failed, local-cluster's ControlPlane) says more than the test's panic.
+  local crashed
+  crashed=$(grep -m1 -E ' CRASHED -----$' "$log" | sed -E 's|^----- .*/logs/([^ /]*)\.log CRASHED -----$|\1|' || true)
+  if [ -n "$crashed" ]; then
+    line="$crashed crashed: $(grep -m1 -A1 -E ' CRASHED -----$' "$log" | tail -n1)"
+  fi
   [ -n "$line" ] || line=$(grep -m1 -E '^error|^go: |\.go:[0-9]+:[0-9]+: |build.sh:.*(cannot|not|refused)|FAILED|failed' "$log" || true)
   [ -n "$line" ] || line=$(tail -n1 "$log")
   # One table cell: no pipes, no newlines, not too long.

@@ -311,10 +311,16 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "==> why each failed (the start of every panic's message; the whole is above)"
   for name in "${failed[@]}"; do
     [ -f "$logs/$name.log" ] || continue
-    awk -v name="$name" '
+    why=$(awk -v name="$name" '
       /panicked at/ { left = 7; print name ": " substr($0, 1, 300); next }
       left > 0 { left--; print "    " substr($0, 1, 300) }
-    ' "$logs/$name.log" | head -n 80
+    ' "$logs/$name.log" | head -n 80)
+    # No panic (the compatibility checks beside print tables, not panics):
+    # the failing rows of its tables, else its last lines. CI at e237696
+    # said only "failed: beside".
+    [ -n "$why" ] || why=$(grep -E '^\| .*\| fail' "$logs/$name.log" | sed "s/^/$name: /" | cut -c1-400 | head -n 20)
+    [ -n "$why" ] || why=$(tail -n 15 "$logs/$name.log" | sed "s/^/$name: /" | cut -c1-300)
+    echo "$why"
   done
   echo "run-test-binaries.sh: failed: ${failed[*]}" >&2
   status=1

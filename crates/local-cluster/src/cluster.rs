@@ -605,6 +605,33 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        // A test that panics drops its control plane as it unwinds, and its
+        // directory goes with it: what the components said, and whether each
+        // still ran, is the only record of why (CI at e237696 kept one line, a
+        // connection the API server closed, and nothing of the server).
+        if std::thread::panicking() {
+            let running: Vec<String> = self
+                .processes
+                .iter_mut()
+                .map(|p| {
+                    let state = if p.is_running() { "running" } else { "EXITED" };
+                    format!("{} {state}", p.name)
+                })
+                .collect();
+            let crashes: String = self
+                .story_logs()
+                .iter()
+                .filter_map(|log| {
+                    process::log_crash(log, 12)
+                        .map(|c| format!("----- {} CRASHED -----\n{c}\n", log.display()))
+                })
+                .collect();
+            eprintln!(
+                "----- the control plane as the test failed: {} -----\n{crashes}{}",
+                running.join(", "),
+                self.log_tails(30)
+            );
+        }
         // Owned processes stop when dropped; adopted (detached) ones are left to
         // `local-cluster down`.
         self.processes.clear();

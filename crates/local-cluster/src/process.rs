@@ -154,6 +154,18 @@ impl Drop for Process {
     }
 }
 
+/// Where a Go program's log says it crashed (`fatal error: ...` or
+/// `panic: ...` at the start of a line), with the `lines` after it: a crash
+/// ends in a dump of every goroutine, so the log's tail seldom shows why.
+pub fn log_crash(path: &Path, lines: usize) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let all: Vec<&str> = text.lines().collect();
+    let at = all
+        .iter()
+        .position(|l| l.starts_with("fatal error: ") || l.starts_with("panic: "))?;
+    Some(all[at..all.len().min(at + 1 + lines)].join("\n"))
+}
+
 pub fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
@@ -301,4 +313,30 @@ fn spawner_thread(request: SpawnRequest) -> Result<std::io::Result<Child>, Error
         .send((request, reply_tx))
         .map_err(|_| Error::Spawner)?;
     reply_rx.recv().map_err(|_| Error::Spawner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crash_is_found_above_its_goroutine_dump() {
+        let dir = std::env::temp_dir().join(format!("local-cluster-crash-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        let log = dir.join("kube-apiserver.log");
+        let mut text = String::from(
+            "I1208 started\nfatal error: concurrent map read and map write\n\ngoroutine 9 [running]:\n",
+        );
+        text.push_str(&"\tframe\n".repeat(500));
+        std::fs::write(&log, &text).expect("log");
+        let crash = log_crash(&log, 2).expect("a crash");
+        assert_eq!(
+            crash,
+            "fatal error: concurrent map read and map write\n\ngoroutine 9 [running]:"
+        );
+        std::fs::write(&log, "I1208 started\nE1208 panic: not at the start\n").expect("log");
+        assert_eq!(log_crash(&log, 2), None);
+        assert_eq!(log_crash(&dir.join("missing.log"), 2), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
