@@ -13,6 +13,7 @@ use cascade_guard_testkit::tree::{
     tree_timeline, wait_held,
 };
 use cascade_guard_testkit::*;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
     PropagationPolicy,
@@ -321,6 +322,29 @@ async fn the_hold_is_guarded_and_break_glass_gets_past_it() {
         refused.to_string().contains("until ConfigMap") && refused.to_string().contains("tree-0"),
         "{refused}"
     );
+    // What refused it, and every other admission policy cascade-guard wrote
+    // here, declares no variables: on Kubernetes 1.30 to 1.35 a policy's
+    // variables can crash kube-apiserver (kubernetes/kubernetes#135757).
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(s.client.clone());
+    let mut names = Vec::new();
+    for p in policies
+        .list(&Default::default())
+        .await
+        .expect("policies")
+        .items
+    {
+        let name = p.name_any();
+        let spec = p.spec.unwrap_or_default();
+        assert!(spec.variables.is_none(), "{name} declares variables");
+        names.push(name);
+    }
+    for ours in [
+        "cascade-guard-sibling-order",
+        "cascade-guard-sibling-order-records",
+    ] {
+        assert!(names.iter().any(|n| n == ours), "{ours} in {names:?}");
+    }
+    assert!(names.len() > 4, "{names:?}");
     // Break-glass, by an admin (system:masters may `use` it).
     maps.patch(
         "tree-1",
