@@ -280,6 +280,16 @@ crossplane_release() {
 # The commit the binaries are built from: the one checked, whatever HEAD is
 # when the table is printed (a commit made during a long run is not).
 built_at=$(commit)
+# A Cargo build shared with another checkout (CI's clone on the same machine
+# shares ~/.cache's): its test binaries read that checkout's files, whose
+# paths are compiled in, and Cargo takes them for fresh when this checkout's
+# files are older. As scripts/test.sh does: this checkout's crates built again.
+if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR" ] &&
+  [ "$(cat "$CARGO_TARGET_DIR/checkout" 2>/dev/null)" != "$PWD" ]; then
+  find "$CARGO_TARGET_DIR" -maxdepth 5 -type d -path '*/.fingerprint/*' \
+    \( -name 'cascade-guard-*' -o -name 'local-cluster-*' \) -prune -exec rm -rf {} +
+  echo "$PWD" >"$CARGO_TARGET_DIR/checkout"
+fi
 echo "compat: building the test binaries" >&2
 cargo test --workspace --locked --no-run >"$logs/cargo-build.log" 2>&1 || {
   echo "compat: the tests do not build; see $logs/cargo-build.log" >&2
