@@ -553,7 +553,7 @@ pub(crate) fn break_glass_for(settings: &CompileSettings, object: &str) -> Strin
     }
 }
 
-fn var(name: &'static str, expression: &str) -> CelVariable {
+pub(crate) fn var(name: &'static str, expression: &str) -> CelVariable {
     CelVariable {
         name,
         expression: expression.to_string(),

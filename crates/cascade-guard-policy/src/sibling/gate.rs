@@ -30,7 +30,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 
 use crate::admission::Compiled;
-use crate::cel::{CelVariable, break_glass_for, cel_string_literal, inline_variables};
+use crate::cel::{break_glass_for, cel_string_literal, inline_variables, var};
 use crate::kind::Shape;
 use crate::names::BREAK_GLASS_ANNOTATION;
 use crate::settings::CompileSettings;
@@ -261,29 +261,26 @@ fn compile_one(
         Shape::Other => {}
     }
     let variables = vec![
-        CelVariable {
-            name: "uid",
-            expression: "oldObject.metadata.uid".to_string(),
-        },
-        CelVariable {
-            name: "generation",
-            expression: "string(oldObject.metadata.?generation.orValue(0))".to_string(),
-        },
-        CelVariable {
-            name: "ordered",
-            expression: format!(
+        var("uid", "oldObject.metadata.uid"),
+        var(
+            "generation",
+            "string(oldObject.metadata.?generation.orValue(0))",
+        ),
+        var(
+            "ordered",
+            &format!(
                 "has(params.data) && '{ORDERED_KEY}' in params.data ? params.data['{ORDERED_KEY}'] : ''"
             ),
-        },
+        ),
         // Why the tree is not ordered, when the controller said.
-        CelVariable {
-            name: "reason",
-            expression: "has(params.data) && variables.uid in params.data ? params.data[variables.uid] : ''".to_string(),
-        },
-        CelVariable {
-            name: "target",
-            expression: "request.resource.resource + (request.resource.group == '' ? '' : '.' + request.resource.group) + ' ' + oldObject.metadata.name + (request.?namespace.orValue('') == '' ? '' : ' -n ' + request.namespace)".to_string(),
-        },
+        var(
+            "reason",
+            "has(params.data) && variables.uid in params.data ? params.data[variables.uid] : ''",
+        ),
+        var(
+            "target",
+            "request.resource.resource + (request.resource.group == '' ? '' : '.' + request.resource.group) + ' ' + oldObject.metadata.name + (request.?namespace.orValue('') == '' ? '' : ' -n ' + request.namespace)",
+        ),
     ];
     let why = "(variables.reason != '' ? 'cascade-guard cannot order its tree: ' + variables.reason : variables.ordered.contains(' ' + variables.uid + '=') ? 'its tree changed since cascade-guard last read it (it reads it again within seconds while it runs)' : 'cascade-guard has not read its tree yet (its controller is down, new, or still reading: cascade-guard status)')";
     // Written out, no `spec.variables` (see `inline_variables`).

@@ -13,7 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use crate::admission::Compiled;
-use crate::cel::{CelVariable, break_glass_for, cel_string_literal, inline_variables};
+use crate::cel::{break_glass_for, cel_string_literal, inline_variables, var};
 use crate::names::{BREAK_GLASS_ANNOTATION, GROUP};
 use crate::settings::CompileSettings;
 use crate::sibling::gate::ORDERED_TREES;
@@ -58,16 +58,16 @@ pub fn compile_hold(
         // namespace at all: every field read is optional, since an error
         // here would refuse every delete in the cluster (and `namespace` is
         // a word CEL reserves).
-        variable(
+        var(
             "name",
             "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name",
         ),
-        variable("objectNamespace", "request.?namespace.orValue('')"),
-        variable(
+        var("objectNamespace", "request.?namespace.orValue('')"),
+        var(
             "key",
             "request.kind.kind + '_' + request.kind.group + '_' + variables.objectNamespace + '_' + variables.name",
         ),
-        variable(
+        var(
             "holds",
             &format!(
                 "request.operation == 'DELETE' && has(params.data) && '{HELD_KEY}' in params.data ? params.data['{HELD_KEY}'] : ''"
@@ -76,7 +76,7 @@ pub fn compile_hold(
         // contains, not indexOf, to tell: indexOf turns the whole string
         // into code points at each call (cel-go), and this is every DELETE
         // of a held kind.
-        variable(
+        var(
             "held",
             "variables.holds.contains('\\n' + variables.key + '\\t')",
         ),
@@ -84,7 +84,7 @@ pub fn compile_hold(
         // is `<root uid> <Kind.group> <held for>`. Read only to refuse, by
         // splitting: each variable is written out wherever it is read, and
         // an offset kept to cut with would be computed again at each use.
-        variable(
+        var(
             "heldFor",
             "variables.held ? variables.holds.split('\\n' + variables.key + '\\t', 2)[1].split('\\n', 2)[0].split(' ', 3)[2] : ''",
         ),
@@ -141,7 +141,7 @@ pub fn compile_record_guard(settings: &CompileSettings, namespace: &str) -> Comp
     let holds = cel_string_literal(HOLDS);
     let ordered = cel_string_literal(ORDERED_TREES);
     // Written out, no `spec.variables` (see `inline_variables`).
-    let name = [variable(
+    let name = [var(
         "name",
         "request.?name.orValue('') != '' ? request.name : oldObject.metadata.name",
     )];
@@ -273,13 +273,6 @@ pub(crate) fn reading_record(
                 selector: None,
             }),
         },
-    }
-}
-
-fn variable(name: &'static str, expression: &str) -> CelVariable {
-    CelVariable {
-        name,
-        expression: expression.to_string(),
     }
 }
 
